@@ -1,0 +1,1 @@
+//! fgpu data contract (no I/O).
