@@ -1,0 +1,572 @@
+//! Every name fgpu shares with Kubernetes, the container runtime and the shim, in one place.
+//!
+//! * [`DriverName`]: the driver name (default [`DEFAULT_DRIVER_NAME`], overridable at run
+//!   time) and the names derived from it: DeviceClasses, scheduling gate, finalizer,
+//!   annotations, CDI kind and device names.
+//! * [`attr`] and [`capacity`]: device attribute and capacity names in ResourceSlices.
+//! * [`env`](mod@env): the environment contract between the kubelet plugin (which writes it into
+//!   CDI specs) and the in-container shim (which reads it).
+//! * [`legacy`]: HAMi-compatible extended resource names and pod annotations.
+//! * [`kubelet`]: kubelet plugin registration constants.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The driver name used when none is configured.
+pub const DEFAULT_DRIVER_NAME: &str = "gpu.fgpu.dev";
+
+/// Longest driver name (a ResourceSlice's `spec.driver` is limited to 63 characters).
+pub const MAX_DRIVER_NAME_LEN: usize = 63;
+
+/// A validated DRA driver name: a lowercase DNS subdomain of at most 63 characters, such as
+/// `gpu.fgpu.dev`. All names derived from it are valid where they are used.
+///
+/// ```
+/// use fgpu_api::names::DriverName;
+/// let driver = DriverName::default();
+/// assert_eq!(driver.shared_class(), "shared.gpu.fgpu.dev");
+/// assert_eq!(driver.cdi_device_id("uid-1-gpu-0"), "gpu.fgpu.dev/claim=uid-1-gpu-0");
+/// assert!(DriverName::new("GPU.example").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct DriverName(String);
+
+/// Why a string is not a valid driver name. Displays the name and what would be valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "driver name {name:?} {reason}; use a lowercase DNS subdomain of at most 63 characters, such as gpu.fgpu.dev"
+)]
+pub struct InvalidDriverName {
+    /// The rejected name.
+    pub name: String,
+    /// What is wrong with it.
+    pub reason: DriverNameReason,
+}
+
+/// What is wrong with a driver name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DriverNameReason {
+    /// Empty string.
+    #[error("is empty")]
+    Empty,
+    /// Longer than [`MAX_DRIVER_NAME_LEN`].
+    #[error("is longer than 63 characters")]
+    TooLong,
+    /// Two dots in a row, or a dot at either end.
+    #[error("has an empty label (a leading, trailing or doubled dot)")]
+    EmptyLabel,
+    /// A character outside `a-z`, `0-9`, `-` and `.`.
+    #[error("contains a character other than a-z, 0-9, '-' and '.'")]
+    InvalidCharacter,
+    /// A label starting or ending with `-`.
+    #[error("has a label that starts or ends with '-'")]
+    HyphenAtLabelEdge,
+}
+
+impl DriverName {
+    /// Validates `name` as a lowercase RFC 1123 DNS subdomain of at most 63 characters.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidDriverName`] saying which rule is broken.
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidDriverName> {
+        let name = name.into();
+        match check_dns_subdomain(&name) {
+            Ok(()) => Ok(Self(name)),
+            Err(reason) => Err(InvalidDriverName { name, reason }),
+        }
+    }
+
+    /// The name itself.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// DeviceClass for shares of a GPU (memory and cores quotas): `shared.<driver>`.
+    pub fn shared_class(&self) -> String {
+        format!("shared.{}", self.0)
+    }
+
+    /// DeviceClass for whole GPUs: `<driver>`.
+    pub fn whole_class(&self) -> String {
+        self.0.clone()
+    }
+
+    /// Pod scheduling gate set by the webhook and lifted by the controller once it has
+    /// allocated the pod's shared claims: `<driver>/allocate`.
+    pub fn scheduling_gate(&self) -> String {
+        format!("{}/allocate", self.0)
+    }
+
+    /// Finalizer the controller puts on claims it allocated, removed after it deallocates
+    /// them: `<driver>/allocation`.
+    pub fn finalizer(&self) -> String {
+        format!("{}/allocation", self.0)
+    }
+
+    /// Node annotation carrying the node's GPU inventory (JSON) for the extender path:
+    /// `<driver>/node-gpus`.
+    pub fn node_inventory_annotation(&self) -> String {
+        format!("{}/node-gpus", self.0)
+    }
+
+    /// Pod annotation recording the extender's device decision (JSON), read by the device
+    /// plugin's `Allocate`: `<driver>/assigned-devices`.
+    pub fn pod_assignment_annotation(&self) -> String {
+        format!("{}/assigned-devices", self.0)
+    }
+
+    /// CDI vendor: the driver name (valid, since CDI vendors allow `[A-Za-z0-9._-]`).
+    pub fn cdi_vendor(&self) -> &str {
+        &self.0
+    }
+
+    /// CDI class of the per-claim devices: [`CDI_CLASS`].
+    pub fn cdi_class(&self) -> &'static str {
+        CDI_CLASS
+    }
+
+    /// CDI kind (`vendor/class`) of the per-claim specs: `<driver>/claim`.
+    pub fn cdi_kind(&self) -> String {
+        format!("{}/{CDI_CLASS}", self.0)
+    }
+
+    /// Fully qualified CDI device name, as returned to the kubelet: `<driver>/claim=<name>`.
+    pub fn cdi_device_id(&self, device_name: &str) -> String {
+        format!("{}/{CDI_CLASS}={device_name}", self.0)
+    }
+
+    /// File name of a claim's transient CDI spec under `/var/run/cdi`:
+    /// `<driver>-claim_<claim uid>.json`.
+    pub fn cdi_spec_file_name(&self, claim_uid: &str) -> String {
+        format!("{}-{CDI_CLASS}_{claim_uid}.json", self.0)
+    }
+
+    /// Fully qualified name of device attribute `name`, as used in claim constraints
+    /// (`matchAttribute`): `<driver>/<name>`. Names that already carry a domain
+    /// (`resource.kubernetes.io/...`) are returned unchanged.
+    pub fn qualified_attribute(&self, name: &str) -> String {
+        if name.contains('/') {
+            name.to_owned()
+        } else {
+            format!("{}/{name}", self.0)
+        }
+    }
+
+    /// Kubelet plugin socket for the DRA service: `/var/lib/kubelet/plugins/<driver>/dra.sock`.
+    pub fn dra_socket_path(&self) -> String {
+        format!("{}/{}/dra.sock", kubelet::PLUGINS_DIR, self.0)
+    }
+
+    /// Registration socket in the kubelet's plugin registry:
+    /// `/var/lib/kubelet/plugins_registry/<driver>-reg.sock`.
+    pub fn registration_socket_path(&self) -> String {
+        format!("{}/{}-reg.sock", kubelet::REGISTRY_DIR, self.0)
+    }
+}
+
+/// CDI class of fgpu's per-claim devices.
+pub const CDI_CLASS: &str = "claim";
+
+/// Name of the CDI device for one allocated device of a claim: `<claim uid>-<device>`, with
+/// `-<share id>` appended for a share of a device allocated several times. Unique per
+/// claim, so runtimes that cache specs never see a reused name.
+pub fn cdi_device_name(claim_uid: &str, device: &str, share_id: Option<&str>) -> String {
+    match share_id {
+        Some(share) => format!("{claim_uid}-{device}-{share}"),
+        None => format!("{claim_uid}-{device}"),
+    }
+}
+
+impl Default for DriverName {
+    /// [`DEFAULT_DRIVER_NAME`].
+    fn default() -> Self {
+        Self(DEFAULT_DRIVER_NAME.to_owned())
+    }
+}
+
+impl fmt::Display for DriverName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for DriverName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for DriverName {
+    type Err = InvalidDriverName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<String> for DriverName {
+    type Error = InvalidDriverName;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+impl From<DriverName> for String {
+    fn from(name: DriverName) -> Self {
+        name.0
+    }
+}
+
+fn check_dns_subdomain(name: &str) -> Result<(), DriverNameReason> {
+    use DriverNameReason as R;
+    if name.is_empty() {
+        return Err(R::Empty);
+    }
+    if name.len() > MAX_DRIVER_NAME_LEN {
+        return Err(R::TooLong);
+    }
+    for label in name.split('.') {
+        if label.is_empty() {
+            return Err(R::EmptyLabel);
+        }
+        let valid = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-';
+        if !label.bytes().all(valid) {
+            return Err(R::InvalidCharacter);
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(R::HyphenAtLabelEdge);
+        }
+    }
+    Ok(())
+}
+
+/// Device attribute names published in ResourceSlices. Unqualified names live in the
+/// driver's domain (`device.attributes["<driver>"].productName` in CEL).
+pub mod attr {
+    /// Kind of device; value [`TYPE_GPU`].
+    pub const TYPE: &str = "type";
+    /// Value of [`TYPE`] for a physical GPU.
+    pub const TYPE_GPU: &str = "gpu";
+    /// GPU UUID as NVML reports it, `GPU-xxxxxxxx-...` (string).
+    pub const UUID: &str = "uuid";
+    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3` (string).
+    pub const PRODUCT_NAME: &str = "productName";
+    /// Architecture name, e.g. `Hopper` (string).
+    pub const ARCHITECTURE: &str = "architecture";
+    /// CUDA compute capability, e.g. `9.0.0` (version).
+    pub const CUDA_COMPUTE_CAPABILITY: &str = "cudaComputeCapability";
+    /// Kernel driver version, e.g. `570.86.15` (version).
+    pub const DRIVER_VERSION: &str = "driverVersion";
+    /// NVML device index on the node (int).
+    pub const INDEX: &str = "index";
+    /// NUMA node of the GPU (int).
+    pub const NUMA_NODE: &str = "numaNode";
+    /// Standard attribute: PCIe root complex of the device (string).
+    pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+    /// Standard attribute: PCI bus ID, `dddd:bb:dd.f` (string).
+    pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+}
+
+/// Device capacity names published in ResourceSlices and requested by claims.
+pub mod capacity {
+    /// Device memory, in bytes.
+    pub const MEMORY: &str = "memory";
+    /// Compute, in percent of the GPU's streaming multiprocessors.
+    pub const CORES: &str = "cores";
+    /// The `cores` capacity of a whole GPU.
+    pub const CORES_PER_GPU: u64 = 100;
+}
+
+/// The environment contract between the kubelet plugin (which writes these variables into
+/// each claim's CDI spec) and the in-container shim (which reads them).
+///
+/// Per-device variables exist in a plain form (applies to every visible device) and an
+/// indexed form `<NAME>_<i>` for the container's i-th CUDA device, which wins over the
+/// plain one. HAMi-core's names are set alongside for compatibility with its library.
+pub mod env {
+    /// Memory quota for every device: bytes as a decimal integer (the shim also reads an
+    /// integer with a suffix, such as `10Gi`).
+    pub const FGPU_MEMORY_LIMIT: &str = "FGPU_MEMORY_LIMIT";
+    /// Compute quota in percent, 0 to 100 (0 = not throttled), for every device.
+    pub const FGPU_CORE_LIMIT: &str = "FGPU_CORE_LIMIT";
+    /// Priority of the container's kernels: `high`, `normal` or `low`.
+    pub const FGPU_PRIORITY: &str = "FGPU_PRIORITY";
+    /// Path of the claim's private state directory (shared accounting, usage export).
+    pub const FGPU_STATE_DIR: &str = "FGPU_STATE_DIR";
+    /// Path of a file of `KEY=VALUE` lines with the `FGPU_*` limits; when it sets a memory
+    /// limit it takes precedence over the variables.
+    pub const FGPU_LIMITS_FILE: &str = "FGPU_LIMITS_FILE";
+    /// Core-limit policy: `default` (throttle under contention), `force` (always throttle)
+    /// or `disable` (never throttle), mirroring HAMi's `GPU_CORE_UTILIZATION_POLICY`.
+    pub const FGPU_CORE_POLICY: &str = "FGPU_CORE_POLICY";
+    /// Log level of the shim; `debug` turns its logging on (off otherwise).
+    pub const FGPU_LOG: &str = "FGPU_LOG";
+
+    /// HAMi-core: memory limit for every device; a number with an optional `k`, `m`, `g`
+    /// suffix (either case), bare = bytes.
+    pub const CUDA_DEVICE_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+    /// HAMi-core: percent of SMs for every device; 0 or 100 and above = no throttling.
+    pub const CUDA_DEVICE_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+    /// HAMi-core: path of the shared accounting file of the container.
+    pub const CUDA_DEVICE_MEMORY_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+    /// HAMi-core: task priority, `0` high, `1` low (default).
+    pub const CUDA_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+
+    /// Limits file the shim reads when [`FGPU_LIMITS_FILE`] is unset.
+    pub const DEFAULT_LIMITS_FILE: &str = "/etc/fgpu/limits";
+
+    /// `FGPU_MEMORY_LIMIT_<index>`: memory quota of the container's `index`-th device.
+    pub fn fgpu_memory_limit(index: usize) -> String {
+        indexed(FGPU_MEMORY_LIMIT, index)
+    }
+
+    /// `FGPU_CORE_LIMIT_<index>`: compute quota of the container's `index`-th device.
+    pub fn fgpu_core_limit(index: usize) -> String {
+        indexed(FGPU_CORE_LIMIT, index)
+    }
+
+    /// `CUDA_DEVICE_MEMORY_LIMIT_<index>` (HAMi-core).
+    pub fn cuda_device_memory_limit(index: usize) -> String {
+        indexed(CUDA_DEVICE_MEMORY_LIMIT, index)
+    }
+
+    /// `CUDA_DEVICE_SM_LIMIT_<index>` (HAMi-core).
+    pub fn cuda_device_sm_limit(index: usize) -> String {
+        indexed(CUDA_DEVICE_SM_LIMIT, index)
+    }
+
+    /// `<base>_<index>`.
+    pub fn indexed(base: &str, index: usize) -> String {
+        format!("{base}_{index}")
+    }
+
+    /// The device index of an indexed variable of family `base`: `Some(3)` for
+    /// (`FGPU_MEMORY_LIMIT`, `FGPU_MEMORY_LIMIT_3`); `None` for the plain form or another
+    /// name. Only canonical decimal indices (`0`, `12`, not `01`) match.
+    pub fn parse_indexed(base: &str, name: &str) -> Option<usize> {
+        let digits = name.strip_prefix(base)?.strip_prefix('_')?;
+        let canonical = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'));
+        if canonical { digits.parse().ok() } else { None }
+    }
+}
+
+/// HAMi-compatible names of the legacy (device plugin + scheduler extender) path. These are
+/// the defaults; deployments may rename them (see [`LegacyResourceNames`]).
+pub mod legacy {
+    /// Extended resource: number of physical GPUs for the container.
+    pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
+    /// Extended resource: device memory per GPU, in MiB.
+    pub const RESOURCE_MEMORY: &str = "nvidia.com/gpumem";
+    /// Extended resource: device memory per GPU, in percent of the GPU's memory (1-100).
+    pub const RESOURCE_MEMORY_PERCENTAGE: &str = "nvidia.com/gpumem-percentage";
+    /// Extended resource: percent of each GPU's SMs (0-100; 100 = exclusive).
+    pub const RESOURCE_CORES: &str = "nvidia.com/gpucores";
+
+    /// Pod annotation: comma-separated GPU model substrings the pod may use.
+    pub const ANNOTATION_USE_GPU_TYPE: &str = "nvidia.com/use-gputype";
+    /// Pod annotation: comma-separated GPU model substrings the pod must not use.
+    pub const ANNOTATION_NOUSE_GPU_TYPE: &str = "nvidia.com/nouse-gputype";
+    /// Pod annotation: comma-separated GPU UUIDs the pod may use.
+    pub const ANNOTATION_USE_GPU_UUID: &str = "nvidia.com/use-gpuuuid";
+    /// Pod annotation: node policy override, `binpack` or `spread`.
+    pub const ANNOTATION_NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
+    /// Pod annotation: GPU policy override, `binpack`, `spread`, `topology-aware`, ...
+    pub const ANNOTATION_GPU_SCHEDULER_POLICY: &str = "hami.io/gpu-scheduler-policy";
+
+    /// The resource names of the legacy path, configurable per deployment.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+    pub struct LegacyResourceNames {
+        /// Count of GPUs ([`RESOURCE_GPU`] by default).
+        pub gpu: String,
+        /// MiB per GPU ([`RESOURCE_MEMORY`] by default).
+        pub memory: String,
+        /// Percent of GPU memory ([`RESOURCE_MEMORY_PERCENTAGE`] by default).
+        pub memory_percentage: String,
+        /// Percent of SMs ([`RESOURCE_CORES`] by default).
+        pub cores: String,
+    }
+
+    impl Default for LegacyResourceNames {
+        /// HAMi's defaults.
+        fn default() -> Self {
+            Self {
+                gpu: RESOURCE_GPU.to_owned(),
+                memory: RESOURCE_MEMORY.to_owned(),
+                memory_percentage: RESOURCE_MEMORY_PERCENTAGE.to_owned(),
+                cores: RESOURCE_CORES.to_owned(),
+            }
+        }
+    }
+}
+
+pub use legacy::LegacyResourceNames;
+
+/// Kubelet plugin registration constants.
+pub mod kubelet {
+    /// Directory of plugin sockets.
+    pub const PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+    /// Directory the kubelet's plugin watcher scans for registration sockets.
+    pub const REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+    /// `PluginInfo.type` of a DRA plugin.
+    pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
+    /// Version string of the `dra.v1` service in `PluginInfo.supported_versions`.
+    pub const DRA_V1: &str = "v1.DRAPlugin";
+    /// Version string of the `dra.v1beta1` service.
+    pub const DRA_V1BETA1: &str = "v1beta1.DRAPlugin";
+    /// `supported_versions` to advertise: v1 first (kubelet 1.34+ picks the first it knows).
+    pub const DRA_SUPPORTED_VERSIONS: [&str; 2] = [DRA_V1, DRA_V1BETA1];
+    /// Version string of the `v1alpha1` health service.
+    pub const DRA_HEALTH_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
+    /// Version string of the `v1` health service.
+    pub const DRA_HEALTH_V1: &str = "v1.DRAResourceHealth";
+    /// Device plugin directory, holding the kubelet's socket and plugin sockets.
+    pub const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+    /// The kubelet's device plugin registration socket.
+    pub const DEVICE_PLUGIN_KUBELET_SOCKET: &str = "/var/lib/kubelet/device-plugins/kubelet.sock";
+    /// Device plugin API version sent in `RegisterRequest.version`.
+    pub const DEVICE_PLUGIN_VERSION: &str = "v1beta1";
+    /// Device health value: healthy.
+    pub const DEVICE_PLUGIN_HEALTHY: &str = "Healthy";
+    /// Device health value: unhealthy.
+    pub const DEVICE_PLUGIN_UNHEALTHY: &str = "Unhealthy";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_names() {
+        let d = DriverName::default();
+        assert_eq!(d.as_str(), "gpu.fgpu.dev");
+        assert_eq!(d.shared_class(), "shared.gpu.fgpu.dev");
+        assert_eq!(d.whole_class(), "gpu.fgpu.dev");
+        assert_eq!(d.scheduling_gate(), "gpu.fgpu.dev/allocate");
+        assert_eq!(d.finalizer(), "gpu.fgpu.dev/allocation");
+        assert_eq!(d.cdi_kind(), "gpu.fgpu.dev/claim");
+        assert_eq!(d.cdi_vendor(), "gpu.fgpu.dev");
+        assert_eq!(d.cdi_class(), "claim");
+        assert_eq!(
+            d.cdi_device_id(&cdi_device_name("u1", "gpu-0", Some("s1"))),
+            "gpu.fgpu.dev/claim=u1-gpu-0-s1"
+        );
+        assert_eq!(cdi_device_name("u1", "gpu-0", None), "u1-gpu-0");
+        assert_eq!(d.cdi_spec_file_name("u1"), "gpu.fgpu.dev-claim_u1.json");
+        assert_eq!(d.qualified_attribute("uuid"), "gpu.fgpu.dev/uuid");
+        assert_eq!(d.qualified_attribute(attr::PCIE_ROOT), attr::PCIE_ROOT);
+        assert_eq!(
+            d.dra_socket_path(),
+            "/var/lib/kubelet/plugins/gpu.fgpu.dev/dra.sock"
+        );
+        assert_eq!(
+            d.registration_socket_path(),
+            "/var/lib/kubelet/plugins_registry/gpu.fgpu.dev-reg.sock"
+        );
+    }
+
+    #[test]
+    fn driver_name_serde_validates() {
+        let d: DriverName = serde_json::from_str(r#""vgpu.example.com""#).unwrap();
+        assert_eq!(serde_json::to_string(&d).unwrap(), r#""vgpu.example.com""#);
+        let e = serde_json::from_str::<DriverName>(r#""Bad_Name""#).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(r#"driver name "Bad_Name" contains"#),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn renamed_driver() {
+        let d: DriverName = "vgpu.example.com".parse().unwrap();
+        assert_eq!(d.shared_class(), "shared.vgpu.example.com");
+        assert_eq!(d.scheduling_gate(), "vgpu.example.com/allocate");
+        assert_eq!(d.cdi_kind(), "vgpu.example.com/claim");
+    }
+
+    #[test]
+    fn driver_name_validation() {
+        use DriverNameReason as R;
+        let long = "a".repeat(64);
+        let cases: &[(&str, R)] = &[
+            ("", R::Empty),
+            (&long, R::TooLong),
+            ("gpu..dev", R::EmptyLabel),
+            (".gpu", R::EmptyLabel),
+            ("gpu.", R::EmptyLabel),
+            ("GPU.dev", R::InvalidCharacter),
+            ("gpu_x.dev", R::InvalidCharacter),
+            ("gpu/x", R::InvalidCharacter),
+            ("-gpu.dev", R::HyphenAtLabelEdge),
+            ("gpu-.dev", R::HyphenAtLabelEdge),
+        ];
+        for (name, reason) in cases {
+            assert_eq!(
+                DriverName::new(*name).unwrap_err().reason,
+                *reason,
+                "{name}"
+            );
+        }
+        assert!(DriverName::new("a".repeat(63)).is_ok());
+        assert!(DriverName::new("gpu-1.example.com").is_ok());
+        assert_eq!(
+            DriverName::new("GPU").unwrap_err().to_string(),
+            "driver name \"GPU\" contains a character other than a-z, 0-9, '-' and '.'; \
+             use a lowercase DNS subdomain of at most 63 characters, such as gpu.fgpu.dev"
+        );
+    }
+
+    #[test]
+    fn env_names() {
+        assert_eq!(env::fgpu_memory_limit(0), "FGPU_MEMORY_LIMIT_0");
+        assert_eq!(env::fgpu_core_limit(3), "FGPU_CORE_LIMIT_3");
+        assert_eq!(
+            env::cuda_device_memory_limit(1),
+            "CUDA_DEVICE_MEMORY_LIMIT_1"
+        );
+        assert_eq!(env::cuda_device_sm_limit(15), "CUDA_DEVICE_SM_LIMIT_15");
+        assert_eq!(
+            env::parse_indexed(env::FGPU_MEMORY_LIMIT, "FGPU_MEMORY_LIMIT_12"),
+            Some(12)
+        );
+        assert_eq!(
+            env::parse_indexed(env::FGPU_MEMORY_LIMIT, "FGPU_MEMORY_LIMIT_0"),
+            Some(0)
+        );
+        assert_eq!(
+            env::parse_indexed(env::FGPU_MEMORY_LIMIT, "FGPU_MEMORY_LIMIT"),
+            None
+        );
+        assert_eq!(
+            env::parse_indexed(env::FGPU_MEMORY_LIMIT, "FGPU_MEMORY_LIMIT_"),
+            None
+        );
+        assert_eq!(
+            env::parse_indexed(env::FGPU_MEMORY_LIMIT, "FGPU_MEMORY_LIMIT_01"),
+            None
+        );
+        assert_eq!(
+            env::parse_indexed(env::FGPU_MEMORY_LIMIT, "FGPU_MEMORY_LIMIT_x"),
+            None
+        );
+        assert_eq!(
+            env::parse_indexed(env::FGPU_CORE_LIMIT, "FGPU_MEMORY_LIMIT_1"),
+            None
+        );
+    }
+
+    #[test]
+    fn legacy_defaults() {
+        let names = LegacyResourceNames::default();
+        assert_eq!(names.gpu, "nvidia.com/gpu");
+        assert_eq!(names.memory, "nvidia.com/gpumem");
+        assert_eq!(names.memory_percentage, "nvidia.com/gpumem-percentage");
+        assert_eq!(names.cores, "nvidia.com/gpucores");
+    }
+}
