@@ -300,8 +300,9 @@ pub mod env {
     /// Path of a file of `KEY=VALUE` lines with the `FGPU_*` limits; when it sets a memory
     /// limit it takes precedence over the variables.
     pub const FGPU_LIMITS_FILE: &str = "FGPU_LIMITS_FILE";
-    /// Core-limit policy: `default` (throttle under contention), `force` (always throttle)
-    /// or `disable` (never throttle), mirroring HAMi's `GPU_CORE_UTILIZATION_POLICY`.
+    /// Core-limit policy: unset or `limit` (the quota is a ceiling, alone on the card or
+    /// not) or `share` (use idle GPU time while no other claim is on the card, as HAMi does
+    /// by default).
     pub const FGPU_CORE_POLICY: &str = "FGPU_CORE_POLICY";
     /// Log level of the shim; `debug` turns its logging on (off otherwise).
     pub const FGPU_LOG: &str = "FGPU_LOG";
