@@ -1,1 +1,242 @@
-//! placeholder: filled by its owner.
+//! Where GPUs come from.
+//!
+//! A [`DeviceBackend`] enumerates the GPUs of the node it runs on. Two implementations:
+//!
+//! * [`nvml::NvmlBackend`] (cargo feature `nvml`, on by default) asks the NVIDIA driver through
+//!   NVML; `libnvidia-ml.so.1` is loaded at run time, so the crate builds on any machine.
+//! * [`fake::FakeBackend`] reads a YAML profile describing one node or a whole fake cluster
+//!   (see `deploy/fake/README.md`), for development and tests without GPUs.
+
+use std::path::PathBuf;
+
+use crate::device::{Gpu, Health, NodeInventory};
+
+pub mod fake;
+#[cfg(feature = "nvml")]
+pub mod nvml;
+
+pub use fake::{FakeBackend, FakeProfile};
+
+/// A source of GPUs for one node.
+pub trait DeviceBackend: Send + Sync {
+    /// Short name of the backend (`nvml`, `fake`), for logs.
+    fn name(&self) -> &'static str;
+
+    /// Lists the node's GPUs in index order, with their current health.
+    fn enumerate(&self) -> Result<Vec<Gpu>, BackendError>;
+
+    /// Current health of the GPU with `uuid`.
+    ///
+    /// The default re-enumerates; backends with a cheaper probe override it.
+    fn health(&self, uuid: &str) -> Result<Health, BackendError> {
+        self.enumerate()?
+            .into_iter()
+            .find(|g| g.uuid == uuid)
+            .map(|g| g.health)
+            .ok_or_else(|| BackendError::GpuNotFound {
+                uuid: uuid.to_owned(),
+            })
+    }
+
+    /// The node's inventory under the Kubernetes node name `node`.
+    fn inventory(&self, node: &str) -> Result<NodeInventory, BackendError> {
+        Ok(NodeInventory::new(node, self.enumerate()?))
+    }
+}
+
+/// Which backend to build; parsed from `--backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// NVML on a real node.
+    Nvml,
+    /// A YAML profile.
+    Fake,
+}
+
+/// Errors of the device backends. Each renders as one line that names the object and field.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// A fake profile could not be read from disk.
+    #[error("{}: cannot read fake GPU profile", path.display())]
+    ProfileRead {
+        /// The profile file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A fake profile is malformed or fails validation.
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+
+    /// A node name was asked for that the profile does not describe.
+    #[error("{}: unknown node {node:?}; known nodes: {}", path.display(), known.join(", "))]
+    UnknownNode {
+        /// The profile file.
+        path: PathBuf,
+        /// The requested node.
+        node: String,
+        /// Nodes the profile does describe.
+        known: Vec<String>,
+    },
+
+    /// A multi-node profile was used where a single node is needed, without naming one.
+    #[error("{}: profile describes {} nodes; pick one with --node (known nodes: {})", path.display(), known.len(), known.join(", "))]
+    NodeRequired {
+        /// The profile file.
+        path: PathBuf,
+        /// Nodes the profile describes.
+        known: Vec<String>,
+    },
+
+    /// The fake backend was asked for without a profile file.
+    #[error("the fake backend needs a profile file (--fake-gpus <FILE>)")]
+    NoProfile,
+
+    /// No GPU with this UUID on the node.
+    #[error("no GPU with UUID {uuid:?} on this node")]
+    GpuNotFound {
+        /// The UUID asked for.
+        uuid: String,
+    },
+
+    /// NVML could not be loaded (no driver on this machine).
+    #[error(
+        "NVML library libnvidia-ml.so.1 not found: {detail}; is the NVIDIA driver installed? use --backend fake for a machine without GPUs"
+    )]
+    NvmlNotFound {
+        /// What the loader said.
+        detail: String,
+    },
+
+    /// An NVML call failed.
+    #[error("NVML {call} failed{}: {detail}", gpu.map(|i| format!(" for GPU {i}")).unwrap_or_default())]
+    Nvml {
+        /// The NVML function, e.g. `nvmlDeviceGetUUID`.
+        call: &'static str,
+        /// The GPU index, if the call concerned one.
+        gpu: Option<u32>,
+        /// NVML's message.
+        detail: String,
+    },
+
+    /// This build has no support for the requested backend.
+    #[error("backend {0:?} is not compiled into this build (cargo feature {0:?} is off)")]
+    NotCompiled(&'static str),
+}
+
+impl BackendError {
+    /// Whether the error is the user's input (a malformed profile, an unknown node), as
+    /// opposed to an environment or system failure. Binaries map this to exit code 2.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            Self::Profile(_)
+            | Self::UnknownNode { .. }
+            | Self::NodeRequired { .. }
+            | Self::NoProfile => true,
+            // The user named a file that is not there; other I/O failures are the system's.
+            Self::ProfileRead { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            _ => false,
+        }
+    }
+}
+
+/// A malformed or invalid fake profile: the file, where in it, and what is wrong.
+///
+/// Renders as one line, e.g.
+/// `deploy/fake/x.yaml: node "gpu-node-1" gpu[1].memory: must be greater than 0 (e.g. 80Gi)`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {}{message}", path.display(), location_prefix(node.as_deref(), field.as_deref()))]
+pub struct ProfileError {
+    /// The profile file.
+    pub path: PathBuf,
+    /// The node the problem is in, if it is inside one.
+    pub node: Option<String>,
+    /// The field path inside the node (`gpu[1].memory`) or the document (`nodes`).
+    pub field: Option<String>,
+    /// What is wrong and what would be valid.
+    pub message: String,
+}
+
+fn location_prefix(node: Option<&str>, field: Option<&str>) -> String {
+    match (node, field) {
+        (Some(n), Some(f)) => format!("node {n:?} {f}: "),
+        (Some(n), None) => format!("node {n:?}: "),
+        (None, Some(f)) => format!("{f}: "),
+        (None, None) => String::new(),
+    }
+}
+
+/// Builds the backend named by `kind`. `fake_profile` and `node` are used by the fake
+/// backend only (the node may be omitted for a single-node profile).
+pub fn build_backend(
+    kind: BackendKind,
+    fake_profile: Option<&std::path::Path>,
+    node: Option<&str>,
+) -> Result<Box<dyn DeviceBackend>, BackendError> {
+    match kind {
+        BackendKind::Fake => {
+            let path = fake_profile.ok_or(BackendError::NoProfile)?;
+            Ok(Box::new(FakeBackend::open(path, node)?))
+        }
+        #[cfg(feature = "nvml")]
+        BackendKind::Nvml => Ok(Box::new(nvml::NvmlBackend::new()?)),
+        #[cfg(not(feature = "nvml"))]
+        BackendKind::Nvml => Err(BackendError::NotCompiled("nvml")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_error_renders_one_line_with_location() {
+        let e = ProfileError {
+            path: "deploy/fake/x.yaml".into(),
+            node: Some("gpu-node-1".into()),
+            field: Some("gpu[1].memory".into()),
+            message: "must be greater than 0 (e.g. 80Gi)".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            r#"deploy/fake/x.yaml: node "gpu-node-1" gpu[1].memory: must be greater than 0 (e.g. 80Gi)"#
+        );
+        assert!(BackendError::from(e).is_bad_input());
+    }
+
+    #[test]
+    fn build_backend_picks_the_backend() {
+        let profile = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/fake/node-2xh100.yaml"
+        ));
+        let fake = build_backend(BackendKind::Fake, Some(profile), None).unwrap();
+        assert_eq!(fake.name(), "fake");
+        assert_eq!(fake.inventory("n").unwrap().gpus.len(), 2);
+        let e = build_backend(BackendKind::Fake, None, None).err().unwrap();
+        assert!(matches!(e, BackendError::NoProfile) && e.is_bad_input());
+        match build_backend(BackendKind::Nvml, None, None) {
+            Ok(b) => assert_eq!(b.name(), "nvml"),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    BackendError::NvmlNotFound { .. } | BackendError::NotCompiled(_)
+                ),
+                "{e}"
+            ),
+        }
+    }
+
+    #[test]
+    fn nvml_not_found_names_the_library_and_the_way_out() {
+        let e = BackendError::NvmlNotFound {
+            detail: "cannot open shared object file".into(),
+        };
+        let s = e.to_string();
+        assert!(s.starts_with("NVML library libnvidia-ml.so.1 not found: cannot open"));
+        assert!(s.ends_with("use --backend fake for a machine without GPUs"));
+        assert!(!e.is_bad_input());
+    }
+}

@@ -1,1 +1,172 @@
-fn main() {}
+//! `fgpu-kubelet-plugin`: fgpu's node daemon.
+//!
+//! For now it offers `discover`, which enumerates the node's GPUs through a device backend
+//! and prints them. The DRA plugin itself (`serve`) comes later. The binary stays thin: the
+//! device model and backends live in `fgpu_driver`.
+
+mod discover;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use fgpu_driver::backend::BackendError;
+use tracing_subscriber::EnvFilter;
+
+/// Exit status for bad input: a malformed profile, an unknown node, a bad flag value.
+const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status for every other failure.
+const EXIT_FAILURE: u8 = 1;
+
+/// fgpu's node daemon: shares GPUs by memory and compute quota through Kubernetes DRA.
+///
+/// Runs on every GPU node. Today it offers `discover`, which lists the node's GPUs as a
+/// device backend sees them; the DRA kubelet plugin service will be added as a further
+/// subcommand.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fgpu-kubelet-plugin",
+    version,
+    after_help = "Exit status: 0 on success, 2 for bad input (flags, malformed fake profile, unknown node), 1 for other failures."
+)]
+struct Cli {
+    /// Log line format on stderr: human-readable `text`, or one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "FGPU_LOG_FORMAT")]
+    log_format: LogFormat,
+
+    /// Log filter, e.g. `info`, `debug` or `fgpu_driver=debug,info` (tracing EnvFilter
+    /// syntax). Without it, RUST_LOG is used, and without that, `info`.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log_level: Option<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Enumerate the node's GPUs through a device backend and print the inventory.
+    Discover(DiscoverArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct DiscoverArgs {
+    /// Where GPUs come from: `nvml` asks the NVIDIA driver (needs libnvidia-ml.so.1);
+    /// `fake` reads the YAML profile given by --fake-gpus.
+    #[arg(long, value_enum, default_value_t = Backend::Nvml, env = "FGPU_BACKEND")]
+    backend: Backend,
+
+    /// YAML profile describing the GPUs of one node or of a fake cluster (schema:
+    /// deploy/fake/README.md). Required with --backend fake.
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_if_eq("backend", "fake"),
+        env = "FGPU_FAKE_GPUS"
+    )]
+    fake_gpus: Option<PathBuf>,
+
+    /// Kubernetes node name. With a multi-node fake profile, picks that node (all nodes are
+    /// printed without it). With nvml, names the inventory (default: $NODE_NAME, else the
+    /// host name).
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+
+    /// Output format: an aligned `table`, or `json` (an array of node inventories).
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+/// Log line formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Device backends selectable on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// NVML (a node with the NVIDIA driver).
+    Nvml,
+    /// A YAML profile (no GPU needed).
+    Fake,
+}
+
+/// Output formats of `discover`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Output {
+    /// Aligned columns.
+    Table,
+    /// JSON.
+    Json,
+}
+
+/// An error that the user's input caused (exit status 2), as opposed to a failure.
+#[derive(Debug)]
+pub(crate) struct BadInput(pub(crate) String);
+
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadInput {}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = init_logging(cli.log_format, cli.log_level.as_deref()) {
+        return report(&e);
+    }
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => report(&e),
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Discover(args) => discover::run(&args),
+    }
+}
+
+/// Prints the error as one line on stderr and picks the exit status.
+fn report(e: &anyhow::Error) -> ExitCode {
+    let line = format!("{e:#}").replace('\n', " ");
+    eprintln!("error: {line}");
+    let bad_input = e.chain().any(|c| {
+        c.downcast_ref::<BadInput>().is_some()
+            || c.downcast_ref::<BackendError>()
+                .is_some_and(BackendError::is_bad_input)
+    });
+    ExitCode::from(if bad_input {
+        EXIT_BAD_INPUT
+    } else {
+        EXIT_FAILURE
+    })
+}
+
+fn init_logging(format: LogFormat, level: Option<&str>) -> anyhow::Result<()> {
+    let filter = match level {
+        Some(spec) => EnvFilter::try_new(spec).map_err(|e| {
+            BadInput(format!(
+                "--log-level {spec:?}: {e} (e.g. info, debug, fgpu_driver=debug)"
+            ))
+        })?,
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    installed
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("cannot install the log subscriber")
+}

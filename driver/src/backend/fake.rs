@@ -1,0 +1,902 @@
+//! The `fake` backend: GPUs described by a YAML profile instead of a driver.
+//!
+//! One file describes one node or a whole fake cluster. The schema (documented for users in
+//! `deploy/fake/README.md`):
+//!
+//! ```yaml
+//! defaults:                     # optional; every key may also be set per node
+//!   driverVersion: "550.54.15"  # default 550.54.15
+//!   cudaVersion: "12.4"         # default 12.4
+//!   deviceRoot: /dev            # host directory holding the (stand-in) device nodes
+//! nodes:
+//!   - name: gpu-node-1          # Kubernetes node name (DNS-1123 subdomain), unique
+//!     gpus:                     # at least one
+//!       - uuid: GPU-8a3c1f2e-...  # required, "GPU-" + hex and dashes, unique in the file
+//!         productName: NVIDIA H100 80GB HBM3   # required
+//!         memory: 80Gi          # required, > 0; Kubernetes quantity or a byte count
+//!         smCount: 132          # required, > 0
+//!         computeCapability: "9.0"  # required, MAJOR.MINOR of Pascal..Blackwell
+//!         numaNode: 0           # optional
+//!         pciBusID: "0000:1b:00.0"  # optional, unique per node; default 0000:<pos+1>:00.0
+//!         pcieRoot: pci0000:15  # optional
+//!         migCapable: true      # optional, default false
+//!         index: 0              # optional, default: position in the list
+//!         minor: 0              # optional, default: index
+//!         unhealthy: "XID 79"   # optional; present = Unhealthy with this reason
+//! ```
+//!
+//! Unknown keys are rejected. Every problem is reported as one line naming the file, the node
+//! and the field.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_yaml::Value;
+
+use super::{BackendError, DeviceBackend, ProfileError};
+use crate::device::{Architecture, ComputeCapability, DeviceNode, Gpu, Health, NodeInventory};
+
+/// Driver version used when a profile names none.
+pub const DEFAULT_DRIVER_VERSION: &str = "550.54.15";
+/// CUDA driver version used when a profile names none.
+pub const DEFAULT_CUDA_VERSION: &str = "12.4";
+/// Host directory of device nodes used when a profile names none.
+pub const DEFAULT_DEVICE_ROOT: &str = "/dev";
+
+/// A parsed and validated fake profile: the inventories of one or more nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FakeProfile {
+    path: PathBuf,
+    nodes: Vec<NodeInventory>,
+}
+
+impl FakeProfile {
+    /// Reads and validates the profile at `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, BackendError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| BackendError::ProfileRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self::parse(&text, path)?)
+    }
+
+    /// Parses and validates profile text; `path` is only used in messages.
+    pub fn parse(text: &str, path: impl AsRef<Path>) -> Result<Self, ProfileError> {
+        Parser {
+            path: path.as_ref(),
+        }
+        .profile(text)
+    }
+
+    /// The file the profile came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// All nodes, in file order.
+    pub fn nodes(&self) -> &[NodeInventory] {
+        &self.nodes
+    }
+
+    /// Node names, in file order.
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.node.clone()).collect()
+    }
+
+    /// The node called `name`; [`BackendError::UnknownNode`] lists the known ones otherwise.
+    pub fn node(&self, name: &str) -> Result<&NodeInventory, BackendError> {
+        self.nodes
+            .iter()
+            .find(|n| n.node == name)
+            .ok_or_else(|| BackendError::UnknownNode {
+                path: self.path.clone(),
+                node: name.to_owned(),
+                known: self.node_names(),
+            })
+    }
+
+    /// The node called `name`, or the only node when `name` is `None` and there is just one.
+    pub fn single_node(&self, name: Option<&str>) -> Result<&NodeInventory, BackendError> {
+        match (name, self.nodes.as_slice()) {
+            (Some(name), _) => self.node(name),
+            (None, [only]) => Ok(only),
+            (None, _) => Err(BackendError::NodeRequired {
+                path: self.path.clone(),
+                known: self.node_names(),
+            }),
+        }
+    }
+}
+
+/// A [`DeviceBackend`] serving one node of a fake profile.
+///
+/// Every [`enumerate`](DeviceBackend::enumerate) re-reads the file, so editing the profile
+/// (e.g. adding `unhealthy:` to a GPU) is seen by the next health poll, as a driver event
+/// would be on a real node.
+#[derive(Clone, Debug)]
+pub struct FakeBackend {
+    path: PathBuf,
+    node: String,
+}
+
+impl FakeBackend {
+    /// Opens the profile at `path` and picks `node` (optional for a single-node profile).
+    pub fn open(path: impl AsRef<Path>, node: Option<&str>) -> Result<Self, BackendError> {
+        let profile = FakeProfile::load(path.as_ref())?;
+        let node = profile.single_node(node)?.node.clone();
+        Ok(Self {
+            path: path.as_ref().to_owned(),
+            node,
+        })
+    }
+
+    /// The node this backend serves.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+}
+
+impl DeviceBackend for FakeBackend {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
+        let profile = FakeProfile::load(&self.path)?;
+        Ok(profile.node(&self.node)?.gpus.clone())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Raw schema (what the YAML may contain) and its validation.
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawDefaults {
+    driver_version: Option<String>,
+    cuda_version: Option<String>,
+    device_root: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawProfile {
+    #[serde(default)]
+    defaults: RawDefaults,
+    nodes: Vec<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawNode {
+    name: String,
+    driver_version: Option<String>,
+    cuda_version: Option<String>,
+    device_root: Option<PathBuf>,
+    gpus: Vec<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawGpu {
+    uuid: String,
+    product_name: String,
+    memory: Value,
+    sm_count: u32,
+    compute_capability: Value,
+    numa_node: Option<u32>,
+    #[serde(rename = "pciBusID")]
+    pci_bus_id: Option<String>,
+    pcie_root: Option<String>,
+    #[serde(default)]
+    mig_capable: bool,
+    index: Option<u32>,
+    minor: Option<u32>,
+    unhealthy: Option<String>,
+}
+
+struct Parser<'a> {
+    path: &'a Path,
+}
+
+/// Where a GPU with a given UUID was first seen: (node, position).
+type UuidSeen = HashMap<String, (String, usize)>;
+
+impl Parser<'_> {
+    fn err(
+        &self,
+        node: Option<&str>,
+        field: Option<String>,
+        message: impl Into<String>,
+    ) -> ProfileError {
+        ProfileError {
+            path: self.path.to_owned(),
+            node: node.map(str::to_owned),
+            field,
+            message: one_line(&message.into()),
+        }
+    }
+
+    /// Deserialises `value` as `T`, naming the offending field (below `prefix`) on error.
+    fn typed<T: for<'de> Deserialize<'de>>(
+        &self,
+        value: Value,
+        node: Option<&str>,
+        prefix: Option<&str>,
+    ) -> Result<T, ProfileError> {
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let inner = e.path().to_string();
+            let field = match (prefix, inner.as_str()) {
+                (p, ".") => p.map(str::to_owned),
+                (Some(p), f) => Some(format!("{p}.{f}")),
+                (None, f) => Some(f.to_owned()),
+            };
+            self.err(node, field, e.into_inner().to_string())
+        })
+    }
+
+    fn profile(&self, text: &str) -> Result<FakeProfile, ProfileError> {
+        let doc: Value = serde_yaml::from_str(text).map_err(|e| {
+            let node = e
+                .location()
+                .and_then(|at| enclosing_node_name(text, at.line()));
+            self.err(node.as_deref(), None, format!("invalid YAML: {e}"))
+        })?;
+        if doc.is_null() {
+            return Err(self.err(None, None, "the profile is empty; it needs a `nodes:` list"));
+        }
+        let raw: RawProfile = self.typed(doc, None, None)?;
+        if raw.nodes.is_empty() {
+            return Err(self.err(None, Some("nodes".into()), "must list at least one node"));
+        }
+        let mut nodes: Vec<NodeInventory> = Vec::with_capacity(raw.nodes.len());
+        let mut uuids = UuidSeen::new();
+        for (pos, value) in raw.nodes.into_iter().enumerate() {
+            let inv = self.node(pos, value, &raw.defaults, &mut uuids)?;
+            if nodes.iter().any(|n| n.node == inv.node) {
+                return Err(self.err(
+                    Some(&inv.node),
+                    Some("name".into()),
+                    format!("duplicate node name (nodes[{pos}] repeats an earlier node)"),
+                ));
+            }
+            nodes.push(inv);
+        }
+        Ok(FakeProfile {
+            path: self.path.to_owned(),
+            nodes,
+        })
+    }
+
+    fn node(
+        &self,
+        pos: usize,
+        value: Value,
+        defaults: &RawDefaults,
+        uuids: &mut UuidSeen,
+    ) -> Result<NodeInventory, ProfileError> {
+        // Name the node in messages as early as possible; fall back to its position.
+        let label = value
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("nodes[{pos}]"));
+        let raw: RawNode = self.typed(value, Some(&label), None)?;
+        let name = raw.name.as_str();
+        if let Err(why) = check_node_name(name) {
+            return Err(self.err(Some(&label), Some("name".into()), why));
+        }
+        if raw.gpus.is_empty() {
+            return Err(self.err(
+                Some(name),
+                Some("gpus".into()),
+                "must list at least one GPU",
+            ));
+        }
+        let driver_version = raw
+            .driver_version
+            .or_else(|| defaults.driver_version.clone())
+            .unwrap_or_else(|| DEFAULT_DRIVER_VERSION.to_owned());
+        let cuda_version = raw
+            .cuda_version
+            .or_else(|| defaults.cuda_version.clone())
+            .unwrap_or_else(|| DEFAULT_CUDA_VERSION.to_owned());
+        let device_root = raw
+            .device_root
+            .or_else(|| defaults.device_root.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DEVICE_ROOT));
+        if !device_root.is_absolute() {
+            return Err(self.err(
+                Some(name),
+                Some("deviceRoot".into()),
+                format!(
+                    "{:?} must be an absolute path (e.g. /dev)",
+                    device_root.display()
+                ),
+            ));
+        }
+        for (field, v) in [
+            ("driverVersion", &driver_version),
+            ("cudaVersion", &cuda_version),
+        ] {
+            if !is_dotted_version(v) {
+                return Err(self.err(
+                    Some(name),
+                    Some(field.into()),
+                    format!("{v:?} is not a version (digits and dots, e.g. 550.54.15 or 12.4)"),
+                ));
+            }
+        }
+
+        let mut gpus: Vec<Gpu> = Vec::with_capacity(raw.gpus.len());
+        for (i, value) in raw.gpus.into_iter().enumerate() {
+            let f = |field: &str| Some(format!("gpu[{i}].{field}"));
+            let g: RawGpu = self.typed(value, Some(name), Some(&format!("gpu[{i}]")))?;
+
+            check_uuid(&g.uuid).map_err(|why| self.err(Some(name), f("uuid"), why))?;
+            if let Some((other_node, other_pos)) = uuids.get(&g.uuid) {
+                let at = if other_node == name {
+                    format!("gpu[{other_pos}] of the same node")
+                } else {
+                    format!("node {other_node:?} gpu[{other_pos}]")
+                };
+                return Err(self.err(
+                    Some(name),
+                    f("uuid"),
+                    format!(
+                        "duplicate UUID {:?}, already used by {at}; UUIDs must be unique",
+                        g.uuid
+                    ),
+                ));
+            }
+            if g.product_name.trim().is_empty() {
+                return Err(self.err(
+                    Some(name),
+                    f("productName"),
+                    "must not be empty (e.g. NVIDIA H100 80GB HBM3)",
+                ));
+            }
+            let memory_bytes =
+                memory(&g.memory).map_err(|why| self.err(Some(name), f("memory"), why))?;
+            if g.sm_count == 0 {
+                return Err(self.err(
+                    Some(name),
+                    f("smCount"),
+                    "must be greater than 0 (e.g. 132 for H100 SXM)",
+                ));
+            }
+            let cc = compute_capability(&g.compute_capability)
+                .map_err(|why| self.err(Some(name), f("computeCapability"), why))?;
+            let pci_bus_id = match &g.pci_bus_id {
+                Some(id) => normalize_pci_bus_id(id)
+                    .map_err(|why| self.err(Some(name), f("pciBusID"), why))?,
+                None => synthetic_pci_bus_id(i).ok_or_else(|| {
+                    self.err(
+                        Some(name),
+                        f("pciBusID"),
+                        "cannot invent one beyond 255 GPUs; set it explicitly",
+                    )
+                })?,
+            };
+            if let Some(root) = &g.pcie_root {
+                check_pcie_root(root).map_err(|why| self.err(Some(name), f("pcieRoot"), why))?;
+            }
+            let health = match g.unhealthy {
+                None => Health::Healthy,
+                Some(reason) if reason.trim().is_empty() => {
+                    return Err(self.err(
+                        Some(name),
+                        f("unhealthy"),
+                        "must give a reason (e.g. \"XID 79: GPU has fallen off the bus\"); omit the key for a healthy GPU",
+                    ));
+                }
+                Some(reason) => Health::Unhealthy { reason },
+            };
+            let index = g.index.unwrap_or(u32::try_from(i).unwrap_or(u32::MAX));
+            let minor = g.minor.unwrap_or(index);
+            for (field, clash) in [
+                ("index", gpus.iter().position(|o| o.index == index)),
+                ("minor", gpus.iter().position(|o| o.minor == minor)),
+                (
+                    "pciBusID",
+                    gpus.iter().position(|o| o.pci_bus_id == pci_bus_id),
+                ),
+            ] {
+                if let Some(other) = clash {
+                    return Err(self.err(
+                        Some(name),
+                        f(field),
+                        format!("same {field} as gpu[{other}]; it must be unique within a node"),
+                    ));
+                }
+            }
+            uuids.insert(g.uuid.clone(), (name.to_owned(), i));
+            gpus.push(Gpu {
+                index,
+                minor,
+                uuid: g.uuid,
+                product_name: g.product_name.trim().to_owned(),
+                memory_bytes,
+                sm_count: g.sm_count,
+                compute_capability: cc,
+                driver_version: driver_version.clone(),
+                cuda_driver_version: cuda_version.clone(),
+                pci_bus_id,
+                pcie_root: g.pcie_root,
+                numa_node: g.numa_node,
+                mig_capable: g.mig_capable,
+                health,
+                device_nodes: DeviceNode::standard_set(minor, &device_root),
+            });
+        }
+        Ok(NodeInventory::new(name, gpus))
+    }
+}
+
+/// The node whose block contains line `line` (1-based) of an unparsable profile: the value
+/// of the last `name:` key at or above it. Only nodes have a `name` key in this schema, so
+/// in block-style YAML this names the right node; it is a hint for the error message only.
+fn enclosing_node_name(text: &str, line: usize) -> Option<String> {
+    text.lines()
+        .take(line)
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l.strip_prefix("- ").map_or(l, str::trim_start);
+            l.strip_prefix("name:")
+        })
+        .filter_map(|v| {
+            let v = v.split(" #").next().unwrap_or_default().trim();
+            let v = v.trim_matches(|c| c == '"' || c == '\'');
+            (!v.is_empty()).then(|| v.to_owned())
+        })
+        .last()
+}
+
+/// Collapses a message to one line (YAML errors may quote multi-line input).
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn check_node_name(name: &str) -> Result<(), String> {
+    let ok_label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.len() <= 253 && name.split('.').all(ok_label) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid Kubernetes node name (lower-case letters, digits, '-' and '.', e.g. gpu-node-1)"
+        ))
+    }
+}
+
+fn check_uuid(uuid: &str) -> Result<(), String> {
+    let rest = uuid.strip_prefix("GPU-").unwrap_or_default();
+    if !rest.is_empty()
+        && rest.bytes().any(|b| b.is_ascii_hexdigit())
+        && rest.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "{uuid:?} is not a GPU UUID (\"GPU-\" followed by hex digits and dashes, e.g. GPU-8a3c1f2e-5b6d-4e7f-9a0b-1c2d3e4f5a6b)"
+        ))
+    }
+}
+
+fn memory(v: &Value) -> Result<u64, String> {
+    let bytes = match v {
+        Value::String(s) => fgpu_api::quantity::parse_u64(s).map_err(|e| e.to_string())?,
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| format!("{n} is not a positive byte count (e.g. 80Gi)"))?,
+        other => {
+            return Err(format!(
+                "expected a quantity such as 80Gi, found {}",
+                kind_of(other)
+            ));
+        }
+    };
+    if bytes == 0 {
+        return Err("must be greater than 0 (e.g. 80Gi)".into());
+    }
+    Ok(bytes)
+}
+
+fn compute_capability(v: &Value) -> Result<ComputeCapability, String> {
+    let text = match v {
+        Value::String(s) => s.clone(),
+        // `computeCapability: 8.6` without quotes arrives as a float; keep one decimal.
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() => format!("{f:.1}"),
+            _ => format!("{n}"),
+        },
+        other => {
+            return Err(format!(
+                "expected MAJOR.MINOR such as \"9.0\", found {}",
+                kind_of(other)
+            ));
+        }
+    };
+    let cc: ComputeCapability = text.parse().map_err(|e| format!("{e}"))?;
+    if cc.architecture() == Architecture::Unknown {
+        return Err(format!(
+            "{cc} is not a known NVIDIA architecture (6.x Pascal to 12.x Blackwell, e.g. \"8.0\" or \"9.0\")"
+        ));
+    }
+    Ok(cc)
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "a mapping",
+        Value::Tagged(_) => "a tagged value",
+    }
+}
+
+fn is_dotted_version(v: &str) -> bool {
+    !v.is_empty()
+        && v.split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `DDDD:BB:DD.F` (or NVML's 8-digit domain) → sysfs form, lower-case with a 4-digit domain.
+pub(crate) fn normalize_pci_bus_id(id: &str) -> Result<String, String> {
+    let bad =
+        || format!("{id:?} is not a PCI address (DOMAIN:BUS:DEVICE.FUNCTION, e.g. 0000:1b:00.0)");
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let mut parts = id.trim().split(':');
+    let (Some(domain), Some(bus), Some(devfn), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    let (dev, func) = devfn.split_once('.').ok_or_else(bad)?;
+    let domain = match domain.len() {
+        8 if hex(domain, 8) && domain.starts_with("0000") => &domain[4..],
+        4 if hex(domain, 4) => domain,
+        _ => return Err(bad()),
+    };
+    let function_ok = func.len() == 1 && func.bytes().all(|b| (b'0'..=b'7').contains(&b));
+    if !(hex(bus, 2) && hex(dev, 2) && function_ok) {
+        return Err(bad());
+    }
+    Ok(format!("{domain}:{bus}:{dev}.{func}").to_ascii_lowercase())
+}
+
+fn synthetic_pci_bus_id(pos: usize) -> Option<String> {
+    let bus = u8::try_from(pos + 1).ok()?;
+    Some(format!("0000:{bus:02x}:00.0"))
+}
+
+fn check_pcie_root(root: &str) -> Result<(), String> {
+    let ok = root
+        .strip_prefix("pci")
+        .and_then(|r| r.split_once(':'))
+        .is_some_and(|(d, b)| {
+            d.len() == 4
+                && b.len() == 2
+                && d.bytes().chain(b.bytes()).all(|c| c.is_ascii_hexdigit())
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{root:?} is not a PCIe root (pciDDDD:BB as in /sys/devices, e.g. pci0000:00)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::GIB;
+
+    const P: &str = "deploy/fake/x.yaml";
+
+    fn gpu(uuid: &str, extra: &str) -> String {
+        format!(
+            "      - uuid: {uuid}\n        productName: NVIDIA A100-SXM4-80GB\n        memory: 80Gi\n        smCount: 108\n        computeCapability: \"8.0\"\n{extra}"
+        )
+    }
+
+    fn two_nodes(extra_b: &str) -> String {
+        format!(
+            "nodes:\n  - name: node-a\n    gpus:\n{}{}  - name: node-b\n    gpus:\n{}",
+            gpu("GPU-aa", ""),
+            gpu("GPU-ab", ""),
+            gpu("GPU-ba", extra_b)
+        )
+    }
+
+    fn err(text: &str) -> String {
+        FakeProfile::parse(text, P).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn minimal_profile_gets_defaults() {
+        let p = FakeProfile::parse(&two_nodes(""), P).unwrap();
+        assert_eq!(p.node_names(), ["node-a", "node-b"]);
+        let a = p.node("node-a").unwrap();
+        assert_eq!(a.gpus.len(), 2);
+        let g1 = &a.gpus[1];
+        assert_eq!((g1.index, g1.minor), (1, 1));
+        assert_eq!(g1.memory_bytes, 80 * GIB);
+        assert_eq!(g1.pci_bus_id, "0000:02:00.0");
+        assert_eq!(g1.driver_version, DEFAULT_DRIVER_VERSION);
+        assert_eq!(g1.cuda_driver_version, DEFAULT_CUDA_VERSION);
+        assert_eq!(g1.architecture(), Architecture::Ampere);
+        assert_eq!(g1.device_nodes[0].host_path, Path::new("/dev/nvidia1"));
+        assert!(g1.is_healthy());
+    }
+
+    #[test]
+    fn defaults_and_node_overrides_apply() {
+        let text = format!(
+            "defaults:\n  driverVersion: \"535.1\"\n  deviceRoot: /tmp/fake-dev\nnodes:\n  - name: n\n    cudaVersion: \"12.2\"\n    gpus:\n{}",
+            gpu(
+                "GPU-01",
+                "        minor: 7\n        unhealthy: XID 79\n        pciBusID: 00000000:3B:00.0\n        numaNode: 1\n"
+            )
+        );
+        let p = FakeProfile::parse(&text, P).unwrap();
+        let g = &p.nodes()[0].gpus[0];
+        assert_eq!(g.driver_version, "535.1");
+        assert_eq!(g.cuda_driver_version, "12.2");
+        assert_eq!((g.index, g.minor), (0, 7));
+        assert_eq!(g.pci_bus_id, "0000:3b:00.0");
+        assert_eq!(g.numa_node, Some(1));
+        assert_eq!(
+            g.health,
+            Health::Unhealthy {
+                reason: "XID 79".into()
+            }
+        );
+        assert_eq!(g.device_nodes[0].path, Path::new("/dev/nvidia7"));
+        assert_eq!(
+            g.device_nodes[0].host_path,
+            Path::new("/tmp/fake-dev/nvidia7")
+        );
+    }
+
+    #[test]
+    fn zero_memory_names_file_node_and_field() {
+        let text = two_nodes("").replacen("memory: 80Gi", "memory: 0", 2);
+        // the second occurrence is node-a gpu[1]
+        let text = text.replacen("memory: 0", "memory: 80Gi", 1);
+        assert_eq!(
+            err(&text),
+            r#"deploy/fake/x.yaml: node "node-a" gpu[1].memory: must be greater than 0 (e.g. 80Gi)"#
+        );
+    }
+
+    #[test]
+    fn duplicate_uuid_across_nodes_and_within_a_node() {
+        let text = two_nodes("").replace("GPU-ba", "GPU-ab");
+        assert_eq!(
+            err(&text),
+            r#"deploy/fake/x.yaml: node "node-b" gpu[0].uuid: duplicate UUID "GPU-ab", already used by node "node-a" gpu[1]; UUIDs must be unique"#
+        );
+        let text = two_nodes("").replace("GPU-ab", "GPU-aa");
+        assert!(err(&text).contains(r#"node "node-a" gpu[1].uuid: duplicate UUID "GPU-aa", already used by gpu[0] of the same node"#));
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let e = err(&two_nodes("        colour: green\n"));
+        assert!(
+            e.starts_with(
+                r#"deploy/fake/x.yaml: node "node-b" gpu[0].colour: unknown field `colour`"#
+            ),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn wrong_type_names_the_field() {
+        let e = err(&two_nodes("").replacen("smCount: 108", "smCount: many", 1));
+        assert!(
+            e.starts_with(r#"deploy/fake/x.yaml: node "node-a" gpu[0].smCount: invalid type"#),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_yaml_is_one_line() {
+        let e = err("nodes:\n  - gpus: [unclosed\n");
+        assert!(e.starts_with("deploy/fake/x.yaml: invalid YAML:"), "{e}");
+        assert!(e.contains("line 3 column 1"), "{e}");
+        assert!(!e.contains('\n'));
+        // Inside a node's block the message names the node.
+        let text = format!("{}      - uuid: [GPU-x\n", two_nodes(""));
+        let e = err(&text);
+        assert!(
+            e.starts_with(r#"deploy/fake/x.yaml: node "node-b": invalid YAML: "#),
+            "{e}"
+        );
+        let text = two_nodes("").replacen("    gpus:", "    gpus: {", 1);
+        assert!(err(&text).starts_with(r#"deploy/fake/x.yaml: node "node-a": invalid YAML: "#));
+    }
+
+    #[test]
+    fn structural_errors() {
+        assert_eq!(
+            err(""),
+            "deploy/fake/x.yaml: the profile is empty; it needs a `nodes:` list"
+        );
+        assert_eq!(
+            err("nodes: []"),
+            "deploy/fake/x.yaml: nodes: must list at least one node"
+        );
+        assert_eq!(
+            err("nodes:\n  - name: n\n    gpus: []\n"),
+            r#"deploy/fake/x.yaml: node "n" gpus: must list at least one GPU"#
+        );
+        assert!(err("nodes:\n  - gpus: []\n").contains(r#"node "nodes[0]": missing field `name`"#));
+        assert!(
+            err("nodes:\n  - name: Bad_Name\n    gpus: []\n")
+                .contains("not a valid Kubernetes node name")
+        );
+        let dup = format!(
+            "nodes:\n  - name: n\n    gpus:\n{}  - name: n\n    gpus:\n{}",
+            gpu("GPU-1", ""),
+            gpu("GPU-2", "")
+        );
+        assert!(err(&dup).contains(r#"node "n" name: duplicate node name"#));
+    }
+
+    #[test]
+    fn field_checks() {
+        let one = |extra: &str, from: &str, to: &str| {
+            err(&format!(
+                "nodes:\n  - name: n\n    gpus:\n{}",
+                gpu("GPU-1", extra).replacen(from, to, 1)
+            ))
+        };
+        assert!(
+            one(
+                "",
+                "computeCapability: \"8.0\"",
+                "computeCapability: \"eight\""
+            )
+            .contains(r#"gpu[0].computeCapability: invalid compute capability "eight""#)
+        );
+        assert!(
+            one(
+                "",
+                "computeCapability: \"8.0\"",
+                "computeCapability: \"5.2\""
+            )
+            .contains("not a known NVIDIA architecture")
+        );
+        assert!(
+            one("", "uuid: GPU-1", "uuid: abc").contains(r#"gpu[0].uuid: "abc" is not a GPU UUID"#)
+        );
+        assert!(
+            one("", "memory: 80Gi", "memory: 80GB")
+                .contains(r#"gpu[0].memory: "80GB" has an unknown suffix"#)
+        );
+        assert!(
+            one("", "smCount: 108", "smCount: 0")
+                .contains("gpu[0].smCount: must be greater than 0")
+        );
+        assert!(
+            one("        pciBusID: 1b:00.0\n", "", "")
+                .contains("gpu[0].pciBusID: \"1b:00.0\" is not a PCI address")
+        );
+        assert!(one("        pcieRoot: root0\n", "", "").contains("gpu[0].pcieRoot:"));
+        assert!(
+            one("        unhealthy: \"\"\n", "", "")
+                .contains("gpu[0].unhealthy: must give a reason")
+        );
+        // unquoted float compute capability is accepted
+        let ok = format!(
+            "nodes:\n  - name: n\n    gpus:\n{}",
+            gpu("GPU-1", "").replace("\"8.0\"", "8.6")
+        );
+        assert_eq!(
+            FakeProfile::parse(&ok, P).unwrap().nodes()[0].gpus[0].compute_capability,
+            ComputeCapability::new(8, 6)
+        );
+    }
+
+    #[test]
+    fn duplicate_index_minor_or_bus_id_within_node() {
+        let text = format!(
+            "nodes:\n  - name: n\n    gpus:\n{}{}",
+            gpu("GPU-1", "        minor: 5\n"),
+            gpu("GPU-2", "        minor: 5\n")
+        );
+        assert_eq!(
+            err(&text),
+            r#"deploy/fake/x.yaml: node "n" gpu[1].minor: same minor as gpu[0]; it must be unique within a node"#
+        );
+    }
+
+    #[test]
+    fn node_selection() {
+        let p = FakeProfile::parse(&two_nodes(""), P).unwrap();
+        let e = p.single_node(Some("nope")).unwrap_err();
+        assert!(e.is_bad_input());
+        assert_eq!(
+            e.to_string(),
+            r#"deploy/fake/x.yaml: unknown node "nope"; known nodes: node-a, node-b"#
+        );
+        assert!(matches!(
+            p.single_node(None),
+            Err(BackendError::NodeRequired { .. })
+        ));
+        assert_eq!(
+            p.single_node(Some("node-b")).unwrap().gpus[0].uuid,
+            "GPU-ba"
+        );
+    }
+
+    #[test]
+    fn backend_rereads_the_file_for_health() {
+        let dir = std::env::temp_dir().join(format!("fgpu-fake-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.yaml");
+        std::fs::write(&file, two_nodes("")).unwrap();
+        let b = FakeBackend::open(&file, Some("node-b")).unwrap();
+        assert_eq!(b.health("GPU-ba").unwrap(), Health::Healthy);
+        std::fs::write(&file, two_nodes("        unhealthy: XID 48\n")).unwrap();
+        assert_eq!(
+            b.health("GPU-ba").unwrap(),
+            Health::Unhealthy {
+                reason: "XID 48".into()
+            }
+        );
+        assert!(matches!(
+            b.health("GPU-zz"),
+            Err(BackendError::GpuNotFound { .. })
+        ));
+        let inv = b.inventory("node-b").unwrap();
+        assert_eq!(inv.gpus.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn missing_file_is_bad_input() {
+        let e = FakeProfile::load("/nonexistent/fgpu.yaml").unwrap_err();
+        assert!(e.is_bad_input());
+        assert!(
+            e.to_string()
+                .starts_with("/nonexistent/fgpu.yaml: cannot read fake GPU profile")
+        );
+    }
+
+    #[test]
+    fn normalizes_pci_bus_ids() {
+        assert_eq!(
+            normalize_pci_bus_id("00000000:1B:00.0").unwrap(),
+            "0000:1b:00.0"
+        );
+        assert_eq!(
+            normalize_pci_bus_id("0001:af:1f.7").unwrap(),
+            "0001:af:1f.7"
+        );
+        for bad in [
+            "1b:00.0",
+            "0000:1b:00",
+            "0000:1b:00.8",
+            "00010000:1b:00.0",
+            "zzzz:1b:00.0",
+        ] {
+            assert!(normalize_pci_bus_id(bad).is_err(), "{bad}");
+        }
+    }
+}

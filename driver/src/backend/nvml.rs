@@ -1,0 +1,268 @@
+//! The `nvml` backend: GPUs as the NVIDIA driver reports them through NVML.
+//!
+//! `libnvidia-ml.so.1` is opened at run time by `nvml-wrapper` (through `libloading`), so
+//! this module builds and links on machines without a GPU; [`NvmlBackend::new`] fails there
+//! with [`BackendError::NvmlNotFound`]. No `unsafe` is needed here: `nvml-wrapper` wraps
+//! every call. Topology NVML does not give (the PCIe root complex) comes from sysfs.
+
+use std::path::{Path, PathBuf};
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+
+use super::BackendError;
+use super::DeviceBackend;
+use super::fake::normalize_pci_bus_id;
+use crate::device::{Architecture, CONTAINER_DEV_DIR, ComputeCapability, DeviceNode, Gpu, Health};
+
+/// The soname the driver installs; the unversioned `libnvidia-ml.so` only exists where the
+/// development package is installed.
+pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
+
+/// Where sysfs lists PCI devices.
+const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
+
+/// A [`DeviceBackend`] backed by NVML.
+pub struct NvmlBackend {
+    nvml: Nvml,
+    sysfs_pci: PathBuf,
+}
+
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend").finish_non_exhaustive()
+    }
+}
+
+impl NvmlBackend {
+    /// Loads [`NVML_LIBRARY`] and initialises NVML.
+    pub fn new() -> Result<Self, BackendError> {
+        let nvml = Nvml::builder()
+            .lib_path(std::ffi::OsStr::new(NVML_LIBRARY))
+            .init()
+            .map_err(|e| match e {
+                NvmlError::LibloadingError(e) => BackendError::NvmlNotFound {
+                    detail: e.to_string(),
+                },
+                NvmlError::LibraryNotFound | NvmlError::DriverNotLoaded => {
+                    BackendError::NvmlNotFound {
+                        detail: e.to_string(),
+                    }
+                }
+                other => nvml_err("nvmlInit_v2", None, other),
+            })?;
+        Ok(Self {
+            nvml,
+            sysfs_pci: PathBuf::from(SYSFS_PCI_DEVICES),
+        })
+    }
+
+    /// Reads GPU `index`; `driver` is (driver version, CUDA driver version), node-wide.
+    fn gpu(&self, index: u32, driver: &(String, String)) -> Result<Gpu, BackendError> {
+        let call = |name: &'static str| move |e| nvml_err(name, Some(index), e);
+        let dev = self
+            .nvml
+            .device_by_index(index)
+            .map_err(call("nvmlDeviceGetHandleByIndex"))?;
+        let uuid = dev.uuid().map_err(call("nvmlDeviceGetUUID"))?;
+        let product_name = dev.name().map_err(call("nvmlDeviceGetName"))?;
+        let memory_bytes = dev
+            .memory_info()
+            .map_err(call("nvmlDeviceGetMemoryInfo"))?
+            .total;
+        let minor = dev
+            .minor_number()
+            .map_err(call("nvmlDeviceGetMinorNumber"))?;
+        let cc = dev
+            .cuda_compute_capability()
+            .map_err(call("nvmlDeviceGetCudaComputeCapability"))?;
+        let compute_capability = ComputeCapability::new(
+            u32::try_from(cc.major).unwrap_or_default(),
+            u32::try_from(cc.minor).unwrap_or_default(),
+        );
+        let pci = dev.pci_info().map_err(call("nvmlDeviceGetPciInfo"))?;
+        let pci_bus_id =
+            normalize_pci_bus_id(&pci.bus_id).map_err(|detail| BackendError::Nvml {
+                call: "nvmlDeviceGetPciInfo",
+                gpu: Some(index),
+                detail,
+            })?;
+        // SM count: nvmlDeviceGetAttributes answers on many drivers; otherwise derive it
+        // from the CUDA core count and the cores per SM of the architecture.
+        let sm_count = dev
+            .attributes()
+            .ok()
+            .map(|a| a.multiprocessor_count)
+            .filter(|&n| n > 0)
+            .or_else(|| {
+                let cores = dev.num_cores().ok()?;
+                let per_sm = cores_per_sm(compute_capability)?;
+                Some(cores / per_sm)
+            })
+            .unwrap_or(0);
+        let numa_node = match dev.numa_node_id() {
+            Ok(n) => Some(n),
+            Err(_) => sysfs_numa_node(&self.sysfs_pci, &pci_bus_id),
+        };
+        // nvmlDeviceGetMigMode answers NotSupported on GPUs without MIG.
+        let mig_capable = dev.mig_mode().is_ok();
+        Ok(Gpu {
+            index,
+            minor,
+            uuid,
+            product_name,
+            memory_bytes,
+            sm_count,
+            compute_capability,
+            driver_version: driver.0.clone(),
+            cuda_driver_version: driver.1.clone(),
+            pcie_root: sysfs_pcie_root(&self.sysfs_pci, &pci_bus_id),
+            pci_bus_id,
+            numa_node,
+            mig_capable,
+            // Every query above answered: the GPU is reachable. `health` probes again later.
+            health: Health::Healthy,
+            device_nodes: present_device_nodes(minor),
+        })
+    }
+}
+
+impl DeviceBackend for NvmlBackend {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| nvml_err("nvmlDeviceGetCount", None, e))?;
+        let driver_version = self
+            .nvml
+            .sys_driver_version()
+            .map_err(|e| nvml_err("nvmlSystemGetDriverVersion", None, e))?;
+        let cuda = self
+            .nvml
+            .sys_cuda_driver_version()
+            .map_err(|e| nvml_err("nvmlSystemGetCudaDriverVersion", None, e))?;
+        // NVML encodes CUDA 12.4 as 12040.
+        let cuda_version = format!("{}.{}", cuda / 1000, (cuda % 1000) / 10);
+        let driver = (driver_version, cuda_version);
+        (0..count).map(|i| self.gpu(i, &driver)).collect()
+    }
+
+    fn health(&self, uuid: &str) -> Result<Health, BackendError> {
+        let dev = self.nvml.device_by_uuid(uuid).map_err(|e| match e {
+            NvmlError::NotFound => BackendError::GpuNotFound {
+                uuid: uuid.to_owned(),
+            },
+            other => nvml_err("nvmlDeviceGetHandleByUUID", None, other),
+        })?;
+        Ok(match dev.memory_info() {
+            Ok(_) => Health::Healthy,
+            Err(e) => Health::Unhealthy {
+                reason: e.to_string(),
+            },
+        })
+    }
+}
+
+fn nvml_err(call: &'static str, gpu: Option<u32>, e: NvmlError) -> BackendError {
+    BackendError::Nvml {
+        call,
+        gpu,
+        detail: e.to_string(),
+    }
+}
+
+/// CUDA cores per SM by architecture (NVIDIA's CUDA C programming guide, per generation).
+fn cores_per_sm(cc: ComputeCapability) -> Option<u32> {
+    Some(match (cc.architecture(), cc.major, cc.minor) {
+        (Architecture::Pascal, 6, 0) => 64,
+        (Architecture::Pascal, ..) => 128,
+        (Architecture::Volta | Architecture::Turing, ..) => 64,
+        (Architecture::Ampere, 8, 0) => 64,
+        (Architecture::Ampere | Architecture::Ada, ..) => 128,
+        (Architecture::Hopper | Architecture::Blackwell, ..) => 128,
+        (Architecture::Unknown, ..) => return None,
+    })
+}
+
+/// The device nodes for GPU `minor` that exist on this host: the GPU's own node always
+/// (the driver creates it), the control nodes only where present (`nvidia-uvm` appears
+/// once the module is loaded).
+fn present_device_nodes(minor: u32) -> Vec<DeviceNode> {
+    DeviceNode::standard_set(minor, Path::new(CONTAINER_DEV_DIR))
+        .into_iter()
+        .enumerate()
+        .filter(|(i, n)| *i == 0 || n.host_path.exists())
+        .map(|(_, n)| n)
+        .collect()
+}
+
+/// NUMA node from `/sys/bus/pci/devices/<bus id>/numa_node`; `-1` means none.
+fn sysfs_numa_node(sysfs_pci: &Path, bus_id: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(sysfs_pci.join(bus_id).join("numa_node")).ok()?;
+    text.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+/// The `pciDDDD:BB` component of the device's canonical sysfs path.
+fn sysfs_pcie_root(sysfs_pci: &Path, bus_id: &str) -> Option<String> {
+    let real = std::fs::canonicalize(sysfs_pci.join(bus_id)).ok()?;
+    real.components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .find(|c| c.starts_with("pci") && c.contains(':'))
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_gives_the_documented_error() {
+        // This machine has no NVIDIA driver; where one exists the test has nothing to say.
+        match NvmlBackend::new() {
+            Ok(_) => {}
+            Err(e) => {
+                let s = e.to_string();
+                assert!(
+                    s.starts_with("NVML library libnvidia-ml.so.1 not found:"),
+                    "{s}"
+                );
+                assert!(s.contains("use --backend fake"), "{s}");
+            }
+        }
+    }
+
+    #[test]
+    fn sysfs_topology_is_read() {
+        let dir = std::env::temp_dir().join(format!("fgpu-sysfs-{}", std::process::id()));
+        let real = dir.join("devices/pci0000:15/0000:15:01.0/0000:1b:00.0");
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("numa_node"), "1\n").unwrap();
+        let bus = dir.join("bus");
+        std::fs::create_dir_all(&bus).unwrap();
+        std::os::unix::fs::symlink(&real, bus.join("0000:1b:00.0")).unwrap();
+        assert_eq!(sysfs_numa_node(&bus, "0000:1b:00.0"), Some(1));
+        assert_eq!(
+            sysfs_pcie_root(&bus, "0000:1b:00.0").as_deref(),
+            Some("pci0000:15")
+        );
+        std::fs::write(real.join("numa_node"), "-1\n").unwrap();
+        assert_eq!(sysfs_numa_node(&bus, "0000:1b:00.0"), None);
+        assert_eq!(sysfs_numa_node(&bus, "0000:ff:00.0"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sm_count_from_cores() {
+        assert_eq!(cores_per_sm(ComputeCapability::new(9, 0)), Some(128));
+        assert_eq!(cores_per_sm(ComputeCapability::new(8, 0)), Some(64));
+        assert_eq!(cores_per_sm(ComputeCapability::new(7, 5)), Some(64));
+        assert_eq!(cores_per_sm(ComputeCapability::new(5, 0)), None);
+    }
+}
