@@ -1,1 +1,27 @@
-//! libfgpu.so
+//! `libfgpu.so`: the in-container shim that enforces GPU memory quotas.
+//!
+//! Loaded into every dynamically linked process (`/etc/ld.so.preload` or `LD_PRELOAD`),
+//! it interposes the CUDA driver API and NVML. It does nothing at load time: the
+//! configuration is read on the first CUDA call, and with no quota set every call is
+//! forwarded untouched. See README.md for the contract.
+//!
+//! Table of contents:
+//! - [`config`]: where limits come from (limits file > FGPU env > HAMi env), value syntax.
+//! - [`state`]: the claim's shared account file (header, device table, process slots).
+//! - [`process`]: per-process state, rebuilt after `fork`.
+//! - [`track`]: what this process allocated (pointer/handle → size).
+//! - [`hooks`]: the exported `cu*` / `nvml*` entry points.
+//! - [`procaddr`]: `cuGetProcAddress[_v2]` answers and the hook table.
+//! - `dlsym`: the exported `dlsym` (assembly stub + hook).
+//! - [`real`]: the real driver, resolved lazily.
+
+pub mod config;
+mod dlsym;
+pub mod ffi;
+pub mod hooks;
+pub mod log;
+pub mod procaddr;
+pub mod process;
+pub mod real;
+pub mod state;
+pub mod track;

@@ -1,1 +1,1421 @@
-//! fake CUDA driver + NVML
+//! A fake CUDA driver (`libcuda.so.1`) and NVML (`libnvidia-ml.so.1`) for tests.
+//!
+//! One cdylib exports both the `cu*` and the `nvml*` entry points; the test harness
+//! (`mk/hook.mk`) copies it into a directory as `libcuda.so.1` and `libnvidia-ml.so.1`
+//! and puts that directory on `LD_LIBRARY_PATH`. See `README.md`.
+//!
+//! Simulated GPUs: `FAKE_CUDA_GPUS` (default 1), each with `FAKE_CUDA_MEMORY_<i>` or
+//! `FAKE_CUDA_MEMORY` bytes (suffixes `Ki Mi Gi Ti`, `K M G T`; default `80Gi`).
+//! Memory is accounted per process: allocations past a device's size fail with
+//! `CUDA_ERROR_OUT_OF_MEMORY`. No memory is really taken: device pointers are addresses
+//! from a per-device bump allocator.
+//!
+//! `cuGetProcAddress[_v2]` resolves base names (`cuMemAlloc`) by the requested CUDA
+//! version and the per-thread-default-stream flag, like the real driver. With
+//! `FAKE_CUDA_PROC_INTERNAL=1` it hands out internal entry points whose addresses differ
+//! from the exported symbols (as a driver with private thunks would), which exercises
+//! the shim's name-based fallback.
+//!
+//! Test-only exports (never part of CUDA): `fakeCudaUsedBytes(dev)`,
+//! `fakeCudaLaunchCount()`, `fakeCudaLiveAllocations()`.
+#![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+
+const NVML_SUCCESS: c_int = 0;
+const NVML_ERROR_UNINITIALIZED: c_int = 1;
+const NVML_ERROR_INVALID_ARGUMENT: c_int = 2;
+const NVML_ERROR_INSUFFICIENT_SIZE: c_int = 7;
+
+/// Most devices the fake simulates.
+const MAX_GPUS: usize = 16;
+const PTR_ALIGN: u64 = 512;
+
+// ---------------------------------------------------------------- configuration
+
+/// Parses `80Gi`, `1024Mi`, `10G`, `4096` (bytes).
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, suf) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mul: u64 = match suf {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(mul)
+}
+
+struct Config {
+    sizes: Vec<u64>,
+    internal_proc: bool,
+    reenter: bool,
+}
+
+fn config() -> &'static Config {
+    static CFG: OnceLock<Config> = OnceLock::new();
+    CFG.get_or_init(|| {
+        let n = std::env::var("FAKE_CUDA_GPUS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(1)
+            .min(MAX_GPUS);
+        let default = std::env::var("FAKE_CUDA_MEMORY")
+            .ok()
+            .and_then(|v| parse_bytes(&v))
+            .unwrap_or(80 << 30);
+        let sizes = (0..n)
+            .map(|i| {
+                std::env::var(format!("FAKE_CUDA_MEMORY_{i}"))
+                    .ok()
+                    .and_then(|v| parse_bytes(&v))
+                    .unwrap_or(default)
+            })
+            .collect();
+        let internal_proc = std::env::var("FAKE_CUDA_PROC_INTERNAL").is_ok_and(|v| v == "1");
+        let reenter = std::env::var("FAKE_CUDA_REENTER").is_ok_and(|v| v == "1");
+        Config {
+            sizes,
+            internal_proc,
+            reenter,
+        }
+    })
+}
+
+/// The 16-byte UUID of simulated device `i` (the NVML string is its `GPU-` form).
+pub fn device_uuid(i: usize) -> [u8; 16] {
+    let mut u = [0u8; 16];
+    u[..4].copy_from_slice(&[0xfa, 0x4e, 0xc0, 0xda]);
+    u[15] = i as u8;
+    u[8] = 0x80;
+    u
+}
+
+fn uuid_string(u: &[u8; 16]) -> String {
+    let mut s = String::from("GPU-");
+    for (i, b) in u.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+// ---------------------------------------------------------------- state
+
+struct Pool {
+    dev: usize,
+    reserved: u64,
+    used: u64,
+    destroyed: bool,
+    /// Idle memory above this is given back to the device at synchronisation (the
+    /// real default is 0).
+    threshold: u64,
+}
+
+struct Device {
+    size: u64,
+    used: u64,
+    next: u64,
+}
+
+struct State {
+    devs: Vec<Device>,
+    /// device pointer -> (device, size, pool handle or 0)
+    ptrs: HashMap<u64, (usize, u64, u64)>,
+    /// array / mipmapped array / VMM handle -> (device, size)
+    handles: HashMap<u64, (usize, u64)>,
+    pools: HashMap<u64, Pool>,
+    current_pool: Vec<u64>,
+    next_handle: u64,
+}
+
+impl State {
+    fn new() -> State {
+        let sizes = &config().sizes;
+        let mut st = State {
+            devs: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &size)| Device {
+                    size,
+                    used: 0,
+                    next: (i as u64 + 1) << 44,
+                })
+                .collect(),
+            ptrs: HashMap::new(),
+            handles: HashMap::new(),
+            pools: HashMap::new(),
+            current_pool: Vec::new(),
+            next_handle: 0x5000,
+        };
+        for d in 0..sizes.len() {
+            let h = st.handle();
+            st.pools.insert(
+                h,
+                Pool {
+                    dev: d,
+                    reserved: 0,
+                    used: 0,
+                    destroyed: false,
+                    threshold: 0,
+                },
+            );
+            st.current_pool.push(h);
+        }
+        st
+    }
+
+    fn handle(&mut self) -> u64 {
+        self.next_handle += 16;
+        self.next_handle
+    }
+
+    /// Takes `size` bytes of device memory (no pointer), or OOM.
+    fn take(&mut self, dev: usize, size: u64) -> Result<(), CUresult> {
+        let d = self.devs.get_mut(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+        match d.used.checked_add(size) {
+            Some(n) if n <= d.size => {
+                d.used = n;
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
+        }
+    }
+
+    fn give(&mut self, dev: usize, size: u64) {
+        if let Some(d) = self.devs.get_mut(dev) {
+            d.used = d.used.saturating_sub(size);
+        }
+    }
+
+    fn address(&mut self, dev: usize, size: u64) -> u64 {
+        let d = &mut self.devs[dev];
+        let p = d.next;
+        d.next += size.div_ceil(PTR_ALIGN).max(1) * PTR_ALIGN;
+        p
+    }
+
+    fn alloc(&mut self, dev: usize, size: u64) -> Result<u64, CUresult> {
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.take(dev, size)?;
+        let p = self.address(dev, size);
+        self.ptrs.insert(p, (dev, size, 0));
+        Ok(p)
+    }
+
+    fn pool_alloc(&mut self, pool: u64, size: u64) -> Result<u64, CUresult> {
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (dev, idle) = match self.pools.get(&pool) {
+            Some(p) if !p.destroyed => (p.dev, p.reserved - p.used),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        let grow = size.saturating_sub(idle);
+        self.take(dev, grow)?;
+        let p = self.pools.get_mut(&pool).expect("checked above");
+        p.reserved += grow;
+        p.used += size;
+        let a = self.address(dev, size);
+        self.ptrs.insert(a, (dev, size, pool));
+        Ok(a)
+    }
+
+    /// Synchronisation: pools give idle memory above their release threshold back.
+    fn sync(&mut self) {
+        let mut give = Vec::new();
+        for p in self.pools.values_mut() {
+            let release = (p.reserved - p.used).min(p.reserved.saturating_sub(p.threshold));
+            p.reserved -= release;
+            give.push((p.dev, release));
+        }
+        for (d, n) in give {
+            self.give(d, n);
+        }
+    }
+
+    fn free(&mut self, ptr: u64) -> CUresult {
+        let Some((dev, size, pool)) = self.ptrs.remove(&ptr) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        if pool == 0 {
+            self.give(dev, size);
+            return CUDA_SUCCESS;
+        }
+        // Pool memory goes back to the pool (kept reserved until trimmed or destroyed).
+        let mut release = 0;
+        let mut remove = false;
+        if let Some(p) = self.pools.get_mut(&pool) {
+            p.used = p.used.saturating_sub(size);
+            if p.destroyed && p.used == 0 {
+                release = p.reserved;
+                remove = true;
+            }
+        }
+        if remove {
+            self.pools.remove(&pool);
+        }
+        self.give(dev, release);
+        CUDA_SUCCESS
+    }
+}
+
+fn state() -> MutexGuard<'static, State> {
+    static ST: OnceLock<Mutex<State>> = OnceLock::new();
+    ST.get_or_init(|| Mutex::new(State::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+// Contexts are encoded handles: CTX_TAG | serial << 8 | device. The primary context of
+// device d has serial 0.
+const CTX_TAG: usize = 0xC7C7_0000_0000;
+static CTX_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static CURRENT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn ctx_device(ctx: usize) -> Option<usize> {
+    if ctx & 0xFFFF_0000_0000 != CTX_TAG {
+        return None;
+    }
+    let d = ctx & 0xff;
+    (d < config().sizes.len()).then_some(d)
+}
+
+fn current_device() -> Result<usize, CUresult> {
+    if !INITIALIZED.load(Ordering::Relaxed) {
+        return Err(CUDA_ERROR_NOT_INITIALIZED);
+    }
+    ctx_device(CURRENT.with(|c| c.get())).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
+fn check_dev(dev: CUdevice) -> Result<usize, CUresult> {
+    if !INITIALIZED.load(Ordering::Relaxed) {
+        return Err(CUDA_ERROR_NOT_INITIALIZED);
+    }
+    if dev < 0 || dev as usize >= config().sizes.len() {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    Ok(dev as usize)
+}
+
+/// Writes `v` through `p` if it is not null.
+fn put<T>(p: *mut T, v: T) -> bool {
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: the caller of the C API passed a pointer to a writable T; null is refused.
+    unsafe { p.write(v) };
+    true
+}
+
+/// Reads a `T` from `p` if it is not null.
+fn get<T: Copy>(p: *const T) -> Option<T> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passed a pointer to a readable T; null is refused.
+    Some(unsafe { p.read() })
+}
+
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return e,
+        }
+    };
+}
+
+/// Bytes per element of a `CUarray_format` (unknown formats count as 16 bytes).
+pub fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => 16,
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ArrayDesc {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Array3dDesc {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -> u64 {
+    (w.max(1) as u64)
+        .saturating_mul(h.max(1) as u64)
+        .saturating_mul(d.max(1) as u64)
+        .saturating_mul(channels.max(1) as u64)
+        .saturating_mul(format_bytes(format))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    pub kind: c_int,
+    pub id: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAllocationProp {
+    pub kind: c_int,
+    pub handle_types: c_int,
+    pub location: MemLocation,
+    pub win32: *mut c_void,
+    pub flags: [u8; 8],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemPoolProps {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: MemLocation,
+    pub win32: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+const LOCATION_DEVICE: c_int = 1;
+
+fn error_name(e: CUresult) -> Option<(&'static CStr, &'static CStr)> {
+    Some(match e {
+        0 => (c"CUDA_SUCCESS", c"no error"),
+        1 => (c"CUDA_ERROR_INVALID_VALUE", c"invalid argument"),
+        2 => (c"CUDA_ERROR_OUT_OF_MEMORY", c"out of memory"),
+        3 => (c"CUDA_ERROR_NOT_INITIALIZED", c"initialization error"),
+        101 => (c"CUDA_ERROR_INVALID_DEVICE", c"invalid device ordinal"),
+        201 => (c"CUDA_ERROR_INVALID_CONTEXT", c"invalid device context"),
+        400 => (c"CUDA_ERROR_INVALID_HANDLE", c"invalid resource handle"),
+        500 => (c"CUDA_ERROR_NOT_FOUND", c"named symbol not found"),
+        801 => (c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
+        999 => (c"CUDA_ERROR_UNKNOWN", c"unknown error"),
+        _ => return None,
+    })
+}
+
+unsafe extern "C" {
+    fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+}
+
+/// The first global definition of `name` (with `FAKE_CUDA_REENTER=1` the `_ptsz`
+/// variants call their base function through it, as a driver calling its own exported
+/// entry points would — reaching an interposer such as libfgpu.so).
+fn exported<F: Copy>(name: &CStr) -> Option<F> {
+    // SAFETY: RTLD_DEFAULT (null) lookup of a NUL-terminated name.
+    let p = unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: F is a function pointer type of the symbol's signature (caller's choice).
+    Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
+// ---------------------------------------------------------------- exports
+//
+// Every entry point is defined once as an exported symbol and once, with the same
+// behaviour, in `alt` (not exported) for `FAKE_CUDA_PROC_INTERNAL=1`.
+
+macro_rules! exports {
+    ($( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block )*) => {
+        $(
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult $body
+        )*
+        /// Internal entry points with their own addresses (see the crate doc).
+        pub mod alt {
+            use super::*;
+            $(
+                #[inline(never)]
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                    // SAFETY: same contract as the exported function it forwards to.
+                    unsafe { super::$name($($arg),*) }
+                }
+            )*
+        }
+        /// (name, exported address, internal address) of every entry point.
+        fn entry_points() -> &'static [(&'static str, usize, usize)] {
+            static T: OnceLock<Vec<(&'static str, usize, usize)>> = OnceLock::new();
+            T.get_or_init(|| vec![
+                $( (stringify!($name), $name as *const () as usize, alt::$name as *const () as usize), )*
+            ])
+        }
+    };
+}
+
+exports! {
+    fn cuInit(flags: c_uint) {
+        if flags != 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        drop(state());
+        INITIALIZED.store(true, Ordering::Relaxed);
+        CUDA_SUCCESS
+    }
+
+    fn cuDriverGetVersion(v: *mut c_int) {
+        if put(v, 12080) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDeviceGetCount(n: *mut c_int) {
+        if !INITIALIZED.load(Ordering::Relaxed) {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        }
+        if put(n, config().sizes.len() as c_int) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) {
+        let d = tri!(check_dev(ordinal));
+        if put(dev, d as CUdevice) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) {
+        let d = tri!(check_dev(dev));
+        if name.is_null() || len <= 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let s = format!("Fake GPU {} ({} MiB)\0", d, config().sizes[d] >> 20);
+        let n = s.len().min(len as usize);
+        // SAFETY: `name` has room for `len` bytes (caller contract); we write at most that.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr() as *const c_char, name, n);
+            *name.add(n - 1) = 0;
+        }
+        CUDA_SUCCESS
+    }
+
+    fn cuDeviceGetAttribute(v: *mut c_int, attr: c_int, dev: CUdevice) {
+        tri!(check_dev(dev));
+        let val = match attr {
+            16 => 132,  // multiprocessor count
+            39 => 2048, // max threads per multiprocessor
+            75 => 9,    // compute capability major
+            76 => 0,    // compute capability minor
+            1 => 1024,  // max threads per block
+            _ => 0,
+        };
+        if put(v, val) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) {
+        let d = tri!(check_dev(dev));
+        if put(uuid, device_uuid(d)) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) {
+        // SAFETY: same contract.
+        unsafe { cuDeviceGetUuid(uuid, dev) }
+    }
+
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) {
+        let d = tri!(check_dev(dev));
+        if put(bytes, config().sizes[d] as usize) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDevicePrimaryCtxRetain(ctx: *mut usize, dev: CUdevice) {
+        let d = tri!(check_dev(dev));
+        if put(ctx, CTX_TAG | d) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) {
+        tri!(check_dev(dev));
+        CUDA_SUCCESS
+    }
+
+    fn cuCtxCreate_v2(ctx: *mut usize, _flags: c_uint, dev: CUdevice) {
+        let d = tri!(check_dev(dev));
+        let serial = CTX_SERIAL.fetch_add(1, Ordering::Relaxed) as usize & 0xFF_FFFF;
+        let c = CTX_TAG | (serial << 8) | d;
+        CURRENT.with(|x| x.set(c));
+        if put(ctx, c) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuCtxDestroy_v2(ctx: usize) {
+        if ctx_device(ctx).is_none() {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        CURRENT.with(|x| if x.get() == ctx { x.set(0) });
+        CUDA_SUCCESS
+    }
+
+    fn cuCtxSetCurrent(ctx: usize) {
+        if !INITIALIZED.load(Ordering::Relaxed) {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        }
+        if ctx != 0 && ctx_device(ctx).is_none() {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        CURRENT.with(|x| x.set(ctx));
+        CUDA_SUCCESS
+    }
+
+    fn cuCtxGetCurrent(ctx: *mut usize) {
+        if put(ctx, CURRENT.with(|x| x.get())) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuCtxGetDevice(dev: *mut CUdevice) {
+        let d = tri!(current_device());
+        if put(dev, d as CUdevice) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuCtxSynchronize() {
+        tri!(current_device());
+        state().sync();
+        CUDA_SUCCESS
+    }
+
+    fn cuStreamCreate(stream: *mut usize, _flags: c_uint) {
+        tri!(current_device());
+        let h = state().handle() as usize;
+        if put(stream, h) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuStreamDestroy_v2(_stream: usize) {
+        tri!(current_device());
+        CUDA_SUCCESS
+    }
+
+    fn cuStreamSynchronize(_stream: usize) {
+        tri!(current_device());
+        state().sync();
+        CUDA_SUCCESS
+    }
+
+    fn cuModuleLoadData(module: *mut usize, image: *const c_void) {
+        tri!(current_device());
+        if image.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let h = state().handle() as usize;
+        if put(module, h) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuModuleGetFunction(f: *mut usize, module: usize, name: *const c_char) {
+        tri!(current_device());
+        if module == 0 || name.is_null() {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        if put(f, module + 1) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuModuleUnload(module: usize) {
+        if module == 0 { CUDA_ERROR_INVALID_HANDLE } else { CUDA_SUCCESS }
+    }
+
+    fn cuLaunchKernel(
+        f: usize, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        _shared: c_uint, _stream: usize, _params: *mut *mut c_void, _extra: *mut *mut c_void,
+    ) {
+        if f == 0 {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
+        CUDA_SUCCESS
+    }
+
+    fn cuLaunchKernel_ptsz(
+        f: usize, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: usize, params: *mut *mut c_void, extra: *mut *mut c_void,
+    ) {
+        // SAFETY: same contract.
+        unsafe { cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
+    }
+
+    fn cuLaunchKernelEx(config: *const c_void, f: usize, _params: *mut *mut c_void, _extra: *mut *mut c_void) {
+        if config.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if f == 0 {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
+        CUDA_SUCCESS
+    }
+
+    fn cuLaunchKernelEx_ptsz(config: *const c_void, f: usize, params: *mut *mut c_void, extra: *mut *mut c_void) {
+        // SAFETY: same contract.
+        unsafe { cuLaunchKernelEx(config, f, params, extra) }
+    }
+
+    fn cuGetErrorString(e: CUresult, s: *mut *const c_char) {
+        match error_name(e) {
+            Some((_, d)) => { put(s, d.as_ptr()); CUDA_SUCCESS }
+            None => { put(s, std::ptr::null()); CUDA_ERROR_INVALID_VALUE }
+        }
+    }
+
+    fn cuGetErrorName(e: CUresult, s: *mut *const c_char) {
+        match error_name(e) {
+            Some((n, _)) => { put(s, n.as_ptr()); CUDA_SUCCESS }
+            None => { put(s, std::ptr::null()); CUDA_ERROR_INVALID_VALUE }
+        }
+    }
+
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
+        let d = tri!(current_device());
+        if free.is_null() || total.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let st = state();
+        let dev = &st.devs[d];
+        put(free, (dev.size - dev.used) as usize);
+        put(total, dev.size as usize);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) {
+        let d = tri!(current_device());
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let p = tri!(state().alloc(d, size as u64));
+        put(dptr, p);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) {
+        let d = tri!(current_device());
+        if dptr.is_null() || pitch.is_null() || !matches!(elem, 4 | 8 | 16) || width == 0 || height == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let p = (width as u64).div_ceil(PTR_ALIGN) * PTR_ALIGN;
+        let a = tri!(state().alloc(d, p * height as u64));
+        put(dptr, a);
+        put(pitch, p as usize);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) {
+        let d = tri!(current_device());
+        if dptr.is_null() || (flags != 1 && flags != 2) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let p = tri!(state().alloc(d, size as u64));
+        put(dptr, p);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemFree_v2(dptr: CUdeviceptr) {
+        tri!(current_device());
+        if dptr == 0 {
+            return CUDA_SUCCESS;
+        }
+        state().free(dptr)
+    }
+
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) {
+        tri!(current_device());
+        let layout = tri!(std::alloc::Layout::from_size_align(size.max(1), 64).map_err(|_| CUDA_ERROR_INVALID_VALUE));
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc(layout) };
+        if p.is_null() {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        state().handles.insert(p as u64, (usize::MAX, size as u64));
+        put(pp, p as *mut c_void);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemFreeHost(p: *mut c_void) {
+        let Some((_, size)) = state().handles.remove(&(p as u64)) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: p came from cuMemAllocHost_v2 with this layout.
+        unsafe { std::alloc::dealloc(p as *mut u8, std::alloc::Layout::from_size_align_unchecked(size.max(1) as usize, 64)) };
+        CUDA_SUCCESS
+    }
+
+    fn cuArrayCreate_v2(arr: *mut u64, desc: *const ArrayDesc) {
+        let d = tri!(current_device());
+        let (Some(desc), false) = (get(desc), arr.is_null()) else { return CUDA_ERROR_INVALID_VALUE };
+        let size = array_bytes(desc.width, desc.height, 1, desc.format, desc.channels);
+        let mut st = state();
+        tri!(st.take(d, size));
+        let h = st.handle();
+        st.handles.insert(h, (d, size));
+        put(arr, h);
+        CUDA_SUCCESS
+    }
+
+    fn cuArray3DCreate_v2(arr: *mut u64, desc: *const Array3dDesc) {
+        let d = tri!(current_device());
+        let (Some(desc), false) = (get(desc), arr.is_null()) else { return CUDA_ERROR_INVALID_VALUE };
+        let size = array_bytes(desc.width, desc.height, desc.depth, desc.format, desc.channels);
+        let mut st = state();
+        tri!(st.take(d, size));
+        let h = st.handle();
+        st.handles.insert(h, (d, size));
+        put(arr, h);
+        CUDA_SUCCESS
+    }
+
+    fn cuArrayDestroy(arr: u64) {
+        let mut st = state();
+        let Some((d, size)) = st.handles.remove(&arr) else { return CUDA_ERROR_INVALID_HANDLE };
+        st.give(d, size);
+        CUDA_SUCCESS
+    }
+
+    fn cuMipmappedArrayCreate(arr: *mut u64, desc: *const Array3dDesc, levels: c_uint) {
+        let d = tri!(current_device());
+        let (Some(desc), false) = (get(desc), arr.is_null()) else { return CUDA_ERROR_INVALID_VALUE };
+        let mut size = 0u64;
+        for l in 0..levels.clamp(1, 32) {
+            let dim = |x: usize| if x == 0 { 0 } else { (x >> l).max(1) };
+            size = size.saturating_add(array_bytes(dim(desc.width), dim(desc.height), dim(desc.depth), desc.format, desc.channels));
+        }
+        let mut st = state();
+        tri!(st.take(d, size));
+        let h = st.handle();
+        st.handles.insert(h, (d, size));
+        put(arr, h);
+        CUDA_SUCCESS
+    }
+
+    fn cuMipmappedArrayDestroy(arr: u64) {
+        // SAFETY: same contract.
+        unsafe { cuArrayDestroy(arr) }
+    }
+
+    fn cuMemCreate(handle: *mut u64, size: usize, prop: *const MemAllocationProp, flags: u64) {
+        if !INITIALIZED.load(Ordering::Relaxed) {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        }
+        let (Some(prop), false, 0) = (get(prop), handle.is_null(), flags) else { return CUDA_ERROR_INVALID_VALUE };
+        if size == 0 || !size.is_multiple_of(2 << 20) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let mut st = state();
+        let dev = if prop.location.kind == LOCATION_DEVICE {
+            let d = tri!(check_dev(prop.location.id));
+            tri!(st.take(d, size as u64));
+            d
+        } else {
+            usize::MAX
+        };
+        let h = st.handle();
+        st.handles.insert(h, (dev, size as u64));
+        put(handle, h);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemRelease(handle: u64) {
+        let mut st = state();
+        let Some((d, size)) = st.handles.remove(&handle) else { return CUDA_ERROR_INVALID_VALUE };
+        st.give(d, size);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemGetAllocationGranularity(g: *mut usize, _prop: *const MemAllocationProp, _opt: c_int) {
+        if put(g, 2 << 20) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDeviceGetDefaultMemPool(pool: *mut u64, dev: CUdevice) {
+        let d = tri!(check_dev(dev));
+        let st = state();
+        let h = st.pools.iter().find(|(_, p)| p.dev == d).map(|(h, _)| *h).unwrap_or(0);
+        // The default pool is the first pool made for the device (the lowest handle).
+        let h = st.pools.iter().filter(|(_, p)| p.dev == d).map(|(h, _)| *h).min().unwrap_or(h);
+        if put(pool, h) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDeviceGetMemPool(pool: *mut u64, dev: CUdevice) {
+        let d = tri!(check_dev(dev));
+        let h = state().current_pool[d];
+        if put(pool, h) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuDeviceSetMemPool(dev: CUdevice, pool: u64) {
+        let d = tri!(check_dev(dev));
+        let mut st = state();
+        match st.pools.get(&pool) {
+            Some(p) if p.dev == d && !p.destroyed => { st.current_pool[d] = pool; CUDA_SUCCESS }
+            _ => CUDA_ERROR_INVALID_VALUE,
+        }
+    }
+
+    fn cuMemPoolCreate(pool: *mut u64, props: *const MemPoolProps) {
+        if !INITIALIZED.load(Ordering::Relaxed) {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        }
+        let (Some(props), false) = (get(props), pool.is_null()) else { return CUDA_ERROR_INVALID_VALUE };
+        if props.location.kind != LOCATION_DEVICE {
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        let d = tri!(check_dev(props.location.id));
+        let mut st = state();
+        let h = st.handle();
+        st.pools.insert(h, Pool { dev: d, reserved: 0, used: 0, destroyed: false, threshold: 0 });
+        put(pool, h);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemPoolDestroy(pool: u64) {
+        let mut st = state();
+        let Some(p) = st.pools.get_mut(&pool) else { return CUDA_ERROR_INVALID_VALUE };
+        if p.destroyed {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        p.destroyed = true;
+        let (d, idle, used) = (p.dev, p.reserved - p.used, p.used);
+        p.reserved = p.used;
+        if used == 0 {
+            st.pools.remove(&pool);
+        }
+        if st.current_pool.get(d) == Some(&pool) {
+            // Falls back to the default pool, as the real driver does.
+            let def = st.pools.iter().filter(|(_, q)| q.dev == d && !q.destroyed).map(|(h, _)| *h).min().unwrap_or(0);
+            st.current_pool[d] = def;
+        }
+        st.give(d, idle);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemPoolTrimTo(pool: u64, keep: usize) {
+        let mut st = state();
+        let Some(p) = st.pools.get_mut(&pool) else { return CUDA_ERROR_INVALID_VALUE };
+        let release = (p.reserved - p.used).min(p.reserved.saturating_sub(keep as u64));
+        p.reserved -= release;
+        let d = p.dev;
+        st.give(d, release);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemPoolGetAttribute(pool: u64, attr: c_int, value: *mut c_void) {
+        let st = state();
+        let Some(p) = st.pools.get(&pool) else { return CUDA_ERROR_INVALID_VALUE };
+        let v = match attr {
+            4 => p.threshold,   // release threshold
+            5 | 6 => p.reserved, // reserved current / high (high approximated)
+            7 | 8 => p.used,     // used current / high (approximated)
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        };
+        if put(value as *mut u64, v) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+    }
+
+    fn cuMemPoolSetAttribute(pool: u64, attr: c_int, value: *mut c_void) {
+        let mut st = state();
+        let Some(p) = st.pools.get_mut(&pool) else { return CUDA_ERROR_INVALID_VALUE };
+        match (attr, get(value as *const u64)) {
+            (4, Some(v)) => { p.threshold = v; CUDA_SUCCESS }
+            _ => CUDA_ERROR_INVALID_VALUE,
+        }
+    }
+
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, _stream: usize) {
+        let d = tri!(current_device());
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let mut st = state();
+        let pool = st.current_pool[d];
+        let p = tri!(st.pool_alloc(pool, size as u64));
+        put(dptr, p);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: usize) {
+        if config().reenter {
+            type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, usize) -> CUresult;
+            if let Some(f) = exported::<F>(c"cuMemAllocAsync") {
+                // SAFETY: the global definition of cuMemAllocAsync has this signature.
+                return unsafe { f(dptr, size, stream) };
+            }
+        }
+        // SAFETY: same contract.
+        unsafe { cuMemAllocAsync(dptr, size, stream) }
+    }
+
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: u64, _stream: usize) {
+        tri!(current_device());
+        if dptr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let p = tri!(state().pool_alloc(pool, size as u64));
+        put(dptr, p);
+        CUDA_SUCCESS
+    }
+
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: u64, stream: usize) {
+        // SAFETY: same contract.
+        unsafe { cuMemAllocFromPoolAsync(dptr, size, pool, stream) }
+    }
+
+    fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: usize) {
+        tri!(current_device());
+        state().free(dptr)
+    }
+
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: usize) {
+        if config().reenter {
+            type F = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+            if let Some(f) = exported::<F>(c"cuMemFreeAsync") {
+                // SAFETY: the global definition of cuMemFreeAsync has this signature.
+                return unsafe { f(dptr, stream) };
+            }
+        }
+        // SAFETY: same contract.
+        unsafe { cuMemFreeAsync(dptr, stream) }
+    }
+
+    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
+        // SAFETY: same contract; the status pointer may be null.
+        unsafe { cuGetProcAddress_v2(symbol, pfn, version, flags, std::ptr::null_mut()) }
+    }
+
+    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) {
+        if symbol.is_null() || pfn.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: symbol is a NUL-terminated string (caller contract), checked non-null.
+        let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+        put(pfn, std::ptr::null_mut());
+        match proc_lookup(name, version, flags) {
+            Ok(p) => {
+                put(pfn, p as *mut c_void);
+                put(status, 0);
+                CUDA_SUCCESS
+            }
+            Err(s) => {
+                put(status, s);
+                CUDA_ERROR_NOT_FOUND
+            }
+        }
+    }
+
+    fn fakeCudaReset() {
+        // Test helper: forget every allocation of this process.
+        let mut st = state();
+        *st = State::new();
+        CUDA_SUCCESS
+    }
+}
+
+/// `(base name, CUDA version that introduced this variant, symbol, per-thread symbol)`.
+/// The real driver resolves base names only.
+const PROC_TABLE: &[(&str, c_int, &str, Option<&str>)] = &[
+    ("cuInit", 2000, "cuInit", None),
+    ("cuDriverGetVersion", 2020, "cuDriverGetVersion", None),
+    ("cuDeviceGetCount", 2000, "cuDeviceGetCount", None),
+    ("cuDeviceGet", 2000, "cuDeviceGet", None),
+    ("cuDeviceGetName", 2000, "cuDeviceGetName", None),
+    ("cuDeviceGetAttribute", 2000, "cuDeviceGetAttribute", None),
+    ("cuDeviceGetUuid", 9020, "cuDeviceGetUuid", None),
+    ("cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2", None),
+    ("cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2", None),
+    (
+        "cuDevicePrimaryCtxRetain",
+        7000,
+        "cuDevicePrimaryCtxRetain",
+        None,
+    ),
+    (
+        "cuDevicePrimaryCtxRelease",
+        11000,
+        "cuDevicePrimaryCtxRelease_v2",
+        None,
+    ),
+    ("cuCtxCreate", 3020, "cuCtxCreate_v2", None),
+    ("cuCtxDestroy", 4000, "cuCtxDestroy_v2", None),
+    ("cuCtxSetCurrent", 4000, "cuCtxSetCurrent", None),
+    ("cuCtxGetCurrent", 4000, "cuCtxGetCurrent", None),
+    ("cuCtxGetDevice", 2000, "cuCtxGetDevice", None),
+    ("cuCtxSynchronize", 2000, "cuCtxSynchronize", None),
+    ("cuStreamCreate", 2000, "cuStreamCreate", None),
+    ("cuStreamDestroy", 4000, "cuStreamDestroy_v2", None),
+    ("cuStreamSynchronize", 2000, "cuStreamSynchronize", None),
+    ("cuModuleLoadData", 2000, "cuModuleLoadData", None),
+    ("cuModuleGetFunction", 2000, "cuModuleGetFunction", None),
+    ("cuModuleUnload", 2000, "cuModuleUnload", None),
+    (
+        "cuLaunchKernel",
+        4000,
+        "cuLaunchKernel",
+        Some("cuLaunchKernel_ptsz"),
+    ),
+    (
+        "cuLaunchKernelEx",
+        11060,
+        "cuLaunchKernelEx",
+        Some("cuLaunchKernelEx_ptsz"),
+    ),
+    ("cuGetErrorString", 6000, "cuGetErrorString", None),
+    ("cuGetErrorName", 6000, "cuGetErrorName", None),
+    ("cuMemGetInfo", 3020, "cuMemGetInfo_v2", None),
+    ("cuMemAlloc", 3020, "cuMemAlloc_v2", None),
+    ("cuMemAllocPitch", 3020, "cuMemAllocPitch_v2", None),
+    ("cuMemAllocManaged", 6000, "cuMemAllocManaged", None),
+    ("cuMemFree", 3020, "cuMemFree_v2", None),
+    ("cuMemAllocHost", 3020, "cuMemAllocHost_v2", None),
+    ("cuMemFreeHost", 2000, "cuMemFreeHost", None),
+    ("cuArrayCreate", 3020, "cuArrayCreate_v2", None),
+    ("cuArray3DCreate", 3020, "cuArray3DCreate_v2", None),
+    ("cuArrayDestroy", 2000, "cuArrayDestroy", None),
+    (
+        "cuMipmappedArrayCreate",
+        5000,
+        "cuMipmappedArrayCreate",
+        None,
+    ),
+    (
+        "cuMipmappedArrayDestroy",
+        5000,
+        "cuMipmappedArrayDestroy",
+        None,
+    ),
+    ("cuMemCreate", 10020, "cuMemCreate", None),
+    ("cuMemRelease", 10020, "cuMemRelease", None),
+    (
+        "cuMemGetAllocationGranularity",
+        10020,
+        "cuMemGetAllocationGranularity",
+        None,
+    ),
+    (
+        "cuDeviceGetDefaultMemPool",
+        11020,
+        "cuDeviceGetDefaultMemPool",
+        None,
+    ),
+    ("cuDeviceGetMemPool", 11020, "cuDeviceGetMemPool", None),
+    ("cuDeviceSetMemPool", 11020, "cuDeviceSetMemPool", None),
+    ("cuMemPoolCreate", 11020, "cuMemPoolCreate", None),
+    ("cuMemPoolDestroy", 11020, "cuMemPoolDestroy", None),
+    ("cuMemPoolTrimTo", 11020, "cuMemPoolTrimTo", None),
+    (
+        "cuMemPoolGetAttribute",
+        11020,
+        "cuMemPoolGetAttribute",
+        None,
+    ),
+    (
+        "cuMemAllocAsync",
+        11020,
+        "cuMemAllocAsync",
+        Some("cuMemAllocAsync_ptsz"),
+    ),
+    (
+        "cuMemAllocFromPoolAsync",
+        11020,
+        "cuMemAllocFromPoolAsync",
+        Some("cuMemAllocFromPoolAsync_ptsz"),
+    ),
+    (
+        "cuMemFreeAsync",
+        11020,
+        "cuMemFreeAsync",
+        Some("cuMemFreeAsync_ptsz"),
+    ),
+    ("cuGetProcAddress", 11030, "cuGetProcAddress", None),
+    ("cuGetProcAddress", 12000, "cuGetProcAddress_v2", None),
+];
+
+const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+const SYMBOL_NOT_FOUND: c_int = 1;
+const VERSION_NOT_SUFFICIENT: c_int = 2;
+
+fn proc_lookup(name: &str, version: c_int, flags: u64) -> Result<usize, c_int> {
+    let candidates = PROC_TABLE.iter().filter(|e| e.0 == name);
+    let mut found = false;
+    let mut best: Option<&(&str, c_int, &str, Option<&str>)> = None;
+    for e in candidates {
+        found = true;
+        if e.1 <= version && best.is_none_or(|b| e.1 > b.1) {
+            best = Some(e);
+        }
+    }
+    let Some(e) = best else {
+        return Err(if found {
+            VERSION_NOT_SUFFICIENT
+        } else {
+            SYMBOL_NOT_FOUND
+        });
+    };
+    let sym = match e.3 {
+        Some(pt) if flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 => pt,
+        _ => e.2,
+    };
+    let internal = config().internal_proc;
+    entry_points()
+        .iter()
+        .find(|p| p.0 == sym)
+        .map(|p| if internal { p.2 } else { p.1 })
+        .ok_or(SYMBOL_NOT_FOUND)
+}
+
+// ---------------------------------------------------------------- test-only exports
+
+/// Bytes this process holds on simulated device `dev` (`u64::MAX` if no such device).
+#[unsafe(no_mangle)]
+pub extern "C" fn fakeCudaUsedBytes(dev: c_int) -> u64 {
+    let st = state();
+    st.devs.get(dev as usize).map_or(u64::MAX, |d| d.used)
+}
+
+/// Kernel launches seen by this process.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakeCudaLaunchCount() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// Live device allocations (pointers + handles) of this process.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakeCudaLiveAllocations() -> u64 {
+    let st = state();
+    (st.ptrs.len() + st.handles.len()) as u64
+}
+
+// ---------------------------------------------------------------- NVML
+
+static NVML_INIT: AtomicBool = AtomicBool::new(false);
+/// NVML device handles are addresses into this array.
+static NVML_DEVICES: [u8; MAX_GPUS] = [0; MAX_GPUS];
+
+fn nvml_device(h: *const u8) -> Option<usize> {
+    let base = NVML_DEVICES.as_ptr() as usize;
+    let i = (h as usize).wrapping_sub(base);
+    (i < config().sizes.len()).then_some(i)
+}
+
+#[repr(C)]
+pub struct NvmlMemory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2` struct version: size | 2 << 24.
+pub const NVML_MEMORY_V2: c_uint = (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
+
+macro_rules! nvml_exports {
+    ($( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block )*) => {
+        $(
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int $body
+        )*
+    };
+}
+
+fn nvml_ready() -> Result<(), c_int> {
+    if NVML_INIT.load(Ordering::Relaxed) {
+        Ok(())
+    } else {
+        Err(NVML_ERROR_UNINITIALIZED)
+    }
+}
+
+nvml_exports! {
+    fn nvmlInit_v2() {
+        NVML_INIT.store(true, Ordering::Relaxed);
+        NVML_SUCCESS
+    }
+    fn nvmlInit() {
+        NVML_INIT.store(true, Ordering::Relaxed);
+        NVML_SUCCESS
+    }
+    fn nvmlInitWithFlags(_flags: c_uint) {
+        NVML_INIT.store(true, Ordering::Relaxed);
+        NVML_SUCCESS
+    }
+    fn nvmlShutdown() {
+        NVML_INIT.store(false, Ordering::Relaxed);
+        NVML_SUCCESS
+    }
+    fn nvmlDeviceGetCount_v2(n: *mut c_uint) {
+        tri!(nvml_ready());
+        if put(n, config().sizes.len() as c_uint) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+    fn nvmlDeviceGetCount(n: *mut c_uint) {
+        // SAFETY: same contract.
+        unsafe { nvmlDeviceGetCount_v2(n) }
+    }
+    fn nvmlDeviceGetHandleByIndex_v2(i: c_uint, h: *mut *const u8) {
+        tri!(nvml_ready());
+        if i as usize >= config().sizes.len() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        if put(h, NVML_DEVICES[i as usize..].as_ptr()) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+    fn nvmlDeviceGetHandleByIndex(i: c_uint, h: *mut *const u8) {
+        // SAFETY: same contract.
+        unsafe { nvmlDeviceGetHandleByIndex_v2(i, h) }
+    }
+    fn nvmlDeviceGetIndex(h: *const u8, i: *mut c_uint) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        if put(i, d as c_uint) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+    fn nvmlDeviceGetUUID(h: *const u8, buf: *mut c_char, len: c_uint) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let s = uuid_string(&device_uuid(d));
+        if buf.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        if (len as usize) < s.len() + 1 {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        // SAFETY: buf has room for len >= s.len() + 1 bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr() as *const c_char, buf, s.len());
+            *buf.add(s.len()) = 0;
+        }
+        NVML_SUCCESS
+    }
+    fn nvmlDeviceGetName(h: *const u8, buf: *mut c_char, len: c_uint) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let s = format!("Fake GPU {d}");
+        if buf.is_null() || (len as usize) < s.len() + 1 {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        // SAFETY: buf has room for len >= s.len() + 1 bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr() as *const c_char, buf, s.len());
+            *buf.add(s.len()) = 0;
+        }
+        NVML_SUCCESS
+    }
+    fn nvmlDeviceGetMemoryInfo(h: *const u8, mem: *mut NvmlMemory) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let (size, used) = { let st = state(); (st.devs[d].size, st.devs[d].used) };
+        if put(mem, NvmlMemory { total: size, free: size - used, used }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+    fn nvmlDeviceGetMemoryInfo_v2(h: *const u8, mem: *mut NvmlMemoryV2) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(v) = get(mem as *const c_uint) else { return NVML_ERROR_INVALID_ARGUMENT };
+        if v != NVML_MEMORY_V2 {
+            return 25; // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        }
+        let (size, used) = { let st = state(); (st.devs[d].size, st.devs[d].used) };
+        let reserved = 512 << 20;
+        put(mem, NvmlMemoryV2 { version: v, total: size, reserved, free: size.saturating_sub(used + reserved), used });
+        NVML_SUCCESS
+    }
+}
+
+/// `nvmlErrorString` returns a pointer, not a status.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(r: c_int) -> *const c_char {
+    match r {
+        0 => c"Success".as_ptr(),
+        1 => c"Uninitialized".as_ptr(),
+        2 => c"Invalid Argument".as_ptr(),
+        _ => c"Unknown Error".as_ptr(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_bytes("80Gi"), Some(80 << 30));
+        assert_eq!(parse_bytes("10G"), Some(10_000_000_000));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("1x"), None);
+    }
+
+    #[test]
+    fn proc_lookup_respects_version_and_flags() {
+        let v2 = entry_points()
+            .iter()
+            .find(|e| e.0 == "cuMemAlloc_v2")
+            .unwrap()
+            .1;
+        assert_eq!(proc_lookup("cuMemAlloc", 12000, 0), Ok(v2));
+        assert_eq!(
+            proc_lookup("cuMemAlloc", 2000, 0),
+            Err(VERSION_NOT_SUFFICIENT)
+        );
+        assert_eq!(proc_lookup("cuNoSuch", 12000, 0), Err(SYMBOL_NOT_FOUND));
+        let ptsz = entry_points()
+            .iter()
+            .find(|e| e.0 == "cuLaunchKernel_ptsz")
+            .unwrap()
+            .1;
+        assert_eq!(proc_lookup("cuLaunchKernel", 12000, 2), Ok(ptsz));
+        let gpa2 = entry_points()
+            .iter()
+            .find(|e| e.0 == "cuGetProcAddress_v2")
+            .unwrap()
+            .1;
+        assert_eq!(proc_lookup("cuGetProcAddress", 12050, 0), Ok(gpa2));
+    }
+
+    #[test]
+    fn uuid_format() {
+        assert_eq!(
+            uuid_string(&device_uuid(1)),
+            "GPU-fa4ec0da-0000-0000-8000-000000000001"
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! Per-process state: the configuration (read once, on the first CUDA call), the
+//! account, the allocation trackers and the memory pools. Rebuilt in a forked child.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, Once, OnceLock};
+
+use crate::config::{Config, DEFAULT_LIMITS_FILE, MAX_DEVICES};
+use crate::ffi::*;
+use crate::real;
+use crate::state::Account;
+use crate::track::Tracker;
+
+/// The configuration, read on first use (never at load time).
+pub fn config() -> &'static Config {
+    static CFG: OnceLock<Config> = OnceLock::new();
+    CFG.get_or_init(|| {
+        let path = std::env::var("FGPU_LIMITS_FILE")
+            .ok()
+            .filter(|p| !p.is_empty());
+        let file = match &path {
+            Some(p) => match std::fs::read_to_string(p) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    crate::debug!("limits file {p}: {e}; using the environment");
+                    None
+                }
+            },
+            None => std::fs::read_to_string(DEFAULT_LIMITS_FILE).ok(),
+        };
+        let cfg = Config::from_sources(file.as_deref(), &|k| std::env::var(k).ok());
+        for w in &cfg.warnings {
+            crate::debug!("{w}");
+        }
+        crate::debug!(
+            "quota from {:?}: default {:?}, per device {:?}, account {:?}",
+            cfg.source,
+            cfg.default_limit,
+            cfg.limits,
+            cfg.state_path
+        );
+        cfg
+    })
+}
+
+/// Memory charged to one pool (see README: pools keep freed memory until trimmed).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PoolState {
+    /// Device entry and limit; `None` for pools we do not count (host pools).
+    pub dev: Option<(usize, u64)>,
+    pub charged: u64,
+    pub in_use: u64,
+    pub destroyed: bool,
+}
+
+pub struct Proc {
+    pub acct: Account,
+    /// CUDA ordinal → device entry + 1 (0: not resolved yet).
+    dev_index: [AtomicU32; MAX_DEVICES],
+    /// Device pointers: cuMemAlloc, pitch, managed, async and pool allocations.
+    pub ptrs: Tracker,
+    /// CUarray and CUmipmappedArray handles.
+    pub arrays: Tracker,
+    /// CUmemGenericAllocationHandle (virtual memory management).
+    pub vmm: Tracker,
+    pub pools: Mutex<HashMap<u64, PoolState>>,
+}
+
+static PROC: AtomicPtr<Proc> = AtomicPtr::new(std::ptr::null_mut());
+/// Fork generation of PROC; compared with FORK_GEN (bumped in the child after fork).
+static PROC_GEN: AtomicU64 = AtomicU64::new(0);
+static FORK_GEN: AtomicU64 = AtomicU64::new(0);
+static INIT_LOCK: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn after_fork_child() {
+    // Async-signal-safe: only atomic stores. The child builds a new Proc (new slot,
+    // nothing counted) on its next CUDA call; the parent's is left untouched.
+    FORK_GEN.fetch_add(1, Ordering::Relaxed);
+    INIT_LOCK.store(false, Ordering::Release);
+}
+
+/// This process's state, if it was already built (and not inherited through fork).
+#[inline]
+pub fn existing() -> Option<&'static Proc> {
+    let p = PROC.load(Ordering::Acquire);
+    if p.is_null() || PROC_GEN.load(Ordering::Relaxed) != FORK_GEN.load(Ordering::Relaxed) {
+        return None;
+    }
+    // SAFETY: PROC points to a leaked Box<Proc>, never freed.
+    Some(unsafe { &*p })
+}
+
+/// This process's state, built on first use.
+#[inline]
+pub fn get() -> &'static Proc {
+    match existing() {
+        Some(p) => p,
+        None => build(),
+    }
+}
+
+#[cold]
+fn build() -> &'static Proc {
+    static ATFORK: Once = Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: registering a handler that only touches atomics.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    });
+    while INIT_LOCK
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+    // Released on every exit, a panic included.
+    struct Unlock;
+    impl Drop for Unlock {
+        fn drop(&mut self) {
+            INIT_LOCK.store(false, Ordering::Release);
+        }
+    }
+    let _unlock = Unlock;
+    match existing() {
+        Some(p) => p,
+        None => {
+            let cfg = config();
+            let proc = Box::leak(Box::new(Proc {
+                acct: Account::open(cfg.state_path.as_deref()),
+                dev_index: Default::default(),
+                ptrs: Tracker::default(),
+                arrays: Tracker::default(),
+                vmm: Tracker::default(),
+                pools: Mutex::new(HashMap::new()),
+            }));
+            PROC_GEN.store(FORK_GEN.load(Ordering::Relaxed), Ordering::Relaxed);
+            PROC.store(proc, Ordering::Release);
+            proc
+        }
+    }
+}
+
+impl Proc {
+    /// The account's device entry of CUDA ordinal `ord` (keyed by the GPU's UUID, so
+    /// processes with different `CUDA_VISIBLE_DEVICES` book on the same entry).
+    pub fn device(&self, ord: c_int) -> Option<usize> {
+        let o = usize::try_from(ord).ok().filter(|&o| o < MAX_DEVICES)?;
+        let v = self.dev_index[o].load(Ordering::Relaxed);
+        if v != 0 {
+            return Some(v as usize - 1);
+        }
+        let uuid = device_uuid(ord)?;
+        let i = self.acct.device_index(&uuid, ord)?;
+        self.dev_index[o].store(i as u32 + 1, Ordering::Relaxed);
+        Some(i)
+    }
+}
+
+/// The GPU's UUID from the driver, or a stand-in naming the ordinal; `None` when the
+/// driver says there is no such device (the call is then left to the driver to refuse).
+pub fn device_uuid(ord: c_int) -> Option<[u8; 16]> {
+    let mut u = [0u8; 16];
+    let mut dev: CUdevice = ord;
+    if let Some(get) = real::cuDeviceGet() {
+        // SAFETY: dev is a valid out-pointer.
+        if unsafe { get(&mut dev, ord) } != CUDA_SUCCESS {
+            return None;
+        }
+    }
+    let getter = real::cuDeviceGetUuid_v2().or_else(real::cuDeviceGetUuid);
+    // SAFETY: u is a 16-byte out-buffer (CUuuid).
+    if let Some(f) = getter
+        && unsafe { f(&mut u, dev) } == CUDA_SUCCESS
+        && u != [0; 16]
+    {
+        return Some(u);
+    }
+    let mut u = *b"fgpu-ordinal\0\0\0\0";
+    u[12..16].copy_from_slice(&(ord as u32).to_le_bytes());
+    Some(u)
+}
+
+/// The device of the calling thread's current context.
+#[inline]
+pub fn current_ordinal() -> Option<c_int> {
+    let f = real::cuCtxGetDevice()?;
+    let mut d: CUdevice = -1;
+    // SAFETY: d is a valid out-pointer.
+    (unsafe { f(&mut d) } == CUDA_SUCCESS).then_some(d)
+}
+
+/// A quota that applies to an allocation.
+#[derive(Clone, Copy)]
+pub struct Quota {
+    pub proc: &'static Proc,
+    pub dev: usize,
+    pub limit: u64,
+}
+
+/// The quota of ordinal `ord`, if one is set.
+#[inline]
+pub fn quota_of(ord: c_int) -> Option<Quota> {
+    if crate::hooks::nested() {
+        return None;
+    }
+    let limit = config().limit(ord)?;
+    let proc = get();
+    let dev = proc.device(ord)?;
+    Some(Quota { proc, dev, limit })
+}
+
+/// The quota of the current context's device, if one is set.
+#[inline]
+pub fn current_quota() -> Option<Quota> {
+    if !config().enabled {
+        return None;
+    }
+    quota_of(current_ordinal()?)
+}

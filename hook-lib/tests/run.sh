@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Integration tests of libfgpu.so against the fake CUDA driver. Run by `make hook-test`
+# (which builds everything first). HOOK_DIR = the cargo profile directory.
+set -uo pipefail
+
+HOOK_DIR=${HOOK_DIR:?set HOOK_DIR to \$CARGO_TARGET_DIR/debug}
+SHIM=$HOOK_DIR/libfgpu.so
+FAKE=$HOOK_DIR/fake-cuda
+BIN=$HOOK_DIR/fgpu-hook-test
+WORK=$(mktemp -d /tmp/fgpu-hook-test.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+export LD_LIBRARY_PATH=$FAKE${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export FAKE_CUDA_GPUS=2 FAKE_CUDA_MEMORY=80Gi
+# Nothing from the caller's environment may set a quota.
+unset FGPU_MEMORY_LIMIT FGPU_STATE_DIR FGPU_LIMITS_FILE FGPU_LOG CUDA_DEVICE_MEMORY_LIMIT \
+  CUDA_DEVICE_MEMORY_SHARED_CACHE CUDA_VISIBLE_DEVICES
+for i in $(seq 0 15); do unset FGPU_MEMORY_LIMIT_$i CUDA_DEVICE_MEMORY_LIMIT_$i; done
+
+Q=$((64 << 20)) Q1=$((32 << 20))
+pass=0 failed=0
+ok() { echo "PASS  $1"; pass=$((pass + 1)); }
+ko() { echo "FAIL  $1"; failed=$((failed + 1)); }
+
+# run NAME CMD...: passes when CMD exits 0 and writes nothing to stderr.
+run() {
+  local name=$1; shift
+  if "$@" >"$WORK/out" 2>"$WORK/err" && [ ! -s "$WORK/err" ]; then
+    ok "$name: $(tail -n1 "$WORK/out")"
+  else
+    ko "$name"; sed 's/^/      /' "$WORK/out" "$WORK/err"
+  fi
+}
+# must_fail NAME CMD...: the check itself must be able to fail.
+must_fail() {
+  local name=$1; shift
+  if "$@" >"$WORK/out" 2>"$WORK/err"; then
+    ko "$name (expected a failure)"
+  else
+    ok "$name: $(head -n1 "$WORK/err")"
+  fi
+}
+shim() { env LD_PRELOAD="$SHIM" "$@"; }
+# A fresh claim directory (the kubelet plugin creates it; the shim never does).
+quota() {
+  local dir="$WORK/state-$RANDOM$RANDOM"
+  mkdir -p "$dir"
+  env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_MEMORY_LIMIT_1=32Mi \
+    FGPU_STATE_DIR="$dir" HT_QUOTA=$Q HT_QUOTA1=$Q1 "$@"
+}
+
+echo "== every allocation path, every way of reaching the driver"
+for l in proc proc1 dlsym; do
+  run "quota on all paths via $l" quota HT_LOADER=$l "$BIN/hooktest" paths
+done
+run "quota on all paths via direct linking" quota "$BIN/hooktest-direct" paths
+run "quota on all paths, driver with private entry points" \
+  quota FAKE_CUDA_PROC_INTERNAL=1 HT_LOADER=proc "$BIN/hooktest" paths
+run "quota on all paths, driver re-entering its own API (counted once, no deadlock)" \
+  quota FAKE_CUDA_REENTER=1 HT_LOADER=proc timeout 60 "$BIN/hooktest" paths
+must_fail "without the shim the same checks fail" env HT_QUOTA=$Q "$BIN/hooktest" paths
+run "quota without a state dir (process-local account)" \
+  env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi HT_QUOTA=$Q "$BIN/hooktest" paths
+run "state dir missing: falls back to a process-local account" \
+  env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR=/nonexistent/fgpu HT_QUOTA=$Q "$BIN/hooktest" paths
+
+echo "== what the process is told"
+for l in proc dlsym; do
+  run "cuMemGetInfo, cuDeviceTotalMem, NVML via $l" quota HT_LOADER=$l "$BIN/hooktest" meminfo
+done
+run "meminfo via direct linking" quota "$BIN/hooktest-direct" meminfo
+must_fail "without the shim the whole GPU is reported" env HT_QUOTA=$Q "$BIN/hooktest" meminfo
+# NVML devices map to the process's CUDA ordinals through CUDA_VISIBLE_DEVICES.
+run "NVML: CUDA_VISIBLE_DEVICES=1 puts GPU 1 under FGPU_MEMORY_LIMIT_0" \
+  shim CUDA_VISIBLE_DEVICES=1 FGPU_MEMORY_LIMIT_0=16Mi "$BIN/hooktest" nvml-total 1 $((16 << 20))
+run "NVML: a GPU not visible to CUDA is not limited" \
+  shim CUDA_VISIBLE_DEVICES=1 FGPU_MEMORY_LIMIT_0=16Mi "$BIN/hooktest" nvml-total 0 $((80 << 30))
+run "NVML: CUDA_VISIBLE_DEVICES by UUID prefix" \
+  shim CUDA_VISIBLE_DEVICES=GPU-fa4ec0da-0000-0000-8000-000000000001 FGPU_MEMORY_LIMIT_0=16Mi \
+  "$BIN/hooktest" nvml-total 1 $((16 << 20))
+run "no quota: pure pass-through (80 GiB seen)" shim "$BIN/hooktest" quota-is $((80 << 30))
+
+echo "== launches, cuGetProcAddress semantics, dlsym"
+for l in proc proc1 dlsym; do
+  run "launch + entry points via $l" quota HT_EXPECT_SHIM=1 HT_LOADER=$l "$BIN/hooktest" launch
+done
+run "launch + RTLD_NEXT via direct linking" quota HT_EXPECT_SHIM=1 "$BIN/hooktest-direct" launch
+run "launch, driver with private entry points" \
+  quota FAKE_CUDA_PROC_INTERNAL=1 HT_EXPECT_SHIM=1 "$BIN/hooktest" launch
+
+echo "== threads"
+run "16 threads x 10000 random alloc/free" quota "$BIN/hooktest" threads
+
+echo "== processes sharing one quota"
+run "8 processes, one SIGKILLed holding memory" quota "$BIN/hooktest" share 8
+
+# A process killed from outside (not a fork child): its memory returns to the next one.
+state="$WORK/state-kill"
+mkdir -p "$state"
+LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$state" "$BIN/hooktest" hold $((48 << 20)) >"$WORK/hold" 2>&1 &
+holder=$!
+for _ in $(seq 100); do grep -q holding "$WORK/hold" && break; sleep 0.05; done
+must_fail "a second process cannot take what the first holds" \
+  env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$state" "$BIN/hooktest" alloc $((32 << 20))
+run "... but can take the rest" \
+  env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$state" "$BIN/hooktest" alloc $((16 << 20))
+kill -KILL $holder; wait $holder 2>/dev/null
+sleep 1.1
+# A small allocation (no shortage) by another process reclaims the dead slot: ≤ 1 s.
+env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$state" "$BIN/hooktest" alloc 4096 >/dev/null
+used=$(FGPU_STATE_DIR="$state" "$BIN/hooktest" account-used)
+if [ "$used" = 0 ]; then ok "SIGKILLed process's 48 MiB reclaimed by the next allocation after 1 s"; else ko "account still holds $used after SIGKILL"; fi
+run "after SIGKILL the whole quota is back" \
+  env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$state" "$BIN/hooktest" quota-is $Q
+
+echo "== precedence: limits file > FGPU env > HAMi env"
+printf '# written by the kubelet plugin\nFGPU_MEMORY_LIMIT=32Mi\n' >"$WORK/limits"
+chmod 0444 "$WORK/limits"
+hami="CUDA_DEVICE_MEMORY_SHARED_CACHE=$WORK/hami-default.cache"
+run "HAMi names alone" shim $hami CUDA_DEVICE_MEMORY_LIMIT=48m "$BIN/hooktest" quota-is $((48 << 20))
+run "HAMi per-device name" shim $hami CUDA_DEVICE_MEMORY_LIMIT_0=0x2000000 "$BIN/hooktest" quota-is $((32 << 20))
+run "FGPU env over HAMi" shim CUDA_DEVICE_MEMORY_LIMIT=48m FGPU_MEMORY_LIMIT=40Mi \
+  "$BIN/hooktest" quota-is $((40 << 20))
+run "limits file over FGPU env and HAMi" shim CUDA_DEVICE_MEMORY_LIMIT=48m FGPU_MEMORY_LIMIT=40Mi \
+  FGPU_LIMITS_FILE="$WORK/limits" "$BIN/hooktest" quota-is $((32 << 20))
+run "the environment cannot raise the file's quota" shim FGPU_MEMORY_LIMIT_0=1Gi \
+  FGPU_LIMITS_FILE="$WORK/limits" "$BIN/hooktest" quota-is $((32 << 20))
+run "an unreadable limits file falls back to the environment" shim FGPU_MEMORY_LIMIT=40Mi \
+  FGPU_LIMITS_FILE="$WORK/no-such-file" "$BIN/hooktest" quota-is $((40 << 20))
+run "decimal and binary suffixes" shim FGPU_MEMORY_LIMIT=50M "$BIN/hooktest" quota-is 50000000
+run "HAMi shared cache path is honoured" shim CUDA_DEVICE_MEMORY_LIMIT=48m \
+  CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/hami.cache" "$BIN/hooktest" quota-is $((48 << 20))
+if [ -f "$WORK/hami.cache.fgpu" ]; then ok "account created at \$CUDA_DEVICE_MEMORY_SHARED_CACHE.fgpu"; else ko "no account at hami.cache.fgpu"; fi
+
+echo "== never break the host"
+run "/bin/true with the shim" shim /bin/true
+run "/bin/true with the shim and a quota" shim FGPU_MEMORY_LIMIT=1Gi /bin/true
+run "python start-up with the shim" shim FGPU_MEMORY_LIMIT=1Gi python3 -c 'import sys, ctypes; print("py ok")'
+run "bash with the shim" shim FGPU_MEMORY_LIMIT=1Gi bash -c 'echo $((6*7))'
+env LD_PRELOAD="$SHIM" FGPU_LOG=debug FGPU_MEMORY_LIMIT=64Mi "$BIN/hooktest" quota-is $Q >/dev/null 2>"$WORK/log"
+if grep -q '^fgpu\[.*refused' "$WORK/log"; then
+  ok "FGPU_LOG=debug logs to stderr (silent otherwise: checked by every run above)"
+else
+  ko "FGPU_LOG=debug wrote nothing"
+fi
+
+echo "== $pass passed, $failed failed"
+[ "$failed" -eq 0 ]
