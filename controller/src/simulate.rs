@@ -1,0 +1,195 @@
+//! `fgpu-controller simulate`: file I/O and printing around `fgpu_driver::sim`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use fgpu_driver::engine::Policy;
+use fgpu_driver::sim::{self, RunConfig, RunResult};
+
+/// Bad input (unreadable or malformed file, bad flag value): exit code 2.
+#[derive(Debug)]
+pub struct BadInput(pub String);
+
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadInput {}
+
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// Node list CSV (`sn,cpu_milli,memory_mib,gpu,model`); nodes without GPUs are left
+    /// out of the simulated cluster.
+    #[arg(long, value_name = "CSV")]
+    pub nodes: PathBuf,
+
+    /// Pod list CSV (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]`). Its
+    /// file name without `.csv` is the `workload` column of the output.
+    #[arg(long, value_name = "CSV")]
+    pub pods: PathBuf,
+
+    /// Placement policy: binpack, spread, bestfit, fgd, fragaware, `<node>/<gpu>` (e.g.
+    /// binpack/spread), a comma-separated list of those, or `all` for every named policy.
+    #[arg(long, default_value = "fragaware")]
+    pub policy: String,
+
+    /// Seeds, one run each: `42`, `42-51` or a comma-separated list of those.
+    #[arg(long, default_value = "42-51")]
+    pub seeds: String,
+
+    /// Inflate (or trim) the shuffled pod list by resampling until its GPU request is
+    /// this multiple of the cluster's GPU capacity (the paper: 1.3).
+    #[arg(long, default_value_t = 1.3)]
+    pub tune: f64,
+
+    /// Output CSV in the layout of the paper's `analysis_allo_discrete.csv`: one row per
+    /// policy and seed (allocation % of GPU capacity at arrived = 0..130 %).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+
+    /// The paper's `analysis_allo_discrete.csv`: when given, its figure for the same
+    /// workload is printed beside ours (binpack ↔ GpuPacking, bestfit ↔ BestFit, fgd and
+    /// fragaware ↔ FGD).
+    #[arg(long, value_name = "CSV")]
+    pub paper: Option<PathBuf>,
+
+    /// Runs in parallel (default: the number of CPUs).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| BadInput(format!("cannot read {}: {e}", path.display())).into())
+}
+
+fn policies(spec: &str) -> Result<Vec<(String, Policy)>> {
+    if spec.trim().eq_ignore_ascii_case("all") {
+        return Ok(Policy::ALL
+            .iter()
+            .map(|(n, p)| (n.to_string(), *p))
+            .collect());
+    }
+    spec.split(',')
+        .map(|s| {
+            let p: Policy = s.parse().map_err(|e| BadInput(format!("--policy: {e}")))?;
+            Ok((p.to_string(), p))
+        })
+        .collect()
+}
+
+pub fn run(args: SimulateArgs) -> Result<()> {
+    let policies = policies(&args.policy)?;
+    let seeds = sim::parse_seeds(&args.seeds).map_err(|e| BadInput(format!("--seeds: {e}")))?;
+    if !(args.tune.is_finite() && args.tune >= 0.0) {
+        return Err(BadInput(format!(
+            "--tune: {} is not a non-negative number",
+            args.tune
+        ))
+        .into());
+    }
+    let nodes_name = args.nodes.display().to_string();
+    let pods_name = args.pods.display().to_string();
+    let nodes =
+        sim::parse_nodes(&nodes_name, &read(&args.nodes)?).map_err(|e| BadInput(e.to_string()))?;
+    let pods =
+        sim::parse_pods(&pods_name, &read(&args.pods)?).map_err(|e| BadInput(e.to_string()))?;
+    let workload = args
+        .pods
+        .file_name()
+        .map(|f| f.to_string_lossy().trim_end_matches(".csv").to_string())
+        .unwrap_or_else(|| "workload".into());
+    tracing::info!(
+        nodes = nodes.len(),
+        gpu_nodes = nodes.iter().filter(|n| n.gpus > 0).count(),
+        pods = pods.len(),
+        %workload,
+        "trace loaded"
+    );
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+
+    let mut out = String::new();
+    out.push_str(&sim::csv_header());
+    out.push('\n');
+    let mut summary = Vec::new();
+    for (name, policy) in &policies {
+        let t0 = Instant::now();
+        let results = run_seeds(&nodes, &pods, *policy, &seeds, args.tune, jobs);
+        let secs = t0.elapsed().as_secs_f64();
+        let un: Vec<f64> = results
+            .iter()
+            .filter_map(RunResult::unallocated_at_100)
+            .collect();
+        let (m, sd) = sim::mean_sd(&un);
+        for r in &results {
+            out.push_str(&sim::csv_row(&workload, name, args.tune, r));
+            out.push('\n');
+            tracing::debug!(policy = %name, seed = r.seed, pods = r.pods, failed = r.failed,
+                evaluations = r.evaluations, unallocated_at_100 = ?r.unallocated_at_100(), "seed done");
+        }
+        tracing::info!(policy = %name, seeds = seeds.len(), seconds = secs, "policy done");
+        summary.push((name.clone(), m, sd, results.len(), secs));
+    }
+    std::fs::write(&args.out, out)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    let paper = match &args.paper {
+        Some(p) => sim::paper_figures(&p.display().to_string(), &read(p)?, &workload)
+            .map_err(|e| BadInput(e.to_string()))?,
+        None => Vec::new(),
+    };
+    println!("workload {workload}: unallocated GPU % at arrived = 100 % (mean ± sd over seeds)");
+    for (name, m, sd, n, secs) in summary {
+        let theirs = sim::paper_counterpart(&name)
+            .and_then(|c| paper.iter().find(|p| p.0 == c))
+            .map(|(c, pm, psd, _)| format!("   paper {c}: {pm:.2} ± {psd:.2}"))
+            .unwrap_or_default();
+        println!("  {name:<12} {m:6.2} ± {sd:4.2}   ({n} seeds, {secs:.1} s){theirs}");
+    }
+    Ok(())
+}
+
+fn run_seeds(
+    nodes: &[sim::TraceNode],
+    pods: &[sim::TracePod],
+    policy: Policy,
+    seeds: &[u64],
+    tune: f64,
+    jobs: usize,
+) -> Vec<RunResult> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<Option<RunResult>> = vec![None; seeds.len()];
+    let slots = std::sync::Mutex::new(&mut results);
+    std::thread::scope(|s| {
+        for _ in 0..jobs.min(seeds.len()) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= seeds.len() {
+                        break;
+                    }
+                    let r = sim::run(
+                        nodes,
+                        pods,
+                        RunConfig {
+                            policy,
+                            seed: seeds[i],
+                            tune,
+                        },
+                    );
+                    slots.lock().expect("no panics while holding")[i] = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.expect("every seed ran"))
+        .collect()
+}

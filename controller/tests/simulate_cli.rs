@@ -1,0 +1,86 @@
+//! The `simulate` subcommand end to end: output layout and exit codes.
+
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fgpu-controller"))
+}
+
+const NODES: &str =
+    "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,2,T4\nn1,64000,262144,4,V100\n";
+const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,1,1000\np1,2000,4096,1,500\np2,8000,8192,0,0\n";
+
+#[test]
+fn writes_one_row_per_policy_and_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = dir.path().join("nodes.csv");
+    let pods = dir.path().join("mytrace.csv");
+    let out = dir.path().join("out.csv");
+    std::fs::write(&nodes, NODES).unwrap();
+    std::fs::write(&pods, PODS).unwrap();
+    let o = bin()
+        .args(["simulate", "--policy", "all", "--seeds", "1-2", "--nodes"])
+        .arg(&nodes)
+        .arg("--pods")
+        .arg(&pods)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1 + 5 * 2);
+    assert!(lines[0].starts_with("workload,sc_policy,tune,seed,total_gpus,0,1,2,"));
+    assert!(lines[1].starts_with("mytrace,binpack,1.3,1,6,"));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("fragaware"), "{stdout}");
+}
+
+#[test]
+fn malformed_csv_exits_2_naming_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = dir.path().join("nodes.csv");
+    let pods = dir.path().join("pods.csv");
+    std::fs::write(&nodes, NODES).unwrap();
+    std::fs::write(
+        &pods,
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,one,1000\n",
+    )
+    .unwrap();
+    let o = bin()
+        .args(["simulate", "--seeds", "1", "--nodes"])
+        .arg(&nodes)
+        .arg("--pods")
+        .arg(&pods)
+        .arg("--out")
+        .arg(dir.path().join("out.csv"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("pods.csv:2: column 4 (num_gpu)"), "{err}");
+    let o = bin()
+        .args(["simulate", "--policy", "nope", "--nodes"])
+        .arg(&nodes)
+        .arg("--pods")
+        .arg(&pods)
+        .arg("--out")
+        .arg(dir.path().join("out.csv"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn help_and_version() {
+    let o = bin().args(["simulate", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&o.stdout);
+    for flag in [
+        "--nodes", "--pods", "--policy", "--seeds", "--tune", "--out", "--paper", "--jobs",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from help");
+    }
+    let o = bin().arg("--version").output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains(env!("CARGO_PKG_VERSION")));
+}

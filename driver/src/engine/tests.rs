@@ -1,0 +1,336 @@
+use super::*;
+
+const GIB: u64 = 1 << 30;
+
+fn node(name: &str, gpus: usize) -> Node {
+    Node::new(
+        name,
+        (0..gpus)
+            .map(|i| Gpu::new(format!("gpu-{i}"), "A100", 80 * GIB))
+            .collect(),
+    )
+    .with_host(64_000, 256 * 1024)
+}
+
+fn take(n: &mut Node, gpu: usize, milli: u32) {
+    let g = &mut n.gpus[gpu];
+    g.memory_free -= g.memory_total * u64::from(milli) / 1000;
+}
+
+fn ctx(w: Option<&Workload>) -> ScoreContext<'_> {
+    ScoreContext {
+        workload: w,
+        max_spec: MaxSpec {
+            cpu_milli: 64_000,
+            gpus: 8,
+        },
+    }
+}
+
+fn frac(milli: u32) -> Request {
+    Request::new(1, GpuShare::Fraction { milli })
+}
+
+#[test]
+fn whole_gpu_needs_an_idle_gpu() {
+    let mut n = node("a", 2);
+    take(&mut n, 0, 100);
+    let p = evaluate_node(
+        0,
+        &n,
+        &Request::new(1, GpuShare::Whole),
+        Policy::BINPACK,
+        &ctx(None),
+    )
+    .expect("gpu-1 is idle");
+    assert_eq!(p.gpus, vec![1]);
+    take(&mut n, 1, 100);
+    assert!(
+        evaluate_node(
+            0,
+            &n,
+            &Request::new(1, GpuShare::Whole),
+            Policy::BINPACK,
+            &ctx(None)
+        )
+        .is_none()
+    );
+}
+
+#[test]
+fn fraction_and_memory_shares_check_free_memory() {
+    let mut n = node("a", 1);
+    take(&mut n, 0, 600);
+    assert!(evaluate_node(0, &n, &frac(400), Policy::BINPACK, &ctx(None)).is_some());
+    assert!(evaluate_node(0, &n, &frac(401), Policy::BINPACK, &ctx(None)).is_none());
+    let mem = Request::new(1, GpuShare::Memory { bytes: 33 * GIB });
+    assert!(evaluate_node(0, &n, &mem, Policy::BINPACK, &ctx(None)).is_none());
+    let mem = Request::new(1, GpuShare::Memory { bytes: 32 * GIB });
+    assert!(evaluate_node(0, &n, &mem, Policy::BINPACK, &ctx(None)).is_some());
+}
+
+#[test]
+fn cores_are_checked() {
+    let mut n = node("a", 1);
+    n.gpus[0].cores_free = 20;
+    let mut r = frac(100);
+    r.cores = Some(30);
+    assert!(evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).is_none());
+    r.cores = Some(20);
+    assert!(evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).is_some());
+}
+
+#[test]
+fn host_cpu_and_memory_are_respected() {
+    let n = node("a", 1);
+    let mut r = frac(100);
+    r.cpu_milli = 64_001;
+    assert!(evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).is_none());
+    r.cpu_milli = 64_000;
+    r.memory_mib = 256 * 1024 + 1;
+    assert!(evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).is_none());
+}
+
+#[test]
+fn model_uuid_and_health_filters() {
+    let mut n = node("a", 3);
+    n.gpus[1].model = "T4".into();
+    n.gpus[2].healthy = false;
+    let mut r = Request::new(1, GpuShare::Whole);
+    r.model_include = vec!["t4".into()];
+    assert_eq!(
+        evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None))
+            .unwrap()
+            .gpus,
+        vec![1]
+    );
+    r.model_include.clear();
+    r.model_exclude = vec!["A100".into()];
+    assert_eq!(
+        evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None))
+            .unwrap()
+            .gpus,
+        vec![1]
+    );
+    r.model_exclude.clear();
+    r.uuid_pin = vec![n.gpus[2].uuid.clone()];
+    assert!(evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).is_none());
+    r.uuid_pin = vec![n.gpus[0].uuid.clone()];
+    assert_eq!(
+        evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None))
+            .unwrap()
+            .gpus,
+        vec![0]
+    );
+}
+
+#[test]
+fn topology_same_numa_and_pcie() {
+    let mut n = node("a", 4);
+    for (i, g) in n.gpus.iter_mut().enumerate() {
+        g.numa = Some((i / 2) as u32);
+        g.pcie_root = Some(format!("pci{}", i % 2));
+    }
+    take(&mut n, 0, 500);
+    let mut r = Request::new(2, GpuShare::Whole);
+    r.topology = Topology::SameNuma;
+    let p = evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).unwrap();
+    assert_eq!(p.gpus, vec![2, 3], "numa 0 has only one idle GPU");
+    r.topology = Topology::SamePcieRoot;
+    let p = evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).unwrap();
+    assert_eq!(p.gpus, vec![1, 3], "pci1 holds GPUs 1 and 3");
+    r.gpus = 3;
+    assert!(evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).is_none());
+    r.topology = Topology::Any;
+    assert!(evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).is_some());
+}
+
+#[test]
+fn gpu_level_binpack_and_spread() {
+    let mut n = node("a", 3);
+    take(&mut n, 1, 700);
+    take(&mut n, 2, 300);
+    let b = evaluate_node(0, &n, &frac(200), Policy::BINPACK, &ctx(None)).unwrap();
+    assert_eq!(b.gpus, vec![1]);
+    let s = evaluate_node(0, &n, &frac(200), Policy::SPREAD, &ctx(None)).unwrap();
+    assert_eq!(s.gpus, vec![0]);
+}
+
+#[test]
+fn node_level_binpack_and_spread() {
+    let mut inv = Inventory {
+        nodes: vec![node("a", 2), node("b", 2)],
+    };
+    take(&mut inv.nodes[1], 0, 500);
+    let r = frac(200);
+    assert_eq!(
+        choose(&inv, &r, Policy::BINPACK, &ctx(None), 0)
+            .unwrap()
+            .node,
+        1
+    );
+    assert_eq!(
+        choose(&inv, &r, Policy::SPREAD, &ctx(None), 0)
+            .unwrap()
+            .node,
+        0
+    );
+    let mixed: Policy = "spread/binpack".parse().unwrap();
+    assert_eq!(choose(&inv, &r, mixed, &ctx(None), 0).unwrap().node, 0);
+}
+
+#[test]
+fn bestfit_prefers_the_tightest_node() {
+    let mut inv = Inventory {
+        nodes: vec![node("a", 8), node("b", 8)],
+    };
+    for g in 0..6 {
+        take(&mut inv.nodes[0], g, 1000);
+    }
+    let p = choose(
+        &inv,
+        &Request::new(1, GpuShare::Whole),
+        Policy::BESTFIT,
+        &ctx(None),
+        0,
+    );
+    assert_eq!(p.unwrap().node, 0);
+}
+
+fn workload() -> Workload {
+    // Half the pods want 470 milli, half a whole GPU.
+    Workload::from_pods(
+        [(1000, 0, 1, 470), (1000, 0, 1, 1000)],
+        1.0,
+        Weighting::Count,
+    )
+}
+
+#[test]
+fn frag_policies_fill_the_matching_hole() {
+    // GPU 0 has 530 free: a 470 pod fits it and leaves 60; on an idle GPU it would leave
+    // 530 that no whole-GPU pod can use.
+    let mut n = node("a", 2);
+    take(&mut n, 0, 470);
+    let w = workload();
+    for p in [Policy::FGD, Policy::FRAGAWARE] {
+        let pl = evaluate_node(0, &n, &frac(470), p, &ctx(Some(&w))).unwrap();
+        assert_eq!(pl.gpus, vec![0], "{p}");
+    }
+    // Across nodes: the node with the hole beats an idle node.
+    let inv = Inventory {
+        nodes: vec![node("idle", 2), n],
+    };
+    for p in [Policy::FGD, Policy::FRAGAWARE] {
+        assert_eq!(
+            choose(&inv, &frac(470), p, &ctx(Some(&w)), 7).unwrap().node,
+            1
+        );
+    }
+}
+
+#[test]
+fn frag_measure_counts_unusable_capacity() {
+    let w = workload();
+    let mut n = node("a", 2);
+    assert_eq!(frag::node_frag(&n, &w, false), 0.0);
+    take(&mut n, 0, 470);
+    // 530 free on GPU 0 is unusable by whole-GPU pods (weight 0.5).
+    assert!((frag::node_frag(&n, &w, false) - 265.0).abs() < 1e-9);
+    // Without CPU every kind is blocked: all 1530 free milli count.
+    n.cpu_milli_free = Some(0);
+    assert!((frag::node_frag(&n, &w, false) - 1530.0).abs() < 1e-9);
+}
+
+#[test]
+fn fragaware_counts_host_memory_fgd_does_not() {
+    let w = Workload::from_pods([(0, 1024, 1, 1000)], 1.0, Weighting::Count);
+    let mut n = node("a", 1);
+    n.memory_mib_free = Some(10);
+    assert_eq!(frag::node_frag(&n, &w, false), 0.0);
+    assert_eq!(frag::node_frag(&n, &w, true), 1000.0);
+}
+
+#[test]
+fn workload_coverage_and_weights() {
+    let pods = (0..10)
+        .map(|i| {
+            if i < 6 {
+                (1, 0, 1, 500)
+            } else {
+                (1, 0, 1, 1000)
+            }
+        })
+        .chain([(1, 0, 0, 0)]);
+    let w = Workload::from_pods(pods.clone(), 0.5, Weighting::Count);
+    assert_eq!(w.types.len(), 1);
+    assert_eq!(w.types[0].milli, 500);
+    let w = Workload::from_pods(pods.clone(), 1.0, Weighting::Count);
+    assert_eq!(w.types.len(), 3);
+    assert!((w.types.iter().map(|t| t.weight).sum::<f64>() - 1.0).abs() < 1e-12);
+    let g = Workload::from_pods(pods.clone(), 1.0, Weighting::GpuDemand);
+    let cpu = g.types.iter().find(|t| t.gpus == 0).unwrap();
+    assert_eq!(cpu.weight, 0.0);
+    let whole = g.types.iter().find(|t| t.milli == 1000).unwrap();
+    assert!((whole.weight - 4000.0 / 7000.0).abs() < 1e-12);
+    let d = Workload::from_pods(pods, 1.0, Weighting::PerGpu);
+    let whole = d.types.iter().find(|t| t.milli == 1000).unwrap();
+    assert!((whole.weight - 0.4).abs() < 1e-12);
+}
+
+#[test]
+fn choose_reports_no_fit_and_invalid() {
+    let inv = Inventory {
+        nodes: vec![node("a", 1)],
+    };
+    assert_eq!(
+        choose(
+            &inv,
+            &Request::new(2, GpuShare::Whole),
+            Policy::BINPACK,
+            &ctx(None),
+            0
+        ),
+        Err(NoFit::Insufficient { nodes: 1 })
+    );
+    assert!(matches!(
+        choose(&inv, &frac(0), Policy::BINPACK, &ctx(None), 0),
+        Err(NoFit::Invalid(_))
+    ));
+}
+
+#[test]
+fn ties_are_broken_by_the_salt_deterministically() {
+    let inv = Inventory {
+        nodes: (0..16).map(|i| node(&format!("n{i}"), 1)).collect(),
+    };
+    let r = frac(100);
+    let picks: Vec<usize> = (0..32)
+        .map(|s| {
+            choose(&inv, &r, Policy::BINPACK, &ctx(None), s)
+                .unwrap()
+                .node
+        })
+        .collect();
+    let again: Vec<usize> = (0..32)
+        .map(|s| {
+            choose(&inv, &r, Policy::BINPACK, &ctx(None), s)
+                .unwrap()
+                .node
+        })
+        .collect();
+    assert_eq!(picks, again);
+    let distinct: std::collections::BTreeSet<_> = picks.iter().collect();
+    assert!(distinct.len() > 4, "salts spread ties: {picks:?}");
+}
+
+#[test]
+fn policy_names_round_trip() {
+    for (name, p) in Policy::ALL {
+        assert_eq!(name.parse::<Policy>().unwrap(), p);
+        assert_eq!(p.to_string(), name);
+    }
+    let p: Policy = "binpack/spread".parse().unwrap();
+    assert_eq!(p.to_string(), "binpack/spread");
+    assert!("packing".parse::<Policy>().is_err());
+}

@@ -1,0 +1,140 @@
+use super::*;
+
+const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\n\
+n0,32000,131072,2,T4\n\
+n1,64000,262144,4,V100\n\
+cpu,32000,131072,0,\n";
+
+const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n\
+p0,4000,8192,1,1000,\n\
+p1,2000,4096,1,500,\n\
+p2,2000,4096,1,500,\n\
+p3,8000,8192,0,0,\n\
+p4,8000,16384,2,1000,V100|A100\n";
+
+#[test]
+fn parses_and_builds_the_gpu_cluster() {
+    let nodes = parse_nodes("nodes.csv", NODES).unwrap();
+    assert_eq!(nodes.len(), 3);
+    let inv = cluster(&nodes);
+    assert_eq!(inv.nodes.len(), 2, "CPU-only nodes are left out");
+    assert_eq!(inv.nodes[1].gpus.len(), 4);
+    let pods = parse_pods("pods.csv", PODS).unwrap();
+    assert_eq!(pods[4].gpu_spec, vec!["V100", "A100"]);
+    assert_eq!(pods[1].total_milli(), 500);
+}
+
+#[test]
+fn csv_errors_name_file_line_and_column() {
+    let bad = "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,abc,2,T4\n";
+    let e = parse_nodes("nodes.csv", bad).unwrap_err();
+    assert_eq!((e.file.as_str(), e.line, e.column_no), ("nodes.csv", 2, 3));
+    assert_eq!(e.column, "memory_mib");
+    assert!(
+        e.to_string()
+            .starts_with("nodes.csv:2: column 3 (memory_mib)"),
+        "{e}"
+    );
+    let missing = "sn,cpu_milli,gpu,model\nn0,1,2,T4\n";
+    let e = parse_nodes("nodes.csv", missing).unwrap_err();
+    assert_eq!(e.column, "memory_mib");
+    assert_eq!(e.line, 1);
+    let short = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,2,3\n";
+    let e = parse_pods("pods.csv", short).unwrap_err();
+    assert_eq!(e.line, 2);
+    let share = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,2,2,500\n";
+    assert_eq!(
+        parse_pods("pods.csv", share).unwrap_err().column,
+        "gpu_milli"
+    );
+}
+
+#[test]
+fn inflates_to_the_tune_target_and_is_deterministic() {
+    let pods = parse_pods("p", PODS).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let out = prepare_pods(&pods, 6000, 1.3, &mut rng);
+    let total: u64 = out.iter().map(TracePod::total_milli).sum();
+    assert!(total as f64 <= 1.3 * 6000.0 && total as f64 > 1.3 * 6000.0 - 2000.0);
+    let mut rng2 = ChaCha8Rng::seed_from_u64(1);
+    assert_eq!(out, prepare_pods(&pods, 6000, 1.3, &mut rng2));
+    // Trimming when the trace is larger than the target.
+    let mut rng3 = ChaCha8Rng::seed_from_u64(1);
+    let t: u64 = prepare_pods(&pods, 1000, 1.0, &mut rng3)
+        .iter()
+        .map(TracePod::total_milli)
+        .sum();
+    assert!(t <= 1000);
+}
+
+#[test]
+fn run_is_deterministic_and_respects_constraints() {
+    let nodes = parse_nodes("n", NODES).unwrap();
+    let pods = parse_pods("p", PODS).unwrap();
+    for (name, policy) in Policy::ALL {
+        let cfg = RunConfig {
+            policy,
+            seed: 42,
+            tune: 1.3,
+        };
+        let a = run(&nodes, &pods, cfg);
+        assert_eq!(a, run(&nodes, &pods, cfg), "{name}");
+        assert_eq!(a.total_gpus, 6);
+        assert_eq!(a.alloc_by_arrived.len(), MAX_PERCENT + 1);
+        for v in a.alloc_by_arrived.iter().flatten() {
+            assert!((0.0..=100.0).contains(v), "{name}: {v}");
+        }
+        assert!(a.failed > 0, "{name}: 130 % of capacity cannot all fit");
+    }
+}
+
+#[test]
+fn discretises_like_the_artifact() {
+    // 10 GPUs: arrived 10 % per step, 5 % allocated per step.
+    let log: Vec<(u64, u64)> = (1..=13).map(|i| (i * 1000, i * 500)).collect();
+    let d = discretise(&log, 10);
+    assert_eq!(d[10], Some(5.0));
+    assert_eq!(d[100], Some(50.0));
+    assert_eq!(
+        d[11],
+        Some(5.0),
+        "no row at 11: rows within ±1 (10) are used"
+    );
+    assert_eq!(d[15], None);
+    assert_eq!(round_half_even(0.5), 0.0);
+    assert_eq!(round_half_even(1.5), 2.0);
+    assert_eq!(round_half_even(2.4), 2.0);
+}
+
+#[test]
+fn output_row_matches_the_header_layout() {
+    let nodes = parse_nodes("n", NODES).unwrap();
+    let pods = parse_pods("p", PODS).unwrap();
+    let r = run(
+        &nodes,
+        &pods,
+        RunConfig {
+            policy: Policy::FRAGAWARE,
+            seed: 1,
+            tune: 1.3,
+        },
+    );
+    let h = csv_header();
+    let row = csv_row("w", "fragaware", 1.3, &r);
+    assert_eq!(h.split(',').count(), row.split(',').count());
+    assert!(h.starts_with("workload,sc_policy,tune,seed,total_gpus,0,1,"));
+    assert!(h.ends_with(",129,130"));
+    assert!(row.starts_with("w,fragaware,1.3,1,6,"));
+    let mut fixed = r.clone();
+    fixed.alloc_by_arrived = vec![Some(2.0), Some(0.25), None];
+    assert_eq!(csv_row("w", "p", 1.3, &fixed), "w,p,1.3,1,6,2.0,0.25,");
+}
+
+#[test]
+fn seeds_and_stats() {
+    assert_eq!(parse_seeds("42-44,50").unwrap(), vec![42, 43, 44, 50]);
+    assert!(parse_seeds("44-42").is_err());
+    assert!(parse_seeds("x").is_err());
+    let (m, sd) = mean_sd(&[1.0, 2.0, 3.0]);
+    assert_eq!((m, sd), (2.0, 1.0));
+}

@@ -1,0 +1,45 @@
+# Allocation engine and trace simulator (owner: engine). See docs/engine.md.
+#
+#   make sim-smoke    every policy on the four traces, one seed (part of `make test`)
+#   make sim-compare  the full comparison with the FGD paper: 10 seeds, every policy,
+#                     four traces; prints ours beside the paper's figure
+#   make engine-bench criterion bench of node evaluations per second
+FGPU_DATA ?= $(CURDIR)/../shared/data/alibaba-gpu-v2023
+SIM_TRACES ?= default cpu050 gpushare40 multigpu30
+SIM_OUT ?= $(CARGO_TARGET_DIR)/sim
+SIM_BIN = $(CARGO_TARGET_DIR)/release/fgpu-controller
+SIM_ARGS = --nodes $(FGPU_DATA)/csv/openb_node_list_gpu_node.csv \
+	--paper $(FGPU_DATA)/fgd-expected-results/analysis_allo_discrete.csv
+
+TEST_TARGETS += sim-smoke
+
+.PHONY: sim-build sim-smoke sim-compare engine-bench
+
+sim-build:
+	$(CARGO) build --release -q -p fgpu-controller
+
+sim-smoke: sim-build ## trace simulator: every policy on the four traces, one seed
+	@mkdir -p $(SIM_OUT)
+	@for t in $(SIM_TRACES); do \
+	  $(SIM_BIN) --log-format json simulate $(SIM_ARGS) --pods $(FGPU_DATA)/csv/openb_pod_list_$$t.csv \
+	    --policy all --seeds 42 --out $(SIM_OUT)/smoke-$$t.csv 2>/dev/null || exit 1; \
+	  test "$$(wc -l < $(SIM_OUT)/smoke-$$t.csv)" -eq 6 || { echo "sim-smoke: $$t: expected 5 rows"; exit 1; }; \
+	  head -1 $(SIM_OUT)/smoke-$$t.csv | grep -q '^workload,sc_policy,tune,seed,total_gpus,0,1,' || exit 1; \
+	done
+	@printf 'sn,cpu_milli,memory_mib,gpu,model\nn0,1,x,1,T4\n' > $(SIM_OUT)/bad.csv
+	@$(SIM_BIN) simulate --nodes $(SIM_OUT)/bad.csv --pods $(FGPU_DATA)/csv/openb_pod_list_default.csv \
+	  --seeds 42 --out $(SIM_OUT)/bad-out.csv 2>$(SIM_OUT)/bad.err; \
+	  test $$? -eq 2 && grep -q 'bad.csv:2: column 3 (memory_mib)' $(SIM_OUT)/bad.err \
+	  || { echo "sim-smoke: a malformed CSV must exit 2 naming file, line and column"; exit 1; }
+	@echo "sim-smoke: ok"
+
+sim-compare: sim-build ## FGD comparison: 10 seeds x every policy x four traces, ours vs paper
+	@mkdir -p $(SIM_OUT)
+	@for t in $(SIM_TRACES); do \
+	  $(SIM_BIN) simulate $(SIM_ARGS) --pods $(FGPU_DATA)/csv/openb_pod_list_$$t.csv \
+	    --policy all --seeds 42-51 --out $(SIM_OUT)/compare-$$t.csv 2>/dev/null || exit 1; \
+	done
+	@echo "per-seed curves: $(SIM_OUT)/compare-<trace>.csv (layout of analysis_allo_discrete.csv)"
+
+engine-bench: ## criterion bench: node evaluations per second
+	$(CARGO) bench -p fgpu-driver --bench engine
