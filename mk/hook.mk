@@ -2,7 +2,8 @@
 #
 #   make hook-build   the two cdylibs, the fake driver directory and the C test programs
 #   make hook-test    the integration suite (hook-lib/tests/run.sh), part of `make test`
-#   make hook-bench   ns added per cuLaunchKernel and per cuMemAlloc+cuMemFree (release)
+#   make hook-bench   ns added per cuLaunchKernel and per cuMemAlloc+cuMemFree, without a
+#                     quota, with a memory quota and with a core quota (release)
 #
 # Artefacts (the cluster harness copies these into the workload image):
 #   $(CARGO_TARGET_DIR)/<profile>/libfgpu.so              the shim
@@ -34,7 +35,7 @@ hook-release: ## the same, release profile
 hook-test: hook-build ## libfgpu.so integration tests against the fake CUDA driver
 	HOOK_DIR=$(CARGO_TARGET_DIR)/debug hook-lib/tests/run.sh
 
-hook-bench: hook-release ## ns added by libfgpu.so per launch and per alloc+free (release)
+hook-bench: hook-release ## ns added by libfgpu.so per launch and per alloc+free, memory/core quotas (release)
 	HOOK_DIR=$(CARGO_TARGET_DIR)/release hook-lib/tests/bench.sh
 
 TEST_TARGETS += hook-test

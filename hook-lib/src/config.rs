@@ -7,6 +7,11 @@
 //! 3. HAMi-core's names, only when no `FGPU_*` name is set at all:
 //!    `CUDA_DEVICE_MEMORY_LIMIT[_<i>]`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`.
 //!
+//! The core quota (`FGPU_CORE_LIMIT[_<i>]`, percent; HAMi's `CUDA_DEVICE_SM_LIMIT[_<i>]`)
+//! follows the same precedence, decided separately; `FGPU_CORE_POLICY`, `FGPU_PRIORITY`
+//! (HAMi's `CUDA_TASK_PRIORITY`) and `FGPU_GPU_DIR` come from the file, else the
+//! environment.
+//!
 //! Pure code: the caller passes the file text and an environment lookup.
 
 use std::path::PathBuf;
@@ -19,6 +24,25 @@ pub const DEFAULT_LIMITS_FILE: &str = "/etc/fgpu/limits";
 pub const HAMI_DEFAULT_CACHE: &str = "/tmp/cudevshr.cache";
 /// Name of the accounting file inside `FGPU_STATE_DIR`.
 pub const STATE_FILE_NAME: &str = "fgpu-memory.state";
+/// Name of the core limiter's file inside `FGPU_STATE_DIR`.
+pub const CORE_FILE_NAME: &str = "fgpu-core.state";
+
+/// Task priority (`FGPU_PRIORITY`, or HAMi's `CUDA_TASK_PRIORITY`: 0 high, 1 low).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    High,
+    Normal,
+    Low,
+}
+
+/// Core-quota policy (`FGPU_CORE_POLICY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CorePolicy {
+    /// The quota is a ceiling, alone on the card or not (default, `limit`).
+    Limit,
+    /// Idle GPU time may be used while no other claim is on the card (`share`).
+    Share,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -38,6 +62,16 @@ pub struct Config {
     /// The shared accounting file; `None` → accounting local to the process.
     pub state_path: Option<PathBuf>,
     pub debug: bool,
+    /// Where the core quota came from (same precedence as memory, decided separately).
+    pub core_source: Source,
+    pub core_default: Option<u32>,
+    pub core_limits: [Option<u32>; MAX_DEVICES],
+    pub core_policy: CorePolicy,
+    pub priority: Priority,
+    /// The per-GPU coordination directory (`FGPU_GPU_DIR`), for priority.
+    pub gpu_dir: Option<PathBuf>,
+    /// The claim's core-limiter file; `None` → local to the process.
+    pub core_state_path: Option<PathBuf>,
     /// Problems found while reading (logged once by the caller when debug is on).
     pub warnings: Vec<String>,
 }
@@ -53,6 +87,27 @@ impl Config {
             .ok()
             .and_then(|i| self.limits.get(i).copied().flatten());
         per.or(self.default_limit)
+    }
+
+    /// The core quota (percent, 1–99) of device ordinal `i`; `None` = not throttled.
+    #[inline]
+    pub fn core_limit(&self, ordinal: i32) -> Option<u32> {
+        let per = usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.core_limits.get(i).copied().flatten());
+        per.or(self.core_default)
+    }
+
+    /// Launches go through the core limiter (a core quota, or a priority other than
+    /// normal with a GPU directory to coordinate through).
+    pub fn core_active(&self) -> bool {
+        self.core_source != Source::None
+            || (self.priority != Priority::Normal && self.gpu_dir.is_some())
+    }
+
+    /// Any reason to hand out our wrappers.
+    pub fn hooked(&self) -> bool {
+        self.enabled || self.core_active()
     }
 
     /// Builds the configuration. `file` is the limits file's text if one was read.
@@ -75,6 +130,13 @@ impl Config {
             limits: [None; MAX_DEVICES],
             state_path: None,
             debug,
+            core_source: Source::None,
+            core_default: None,
+            core_limits: [None; MAX_DEVICES],
+            core_policy: CorePolicy::Limit,
+            priority: Priority::Normal,
+            gpu_dir: None,
+            core_state_path: None,
             warnings: Vec::new(),
         };
 
@@ -108,17 +170,115 @@ impl Config {
             (_, Some(dir)) if !dir.is_empty() => Some(PathBuf::from(dir).join(STATE_FILE_NAME)),
             _ => None,
         };
+        // Core quota: the same precedence, decided on its own names.
+        let no_fgpu = !any_fgpu_name(env) && file_kv.is_empty();
+        let (d, l) = read_percent(&file_get, "FGPU_CORE_LIMIT", &mut warnings);
+        if d.is_some() || l.iter().any(Option::is_some) {
+            cfg.core_source = Source::File;
+            (cfg.core_default, cfg.core_limits) = (d, l);
+        } else {
+            let (d, l) = read_percent(env, "FGPU_CORE_LIMIT", &mut warnings);
+            if d.is_some() || l.iter().any(Option::is_some) {
+                cfg.core_source = Source::FgpuEnv;
+                (cfg.core_default, cfg.core_limits) = (d, l);
+            } else if no_fgpu {
+                let (d, l) = read_percent(env, "CUDA_DEVICE_SM_LIMIT", &mut warnings);
+                if d.is_some() || l.iter().any(Option::is_some) {
+                    cfg.core_source = Source::HamiEnv;
+                    (cfg.core_default, cfg.core_limits) = (d, l);
+                }
+            }
+        }
+        let pick = |k: &str| file_get(k).or_else(|| env(k));
+        cfg.core_policy = match pick("FGPU_CORE_POLICY").as_deref().map(str::trim) {
+            None | Some("") | Some("limit") => CorePolicy::Limit,
+            Some("share") => CorePolicy::Share,
+            Some(v) => {
+                warnings.push(format!(
+                    "ignoring FGPU_CORE_POLICY={v:?}: expected limit or share"
+                ));
+                CorePolicy::Limit
+            }
+        };
+        cfg.priority = match pick("FGPU_PRIORITY").as_deref().map(str::trim) {
+            Some("high") => Priority::High,
+            Some("low") => Priority::Low,
+            None | Some("") | Some("normal") => match env("CUDA_TASK_PRIORITY").as_deref() {
+                Some("0") if no_fgpu => Priority::High,
+                Some("1") if no_fgpu => Priority::Low,
+                _ => Priority::Normal,
+            },
+            Some(v) => {
+                warnings.push(format!(
+                    "ignoring FGPU_PRIORITY={v:?}: expected high, normal or low"
+                ));
+                Priority::Normal
+            }
+        };
+        cfg.gpu_dir = pick("FGPU_GPU_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
+        cfg.core_state_path = match cfg.core_source {
+            Source::HamiEnv => {
+                let p = env("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or_else(|| HAMI_DEFAULT_CACHE.to_string());
+                Some(PathBuf::from(format!("{p}.fgpu-core")))
+            }
+            _ => file_get("FGPU_STATE_DIR")
+                .or_else(|| env("FGPU_STATE_DIR"))
+                .filter(|d| !d.is_empty())
+                .map(|d| PathBuf::from(d).join(CORE_FILE_NAME)),
+        };
         cfg.warnings = warnings;
         cfg
     }
 }
 
+/// Percent quotas: 1–99 throttle; 0 and 100 (and HAMi's ≥ 100) mean "not throttled".
+fn read_percent(
+    get: &dyn Fn(&str) -> Option<String>,
+    prefix: &str,
+    warnings: &mut Vec<String>,
+) -> (Option<u32>, [Option<u32>; MAX_DEVICES]) {
+    let hami = prefix.starts_with("CUDA_");
+    let mut one = |key: String| -> Option<u32> {
+        let v = get(&key)?;
+        match v.trim().parse::<u32>() {
+            Ok(n) if (1..100).contains(&n) => Some(n),
+            Ok(0) | Ok(100) => None,
+            Ok(_) if hami => None,
+            _ => {
+                warnings.push(format!("ignoring {key}={v:?}: not a percentage 0-100"));
+                None
+            }
+        }
+    };
+    let default = one(prefix.to_string());
+    let mut per = [None; MAX_DEVICES];
+    for (i, slot) in per.iter_mut().enumerate() {
+        *slot = one(format!("{prefix}_{i}"));
+    }
+    (default, per)
+}
+
 fn any_fgpu_name(env: &dyn Fn(&str) -> Option<String>) -> bool {
     // The names of the contract; FGPU_LOG is not one of them.
-    ["FGPU_MEMORY_LIMIT", "FGPU_STATE_DIR", "FGPU_LIMITS_FILE"]
-        .iter()
-        .any(|n| env(n).is_some())
-        || (0..MAX_DEVICES).any(|i| env(&format!("FGPU_MEMORY_LIMIT_{i}")).is_some())
+    [
+        "FGPU_MEMORY_LIMIT",
+        "FGPU_STATE_DIR",
+        "FGPU_LIMITS_FILE",
+        "FGPU_CORE_LIMIT",
+        "FGPU_PRIORITY",
+        "FGPU_CORE_POLICY",
+        "FGPU_GPU_DIR",
+    ]
+    .iter()
+    .any(|n| env(n).is_some())
+        || (0..MAX_DEVICES).any(|i| {
+            env(&format!("FGPU_MEMORY_LIMIT_{i}")).is_some()
+                || env(&format!("FGPU_CORE_LIMIT_{i}")).is_some()
+        })
 }
 
 type Limits = (Option<u64>, [Option<u64>; MAX_DEVICES]);
@@ -293,6 +453,45 @@ mod tests {
             ("FGPU_STATE_DIR", "/run/x"),
         ]);
         assert!(!Config::from_sources(None, &mixed).enabled);
+    }
+
+    #[test]
+    fn core_quota_policy_and_priority() {
+        let c = Config::from_sources(None, &env_of(&[("FGPU_CORE_LIMIT", "30")]));
+        assert_eq!(
+            (c.core_source, c.core_limit(0)),
+            (Source::FgpuEnv, Some(30))
+        );
+        assert!(!c.enabled && c.core_active() && c.hooked());
+        assert_eq!(c.core_policy, CorePolicy::Limit);
+        let c = Config::from_sources(
+            Some("FGPU_CORE_LIMIT=20\nFGPU_CORE_POLICY=share\n"),
+            &env_of(&[("FGPU_CORE_LIMIT", "90"), ("FGPU_CORE_LIMIT_1", "95")]),
+        );
+        assert_eq!((c.core_limit(0), c.core_limit(1)), (Some(20), Some(20)));
+        assert_eq!(c.core_policy, CorePolicy::Share);
+        let hami = env_of(&[
+            ("CUDA_DEVICE_SM_LIMIT", "50"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "150"),
+            ("CUDA_TASK_PRIORITY", "1"),
+        ]);
+        let c = Config::from_sources(None, &hami);
+        assert_eq!(c.core_source, Source::HamiEnv);
+        assert_eq!((c.core_limit(0), c.core_limit(1)), (Some(50), Some(50)));
+        assert_eq!(c.priority, Priority::Low);
+        assert_eq!(
+            c.core_state_path,
+            Some(PathBuf::from("/tmp/cudevshr.cache.fgpu-core"))
+        );
+        let c = Config::from_sources(
+            None,
+            &env_of(&[("FGPU_CORE_LIMIT", "100"), ("FGPU_PRIORITY", "high")]),
+        );
+        assert_eq!(c.core_limit(0), None);
+        assert_eq!(c.priority, Priority::High);
+        assert!(!c.core_active(), "priority needs FGPU_GPU_DIR");
+        let c = Config::from_sources(None, &env_of(&[("FGPU_CORE_LIMIT", "250")]));
+        assert_eq!((c.core_limit(0), c.warnings.len()), (None, 1));
     }
 
     #[test]

@@ -23,6 +23,21 @@ pub const NVML_SUCCESS: c_int = 0;
 pub const NVML_ERROR_INVALID_ARGUMENT: c_int = 2;
 pub const NVML_ERROR_LIBRARY_NOT_FOUND: c_int = 12;
 pub const NVML_ERROR_UNKNOWN: c_int = 999;
+pub const NVML_ERROR_NOT_FOUND: c_int = 6;
+
+pub type CUgraphExec = *mut c_void;
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlProcessUtilizationSample {
+    pub pid: c_uint,
+    pub time_stamp: u64,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
 
 /// `cuGetProcAddress` flags.
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;

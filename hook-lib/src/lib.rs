@@ -1,4 +1,4 @@
-//! `libfgpu.so`: the in-container shim that enforces GPU memory quotas.
+//! `libfgpu.so`: the in-container shim that enforces GPU memory and core quotas.
 //!
 //! Loaded into every dynamically linked process (`/etc/ld.so.preload` or `LD_PRELOAD`),
 //! it interposes the CUDA driver API and NVML. It does nothing at load time: the
@@ -7,6 +7,7 @@
 //!
 //! Table of contents:
 //! - [`config`]: where limits come from (limits file > FGPU env > HAMi env), value syntax.
+//! - [`core`]: the core (SM) limiter (GCRA bucket + feedback on NVML) and priority.
 //! - [`state`]: the claim's shared account file (header, device table, process slots).
 //! - [`process`]: per-process state, rebuilt after `fork`.
 //! - [`track`]: what this process allocated (pointer/handle → size).
@@ -16,6 +17,7 @@
 //! - [`real`]: the real driver, resolved lazily.
 
 pub mod config;
+pub mod core;
 mod dlsym;
 pub mod ffi;
 pub mod hooks;

@@ -72,6 +72,10 @@ hook_table! {
     cuLaunchKernel_ptsz, "cuLaunchKernel", 4000, true, Cuda;
     cuLaunchKernelEx, "cuLaunchKernelEx", 11060, false, Cuda;
     cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, true, Cuda;
+    cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, false, Cuda;
+    cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, true, Cuda;
+    cuGraphLaunch, "cuGraphLaunch", 10000, false, Cuda;
+    cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, true, Cuda;
     cuGetProcAddress, "cuGetProcAddress", 11030, false, Cuda;
     cuGetProcAddress_v2, "cuGetProcAddress", 12000, false, Cuda;
     nvmlDeviceGetMemoryInfo, "", 0, false, Nvml;
@@ -100,7 +104,7 @@ fn by_real_address() -> &'static [(usize, usize)] {
 
 /// Our wrapper for the exported name `name`, when a quota is set.
 pub fn wrapper_for_name(name: &[u8]) -> Option<usize> {
-    if !(name.starts_with(b"cu") || name.starts_with(b"nvml")) || !config().enabled {
+    if !(name.starts_with(b"cu") || name.starts_with(b"nvml")) || !config().hooked() {
         return None;
     }
     hooks()
@@ -131,7 +135,7 @@ pub fn wrapper_for_request(base: &str, version: c_int, flags: u64) -> Option<usi
 
 /// After a successful real `cuGetProcAddress`: replace the answer by our wrapper.
 pub(crate) fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
-    if pfn.is_null() || symbol.is_null() || !config().enabled {
+    if pfn.is_null() || symbol.is_null() || !config().hooked() {
         return;
     }
     // SAFETY: the driver filled *pfn (success); pfn is non-null.

@@ -139,6 +139,10 @@ real_fns! { Lib::Cuda;
     cuLaunchKernel_ptsz(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
     cuLaunchKernelEx(*const c_void, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
     cuLaunchKernelEx_ptsz(*const c_void, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
+    cuLaunchCooperativeKernel(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult;
+    cuLaunchCooperativeKernel_ptsz(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult;
+    cuGraphLaunch(CUgraphExec, CUstream) -> CUresult;
+    cuGraphLaunch_ptsz(CUgraphExec, CUstream) -> CUresult;
     cuGetProcAddress(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
     cuGetProcAddress_v2(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 }
@@ -148,4 +152,7 @@ real_fns! { Lib::Nvml;
     nvmlDeviceGetMemoryInfo_v2(NvmlDevice, *mut NvmlMemoryV2) -> c_int;
     nvmlDeviceGetUUID(NvmlDevice, *mut c_char, c_uint) -> c_int;
     nvmlDeviceGetIndex(NvmlDevice, *mut c_uint) -> c_int;
+    nvmlInit_v2() -> c_int;
+    nvmlDeviceGetHandleByUUID(*const c_char, *mut NvmlDevice) -> c_int;
+    nvmlDeviceGetProcessUtilization(NvmlDevice, *mut NvmlProcessUtilizationSample, *mut c_uint, u64) -> c_int;
 }

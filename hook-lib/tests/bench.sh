@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark of libfgpu.so (figures for the note, not a test): ns per cuLaunchKernel and
 # per cuMemAlloc_v2 + cuMemFree_v2 pair, for the bare fake driver, the shim without a
-# quota and the shim with a quota, in one run; ratios are to the bare driver.
+# quota, the shim with a memory quota and the shim with a core quota (50 %, launches
+# that take no GPU time, so the limiter admits them all: the figure is its cost), in
+# one run; ratios are to the bare driver.
 # Two routes: `proc` (dlopen + cuGetProcAddress_v2, as libcudart) and `direct` (linked
 # against libcuda.so.1: the shim's exported symbols are always called).
 set -euo pipefail
@@ -18,25 +20,27 @@ trap 'rm -rf "$state"' EXIT
 ROUNDS=${ROUNDS:-5}
 num() { sed "s/.*$1=\([0-9.]*\).*/\1/"; }
 min() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "" || b < a) ? b : a }'; }
-printf '%-8s %-14s %12s %8s %16s %8s\n' route config launch_ns ratio alloc_free_ns ratio
+printf '%-8s %-16s %12s %8s %16s %8s\n' route config launch_ns ratio alloc_free_ns ratio
 for route in proc direct; do
   bin=$BIN/hooktest; [ $route = direct ] && bin=$BIN/hooktest-direct
   declare -A L=() A=()
   for _ in $(seq "$ROUNDS"); do
-    for cfg in bare noq withq; do
+    for cfg in bare noq withq core; do
       case $cfg in
         bare) out=$(HT_LOADER=$route "$bin" bench) ;;
         noq) out=$(LD_PRELOAD=$HOOK_DIR/libfgpu.so HT_LOADER=$route "$bin" bench) ;;
         withq) out=$(LD_PRELOAD=$HOOK_DIR/libfgpu.so FGPU_MEMORY_LIMIT=40Gi FGPU_STATE_DIR=$state HT_LOADER=$route "$bin" bench) ;;
+        core) out=$(LD_PRELOAD=$HOOK_DIR/libfgpu.so FGPU_CORE_LIMIT=50 FGPU_STATE_DIR=$state HT_LOADER=$route "$bin" bench) ;;
       esac
       L[$cfg]=$(min "${L[$cfg]:-}" "$(echo "$out" | num launch_ns)")
       A[$cfg]=$(min "${A[$cfg]:-}" "$(echo "$out" | num alloc_free_ns)")
     done
   done
-  for cfg in bare noq withq; do
-    name=$cfg; [ $cfg = noq ] && name="shim, no quota"; [ $cfg = withq ] && name="shim + quota"
+  for cfg in bare noq withq core; do
+    name=$cfg; [ $cfg = noq ] && name="shim, no quota"; [ $cfg = withq ] && name="shim + mem quota"
+    [ $cfg = core ] && name="shim + core 50%"
     awk -v r=$route -v n="$name" -v l=${L[$cfg]} -v a=${A[$cfg]} -v bl=${L[bare]} -v ba=${A[bare]} 'BEGIN {
-      printf "%-8s %-14s %12.1f %8.2f %16.1f %8.2f   (%+.1f ns, %+.1f ns)\n", r, n, l, l/bl, a, a/ba, l-bl, a-ba }'
+      printf "%-8s %-16s %12.1f %8.2f %16.1f %8.2f   (%+.1f ns, %+.1f ns)\n", r, n, l, l/bl, a, a/ba, l-bl, a-ba }'
   done
 done
 

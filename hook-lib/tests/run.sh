@@ -144,5 +144,77 @@ else
   ko "FGPU_LOG=debug wrote nothing"
 fi
 
+echo "== core quota and priority (fake GPU timeline; all scenarios run at once, one GPU each)"
+# Kernels of 40 blocks x 10 us, graphs of 3 ms; shares are GPU time on the fake's
+# timeline over a 5-second window after 2 s of warm-up.
+# (Always run in the background: `exec` makes $! the test program's own pid.)
+core_env() {
+  exec env FAKE_CUDA_GPUS=12 FAKE_CUDA_STATE="$WORK/fake-gpu" FAKE_CUDA_BLOCK_NS=10000 \
+    FAKE_CUDA_GRAPH_NS=3000000 LD_PRELOAD="$SHIM" "$@"
+}
+claim() { local d="$WORK/claim-$1"; mkdir -p "$d"; echo "$d"; }
+for q in 10 30 50 70; do
+  dev=$((q / 20))  # 10->0 30->1 50->2 70->3
+  core_env FGPU_CORE_LIMIT=$q FGPU_STATE_DIR="$(claim alone$q)" HT_DEV=$dev \
+    "$BIN/hooktest" work 7 2 >"$WORK/core-$q" 2>&1 &
+done
+core_env FGPU_CORE_LIMIT=30 FGPU_STATE_DIR="$(claim a)" HT_DEV=4 "$BIN/hooktest" work 7 2 >"$WORK/core-a30" 2>&1 &
+core_env FGPU_CORE_LIMIT=70 FGPU_STATE_DIR="$(claim b)" HT_DEV=4 "$BIN/hooktest" work 7 2 >"$WORK/core-b70" 2>&1 &
+core_env FGPU_CORE_LIMIT=30 FGPU_CORE_POLICY=share FGPU_STATE_DIR="$(claim share)" HT_DEV=5 \
+  "$BIN/hooktest" work 7 2 >"$WORK/core-share" 2>&1 &
+# share beside another claim: alone first, then a claim at 70 % arrives (t = 1 s).
+core_env FGPU_CORE_LIMIT=30 FGPU_CORE_POLICY=share FGPU_STATE_DIR="$(claim share2)" HT_DEV=9 \
+  "$BIN/hooktest" work 8 3 >"$WORK/core-share2" 2>&1 &
+(sleep 1; core_env FGPU_CORE_LIMIT=70 FGPU_STATE_DIR="$(claim beside)" HT_DEV=9 \
+  "$BIN/hooktest" work 7 2 >"$WORK/core-beside" 2>&1) &
+# Where the quota comes from: the limits file over the environment; HAMi's name alone.
+printf 'FGPU_CORE_LIMIT=20\n' >"$WORK/core-limits"
+core_env FGPU_LIMITS_FILE="$WORK/core-limits" FGPU_CORE_LIMIT=90 FGPU_STATE_DIR="$(claim file)" HT_DEV=10 \
+  "$BIN/hooktest" work 7 2 >"$WORK/core-file" 2>&1 &
+core_env CUDA_DEVICE_SM_LIMIT=40 CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/hami-core.cache" HT_DEV=11 \
+  "$BIN/hooktest" work 7 2 >"$WORK/core-hami" 2>&1 &
+# One claim of three processes at 50 %; one is SIGKILLed in the middle of its burst.
+kdir=$(claim kill)
+for i in 1 2; do
+  core_env FGPU_CORE_LIMIT=50 FGPU_STATE_DIR="$kdir" HT_DEV=6 "$BIN/hooktest" work 7 2 >"$WORK/core-k$i" 2>&1 &
+done
+# (In a subshell whose stderr is dropped: no "Killed" job notice in the output.)
+(
+  core_env FGPU_CORE_LIMIT=50 FGPU_STATE_DIR="$kdir" HT_DEV=6 "$BIN/hooktest" work 7 2 >"$WORK/core-k3" 2>&1 &
+  victim=$!
+  sleep 1.5
+  kill -KILL "$victim"
+  wait "$victim"
+) 2>/dev/null &
+# Priority on GPU 7: a low-priority claim, and a high-priority one active from 1 s to 2 s.
+gpudir="$WORK/gpu-dir"; mkdir -p "$gpudir"
+core_env FGPU_PRIORITY=low FGPU_GPU_DIR="$gpudir" FGPU_STATE_DIR="$(claim low)" HT_DEV=7 \
+  "$BIN/hooktest" prio-low 3 "$WORK/high-times" >"$WORK/prio-low" 2>&1 &
+core_env FGPU_PRIORITY=high FGPU_GPU_DIR="$gpudir" FGPU_STATE_DIR="$(claim high)" HT_DEV=7 \
+  "$BIN/hooktest" prio-high 1 1 "$WORK/high-times" >"$WORK/prio-high" 2>&1 &
+# The same workload without the shim takes the whole GPU (the checks can fail).
+core_env LD_PRELOAD= HT_DEV=8 "$BIN/hooktest" work 7 2 >"$WORK/core-bare" 2>&1 &
+wait
+share_of() { sed -n 's/.*share=\([0-9.]*\).*/\1/p' "$1"; }
+within() { awk -v g="$1" -v q="$2" -v t="$3" 'BEGIN { d = g - q; if (d < 0) d = -d; exit !(g != "" && d <= t) }'; }
+for q in 10 30 50 70; do
+  g=$(share_of "$WORK/core-$q")
+  if within "$g" $q 3; then ok "core quota $q % alone: $g % of GPU time (kernels, Ex, cooperative, graphs)"; else ko "core quota $q % alone: got '${g}'"; sed 's/^/      /' "$WORK/core-$q"; fi
+done
+ga=$(share_of "$WORK/core-a30"); gb=$(share_of "$WORK/core-b70")
+if within "$ga" 30 3 && within "$gb" 70 3; then ok "core quotas 30 + 70 competing: $ga % + $gb %"; else ko "30 + 70 competing: '$ga' + '$gb'"; cat "$WORK/core-a30" "$WORK/core-b70"; fi
+gs=$(share_of "$WORK/core-share")
+if awk -v g="$gs" 'BEGIN { exit !(g != "" && g >= 90) }'; then ok "FGPU_CORE_POLICY=share alone uses idle time: $gs % at quota 30"; else ko "share policy: '$gs'"; cat "$WORK/core-share"; fi
+g2=$(share_of "$WORK/core-share2"); g3=$(share_of "$WORK/core-beside")
+if within "$g2" 30 3 && within "$g3" 70 3; then ok "share policy yields when another claim arrives: $g2 % (quota 30) beside $g3 % (quota 70)"; else ko "share beside another: '$g2' + '$g3'"; cat "$WORK/core-share2" "$WORK/core-beside"; fi
+gf=$(share_of "$WORK/core-file"); gh=$(share_of "$WORK/core-hami")
+if within "$gf" 20 3; then ok "limits file's FGPU_CORE_LIMIT=20 wins over the environment's 90: $gf %"; else ko "core quota from the limits file: '$gf'"; fi
+if within "$gh" 40 3; then ok "HAMi's CUDA_DEVICE_SM_LIMIT=40: $gh %"; else ko "CUDA_DEVICE_SM_LIMIT: '$gh'"; fi
+gk=$(cat "$WORK/core-k1" "$WORK/core-k2" | sed -n 's/.*share=\([0-9.]*\).*/\1/p' | awk '{ s += $1 } END { if (NR == 2) print s }')
+if within "$gk" 50 3 && ! grep -q share= "$WORK/core-k3"; then ok "a process SIGKILLed mid-burst wedges nobody: the other two keep the claim at $gk % of 50"; else ko "kill mid-burst: '$gk'"; cat "$WORK/core-k1" "$WORK/core-k2"; fi
+gn=$(share_of "$WORK/core-bare")
+if awk -v g="$gn" 'BEGIN { exit !(g != "" && g > 90) }'; then ok "without the shim the same workload takes $gn % of the GPU"; else ko "bare workload: '$gn'"; fi
+if grep -q stalled "$WORK/prio-low" && [ ! -s "$WORK/prio-high" ]; then ok "priority: low $(cat "$WORK/prio-low")"; else ko "priority"; sed 's/^/      /' "$WORK/prio-low" "$WORK/prio-high"; fi
+
 echo "== $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -77,6 +77,9 @@ static struct {
     CUresult (*GetErrorString)(CUresult, const char **);
     CUresult (*GetProcAddress_v2)(const char *, void **, int, unsigned long long, int *);
     CUresult (*GetProcAddress)(const char *, void **, int, unsigned long long);
+    CUresult (*LaunchKernelEx)(const void *, CUfunction, void **, void **);
+    CUresult (*LaunchCooperativeKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
+    CUresult (*GraphLaunch)(void *, CUstream);
 } cu;
 
 static unsigned long long (*fakeUsed)(int);
@@ -120,7 +123,10 @@ extern CUresult cuInit(unsigned), cuDeviceGetCount(int *), cuDevicePrimaryCtxRet
     cuMemPoolTrimTo(CUmemPool, size_t), cuMemGetInfo_v2(size_t *, size_t *), cuDeviceTotalMem_v2(size_t *, CUdevice),
     cuModuleLoadData(CUmodule *, const void *), cuModuleGetFunction(CUfunction *, CUmodule, const char *),
     cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **),
-    cuGetErrorString(CUresult, const char **), cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+    cuGetErrorString(CUresult, const char **), cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *),
+    cuLaunchKernelEx(const void *, CUfunction, void **, void **),
+    cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **),
+    cuGraphLaunch(void *, CUstream);
 extern unsigned long long fakeCudaUsedBytes(int);
 #endif
 
@@ -139,6 +145,7 @@ static void load(void) {
     cu.MemGetInfo = cuMemGetInfo_v2; cu.DeviceTotalMem = cuDeviceTotalMem_v2; cu.ModuleLoadData = cuModuleLoadData;
     cu.ModuleGetFunction = cuModuleGetFunction; cu.LaunchKernel = cuLaunchKernel; cu.GetErrorString = cuGetErrorString;
     cu.GetProcAddress_v2 = cuGetProcAddress_v2;
+    cu.LaunchKernelEx = cuLaunchKernelEx; cu.LaunchCooperativeKernel = cuLaunchCooperativeKernel; cu.GraphLaunch = cuGraphLaunch;
     fakeUsed = fakeCudaUsedBytes;
     libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     return;
@@ -175,6 +182,7 @@ static void load(void) {
     L(MemPoolCreate, "cuMemPoolCreate", ""); L(MemPoolDestroy, "cuMemPoolDestroy", ""); L(MemPoolTrimTo, "cuMemPoolTrimTo", "");
     L(MemGetInfo, "cuMemGetInfo", v2); L(DeviceTotalMem, "cuDeviceTotalMem", v2); L(ModuleLoadData, "cuModuleLoadData", "");
     L(ModuleGetFunction, "cuModuleGetFunction", ""); L(LaunchKernel, "cuLaunchKernel", ""); L(GetErrorString, "cuGetErrorString", "");
+    L(LaunchKernelEx, "cuLaunchKernelEx", ""); L(LaunchCooperativeKernel, "cuLaunchCooperativeKernel", ""); L(GraphLaunch, "cuGraphLaunch", "");
 }
 
 static void ctx(int dev) {
@@ -681,6 +689,116 @@ static int s_launch(void) {
     return 0;
 }
 
+// ---------------------------------------------------------------- core quota
+
+typedef struct { unsigned grid[3], block[3], shared; CUstream stream; void *attrs; unsigned nattrs; } LaunchCfg;
+
+static unsigned long long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+static CUfunction core_setup(int *dev, unsigned long long (**busy)(int, int)) {
+    start();
+    *dev = (int)env_size("HT_DEV", 0);
+    ctx(*dev);
+    CUmodule m;
+    CUfunction f;
+    OK(cu.ModuleLoadData(&m, "fake-image"));
+    OK(cu.ModuleGetFunction(&f, m, "kernel"));
+    *busy = (unsigned long long (*)(int, int))dlsym(libcuda ? libcuda : RTLD_DEFAULT, "fakeCudaBusyNs");
+    CHECK(*busy, "no fakeCudaBusyNs");
+    return f;
+}
+
+// One launch of every kind, in a fixed mix: kernels, cuLaunchKernelEx, cooperative
+// kernels and graphs (2 in 8).
+static void launch_mix(CUfunction f, long n, unsigned blocks) {
+    LaunchCfg cfg = {{blocks, 1, 1}, {32, 1, 1}, 0, NULL, NULL, 0};
+    switch (n % 8) {
+    case 3: case 7: OK(cu.GraphLaunch((void *)0x9, NULL)); break;
+    case 5: OK(cu.LaunchCooperativeKernel(f, blocks, 1, 1, 32, 1, 1, 0, NULL, NULL)); break;
+    case 6: OK(cu.LaunchKernelEx(&cfg, f, NULL, NULL)); break;
+    default: OK(cu.LaunchKernel(f, blocks, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    }
+}
+
+// Launches as fast as allowed for SECS; prints this process's share of the GPU's time
+// (from the fake's timeline) over [WARM, SECS).
+static int s_work(double secs, double warm) {
+    int dev;
+    unsigned long long (*busy)(int, int);
+    CUfunction f = core_setup(&dev, &busy);
+    unsigned blocks = (unsigned)env_size("HT_BLOCKS", 40);
+    int pid = getpid();
+    double t0 = now_s(), tw = 0;
+    unsigned long long b0 = 0;
+    long n = 0;
+    for (;; n++) {
+        double t = now_s();
+        if (tw == 0 && t - t0 >= warm) { tw = t; b0 = busy(dev, pid); }
+        if (t - t0 >= secs) break;
+        launch_mix(f, n, blocks);
+    }
+    double t1 = now_s();
+    unsigned long long b1 = busy(dev, pid);
+    printf("share=%.2f launches=%ld\n", (double)(b1 - b0) / 1e9 / (t1 - tw) * 100, n);
+    return 0;
+}
+
+// High priority: after DELAY s, launches (synchronously) for DUR s, then writes
+// "<first launch ns> <last launch ns>" to FILE.
+static int s_prio_high(double delay, double dur, const char *file) {
+    int dev;
+    unsigned long long (*busy)(int, int);
+    CUfunction f = core_setup(&dev, &busy);
+    usleep((useconds_t)(delay * 1e6));
+    unsigned long long h = mono_ns(), e = h;
+    while ((e = mono_ns()) - h < (unsigned long long)(dur * 1e9)) {
+        OK(cu.LaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+        OK(cu.CtxSynchronize());
+    }
+    FILE *o = fopen(file, "w");
+    CHECK(o, "cannot write %s", file);
+    fprintf(o, "%llu %llu\n", h, mono_ns());
+    fclose(o);
+    return 0;
+}
+
+// Low priority: launches (synchronously) for SECS, then reads the high-priority
+// process's FILE and reports how long after its first launch this process's launches
+// stopped, and how long after its last one they resumed.
+static int s_prio_low(double secs, const char *file) {
+    int dev;
+    unsigned long long (*busy)(int, int);
+    CUfunction f = core_setup(&dev, &busy);
+    size_t cap = 1 << 20, n = 0;
+    unsigned long long *ts = malloc(cap * sizeof *ts), t0 = mono_ns();
+    CHECK(ts, "malloc");
+    while (mono_ns() - t0 < (unsigned long long)(secs * 1e9) && n < cap) {
+        OK(cu.LaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+        ts[n++] = mono_ns();
+        OK(cu.CtxSynchronize());
+    }
+    FILE *in = fopen(file, "r");
+    unsigned long long h = 0, e = 0;
+    CHECK(in && fscanf(in, "%llu %llu", &h, &e) == 2, "no times from the high-priority process");
+    fclose(in);
+    unsigned long long last_in = h, first_after = 0, before = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ts[i] < h) before++;
+        else if (ts[i] <= e) last_in = ts[i];
+        else if (!first_after) first_after = ts[i];
+    }
+    CHECK(before > 0, "the low-priority process never ran before the high one");
+    CHECK(first_after, "the low-priority process never resumed");
+    double stall = (last_in - h) / 1e6, resume = (first_after - e) / 1e6;
+    printf("stalled %.1f ms after high-priority work began, resumed %.1f ms after it ended\n", stall, resume);
+    CHECK(stall <= 100 && resume <= 100, "stall %.1f ms / resume %.1f ms (limit 100)", stall, resume);
+    return 0;
+}
+
 // ---------------------------------------------------------------- benchmark
 
 static double bench_ns(int what, long n) {
@@ -728,6 +846,9 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "hold") && argc > 2) return s_hold(argv[2]);
     if (!strcmp(s, "launch")) return s_launch();
     if (!strcmp(s, "bench")) return s_bench();
+    if (!strcmp(s, "work") && argc > 3) return s_work(atof(argv[2]), atof(argv[3]));
+    if (!strcmp(s, "prio-high") && argc > 4) return s_prio_high(atof(argv[2]), atof(argv[3]), argv[4]);
+    if (!strcmp(s, "prio-low") && argc > 3) return s_prio_low(atof(argv[2]), argv[3]);
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;
 }

@@ -17,13 +17,19 @@
 //! the shim's name-based fallback.
 //!
 //! Test-only exports (never part of CUDA): `fakeCudaUsedBytes(dev)`,
-//! `fakeCudaLaunchCount()`, `fakeCudaLiveAllocations()`.
+//! `fakeCudaLaunchCount()`, `fakeCudaLiveAllocations()`, `fakeCudaBusyNs(dev, pid)`.
+//!
+//! Launches carry simulated durations and run on a virtual timeline shared by all
+//! processes (`timeline.rs`; `FAKE_CUDA_BLOCK_NS`, `FAKE_CUDA_GRAPH_NS`,
+//! `FAKE_CUDA_STATE`), from which fake NVML reports per-process and device utilisation.
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+
+pub mod timeline;
 
 pub type CUresult = c_int;
 pub type CUdevice = c_int;
@@ -75,6 +81,19 @@ struct Config {
     sizes: Vec<u64>,
     internal_proc: bool,
     reenter: bool,
+    /// Simulated duration of one thread block of a kernel (ns); 0 = launches take no time.
+    block_ns: u64,
+    /// Simulated duration of one `cuGraphLaunch` (ns).
+    graph_ns: u64,
+    /// Most work (ns) queued on a device before a launch waits.
+    queue_ns: u64,
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
 }
 
 fn config() -> &'static Config {
@@ -103,6 +122,9 @@ fn config() -> &'static Config {
             sizes,
             internal_proc,
             reenter,
+            block_ns: env_u64("FAKE_CUDA_BLOCK_NS", 0),
+            graph_ns: env_u64("FAKE_CUDA_GRAPH_NS", 0),
+            queue_ns: env_u64("FAKE_CUDA_QUEUE_NS", 50_000_000),
         }
     })
 }
@@ -298,6 +320,61 @@ fn state() -> MutexGuard<'static, State> {
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+/// End of this process's last launch on the timeline (what synchronisation waits for).
+static LAST_END: AtomicU64 = AtomicU64::new(0);
+
+/// Puts a launch of `dur` ns on the current device's timeline (waiting while the
+/// device's queue is full) and counts it.
+fn launch_on_timeline(dur: u64) -> CUresult {
+    let dev = match current_device() {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    if dur == 0 {
+        return CUDA_SUCCESS;
+    }
+    let tl = timeline::mapped();
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    loop {
+        match tl.enqueue(dev, pid, dur, timeline::monotonic_ns(), config().queue_ns) {
+            timeline::Enqueue::Placed { end, .. } => {
+                LAST_END.fetch_max(end, Ordering::Relaxed);
+                return CUDA_SUCCESS;
+            }
+            timeline::Enqueue::Wait(ns) => timeline::sleep_ns(ns.min(5_000_000)),
+        }
+    }
+}
+
+/// Synchronisation: wait until this process's launches have run.
+fn wait_own_work() {
+    loop {
+        let now = timeline::monotonic_ns();
+        let end = LAST_END.load(Ordering::Relaxed);
+        if end <= now {
+            return;
+        }
+        timeline::sleep_ns(end - now);
+    }
+}
+
+fn kernel_ns(gx: c_uint, gy: c_uint, gz: c_uint) -> u64 {
+    (gx as u64 * gy as u64 * gz as u64).saturating_mul(config().block_ns)
+}
+
+/// `CUlaunchConfig` (the fields the fake reads).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared: c_uint,
+    pub stream: usize,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
 
 // Contexts are encoded handles: CTX_TAG | serial << 8 | device. The primary context of
 // device d has serial 0.
@@ -613,6 +690,7 @@ exports! {
 
     fn cuCtxSynchronize() {
         tri!(current_device());
+        wait_own_work();
         state().sync();
         CUDA_SUCCESS
     }
@@ -630,6 +708,7 @@ exports! {
 
     fn cuStreamSynchronize(_stream: usize) {
         tri!(current_device());
+        wait_own_work();
         state().sync();
         CUDA_SUCCESS
     }
@@ -665,8 +744,35 @@ exports! {
         if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        LAUNCHES.fetch_add(1, Ordering::Relaxed);
-        CUDA_SUCCESS
+        launch_on_timeline(kernel_ns(gx, gy, gz))
+    }
+
+    fn cuLaunchCooperativeKernel(
+        f: usize, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: usize, params: *mut *mut c_void,
+    ) {
+        // SAFETY: same contract (no `extra`).
+        unsafe { cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, std::ptr::null_mut()) }
+    }
+
+    fn cuLaunchCooperativeKernel_ptsz(
+        f: usize, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+        shared: c_uint, stream: usize, params: *mut *mut c_void,
+    ) {
+        // SAFETY: same contract.
+        unsafe { cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params) }
+    }
+
+    fn cuGraphLaunch(exec: usize, _stream: usize) {
+        if exec == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        launch_on_timeline(config().graph_ns)
+    }
+
+    fn cuGraphLaunch_ptsz(exec: usize, stream: usize) {
+        // SAFETY: same contract.
+        unsafe { cuGraphLaunch(exec, stream) }
     }
 
     fn cuLaunchKernel_ptsz(
@@ -684,8 +790,9 @@ exports! {
         if f == 0 {
             return CUDA_ERROR_INVALID_HANDLE;
         }
-        LAUNCHES.fetch_add(1, Ordering::Relaxed);
-        CUDA_SUCCESS
+        // SAFETY: config is a CUlaunchConfig (caller contract), checked non-null.
+        let c = unsafe { (config as *const LaunchConfig).read() };
+        launch_on_timeline(kernel_ns(c.grid[0].max(1), c.grid[1].max(1), c.grid[2].max(1)))
     }
 
     fn cuLaunchKernelEx_ptsz(config: *const c_void, f: usize, params: *mut *mut c_void, extra: *mut *mut c_void) {
@@ -1095,6 +1202,18 @@ const PROC_TABLE: &[(&str, c_int, &str, Option<&str>)] = &[
         "cuLaunchKernelEx",
         Some("cuLaunchKernelEx_ptsz"),
     ),
+    (
+        "cuLaunchCooperativeKernel",
+        9000,
+        "cuLaunchCooperativeKernel",
+        Some("cuLaunchCooperativeKernel_ptsz"),
+    ),
+    (
+        "cuGraphLaunch",
+        10000,
+        "cuGraphLaunch",
+        Some("cuGraphLaunch_ptsz"),
+    ),
     ("cuGetErrorString", 6000, "cuGetErrorString", None),
     ("cuGetErrorName", 6000, "cuGetErrorName", None),
     ("cuMemGetInfo", 3020, "cuMemGetInfo_v2", None),
@@ -1214,6 +1333,21 @@ pub extern "C" fn fakeCudaLaunchCount() -> u64 {
     LAUNCHES.load(Ordering::Relaxed)
 }
 
+/// GPU time (ns) of every launch process `pid` made on device `dev` so far, from the
+/// shared timeline (queued work included). `pid` 0: all processes.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakeCudaBusyNs(dev: c_int, pid: c_int) -> u64 {
+    let tl = timeline::mapped();
+    let d = dev.max(0) as usize;
+    if pid == 0 {
+        return tl.devs[d % timeline::TL_DEVICES]
+            .total
+            .load(Ordering::Relaxed);
+    }
+    tl.proc_slot(d, pid as u32, false)
+        .map_or(0, |p| p.total.load(Ordering::Relaxed))
+}
+
 /// Live device allocations (pointers + handles) of this process.
 #[unsafe(no_mangle)]
 pub extern "C" fn fakeCudaLiveAllocations() -> u64 {
@@ -1247,6 +1381,40 @@ pub struct NvmlMemoryV2 {
     pub reserved: u64,
     pub free: u64,
     pub used: u64,
+}
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+pub struct NvmlProcessUtilizationSample {
+    pub pid: c_uint,
+    pub time_stamp: u64,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+pub struct NvmlUtilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+const NVML_ERROR_NOT_FOUND: c_int = 6;
+
+/// The utilisation window `[a, b)` on the monotonic timeline for NVML's `lastSeen`
+/// (CPU time in µs since the epoch, as real NVML): since `last_seen`, at most 1 s back
+/// (and the whole last second when `last_seen` is 0 or in the future); plus now in µs.
+fn util_window(last_seen: u64) -> (u64, u64, u64) {
+    let now_us = timeline::realtime_us();
+    let b = timeline::monotonic_ns();
+    let back_us = if last_seen == 0 || last_seen >= now_us {
+        1_000_000
+    } else {
+        (now_us - last_seen).clamp(1_000, 1_000_000)
+    };
+    (b.saturating_sub(back_us * 1000), b, now_us)
 }
 
 /// `nvmlMemory_v2` struct version: size | 2 << 24.
@@ -1358,6 +1526,63 @@ nvml_exports! {
         let reserved = 512 << 20;
         put(mem, NvmlMemoryV2 { version: v, total: size, reserved, free: size.saturating_sub(used + reserved), used });
         NVML_SUCCESS
+    }
+    fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, h: *mut *const u8) {
+        tri!(nvml_ready());
+        if uuid.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: a NUL-terminated string (caller contract), checked non-null.
+        let want = unsafe { CStr::from_ptr(uuid) }.to_str().unwrap_or("");
+        match (0..config().sizes.len()).find(|&i| uuid_string(&device_uuid(i)) == want) {
+            Some(i) => {
+                put(h, NVML_DEVICES[i..].as_ptr());
+                NVML_SUCCESS
+            }
+            None => NVML_ERROR_NOT_FOUND,
+        }
+    }
+    fn nvmlDeviceGetProcessUtilization(h: *const u8, samples: *mut NvmlProcessUtilizationSample, count: *mut c_uint, last_seen: u64) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(cap) = get(count) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let (a, b, now_us) = util_window(last_seen);
+        let busy: Vec<(u32, u64)> = timeline::mapped()
+            .proc_busy(d, a, b)
+            .into_iter()
+            .filter(|&(_, ns)| ns > 0)
+            .collect();
+        if busy.is_empty() {
+            put(count, 0);
+            return NVML_ERROR_NOT_FOUND;
+        }
+        put(count, busy.len() as c_uint);
+        if samples.is_null() || (cap as usize) < busy.len() {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (i, &(pid, ns)) in busy.iter().enumerate() {
+            let sm = ((ns as f64 * 100.0 / (b - a) as f64).round() as c_uint).min(100);
+            // SAFETY: the caller's buffer holds `cap` >= busy.len() samples.
+            unsafe {
+                samples.add(i).write(NvmlProcessUtilizationSample {
+                    pid,
+                    time_stamp: now_us,
+                    sm_util: sm,
+                    mem_util: 0,
+                    enc_util: 0,
+                    dec_util: 0,
+                })
+            };
+        }
+        NVML_SUCCESS
+    }
+    fn nvmlDeviceGetUtilizationRates(h: *const u8, u: *mut NvmlUtilization) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let (a, b, _) = util_window(0);
+        let ns = timeline::mapped().device_busy(d, a, b);
+        let gpu = ((ns as f64 * 100.0 / (b - a) as f64).round() as c_uint).min(100);
+        if put(u, NvmlUtilization { gpu, memory: 0 }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
     }
 }
 

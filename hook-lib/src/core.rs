@@ -1,0 +1,840 @@
+//! The core (SM) limiter and task priority. See README.md, "Core quota".
+//!
+//! Per (claim, GPU), in the claim's file `fgpu-core.state`:
+//! * a **GCRA token bucket** in GPU time: each launch costs `units × k` GPU-nanoseconds
+//!   (`units` = thread blocks of a kernel, [`GRAPH_UNITS`] for a graph) and pushes the
+//!   bucket's theoretical arrival time `tat` forward by `cost / quota` wall-nanoseconds;
+//!   a launch waits (sleeps) until `tat` is at most [`BURST_NS`] ahead of now. One CAS,
+//!   no lock: a process killed anywhere leaves at most its own reservation behind.
+//! * a **feedback loop** that keeps `k` (GPU-ns per unit) equal to the measured cost:
+//!   every [`PERIOD_NS`] one launching thread (elected by CAS, any process) reads the
+//!   claim's GPU time from NVML (`nvmlDeviceGetProcessUtilization`, summed over the
+//!   claim's processes) and the units launched in the period, and folds them into
+//!   exponentially weighted sums; `k = busy / units` ([`Estimate`], convergence argued
+//!   there and in README.md).
+//!
+//! Priority: a high-priority process stamps `last_high_ns` in the GPU's file in
+//! `FGPU_GPU_DIR` on every launch; a low-priority launch sleeps while the stamp is
+//! younger than [`QUIET_NS`].
+//!
+//! The pure parts ([`admit`], [`Estimate`]) take time as a parameter and are tested with
+//! a simulated GPU below.
+
+use std::ffi::{CString, c_int, c_uint, c_void};
+use std::path::Path;
+use std::ptr::null_mut;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use crate::config::{CorePolicy, MAX_DEVICES, Priority};
+use crate::ffi::*;
+use crate::process::config;
+use crate::real;
+
+/// Control period of the feedback loop.
+pub const PERIOD_NS: u64 = 100_000_000;
+/// How far (wall time) the bucket may run ahead of now: absorbs wake-up jitter.
+pub const BURST_NS: u64 = 20_000_000;
+/// Weight of the newest period in the controller's sums.
+pub const ALPHA: f64 = 0.3;
+/// First guess of GPU-ns per unit, before any measurement.
+pub const K0: f64 = 1000.0;
+pub const K_MIN: f64 = 0.5;
+pub const K_MAX: f64 = 1e9;
+/// Units of one graph launch (its real cost is learnt by the feedback like any other).
+pub const GRAPH_UNITS: u64 = 1024;
+/// A low-priority launch waits while a high-priority launch happened this recently.
+pub const QUIET_NS: u64 = 40_000_000;
+const PRIO_POLL_NS: u64 = 5_000_000;
+/// Longest single wait of a launch (bounds the damage of a corrupted file).
+const MAX_WAIT_NS: u64 = 1_000_000_000;
+
+// ------------------------------------------------------------ pure parts
+
+/// GCRA admission of a launch costing `inc` wall-ns of bucket time at `now`:
+/// (new theoretical arrival time, how long the launch must wait).
+#[inline]
+pub fn admit(tat: u64, now: u64, inc: u64, burst: u64) -> (u64, u64) {
+    let start = tat.max(now);
+    (
+        start.saturating_add(inc),
+        start.saturating_sub(now.saturating_add(burst)),
+    )
+}
+
+/// The controller's state: exponentially weighted sums of the GPU time measured
+/// (`busy`) and of the units launched (`units`) per period; `k = busy / units`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    pub busy: f64,
+    pub units: f64,
+}
+
+impl Estimate {
+    pub const NONE: Estimate = Estimate {
+        busy: 0.0,
+        units: 0.0,
+    };
+
+    /// GPU-ns per unit; [`K0`] before any measurement.
+    pub fn k(&self) -> f64 {
+        if self.units <= 0.0 {
+            K0
+        } else {
+            (self.busy / self.units).clamp(K_MIN, K_MAX)
+        }
+    }
+
+    /// One control step with the last period's launched `units` and measured `busy_ns`.
+    /// The first measurement is taken whole; then each period weighs [`ALPHA`].
+    /// Why it converges: over any interval, the GPU time of the claim's work equals the
+    /// cost of the units it launched, give or take the work in flight at the two ends
+    /// (bounded by the burst and the device queue). The weighted sums therefore tend to
+    /// `c · Σw·units` (c = true mean cost per unit) with an error that shrinks as
+    /// 1/(number of periods in the filter's memory), so `k → c`; with `k = c` the bucket
+    /// grants `q·T/k` units per period, whose GPU time is `q·T`: utilisation → quota.
+    /// A change of cost is followed geometrically, by a factor `(1-α)` per period.
+    pub fn step(self, units: u64, busy_ns: f64) -> Estimate {
+        if units == 0 && busy_ns <= 0.0 {
+            return self; // nothing launched, nothing ran: no information
+        }
+        if self.units <= 0.0 {
+            return Estimate {
+                busy: busy_ns,
+                units: units as f64,
+            };
+        }
+        Estimate {
+            busy: (1.0 - ALPHA) * self.busy + ALPHA * busy_ns,
+            units: (1.0 - ALPHA) * self.units + ALPHA * units as f64,
+        }
+    }
+}
+
+/// Wall-ns of bucket time for `units` at estimate `k` and quota `pct`.
+#[inline]
+pub fn increment(units: u64, k: f64, pct: u32) -> u64 {
+    (units as f64 * k * 100.0 / pct.max(1) as f64) as u64
+}
+
+// ------------------------------------------------------------ the claim's file
+
+const MAGIC: u64 = u64::from_le_bytes(*b"FGPUCOR1");
+const PIDS: usize = 32;
+const FLAG_ALONE: u32 = 2;
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: u32,
+    entry_size: u32,
+    _reserved: [u64; 6],
+}
+
+/// One (claim, GPU) limiter; 256 bytes.
+#[repr(C)]
+pub struct Entry {
+    /// The GPU's UUID (16 bytes), written before `state` is published.
+    uuid: [AtomicU64; 2],
+    /// 0 free, 2 being claimed, 1 in use.
+    state: AtomicU32,
+    flags: AtomicU32,
+    tat: AtomicU64,
+    est_busy: AtomicU64,
+    est_units: AtomicU64,
+    units: AtomicU64,
+    next_ctrl: AtomicU64,
+    last_ctrl_us: AtomicU64,
+    pids: [AtomicU32; PIDS],
+    _reserved: [u64; 7],
+}
+
+const HEADER_SIZE: usize = 64;
+const ENTRY_SIZE: usize = 256;
+const FILE_SIZE: usize = HEADER_SIZE + MAX_DEVICES * ENTRY_SIZE;
+const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
+const _: () = assert!(std::mem::size_of::<Entry>() == ENTRY_SIZE);
+
+fn map(path: Option<&Path>, size: usize) -> *mut u8 {
+    if let Some(p) = path
+        && let Some(m) = map_file(p, size, 0o660)
+    {
+        return m;
+    }
+    if let Some(p) = path {
+        crate::debug!(
+            "core state {}: cannot map; limiting this process alone",
+            p.display()
+        );
+    }
+    // SAFETY: anonymous zeroed mapping.
+    let m = unsafe {
+        libc::mmap(
+            null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if m == libc::MAP_FAILED {
+        Box::leak(vec![0u64; size / 8].into_boxed_slice()).as_mut_ptr() as *mut u8
+    } else {
+        m as *mut u8
+    }
+}
+
+/// Maps `path` shared, creating it (zero-filled: a valid empty state) if needed.
+fn map_file(path: &Path, size: usize, mode: libc::c_uint) -> Option<*mut u8> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: c is a valid C string.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+            mode,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: fd is ours. Growing a file zero-fills it; two processes growing it to the
+    // same size concurrently is harmless. fchmod lifts the umask (the GPU file is
+    // shared between claims).
+    let ok = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fchmod(fd, mode as libc::mode_t);
+        libc::fstat(fd, &mut st) == 0
+            && ((st.st_size as usize) >= size || libc::ftruncate(fd, size as libc::off_t) == 0)
+    };
+    // SAFETY: shared mapping of a file at least `size` long.
+    let m = ok.then(|| unsafe {
+        libc::mmap(
+            null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    });
+    // SAFETY: fd is ours; the mapping outlives it.
+    unsafe { libc::close(fd) };
+    m.filter(|&m| m != libc::MAP_FAILED).map(|m| m as *mut u8)
+}
+
+struct CoreFile {
+    base: *mut u8,
+}
+
+// SAFETY: the mapping is only accessed through atomics.
+unsafe impl Sync for CoreFile {}
+// SAFETY: as above.
+unsafe impl Send for CoreFile {}
+
+impl CoreFile {
+    fn open(path: Option<&Path>) -> CoreFile {
+        let f = CoreFile {
+            base: map(path, FILE_SIZE),
+        };
+        let h = f.header();
+        if h.magic.load(Ordering::Acquire) != MAGIC {
+            // All-zero is a valid empty state; the header only names the format. A file
+            // with another magic is taken over (it is ours by name).
+            h.magic.store(MAGIC, Ordering::Release);
+        }
+        f
+    }
+    fn header(&self) -> &Header {
+        // SAFETY: base maps FILE_SIZE bytes; Header is atomics + plain integers.
+        unsafe { &*(self.base as *const Header) }
+    }
+    fn entry(&self, i: usize) -> &Entry {
+        // SAFETY: i < MAX_DEVICES; entries lie inside the mapping.
+        unsafe { &*(self.base.add(HEADER_SIZE + i * ENTRY_SIZE) as *const Entry) }
+    }
+    /// The entry of GPU `uuid`, claimed if new.
+    fn entry_for(&self, uuid: &[u8; 16]) -> Option<usize> {
+        let lo = u64::from_le_bytes(uuid[..8].try_into().expect("8 bytes"));
+        let hi = u64::from_le_bytes(uuid[8..].try_into().expect("8 bytes"));
+        // Entries are claimed in order, first free first: two processes registering the
+        // same GPU race for the same entry and the loser then finds the winner's. An
+        // entry left half-claimed (state 2) by a process killed in between is waited
+        // for a while, then passed over.
+        for attempt in 0..2000 {
+            let mut claiming = false;
+            for i in 0..MAX_DEVICES {
+                let e = self.entry(i);
+                match e.state.load(Ordering::Acquire) {
+                    1 if e.uuid[0].load(Ordering::Relaxed) == lo
+                        && e.uuid[1].load(Ordering::Relaxed) == hi =>
+                    {
+                        return Some(i);
+                    }
+                    2 => claiming = true,
+                    0 if !claiming || attempt >= 1000 => {
+                        if e.state
+                            .compare_exchange(0, 2, Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok()
+                        {
+                            e.uuid[0].store(lo, Ordering::Relaxed);
+                            e.uuid[1].store(hi, Ordering::Relaxed);
+                            e.state.store(1, Ordering::Release);
+                            return Some(i);
+                        }
+                        break; // lost the race: scan again
+                    }
+                    _ => {}
+                }
+            }
+            std::thread::yield_now();
+        }
+        None
+    }
+}
+
+// ------------------------------------------------------------ per process
+
+struct Dev {
+    entry: usize,
+    pct: Option<u32>,
+    nvml: usize,
+    prio: *const AtomicU64,
+}
+
+struct CoreProc {
+    file: CoreFile,
+    /// CUDA ordinal → leaked `Dev` (null: not resolved yet).
+    devs: [AtomicPtr<Dev>; MAX_DEVICES],
+    /// Bit i: this process's pid is registered in entry i (cleared after fork).
+    registered: AtomicU32,
+}
+
+static REGISTERED_RESET: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn core_after_fork_child() {
+    // Async-signal-safe: an atomic store. The child registers its own pid again.
+    REGISTERED_RESET.store(1, Ordering::Relaxed);
+}
+
+fn core_proc() -> &'static CoreProc {
+    static P: OnceLock<CoreProc> = OnceLock::new();
+    P.get_or_init(|| {
+        // SAFETY: registering a handler that only stores an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(core_after_fork_child)) };
+        CoreProc {
+            file: CoreFile::open(config().core_state_path.as_deref()),
+            devs: Default::default(),
+            registered: AtomicU32::new(0),
+        }
+    })
+}
+
+fn uuid_string(u: &[u8; 16]) -> String {
+    let mut s = String::from("GPU-");
+    for (i, b) in u.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+fn nvml_handle(uuid: &[u8; 16]) -> usize {
+    static INIT: OnceLock<bool> = OnceLock::new();
+    let ok = *INIT.get_or_init(|| {
+        // SAFETY: nvmlInit_v2 has no arguments; NVML counts initialisations.
+        real::nvmlInit_v2().is_some_and(|f| unsafe { f() } == NVML_SUCCESS)
+    });
+    let Some(f) = real::nvmlDeviceGetHandleByUUID().filter(|_| ok) else {
+        return 0;
+    };
+    let Ok(s) = CString::new(uuid_string(uuid)) else {
+        return 0;
+    };
+    let mut h: NvmlDevice = null_mut();
+    // SAFETY: s is NUL-terminated; h is a valid out-pointer.
+    if unsafe { f(s.as_ptr(), &mut h) } == NVML_SUCCESS {
+        h as usize
+    } else {
+        0
+    }
+}
+
+impl CoreProc {
+    #[cold]
+    fn resolve(&self, ord: c_int) -> Option<&'static Dev> {
+        let o = usize::try_from(ord).ok().filter(|&o| o < MAX_DEVICES)?;
+        let cur = self.devs[o].load(Ordering::Acquire);
+        if !cur.is_null() {
+            // SAFETY: a leaked Box<Dev>, never freed.
+            return Some(unsafe { &*cur });
+        }
+        let uuid = crate::process::device_uuid(ord)?;
+        let cfg = config();
+        let prio = match (&cfg.gpu_dir, cfg.priority) {
+            (Some(dir), Priority::High | Priority::Low) => map_file(
+                &dir.join(format!("{}.priority", uuid_string(&uuid))),
+                64,
+                0o666,
+            )
+            .map_or(std::ptr::null(), |m| m as *const AtomicU64),
+            _ => std::ptr::null(),
+        };
+        let dev = Box::leak(Box::new(Dev {
+            entry: self.file.entry_for(&uuid)?,
+            pct: cfg.core_limit(ord),
+            nvml: nvml_handle(&uuid),
+            prio,
+        }));
+        crate::debug!(
+            "core: device {ord} quota {:?} policy {:?} priority {:?} nvml {}",
+            dev.pct,
+            cfg.core_policy,
+            cfg.priority,
+            dev.nvml != 0
+        );
+        match self.devs[o].compare_exchange(null_mut(), dev, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Some(dev),
+            // SAFETY: another thread won; its Dev is leaked and valid.
+            Err(other) => Some(unsafe { &*other }),
+        }
+    }
+
+    fn register(&self, i: usize) {
+        if REGISTERED_RESET.load(Ordering::Relaxed) == 1
+            && REGISTERED_RESET.swap(0, Ordering::Relaxed) == 1
+        {
+            self.registered.store(0, Ordering::Relaxed);
+        }
+        if self.registered.load(Ordering::Relaxed) & (1 << i) != 0 {
+            return;
+        }
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() } as u32;
+        let e = self.file.entry(i);
+        let done = e.pids.iter().any(|p| p.load(Ordering::Relaxed) == me)
+            || e.pids.iter().any(|p| {
+                let cur = p.load(Ordering::Relaxed);
+                (cur == 0 || !pid_alive(cur))
+                    && p.compare_exchange(cur, me, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+            });
+        if !done {
+            crate::debug!("core: {PIDS} processes already registered on this GPU");
+        }
+        self.registered.fetch_or(1 << i, Ordering::Relaxed);
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+fn clock(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn sleep_ns(ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: valid timespec; an interrupted sleep returns early (the caller re-checks
+    // or accepts a shorter wait).
+    unsafe { libc::nanosleep(&ts, null_mut()) };
+}
+
+/// The claim's measured busy time (ns) over the last `window_us`, and whether any
+/// other process used the GPU meanwhile. `None`: NVML cannot tell.
+fn measure(e: &Entry, nvml: usize, last_us: u64) -> Option<(f64, bool)> {
+    let f = real::nvmlDeviceGetProcessUtilization()?;
+    if nvml == 0 {
+        return None;
+    }
+    let now_us = clock(libc::CLOCK_REALTIME) / 1000;
+    let window_us = now_us.saturating_sub(last_us).clamp(1_000, 1_000_000);
+    let mut buf = [NvmlProcessUtilizationSample::default(); 64];
+    let mut n: c_uint = buf.len() as c_uint;
+    // SAFETY: buf holds n samples.
+    let r = unsafe {
+        f(
+            nvml as NvmlDevice,
+            buf.as_mut_ptr(),
+            &mut n,
+            now_us - window_us,
+        )
+    };
+    if r == NVML_ERROR_NOT_FOUND {
+        return Some((0.0, false));
+    }
+    if r != NVML_SUCCESS {
+        return None;
+    }
+    let mine: Vec<u32> = e.pids.iter().map(|p| p.load(Ordering::Relaxed)).collect();
+    // Real NVML may give several samples per process: average each process's.
+    let mut per: Vec<(u32, u32, u32)> = Vec::new(); // pid, sum, count
+    for s in &buf[..(n as usize).min(buf.len())] {
+        match per.iter_mut().find(|p| p.0 == s.pid) {
+            Some(p) => {
+                p.1 += s.sm_util;
+                p.2 += 1;
+            }
+            None => per.push((s.pid, s.sm_util, 1)),
+        }
+    }
+    let mut pct = 0.0;
+    let mut others = false;
+    for (pid, sum, cnt) in per {
+        let u = sum as f64 / cnt as f64;
+        if mine.contains(&pid) {
+            pct += u;
+        } else if u > 0.0 {
+            others = true;
+        }
+    }
+    Some((pct / 100.0 * window_us as f64 * 1000.0, others))
+}
+
+fn load_estimate(e: &Entry) -> Estimate {
+    Estimate {
+        busy: f64::from_bits(e.est_busy.load(Ordering::Relaxed)),
+        units: f64::from_bits(e.est_units.load(Ordering::Relaxed)),
+    }
+}
+
+/// The control step, run by the one thread that won this period's election.
+#[cold]
+fn control(e: &Entry, dev: &Dev, now: u64) {
+    let now_us = clock(libc::CLOCK_REALTIME) / 1000;
+    let last_us = e.last_ctrl_us.swap(now_us, Ordering::AcqRel);
+    let units = e.units.swap(0, Ordering::AcqRel);
+    if last_us == 0 {
+        return; // first period: nothing measured yet
+    }
+    let Some((busy, others)) = measure(e, dev.nvml, last_us) else {
+        return;
+    };
+    if others {
+        e.flags.fetch_and(!FLAG_ALONE, Ordering::Relaxed);
+    } else {
+        e.flags.fetch_or(FLAG_ALONE, Ordering::Relaxed);
+    }
+    let est = load_estimate(e);
+    let k = est.k();
+    let new = est.step(units, busy);
+    e.est_busy.store(new.busy.to_bits(), Ordering::Relaxed);
+    e.est_units.store(new.units.to_bits(), Ordering::Relaxed);
+    let nk = new.k();
+    crate::debug!(
+        "core: t={}ms units {units} busy {:.1}ms k {k:.1} -> {nk:.1} others {others}",
+        now / 1_000_000,
+        busy / 1e6
+    );
+}
+
+/// Waits while a high-priority claim is active on the GPU (low priority), or records
+/// activity (high priority).
+fn priority(dev: &Dev) {
+    if dev.prio.is_null() {
+        return;
+    }
+    // SAFETY: prio points into a live 64-byte shared mapping, never unmapped.
+    let stamp = unsafe { &*dev.prio };
+    match config().priority {
+        Priority::High => {
+            let now = clock(libc::CLOCK_MONOTONIC);
+            if now.saturating_sub(stamp.load(Ordering::Relaxed)) > 1_000_000 {
+                stamp.store(now, Ordering::Relaxed);
+            }
+        }
+        Priority::Low => loop {
+            let now = clock(libc::CLOCK_MONOTONIC);
+            let last = stamp.load(Ordering::Relaxed);
+            if last == 0 || now.saturating_sub(last) >= QUIET_NS || last > now + QUIET_NS {
+                return;
+            }
+            sleep_ns((last + QUIET_NS - now).min(PRIO_POLL_NS));
+        },
+        Priority::Normal => {}
+    }
+}
+
+/// The limiter, for a launch of `units` on the current context's device.
+#[inline(never)]
+pub fn throttle(units: u64) {
+    if crate::hooks::nested() {
+        return;
+    }
+    let Some(ord) = crate::process::current_ordinal() else {
+        return;
+    };
+    let p = core_proc();
+    let Some(dev) = p.resolve(ord) else {
+        return;
+    };
+    priority(dev);
+    let Some(pct) = dev.pct else {
+        return;
+    };
+    let e = p.file.entry(dev.entry);
+    p.register(dev.entry);
+    // The coarse clock (a few ns, ticks of 1-4 ms): the bucket's long-run rate comes from
+    // `tat`'s exact increments, and its 20 ms horizon absorbs the tick.
+    let now = clock(libc::CLOCK_MONOTONIC_COARSE);
+    let next = e.next_ctrl.load(Ordering::Relaxed);
+    if now >= next
+        && e.next_ctrl
+            .compare_exchange(next, now + PERIOD_NS, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    {
+        control(e, dev, now);
+    }
+    if config().core_policy == CorePolicy::Share
+        && e.flags.load(Ordering::Relaxed) & FLAG_ALONE != 0
+    {
+        e.units.fetch_add(units, Ordering::Relaxed);
+        return;
+    }
+    let inc = increment(units, load_estimate(e).k(), pct);
+    let mut tat = e.tat.load(Ordering::Relaxed);
+    let wait = loop {
+        let (new, wait) = admit(tat, now, inc, BURST_NS);
+        match e
+            .tat
+            .compare_exchange_weak(tat, new, Ordering::AcqRel, Ordering::Relaxed)
+        {
+            Ok(_) => break wait,
+            Err(x) => tat = x,
+        }
+    };
+    if wait > 0 {
+        sleep_ns(wait.min(MAX_WAIT_NS));
+    }
+    // Counted when the launch goes, so the units and the GPU time they cause fall in
+    // the same control period.
+    e.units.fetch_add(units, Ordering::Relaxed);
+}
+
+/// Units of a kernel launch: its thread blocks.
+#[inline]
+pub fn kernel_units(gx: c_uint, gy: c_uint, gz: c_uint) -> u64 {
+    (gx.max(1) as u64) * (gy.max(1) as u64) * (gz.max(1) as u64)
+}
+
+/// Units of a `cuLaunchKernelEx` launch (`CUlaunchConfig` starts with the grid).
+pub fn ex_units(config: *const c_void) -> u64 {
+    if config.is_null() {
+        return 1;
+    }
+    // SAFETY: a non-null CUlaunchConfig (caller contract) starts with 3 unsigned ints.
+    let g = unsafe { (config as *const [c_uint; 3]).read() };
+    kernel_units(g[0], g[1], g[2])
+}
+
+/// A panic in the limiter lets the launch go (it never unwinds into the caller).
+#[inline]
+fn guarded(units: impl FnOnce() -> u64) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| throttle(units())));
+}
+
+/// 0 unknown, 1 off, 2 on.
+static STATE: AtomicUsize = AtomicUsize::new(0);
+
+/// Called before every launch: one atomic load when no core quota or priority is set.
+#[inline(always)]
+pub fn before_launch(units: impl FnOnce() -> u64) {
+    match STATE.load(Ordering::Relaxed) {
+        1 => {}
+        2 => guarded(units),
+        _ => {
+            let on = config().core_active();
+            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            if on {
+                guarded(units);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn gcra_admits_a_burst_then_paces() {
+        let now = 1000 * MS;
+        // Idle bucket: go now; tat moves by inc.
+        assert_eq!(admit(0, now, 5 * MS, 20 * MS), (now + 5 * MS, 0));
+        // Up to the burst ahead: no wait.
+        assert_eq!(
+            admit(now + 20 * MS, now, 5 * MS, 20 * MS),
+            (now + 25 * MS, 0)
+        );
+        // Beyond: wait the excess.
+        assert_eq!(
+            admit(now + 30 * MS, now, 5 * MS, 20 * MS),
+            (now + 35 * MS, 10 * MS)
+        );
+        // Idle time is not banked beyond the burst.
+        assert_eq!(admit(now - 500 * MS, now, 5 * MS, 20 * MS).0, now + 5 * MS);
+    }
+
+    #[test]
+    fn estimate_is_the_weighted_ratio() {
+        assert_eq!(Estimate::NONE.k(), K0);
+        let e = Estimate::NONE.step(100, 500_000.0);
+        assert_eq!(e.k(), 5000.0);
+        assert_eq!(e.step(0, 0.0), e);
+        let e2 = e.step(100, 200_000.0);
+        let want = (0.7 * 500_000.0 + 0.3 * 200_000.0) / 100.0;
+        assert!((e2.k() - want).abs() < 1e-6, "{}", e2.k());
+        assert_eq!(Estimate::NONE.step(100, 0.0).k(), K_MIN);
+    }
+
+    /// A claim on the simulated GPU: an application that launches as fast as the
+    /// limiter lets it, mixing kernels and graphs.
+    struct Claim {
+        pct: u32,
+        est: Estimate,
+        tat: u64,
+        units: u64,
+        next: u64,
+        pending: Option<(u64, u64)>, // (units, duration) admitted, waiting to launch
+        n: u64,
+        intervals: Vec<(u64, u64)>,
+    }
+
+    /// Simulates claims sharing one FIFO GPU for `secs`, with the controller run every
+    /// period on NVML-like measurements (integer percent); returns each claim's share
+    /// of GPU time over [warm, secs). `cost(t)` = GPU ns per block at time t.
+    fn simulate(pcts: &[u32], secs: u64, warm: u64, cost: impl Fn(u64) -> u64) -> Vec<f64> {
+        let s = 1_000_000_000u64;
+        let mut claims: Vec<Claim> = pcts
+            .iter()
+            .map(|&pct| Claim {
+                pct,
+                est: Estimate::NONE,
+                tat: 0,
+                units: 0,
+                next: 0,
+                pending: None,
+                n: 0,
+                intervals: Vec::new(),
+            })
+            .collect();
+        let mut busy_until = 0u64;
+        let cap = 50 * MS;
+        let mut next_ctrl = PERIOD_NS;
+        let end = secs * s;
+        loop {
+            let (i, t) = claims
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (i, c.next))
+                .min_by_key(|x| x.1)
+                .unwrap();
+            if t >= end {
+                break;
+            }
+            while next_ctrl <= t {
+                for c in claims.iter_mut() {
+                    let a = next_ctrl - PERIOD_NS;
+                    let busy: u64 = c
+                        .intervals
+                        .iter()
+                        .rev()
+                        .take_while(|iv| iv.1 > a.saturating_sub(100 * MS))
+                        .map(|&(x, y)| y.min(next_ctrl).saturating_sub(x.max(a)))
+                        .sum();
+                    let pct = (busy as f64 * 100.0 / PERIOD_NS as f64).round();
+                    c.est = c.est.step(c.units, pct / 100.0 * PERIOD_NS as f64);
+                    c.units = 0;
+                }
+                next_ctrl += PERIOD_NS;
+            }
+            let c = &mut claims[i];
+            match c.pending.take() {
+                None => {
+                    // Admission: every 4th launch a graph (10 ms), else 40 blocks.
+                    c.n += 1;
+                    let (units, dur) = if c.n.is_multiple_of(4) {
+                        (GRAPH_UNITS, 10 * MS)
+                    } else {
+                        (40, 40 * cost(t))
+                    };
+                    let (new, wait) = admit(c.tat, t, increment(units, c.est.k(), c.pct), BURST_NS);
+                    c.tat = new;
+                    c.pending = Some((units, dur));
+                    c.next = t + wait;
+                }
+                Some((units, dur)) => {
+                    if busy_until > t + cap {
+                        c.pending = Some((units, dur));
+                        c.next = busy_until - cap;
+                    } else {
+                        let start = busy_until.max(t);
+                        busy_until = start + dur;
+                        c.intervals.push((start, busy_until));
+                        c.units += units;
+                        c.next = t + 20_000; // the application's own time per launch
+                    }
+                }
+            }
+        }
+        claims
+            .iter()
+            .map(|c| {
+                let busy: u64 = c
+                    .intervals
+                    .iter()
+                    .map(|&(x, y)| y.min(end).saturating_sub(x.max(warm * s)))
+                    .sum();
+                busy as f64 * 100.0 / ((secs - warm) * s) as f64
+            })
+            .collect()
+    }
+
+    #[test]
+    fn converges_alone_for_every_quota() {
+        for pct in [10, 30, 50, 70] {
+            let got = simulate(&[pct], 7, 2, |_| 12_000)[0];
+            assert!((got - pct as f64).abs() < 1.0, "quota {pct}: {got:.2}");
+        }
+    }
+
+    #[test]
+    fn converges_when_competing() {
+        let got = simulate(&[30, 70], 7, 2, |_| 12_000);
+        assert!((got[0] - 30.0).abs() < 1.5, "{got:?}");
+        assert!((got[1] - 70.0).abs() < 1.5, "{got:?}");
+        let got = simulate(&[10, 20, 40], 7, 2, |_| 3_000);
+        for (g, q) in got.iter().zip([10.0, 20.0, 40.0]) {
+            assert!((g - q).abs() < 1.0, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn follows_a_change_of_kernel_cost() {
+        // The kernels get 4x slower at t = 3 s; by t = 4 s the share is back on quota.
+        let got = simulate(
+            &[30],
+            9,
+            4,
+            |t| if t < 3_000_000_000 { 5_000 } else { 20_000 },
+        );
+        assert!((got[0] - 30.0).abs() < 1.0, "{got:?}");
+    }
+}
