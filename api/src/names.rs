@@ -306,6 +306,10 @@ pub mod env {
     pub const FGPU_CORE_POLICY: &str = "FGPU_CORE_POLICY";
     /// Log level of the shim; `debug` turns its logging on (off otherwise).
     pub const FGPU_LOG: &str = "FGPU_LOG";
+    /// Directory shared by every claim on the same GPU (mounted by the kubelet plugin); the
+    /// shim keeps one `<GPU-uuid>.priority` file there so high-priority claims can hold back
+    /// low-priority launches without a daemon.
+    pub const FGPU_GPU_DIR: &str = "FGPU_GPU_DIR";
 
     /// HAMi-core: memory limit for every device; a number with an optional `k`, `m`, `g`
     /// suffix (either case), bare = bytes.
