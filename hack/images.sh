@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Build the images the local cluster needs, as OCI archives, and import them into containerd.
+# Nothing can be pulled on these machines, so:
+#   fgpu.local/pause:3.10     a static pause binary (tests/images/pause.c)
+#   fgpu.local/workload:dev   busybox (Debian busybox-static), glibc, fgpu-probe
+#                             (tests/images/fgpu-probe.c), and when built: the fake CUDA driver
+#                             + NVML (libfgpu_fake_cuda.so as libcuda.so.1 / libnvidia-ml.so.1)
+#                             and the shim /usr/lib/fgpu/libfgpu.so, from $CARGO_TARGET_DIR.
+#
+#   hack/images.sh build            write _out/images/{pause,workload}.tar
+#   hack/images.sh import           import them into the running cluster's containerd
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+IMAGES_DIR="$FGPU_ROOT/_out/images"
+PAUSE_IMAGE="fgpu.local/pause:3.10"
+WORKLOAD_IMAGE="fgpu.local/workload:dev"
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$FGPU_CACHE/target}"
+
+# Newest of debug/release for an artifact name; empty if neither exists.
+cargo_artifact() {
+  local f best=""
+  for f in "$CARGO_TARGET_DIR/debug/$1" "$CARGO_TARGET_DIR/release/$1"; do
+    [ -f "$f" ] || continue
+    if [ -z "$best" ] || [ "$f" -nt "$best" ]; then best="$f"; fi
+  done
+  echo "$best"
+}
+
+# Copy a dynamic ELF's shared-library closure (as the host resolves it) into a rootfs.
+copy_libs() {
+  local root="$1"; shift
+  local lib
+  # "name => /path (addr)" lines, and the loader's own "/lib64/ld-linux-x86-64.so.2 (addr)"
+  for lib in $(ldd "$@" 2>/dev/null | awk '$2=="=>" && $3 ~ /^\// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}' | sort -u); do
+    [ -e "$root$lib" ] && continue
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+}
+
+build() {
+  ensure_pkgs busybox-static gcc libc6-dev python3
+  mkdir -p "$IMAGES_DIR"
+  local work; work="$(mktemp -d)"
+  trap 'rm -rf "$work"' RETURN
+
+  # pause
+  mkdir -p "$work/pause"
+  gcc -static -Os -s -o "$work/pause/pause" "$FGPU_ROOT/tests/images/pause.c"
+  python3 "$FGPU_ROOT/tests/images/mkoci.py" "$work/pause" "$PAUSE_IMAGE" "$IMAGES_DIR/pause.tar" --entrypoint /pause
+
+  # workload
+  local r="$work/workload" a
+  mkdir -p "$r"/{bin,etc,tmp,proc,sys,dev,root,usr/local/bin,usr/lib/fgpu,lib64,lib/x86_64-linux-gnu,usr/lib/x86_64-linux-gnu}
+  chmod 1777 "$r/tmp"
+  cp /bin/busybox "$r/bin/busybox"
+  for a in $("$r/bin/busybox" --list); do [ -e "$r/bin/$a" ] || ln -s busybox "$r/bin/$a"; done
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$r/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+  gcc -O2 -Wall -o "$r/usr/local/bin/fgpu-probe" "$FGPU_ROOT/tests/images/fgpu-probe.c" -ldl
+  local fake shim have=()
+  fake="$(cargo_artifact libfgpu_fake_cuda.so)"
+  shim="$(cargo_artifact libfgpu.so)"
+  if [ -n "$fake" ]; then
+    cp "$fake" "$r/usr/lib/x86_64-linux-gnu/libfgpu_fake_cuda.so"
+    ln -s libfgpu_fake_cuda.so "$r/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    ln -s libcuda.so.1 "$r/usr/lib/x86_64-linux-gnu/libcuda.so"
+    ln -s libfgpu_fake_cuda.so "$r/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    have+=("fake CUDA from $fake")
+  else
+    log "NOTE: no libfgpu_fake_cuda.so in $CARGO_TARGET_DIR/{debug,release} (tests/fake-cuda not built): the workload image has no fake CUDA driver"
+  fi
+  if [ -n "$shim" ]; then
+    cp "$shim" "$r/usr/lib/fgpu/libfgpu.so"
+    have+=("shim from $shim")
+  else
+    log "NOTE: no libfgpu.so in $CARGO_TARGET_DIR/{debug,release} (hook-lib not built): the workload image has no shim"
+  fi
+  copy_libs "$r" "$r/usr/local/bin/fgpu-probe" ${fake:+"$fake"} ${shim:+"$shim"}
+  ldconfig -r "$r" 2>/dev/null || true
+  printf '%s\n' "fgpu workload image, built $(date -u +%FT%TZ)" "${have[@]}" >"$r/etc/fgpu-image"
+  python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$WORKLOAD_IMAGE" "$IMAGES_DIR/workload.tar" --cmd /bin/sh
+  [ ${#have[@]} -gt 0 ] && log "workload image holds: ${have[*]}"
+  return 0
+}
+
+import() {
+  local ctr; ctr="$(containerd_bindir)/ctr"
+  local sock="$CLUSTER_STATE/containerd/containerd.sock"
+  [ -S "$sock" ] || die "containerd is not running ($sock missing): run hack/cluster-up.sh"
+  local img
+  for img in pause workload; do
+    [ -f "$IMAGES_DIR/$img.tar" ] || die "$IMAGES_DIR/$img.tar missing: run hack/images.sh build"
+    # --no-unpack would leave the snapshotter to unpack on first use; unpack now so failures show here
+    "$ctr" --address "$sock" -n k8s.io images import --snapshotter "${FGPU_SNAPSHOTTER:-overlayfs}" "$IMAGES_DIR/$img.tar" >&2 \
+      || die "importing $img.tar into containerd failed"
+  done
+  # kubelet's image GC must not remove the sandbox image
+  "$ctr" --address "$sock" -n k8s.io images label "$PAUSE_IMAGE" io.cri-containerd.pinned=pinned >/dev/null
+  "$ctr" --address "$sock" -n k8s.io images ls -q | sed 's/^/  image: /' >&2
+}
+
+case "${1:-build}" in
+  build) build ;;
+  import) import ;;
+  all) build; import ;;
+  *) die "usage: $0 build|import|all" ;;
+esac

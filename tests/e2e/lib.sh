@@ -1,0 +1,44 @@
+# shellcheck shell=bash
+# Helpers for e2e scenarios (sourced by tests/e2e/*/test.sh, which hack/e2e.sh runs with the
+# cluster's env: KUBECONFIG, NODE_NAME, K8S_VERSION, FGPU_WORKLOAD_IMAGE, E2E_NS, E2E_DIR).
+set -euo pipefail
+E2E_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+K8S_MINOR="$(echo "$K8S_VERSION" | cut -d. -f2)"
+
+say() { printf '    %s\n' "$*" >&2; }
+fail() { printf '    FAIL: %s\n' "$*" >&2; exit 1; }
+skip() { printf '    SKIP: %s\n' "$*" >&2; exit 77; }
+kc() { kubectl "$@"; }
+
+# wait_until <seconds> <description> <cmd...>
+wait_until() {
+  local t="$1" what="$2"; shift 2
+  local deadline=$((SECONDS + t))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || fail "timed out after ${t}s: $what"
+    sleep 1
+  done
+}
+# jp <kind/name> <jsonpath> [namespace]
+jp() { kubectl get "$1" -n "${3:-$E2E_NS}" -o "jsonpath=$2" 2>/dev/null; }
+jp_eq() { [ "$(jp "$1" "$2" "${4:-$E2E_NS}")" = "$3" ]; }
+jp_nonempty() { [ -n "$(jp "$1" "$2" "${3:-$E2E_NS}")" ]; }
+assert_eq() { # assert_eq <what> <expected> <actual>
+  [ "$2" = "$3" ] || fail "$1: expected '$2', got '$3'"
+  say "ok: $1 = $3"
+}
+# The resource.k8s.io version this cluster serves for claims: v1 (1.34+), v1beta1 (1.32/1.33), none
+dra_api_version() {
+  if [ "$K8S_MINOR" -ge 34 ]; then echo v1
+  elif [ "$K8S_MINOR" -ge 32 ]; then echo v1beta1
+  else echo none; fi
+}
+# apply a manifest after substituting __NODE_NAME__, __NS__, __IMAGE__
+apply_tmpl() {
+  sed -e "s#__NODE_NAME__#$NODE_NAME#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$1" \
+    | kubectl apply -f - >&2
+}
+delete_tmpl() {
+  sed -e "s#__NODE_NAME__#$NODE_NAME#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$1" \
+    | kubectl delete --ignore-not-found --wait=false -f - >&2 || true
+}
