@@ -56,20 +56,24 @@ FGPU_E2E_REUSE=1 "$FGPU_ROOT/hack/e2e.sh" "$K8S_VERSION" '10-*' 2>&1 | grep -E '
 banner "6. three pods sharing one fake GPU with 4, 8 and 12 GiB quotas"
 have_serve=0
 if $CARGO run -q -p fgpu-kubelet-plugin -- --help 2>/dev/null | grep -qw serve; then have_serve=1; fi
-if [ $have_serve = 1 ] && ls "$FGPU_ROOT"/deploy/examples/*.yaml >/dev/null 2>&1; then
-  echo "(the kubelet plugin has 'serve': wiring it into the demo is the kubelet-plugin issue's last step)"
-fi
-[ $have_serve = 1 ] || missing+=("DRA kubelet plugin 'serve' (registration + NodePrepareResources + CDI specs): pods with fgpu claims cannot start")
+[ $have_serve = 1 ] || missing+=("DRA kubelet plugin 'serve' (registration + NodePrepareResources + CDI specs): the quota is injected by hand below, not by a claim")
 ls "$FGPU_ROOT"/deploy/examples/*.yaml >/dev/null 2>&1 || missing+=("deploy/examples/: a ResourceClaimTemplate per quota")
-[ -f "${CARGO_TARGET_DIR:-$FGPU_CACHE/target}/debug/libfgpu.so" ] || missing+=("hook-lib libfgpu.so (the in-container shim)")
+[ -f "${CARGO_TARGET_DIR:-$FGPU_CACHE/target}/debug/libfgpu.so" ] || [ -f "${CARGO_TARGET_DIR:-$FGPU_CACHE/target}/release/libfgpu.so" ] \
+  || missing+=("hook-lib libfgpu.so (the in-container shim)")
 
-echo "Until the kubelet plugin exists, the three pods run WITHOUT fgpu claims: this is what a"
-echo "container sees on a shared GPU with no quota (fake CUDA driver in the workload image):"
-for q in 4 8 12; do
-  kubectl apply -f - >/dev/null <<EOF
+# run_round SUFFIX WITH_SHIM: three probe pods, one per quota; prints what each container saw.
+run_round() {
+  local suffix=$1 with_shim=$2 q env pod out total alloc res
+  for q in 4 8 12; do
+    if [ "$with_shim" = 1 ]; then
+      env="[{name: LD_PRELOAD, value: /usr/lib/fgpu/libfgpu.so}, {name: FGPU_MEMORY_LIMIT, value: ${q}Gi}]"
+    else
+      env="[{name: FGPU_DEMO_QUOTA_GIB, value: \"$q\"}]"
+    fi
+    kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
-metadata: {name: demo-${q}gi, namespace: default, labels: {app: fgpu-demo}}
+metadata: {name: demo-${q}gi-${suffix}, namespace: default, labels: {app: fgpu-demo}}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
@@ -77,25 +81,34 @@ spec:
   - name: probe
     image: $FGPU_WORKLOAD_IMAGE
     imagePullPolicy: Never
-    env: [{name: FGPU_DEMO_QUOTA_GIB, value: "$q"}]
+    env: $env
     command: ["/usr/local/bin/fgpu-probe", "--step-mib", "1024", "--max-gib", "$((q + 4))"]
 EOF
-done
-for q in 4 8 12; do
-  wait_for 120 "demo-${q}gi finished" sh -c "kubectl get pod demo-${q}gi -o jsonpath='{.status.phase}' | grep -qE 'Succeeded|Failed'" || true
-  out="$(kubectl logs "demo-${q}gi" 2>&1 || true)"
-  total="$(sed -n 's/^cuda_total_mib=//p' <<<"$out")"
-  alloc="$(sed -n 's/^allocated_mib=//p; s/^alloc_stopped_at_max_mib=//p' <<<"$out")"
-  res="$(sed -n 's/^next_alloc_result=//p' <<<"$out")"
-  if [ -n "$total" ]; then
-    printf '  pod demo-%-4s quota %2s GiB: container sees %s MiB total; allocated %s MiB%s\n' "${q}gi" "$q" "$total" "${alloc:-?}" \
-      "${res:+, then: $res}"
-    [ -n "$res" ] || echo "      -> allocating past the ${q} GiB quota SUCCEEDED: no enforcement without the fgpu claim + shim"
-  else
-    echo "  pod demo-${q}gi: the probe could not use CUDA: $(grep -E 'error|unavailable|cu[A-Z]' <<<"$out" | head -3 | tr '\n' ' ')"
-  fi
-done
-grep -q . <<<"$(kubectl logs demo-4gi 2>/dev/null | grep cuda_total_mib)" || missing+=("fake CUDA driver symbols (tests/fake-cuda: cuInit, cuMemGetInfo_v2, cuMemAlloc_v2, nvml*)")
+  done
+  for q in 4 8 12; do
+    pod="demo-${q}gi-${suffix}"
+    wait_for 120 "$pod finished" sh -c "kubectl get pod $pod -o jsonpath='{.status.phase}' | grep -qE 'Succeeded|Failed'" || true
+    out="$(kubectl logs "$pod" 2>&1 || true)"
+    total="$(sed -n 's/^cuda_total_mib=//p' <<<"$out")"
+    alloc="$(sed -n 's/^allocated_mib=//p; s/^alloc_stopped_at_max_mib=//p' <<<"$out")"
+    res="$(sed -n 's/^next_alloc_result=//p' <<<"$out")"
+    if [ -n "$total" ]; then
+      printf '  pod %-14s quota %2s GiB: container sees %s MiB total; allocated %s MiB%s\n' "$pod" "$q" "$total" "${alloc:-?}" \
+        "${res:+, then the next 1 GiB: $res}"
+      [ -n "$res" ] || echo "      -> allocating past the ${q} GiB quota SUCCEEDED: nothing enforces it in this round"
+    else
+      echo "  pod $pod: the probe could not use CUDA: $(grep -E 'error|unavailable|cu[A-Z]' <<<"$out" | head -3 | tr '\n' ' ')"
+    fi
+  done
+}
+
+echo "Round 1 - no fgpu: each container sees the whole fake card and nothing stops it at its quota:"
+run_round plain 0
+grep -q . <<<"$(kubectl logs demo-4gi-plain 2>/dev/null | grep cuda_total_mib)" || missing+=("fake CUDA driver in the workload image (tests/fake-cuda)")
+echo
+echo "Round 2 - the same pods with libfgpu.so and FGPU_MEMORY_LIMIT set BY HAND in the pod spec"
+echo "(the kubelet plugin is to inject exactly this through each claim's CDI spec):"
+run_round shim 1
 kubectl delete pod -l app=fgpu-demo --wait=false >/dev/null 2>&1 || true
 
 banner "what is missing for the full demo"
