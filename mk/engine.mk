@@ -23,7 +23,7 @@ sim-smoke: sim-build ## trace simulator: every policy on the four traces, one se
 	@for t in $(SIM_TRACES); do \
 	  $(SIM_BIN) --log-format json simulate $(SIM_ARGS) --pods $(FGPU_DATA)/csv/openb_pod_list_$$t.csv \
 	    --policy all --seeds 42 --out $(SIM_OUT)/smoke-$$t.csv 2>/dev/null || exit 1; \
-	  test "$$(wc -l < $(SIM_OUT)/smoke-$$t.csv)" -eq 6 || { echo "sim-smoke: $$t: expected 5 rows"; exit 1; }; \
+	  test "$$(wc -l < $(SIM_OUT)/smoke-$$t.csv)" -eq 7 || { echo "sim-smoke: $$t: expected 6 rows"; exit 1; }; \
 	  head -1 $(SIM_OUT)/smoke-$$t.csv | grep -q '^workload,sc_policy,tune,seed,total_gpus,0,1,' || exit 1; \
 	done
 	@printf 'sn,cpu_milli,memory_mib,gpu,model\nn0,1,x,1,T4\n' > $(SIM_OUT)/bad.csv

@@ -32,8 +32,9 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "CSV")]
     pub pods: PathBuf,
 
-    /// Placement policy: binpack, spread, bestfit, fgd, fragaware, `<node>/<gpu>` (e.g.
-    /// binpack/spread), a comma-separated list of those, or `all` for every named policy.
+    /// Placement policy: binpack, spread, gpupacking, bestfit, fgd, fragaware,
+    /// `<node>/<gpu>` (e.g. binpack/spread), a comma-separated list of those, or `all` for
+    /// every named policy.
     #[arg(long, default_value = "fragaware")]
     pub policy: String,
 
@@ -52,8 +53,8 @@ pub struct SimulateArgs {
     pub out: PathBuf,
 
     /// The paper's `analysis_allo_discrete.csv`: when given, its figure for the same
-    /// workload is printed beside ours (binpack ↔ GpuPacking, bestfit ↔ BestFit, fgd and
-    /// fragaware ↔ FGD).
+    /// workload is printed beside ours (gpupacking ↔ GpuPacking, bestfit ↔ BestFit, fgd
+    /// and fragaware ↔ FGD).
     #[arg(long, value_name = "CSV")]
     pub paper: Option<PathBuf>,
 

@@ -30,7 +30,7 @@ fn writes_one_row_per_policy_and_seed() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = std::fs::read_to_string(&out).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 1 + 5 * 2);
+    assert_eq!(lines.len(), 1 + 6 * 2);
     assert!(lines[0].starts_with("workload,sc_policy,tune,seed,total_gpus,0,1,2,"));
     assert!(lines[1].starts_with("mytrace,binpack,1.3,1,6,"));
     let stdout = String::from_utf8_lossy(&o.stdout);

@@ -52,7 +52,7 @@ fn workload() -> Workload {
             .iter()
             .flat_map(|&(c, m, g, milli, n)| std::iter::repeat_n((c, m, g, milli), n)),
         1.0,
-        Weighting::PerGpu,
+        Weighting::Count,
     )
 }
 

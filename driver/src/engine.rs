@@ -12,6 +12,8 @@
 //! * `binpack` / `spread`: HAMi's meaning at node level (prefer the node whose GPUs are the
 //!   most / least used after the placement) and at GPU level (prefer the most / least used
 //!   GPUs that fit). They can be combined freely ([`NodePolicy`] × [`GpuPolicy`]).
+//! * `gpupacking`: the FGD paper's GpuPacking baseline (shared GPUs first, then idle GPUs
+//!   of used nodes, then idle nodes, in integer tiers).
 //! * `bestfit`: the FGD paper's BestFit baseline: the node whose free CPU and free GPU after
 //!   the placement are smallest (normalised by the largest node of the cluster).
 //! * `fgd`: the FGD paper's Fragmentation Gradient Descent, faithfully (including its
@@ -317,6 +319,8 @@ pub enum NodePolicy {
     Binpack,
     Spread,
     BestFit,
+    /// The FGD paper's GpuPacking baseline (its three integer score tiers).
+    GpuPacking,
     Fgd,
     FragAware,
 }
@@ -349,6 +353,10 @@ impl Policy {
         node: NodePolicy::BestFit,
         gpu: GpuPolicy::Binpack,
     };
+    pub const GPUPACKING: Policy = Policy {
+        node: NodePolicy::GpuPacking,
+        gpu: GpuPolicy::Binpack,
+    };
     pub const FGD: Policy = Policy {
         node: NodePolicy::Fgd,
         gpu: GpuPolicy::Binpack,
@@ -359,9 +367,10 @@ impl Policy {
     };
 
     /// Every named policy, in the order `--policy all` runs them.
-    pub const ALL: [(&'static str, Policy); 5] = [
+    pub const ALL: [(&'static str, Policy); 6] = [
         ("binpack", Policy::BINPACK),
         ("spread", Policy::SPREAD),
+        ("gpupacking", Policy::GPUPACKING),
         ("bestfit", Policy::BESTFIT),
         ("fgd", Policy::FGD),
         ("fragaware", Policy::FRAGAWARE),
@@ -376,8 +385,9 @@ impl Policy {
 /// Unknown policy name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown policy {0:?}: valid are binpack, spread, bestfit, fgd, fragaware, \
-     or <node>/<gpu> with node in binpack|spread|bestfit|fgd|fragaware and gpu in binpack|spread"
+    "unknown policy {0:?}: valid are binpack, spread, gpupacking, bestfit, fgd, fragaware, \
+     or <node>/<gpu> with node in binpack|spread|gpupacking|bestfit|fgd|fragaware and gpu in \
+     binpack|spread"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -394,6 +404,7 @@ impl std::str::FromStr for Policy {
             "binpack" => NodePolicy::Binpack,
             "spread" => NodePolicy::Spread,
             "bestfit" => NodePolicy::BestFit,
+            "gpupacking" => NodePolicy::GpuPacking,
             "fgd" => NodePolicy::Fgd,
             "fragaware" => NodePolicy::FragAware,
             _ => return Err(bad()),
@@ -416,6 +427,7 @@ impl fmt::Display for Policy {
             NodePolicy::Binpack => "binpack",
             NodePolicy::Spread => "spread",
             NodePolicy::BestFit => "bestfit",
+            NodePolicy::GpuPacking => "gpupacking",
             NodePolicy::Fgd => "fgd",
             NodePolicy::FragAware => "fragaware",
         };
@@ -682,6 +694,8 @@ fn score_host_only(node: &Node, req: &Request, policy: Policy, ctx: &ScoreContex
     match policy.node {
         NodePolicy::Spread => 1.0 - cpu_used_after(node, req),
         NodePolicy::BestFit => bestfit_score(node, req, &[], ctx.max_spec),
+        // The paper's GpuPacking gives pods without GPUs the minimum score everywhere.
+        NodePolicy::GpuPacking => 0.0,
         NodePolicy::Fgd | NodePolicy::FragAware => match ctx.workload {
             Some(w) if policy.node == NodePolicy::Fgd => frag::fgd_host_only(node, req, w),
             Some(w) => frag::fragaware_host_only(node, req, w),
@@ -701,6 +715,7 @@ fn score_plain(
     match policy.node {
         NodePolicy::Spread => 1.0 - gpu_used_after(node, req, gpus),
         NodePolicy::BestFit => bestfit_score(node, req, gpus, ctx.max_spec),
+        NodePolicy::GpuPacking => gpupacking_score(node, gpus),
         _ => binpack_score(node, req, gpus),
     }
 }
@@ -717,6 +732,32 @@ fn binpack_score(node: &Node, req: &Request, gpus: &[usize]) -> f64 {
         0.0
     };
     tier + gpu_used_after(node, req, gpus)
+}
+
+/// The FGD paper's GpuPacking, as its scheduler plugin scores (integers, higher is better):
+/// a node whose GPUs are all idle gets `max(33 − GPUs, GPUs)` (small idle nodes first);
+/// a used node on which the request needs `k` idle GPUs gets `max(50 − k, 33)`; a request
+/// that fits on already shared GPUs gets `max(100 − Σ free% of those GPUs / 10, 50)`.
+/// `gpus` are the GPUs chosen (the least free that fit, as its GPU allocator does).
+fn gpupacking_score(node: &Node, gpus: &[usize]) -> f64 {
+    let total = node.gpus.len() as i64;
+    let idle = |g: &Gpu| g.free_milli() == MILLI;
+    let fully_free = node.gpus.iter().filter(|g| idle(g)).count() as i64;
+    let score = if fully_free == total {
+        (33 - fully_free).max(fully_free)
+    } else {
+        let idle_used = gpus.iter().filter(|&&i| idle(&node.gpus[i])).count() as i64;
+        if idle_used > 0 {
+            (50 - idle_used).max(33)
+        } else {
+            let free_pct: i64 = gpus
+                .iter()
+                .map(|&i| i64::from(node.gpus[i].free_milli()) * 100 / i64::from(MILLI))
+                .sum();
+            (100 - free_pct / 10).max(50)
+        }
+    };
+    score as f64
 }
 
 /// The FGD paper's BestFit: `100 * (1 - (½·cpu_left/max_cpu + ½·gpu_left/max_gpu))`,

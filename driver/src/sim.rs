@@ -8,7 +8,9 @@
 //!    original list (or trimmed by removing random pods) until its total GPU request is
 //!    `tune` × the cluster's GPU capacity;
 //! 3. pods arrive one at a time and never leave; a pod that does not fit fails and is not
-//!    retried;
+//!    retried; among nodes with equal scores the first in a fixed, per-seed random node
+//!    order wins (the artifact's scheduler fork picks the smallest node name, and node names
+//!    are prefixed with a seeded random permutation);
 //! 4. after every pod, the arrived and allocated GPU amounts are logged; the log is
 //!    discretised by arrived % of capacity (0..=130) as the artifact's
 //!    `merge_alloc_discrete` does: rows whose arrived % rounds to *x*, else rows within
@@ -285,7 +287,7 @@ pub fn cluster(nodes: &[TraceNode]) -> Inventory {
 /// The expected workload the fragmentation policies score against: FGD's typical pods of
 /// the trace (before shuffling and inflation, which only resample it). FGD's: pod kinds by
 /// CPU and GPU, the most frequent covering 95 % of pods, weighted by count. fragaware's:
-/// every kind, memory kept, weighted by GPU requests (count × GPUs).
+/// every kind (no 95 % cut), memory kept, weighted by count like FGD.
 pub fn workload_for(policy: Policy, pods: &[TracePod]) -> Workload {
     let with_mem = policy.node == engine::NodePolicy::FragAware;
     Workload::from_pods(
@@ -298,11 +300,7 @@ pub fn workload_for(policy: Policy, pods: &[TracePod]) -> Workload {
             )
         }),
         if with_mem { 1.0 } else { TYPICAL_COVERAGE },
-        if with_mem {
-            Weighting::PerGpu
-        } else {
-            Weighting::Count
-        },
+        Weighting::Count,
     )
 }
 
@@ -389,6 +387,11 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let arrivals = prepare_pods(pods, capacity, cfg.tune, &mut rng);
 
+    // One tie order for the whole run, as the artifact has it: its kube-scheduler fork
+    // breaks equal scores by the smallest node name, and the names carry a prefix from a
+    // seeded random permutation of the nodes. So ties go to the first node of a fixed,
+    // per-seed random order (first fit), not to a fresh random draw per pod.
+    let tie_salt: u64 = rng.random();
     let mut ledger = Ledger::new(inv);
     let n_nodes = ledger.inventory().nodes.len();
     // Per request class and node: the evaluation, valid while the node is unchanged.
@@ -423,13 +426,12 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
                 evaluations += 1;
             }
         }
-        let salt: u64 = rng.random();
         let best = engine::best_index(
             entries
                 .iter()
                 .enumerate()
                 .filter_map(|(i, e)| e.1.as_ref().map(|p| (i, p.score))),
-            salt,
+            tie_salt,
         );
         arrived += pod.total_milli();
         match best {
@@ -572,7 +574,7 @@ pub fn paper_figures(
 /// The paper's policy that ours is compared with (`sc_policy` of the artifact).
 pub fn paper_counterpart(policy: &str) -> Option<&'static str> {
     match policy {
-        "binpack" => Some("04-GpuPacking"),
+        "gpupacking" => Some("04-GpuPacking"),
         "bestfit" => Some("05-BestFit"),
         "fgd" | "fragaware" => Some("06-FGD"),
         _ => None,

@@ -12,18 +12,19 @@
 //! **fragaware** (ours) keeps FGD's measure and changes what we found wanting in it (the
 //! reasoning and the measurements are in `docs/engine.md`):
 //!
-//! 1. *Weight by GPU requests.* Kinds weigh count × GPUs per pod ([`Weighting::PerGpu`]):
-//!    capacity is taken one GPU at a time, so the measure asks how much of a node's free
-//!    capacity the next GPU request could not use. Every kind is kept (no 95 % cut).
+//! 1. *Every kind.* The expectation runs over every kind of pod seen (no 95 % cut), weighted
+//!    by count: the rare kinds (multi-GPU pods, odd sharing sizes) are the ones that suffer
+//!    when nodes are broken up.
 //! 2. *Host memory strands GPUs too.* `F_t` also counts a node as unusable for `t` when its
 //!    free host memory is below `t`'s.
-//! 3. *Exact gradient.* FGD's plugin squashes the gradient into an integer 0–100 through a
-//!    sigmoid, so most candidates tie and the scheduler breaks ties at random. We rank by
-//!    the exact gradient.
-//! 4. *Principled ties.* Among placements with the same gradient, the one that leaves the
-//!    node with the least free GPU capacity wins (best fit): it keeps empty nodes empty
-//!    for the large pods. A pod that needs no GPU goes, at equal gradient, to the node with
-//!    the least free GPU capacity, whose CPU no GPU pod can use anyway.
+//! 3. *A linear gradient at FGD's resolution.* FGD's plugin squashes the gradient into an
+//!    integer 0–100 through a sigmoid: near zero one point is 40 milli-GPU, but the sigmoid
+//!    saturates, so placements that fragment by 3 GPUs and by 8 GPUs score the same. We keep
+//!    the resolution ([`GRADIENT_RESOLUTION`]) and drop the saturation: the gradient is
+//!    rounded down to a multiple of 40 milli-GPU.
+//! 4. *Consolidating ties.* Placements in the same band tie; the caller breaks ties by a
+//!    fixed node order (first fit), which fills used nodes before it opens empty ones. On a
+//!    node, a sharing pod takes the fuller of two GPUs in the same band.
 //!
 //! The measure is evaluated in O(kinds + GPUs·log GPUs) per node state: the GPUs' free
 //! levels are sorted once, and each kind needs a binary search and a prefix sum.
@@ -49,7 +50,7 @@ pub enum Weighting {
     /// By pod count: the chance that the next pod is of this kind (FGD).
     Count,
     /// By GPU requests (count × GPUs): the chance that the next GPU a pod asks for (one
-    /// device slot, whole or shared) belongs to this kind (fragaware). Pods without GPUs
+    /// device slot, whole or shared) belongs to this kind (an alternative). Pods without GPUs
     /// weigh nothing.
     PerGpu,
     /// By GPU demand (count × GPUs × milli-GPU): the chance that the next unit of GPU
@@ -68,7 +69,7 @@ impl Workload {
     /// demand) counted over `pods`, most frequent first, cut once they cover `coverage`
     /// (0–1) of the pods, then renormalised, then weighted by `weighting`. FGD's artifact
     /// used 0.95 and [`Weighting::Count`], and grouped pods by CPU and GPU only (pass
-    /// memory 0 for that); fragaware uses all kinds, [`Weighting::PerGpu`] and memory.
+    /// memory 0 for that); fragaware uses all kinds (coverage 1.0), count weights and memory.
     pub fn from_pods(
         pods: impl IntoIterator<Item = (u64, u64, u32, u32)>,
         coverage: f64,
@@ -272,12 +273,18 @@ pub(super) fn place_fgd(
     }
 }
 
-/// Weight of the tie-break term: small enough never to override a real difference in
-/// the gradient (gradients differ by at least ~1e-4 milli-GPU for any realistic workload
-/// of under 10^4 kinds, while this term stays under 1e-5 for nodes of up to 1000 GPUs).
-const TIE_WEIGHT: f64 = 1e-11;
+/// The resolution at which fragaware compares gradients, in milli-GPU: one point of FGD's
+/// integer score at zero gradient (`100 · σ'(0) / 1000` = 1/40 point per milli-GPU).
+/// Differences below it are not taken as real; candidates within one band tie and the
+/// caller's fixed node order (first fit) decides.
+pub const GRADIENT_RESOLUTION: f64 = 40.0;
 
-/// fragaware: exact gradient (with host memory), best-fit tie-break.
+/// The gradient rounded down to a multiple of [`GRADIENT_RESOLUTION`].
+fn banded(gradient: f64) -> f64 {
+    (gradient / GRADIENT_RESOLUTION).floor() * GRADIENT_RESOLUTION
+}
+
+/// fragaware: banded linear gradient (with host memory).
 pub(super) fn place_fragaware(
     node: &Node,
     req: &Request,
@@ -288,16 +295,8 @@ pub(super) fn place_fragaware(
     let levels = free_levels(node);
     let (c, m) = host_free(node);
     let before = Levels::new(levels.clone(), c, m).frag(w, true);
-    let total_free: u64 = levels.iter().map(|&l| u64::from(l)).sum();
-    let score_of = |gpus: &[usize]| -> f64 {
-        let after = frag_after(node, &levels, req, gpus, w, true);
-        let took: u64 = gpus
-            .iter()
-            .map(|&i| u64::from(req.milli_on(&node.gpus[i])))
-            .sum();
-        let left = total_free.saturating_sub(took) as f64;
-        (before - after) - TIE_WEIGHT * left * 1000.0
-    };
+    let score_of =
+        |gpus: &[usize]| -> f64 { banded(before - frag_after(node, &levels, req, gpus, w, true)) };
     if req.gpus == 1 && req.share != GpuShare::Whole {
         // One candidate per distinct free level: GPUs at the same level are equivalent.
         let mut best: Option<(usize, f64, u32)> = None;
@@ -337,13 +336,10 @@ pub(super) fn fgd_host_only(node: &Node, req: &Request, w: &Workload) -> f64 {
     fgd_quantised(before, after)
 }
 
-/// fragaware's score for a pod without GPUs: exact gradient, then the node with the least
-/// free GPU capacity.
+/// fragaware's score for a pod without GPUs: the banded gradient.
 pub(super) fn fragaware_host_only(node: &Node, req: &Request, w: &Workload) -> f64 {
     let levels = free_levels(node);
     let (c, m) = host_free(node);
-    let l = Levels::new(levels.clone(), c, m);
-    let before = l.frag(w, true);
-    let after = frag_after(node, &levels, req, &[], w, true);
-    (before - after) - TIE_WEIGHT * l.total() as f64 * 1000.0
+    let before = Levels::new(levels.clone(), c, m).frag(w, true);
+    banded(before - frag_after(node, &levels, req, &[], w, true))
 }

@@ -334,3 +334,47 @@ fn policy_names_round_trip() {
     assert_eq!(p.to_string(), "binpack/spread");
     assert!("packing".parse::<Policy>().is_err());
 }
+
+#[test]
+fn gpupacking_scores_the_papers_tiers() {
+    let idle8 = node("idle8", 8);
+    let idle2 = node("idle2", 2);
+    let mut used = node("used", 8);
+    take(&mut used, 0, 500);
+    let whole = Request::new(1, GpuShare::Whole);
+    let s = |n: &Node, r: &Request| {
+        evaluate_node(0, n, r, Policy::GPUPACKING, &ctx(None))
+            .unwrap()
+            .score
+    };
+    // Idle nodes: max(33 − GPUs, GPUs), the smaller node first.
+    assert_eq!(s(&idle8, &whole), 25.0);
+    assert_eq!(s(&idle2, &whole), 31.0);
+    // A used node that must give an idle GPU: 50 − 1.
+    assert_eq!(s(&used, &whole), 49.0);
+    // A shared GPU (50 % free): 100 − 50 / 10; the pod takes that GPU.
+    assert_eq!(s(&used, &frac(300)), 95.0);
+    let p = evaluate_node(0, &used, &frac(300), Policy::GPUPACKING, &ctx(None)).unwrap();
+    assert_eq!(p.gpus, vec![0]);
+    // Pods without GPUs score the minimum everywhere (the tie order decides).
+    let cpu = Request::new(0, GpuShare::Whole);
+    assert_eq!(s(&idle8, &cpu), 0.0);
+    assert_eq!(s(&used, &cpu), 0.0);
+    assert_eq!("gpupacking".parse::<Policy>().unwrap(), Policy::GPUPACKING);
+    assert_eq!(Policy::GPUPACKING.to_string(), "gpupacking");
+}
+
+#[test]
+fn fragaware_ranks_at_fgd_resolution() {
+    // Scores are whole multiples of the resolution: gradients closer than 40 milli-GPU
+    // tie and the caller's node order decides.
+    let w = workload();
+    let mut n = node("a", 4);
+    take(&mut n, 0, 470);
+    take(&mut n, 1, 200);
+    for r in [frac(470), frac(100), Request::new(1, GpuShare::Whole)] {
+        let p = evaluate_node(0, &n, &r, Policy::FRAGAWARE, &ctx(Some(&w))).unwrap();
+        let k = p.score / frag::GRADIENT_RESOLUTION;
+        assert_eq!(k, k.round(), "{r:?}: {}", p.score);
+    }
+}

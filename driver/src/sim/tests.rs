@@ -138,3 +138,35 @@ fn seeds_and_stats() {
     let (m, sd) = mean_sd(&[1.0, 2.0, 3.0]);
     assert_eq!((m, sd), (2.0, 1.0));
 }
+
+#[test]
+fn ties_go_to_one_node_order_for_the_whole_run() {
+    // Two identical nodes. Under gpupacking, CPU-only pods tie everywhere (score 0) and
+    // so do the two idle nodes for the GPU pod. With one node order per run (the
+    // artifact's tie-break) the CPU pods pile onto the first node that fits and the GPU
+    // pod, which needs 8 cores, always finds the other node free enough; with a fresh
+    // random pick per pod the CPU pods would spread and the GPU pod would fail.
+    let nodes = parse_nodes(
+        "n.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\na,10000,65536,1,T4\nb,10000,65536,1,T4\n",
+    )
+    .unwrap();
+    let pods = parse_pods(
+        "p.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n\
+         c0,3000,1024,0,0\nc1,3000,1024,0,0\nc2,3000,1024,0,0\ng0,8000,1024,1,1000\n",
+    )
+    .unwrap();
+    for seed in 0..32 {
+        let r = run(
+            &nodes,
+            &pods,
+            RunConfig {
+                policy: Policy::GPUPACKING,
+                seed,
+                tune: 0.0,
+            },
+        );
+        assert_eq!((r.pods, r.failed), (4, 0), "seed {seed}");
+    }
+}
