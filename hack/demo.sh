@@ -56,7 +56,7 @@ FGPU_E2E_REUSE=1 "$FGPU_ROOT/hack/e2e.sh" "$K8S_VERSION" '10-*' 2>&1 | grep -E '
 banner "6. three pods sharing one fake GPU with 4, 8 and 12 GiB quotas"
 have_serve=0
 if $CARGO run -q -p fgpu-kubelet-plugin -- --help 2>/dev/null | grep -qw serve; then have_serve=1; fi
-[ $have_serve = 1 ] || missing+=("DRA kubelet plugin 'serve' (registration + NodePrepareResources + CDI specs): the quota is injected by hand below, not by a claim")
+[ $have_serve = 1 ] || missing+=("DRA kubelet plugin 'serve' (registration + NodePrepareResources + CDI specs): the quota was injected by hand above, not by a claim")
 ls "$FGPU_ROOT"/deploy/examples/*.yaml >/dev/null 2>&1 || missing+=("deploy/examples/: a ResourceClaimTemplate per quota")
 [ -f "${CARGO_TARGET_DIR:-$FGPU_CACHE/target}/debug/libfgpu.so" ] || [ -f "${CARGO_TARGET_DIR:-$FGPU_CACHE/target}/release/libfgpu.so" ] \
   || missing+=("hook-lib libfgpu.so (the in-container shim)")
