@@ -1,10 +1,11 @@
 //! `fgpu-kubelet-plugin`: fgpu's node daemon.
 //!
-//! For now it offers `discover`, which enumerates the node's GPUs through a device backend
-//! and prints them. The DRA plugin itself (`serve`) comes later. The binary stays thin: the
-//! device model and backends live in `fgpu_driver`.
+//! `discover` enumerates the node's GPUs through a device backend and prints them; `serve`
+//! runs the DRA kubelet plugin. The binary stays thin: the device model and backends live in
+//! `fgpu_driver`, the plugin in this crate's library (`fgpu_kubelet_plugin`).
 
 mod discover;
+mod serve_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,9 @@ struct Cli {
 enum Command {
     /// Enumerate the node's GPUs through a device backend and print the inventory.
     Discover(DiscoverArgs),
+    /// Run the DRA kubelet plugin: register with the kubelet, prepare and unprepare claims,
+    /// publish the node's ResourceSlice (library: `fgpu_kubelet_plugin::serve`).
+    Serve(Box<serve_cmd::ServeArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -131,6 +135,7 @@ fn main() -> ExitCode {
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Discover(args) => discover::run(&args),
+        Command::Serve(args) => serve_cmd::run(*args),
     }
 }
 

@@ -1,0 +1,333 @@
+//! The API server side: reading claims and publishing the node's ResourceSlice (kube-rs).
+//!
+//! * [`negotiate`] asks the API server which `resource.k8s.io` versions it serves and picks
+//!   `v1`, else `v1beta2`, else `v1beta1` (1.32).
+//! * [`KubeClaimSource`] is the production [`ClaimSource`]: a GET of the claim at that
+//!   version, as JSON, read into [`ResourceClaim`] (the fields read have one shape in all
+//!   three versions).
+//! * [`SlicePublisher`] writes the node's slice ([`crate::slices`]), owned by the Node,
+//!   bumping the pool generation when the devices change. Asked for consumable capacity, it
+//!   reads the stored slice back; if the API server dropped the gated fields it republishes
+//!   plain devices and remembers that (controller mode).
+
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::Value;
+
+use fgpu_api::names::DriverName;
+use fgpu_driver::device::NodeInventory;
+
+use crate::claim::ResourceClaim;
+use crate::prepare::{ClaimSource, SourceError};
+use crate::slices::{self, ApiVersion};
+
+/// The API group of DRA.
+pub const GROUP: &str = "resource.k8s.io";
+
+/// Errors talking to the API server. Each names the object.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The API server does not serve `resource.k8s.io` at a version fgpu speaks.
+    #[error(
+        "the API server serves no resource.k8s.io version fgpu speaks (served: {served}); enable DRA: v1 on 1.34+, or --runtime-config=resource.k8s.io/v1beta1=true on 1.32/1.33"
+    )]
+    NoDra {
+        /// Versions served, comma-separated, or `none`.
+        served: String,
+    },
+    /// A request failed.
+    #[error("{what}: {source}")]
+    Kube {
+        /// The object and the operation.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// An object could not be converted.
+    #[error("{what}: {source}")]
+    Json {
+        /// The object.
+        what: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Picks the `resource.k8s.io` version to use from what the API server serves.
+pub async fn negotiate(client: &kube::Client) -> Result<ApiVersion, ClusterError> {
+    let groups = client
+        .list_api_groups()
+        .await
+        .map_err(|source| ClusterError::Kube {
+            what: "API discovery (GET /apis)".into(),
+            source,
+        })?;
+    let served: Vec<String> = groups
+        .groups
+        .iter()
+        .filter(|g| g.name == GROUP)
+        .flat_map(|g| g.versions.iter().map(|v| v.version.clone()))
+        .collect();
+    ApiVersion::negotiate(served.iter().map(String::as_str)).ok_or_else(|| ClusterError::NoDra {
+        served: if served.is_empty() {
+            "none".into()
+        } else {
+            served.join(", ")
+        },
+    })
+}
+
+fn resource(api: ApiVersion, kind: &str, plural: &str) -> ApiResource {
+    let gvk = GroupVersionKind::gvk(GROUP, api.version(), kind);
+    ApiResource::from_gvk_with_plural(&gvk, plural)
+}
+
+/// Reads ResourceClaims from the API server.
+#[derive(Clone)]
+pub struct KubeClaimSource {
+    client: kube::Client,
+    api: ApiVersion,
+}
+
+impl KubeClaimSource {
+    /// Claims at `api` through `client`.
+    pub fn new(client: kube::Client, api: ApiVersion) -> Self {
+        Self { client, api }
+    }
+}
+
+impl ClaimSource for KubeClaimSource {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, SourceError> {
+        let ar = resource(self.api, "ResourceClaim", "resourceclaims");
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let object = api.get_opt(name).await.map_err(|e| {
+            SourceError(format!(
+                "GET {}/namespaces/{namespace}/resourceclaims/{name}: {e}",
+                self.api.api_version()
+            ))
+        })?;
+        object
+            .map(|o| {
+                serde_json::to_value(o)
+                    .and_then(serde_json::from_value)
+                    .map_err(|e| SourceError(format!("ResourceClaim {namespace}/{name}: {e}")))
+            })
+            .transpose()
+    }
+}
+
+/// What [`SlicePublisher::publish`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// The pool generation now stored.
+    pub generation: i64,
+    /// Whether anything was written.
+    pub written: bool,
+    /// Whether the stored devices carry consumable capacity.
+    pub consumable: bool,
+}
+
+/// Publishes the node's ResourceSlice.
+pub struct SlicePublisher {
+    client: kube::Client,
+    api: ApiVersion,
+    driver: DriverName,
+    /// Consumable capacity is still to be tried (cleared once the API server dropped it).
+    try_consumable: bool,
+}
+
+impl SlicePublisher {
+    /// A publisher at `api`; `consumable` asks for shareable devices (only tried on `v1`).
+    pub fn new(
+        client: kube::Client,
+        api: ApiVersion,
+        driver: DriverName,
+        consumable: bool,
+    ) -> Self {
+        Self {
+            client,
+            api,
+            driver,
+            try_consumable: consumable && api == ApiVersion::V1,
+        }
+    }
+
+    fn slices(&self) -> Api<DynamicObject> {
+        Api::all_with(
+            self.client.clone(),
+            &resource(self.api, "ResourceSlice", "resourceslices"),
+        )
+    }
+
+    /// Creates or updates the slice for `inventory`; a no-op when the devices are unchanged.
+    pub async fn publish(&mut self, inventory: &NodeInventory) -> Result<Published, ClusterError> {
+        let node_name = &inventory.node;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let node = nodes
+            .get(node_name)
+            .await
+            .map_err(|source| ClusterError::Kube {
+                what: format!("Node {node_name}: get"),
+                source,
+            })?;
+        let node_uid = node.metadata.uid.unwrap_or_default();
+        let name = slices::slice_name(node_name, &self.driver);
+        let existing = self
+            .slices()
+            .get_opt(&name)
+            .await
+            .map_err(|source| ClusterError::Kube {
+                what: format!("ResourceSlice {name}: get"),
+                source,
+            })?
+            .map(|o| to_json(&name, o))
+            .transpose()?;
+        let generation = |v: &Value| v["spec"]["pool"]["generation"].as_i64().unwrap_or(0);
+
+        let old_generation = existing.as_ref().map_or(0, generation);
+        let want = slices::build_slice(
+            &self.driver,
+            inventory,
+            &node_uid,
+            old_generation + 1,
+            self.api,
+            self.try_consumable,
+        );
+        if let Some(old) = &existing
+            && !slices::devices_changed(old, &want)
+        {
+            return Ok(Published {
+                generation: old_generation,
+                written: false,
+                consumable: slices::kept_consumable_capacity(old).unwrap_or(self.try_consumable),
+            });
+        }
+        let stored = self.write(&name, existing.as_ref(), want).await?;
+        if self.try_consumable && slices::kept_consumable_capacity(&stored) == Some(false) {
+            tracing::warn!(slice = %name, "the API server dropped allowMultipleAllocations (DRAConsumableCapacity is off); publishing plain devices");
+            self.try_consumable = false;
+            let plain = slices::build_slice(
+                &self.driver,
+                inventory,
+                &node_uid,
+                generation(&stored) + 1,
+                self.api,
+                false,
+            );
+            let stored = self.write(&name, Some(&stored), plain).await?;
+            return Ok(Published {
+                generation: generation(&stored),
+                written: true,
+                consumable: false,
+            });
+        }
+        Ok(Published {
+            generation: generation(&stored),
+            written: true,
+            consumable: self.try_consumable,
+        })
+    }
+
+    /// Creates the slice, or replaces `existing` (optimistic concurrency on its
+    /// resourceVersion); returns what the API server stored.
+    async fn write(
+        &self,
+        name: &str,
+        existing: Option<&Value>,
+        mut want: Value,
+    ) -> Result<Value, ClusterError> {
+        let kube_err = |op: &str| {
+            let what = format!("ResourceSlice {name}: {op}");
+            move |source| ClusterError::Kube { what, source }
+        };
+        let stored = match existing {
+            Some(old) => {
+                want["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+                let obj = from_json(name, want)?;
+                self.slices()
+                    .replace(name, &PostParams::default(), &obj)
+                    .await
+                    .map_err(kube_err("replace"))?
+            }
+            None => {
+                let obj = from_json(name, want)?;
+                self.slices()
+                    .create(&PostParams::default(), &obj)
+                    .await
+                    .map_err(kube_err("create"))?
+            }
+        };
+        to_json(name, stored)
+    }
+}
+
+fn to_json(name: &str, o: DynamicObject) -> Result<Value, ClusterError> {
+    serde_json::to_value(o).map_err(|source| ClusterError::Json {
+        what: format!("ResourceSlice {name}"),
+        source,
+    })
+}
+
+fn from_json(name: &str, v: Value) -> Result<DynamicObject, ClusterError> {
+    serde_json::from_value(v).map_err(|source| ClusterError::Json {
+        what: format!("ResourceSlice {name}"),
+        source,
+    })
+}
+
+/// Reason of the Event for a checkpoint that did not parse.
+pub const REASON_CHECKPOINT_CORRUPTED: &str = "CheckpointCorrupted";
+
+/// Records a Warning Event about `node` (in namespace `default`, where node events go),
+/// from the component `fgpu-kubelet-plugin`.
+pub async fn warn_node_event(
+    client: &kube::Client,
+    node: &str,
+    reason: &str,
+    message: &str,
+) -> Result<(), ClusterError> {
+    use k8s_openapi::api::core::v1::{Event, Node};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    let what = |op: &str| format!("Event {reason} for Node {node}: {op}");
+    let uid = Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .map_err(|source| ClusterError::Kube {
+            what: what("get the node"),
+            source,
+        })?
+        .metadata
+        .uid;
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let event: Event = serde_json::from_value(serde_json::json!({
+        "metadata": {"generateName": format!("{node}.fgpu-"), "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+        "reason": reason,
+        "message": message,
+        "type": "Warning",
+        "count": 1,
+        "source": {"component": "fgpu-kubelet-plugin", "host": node},
+        "reportingComponent": "fgpu-kubelet-plugin",
+        "reportingInstance": node,
+    }))
+    .map_err(|source| ClusterError::Json {
+        what: what("build"),
+        source,
+    })?;
+    let event = Event {
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        ..event
+    };
+    Api::<Event>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &event)
+        .await
+        .map_err(|source| ClusterError::Kube {
+            what: what("create"),
+            source,
+        })?;
+    Ok(())
+}

@@ -1,0 +1,882 @@
+//! A claim's container edits and its CDI spec. Pure: nothing is written here.
+//!
+//! Per claim, one spec of kind `<driver>/claim` with one device per allocation result,
+//! named `<claim uid>-<device>[-<shareID>]`:
+//!
+//! * each device's own edits: its GPU's device node (`/dev/nvidia<minor>`);
+//! * the spec's common edits (applied whenever any of its devices is injected):
+//!   - the control device nodes (`nvidiactl`, `nvidia-uvm`, ...), each once;
+//!   - the driver's user-space files (libraries, `nvidia-smi`), read-only, as given in
+//!     [`NodeFiles::driver_mounts`];
+//!   - `libfgpu.so` at [`SHIM_CONTAINER_PATH`] and an `/etc/ld.so.preload` naming it, both
+//!     read-only;
+//!   - the claim's state directory at [`STATE_DIR_CONTAINER`] (read-write, `nosuid`,
+//!     `nodev`, `noexec`), shared by every container of the claim;
+//!   - the limits file at `/etc/fgpu/limits` (read-only) and the environment.
+//!
+//! Device ordinals: the distinct GPUs of the claim sorted by PCI bus id, the order CUDA uses
+//! with `CUDA_DEVICE_ORDER=PCI_BUS_ID` (set here) and NVML always uses. Several shares of
+//! one GPU in a claim are one device to the container: their memory and cores add up. The
+//! indexed variables (`FGPU_MEMORY_LIMIT_<i>`, ...) are exact for a container that uses the
+//! whole claim; the plain forms are set too when every GPU has the same grant, so a
+//! container that uses only some requests of such a claim is still right.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use fgpu_api::config::{CorePercent, Priority};
+use fgpu_api::names::{self, DriverName, env};
+use fgpu_driver::cdi::{
+    CdiError, CdiSpec, ContainerEdits, DeviceNodeEdit, HookEdit, MountEdit, SpecBuilder,
+};
+use fgpu_driver::device::{Gpu, NodeInventory};
+
+use crate::checkpoint::PreparedDevice;
+use crate::grant::ResolvedResult;
+
+/// Where `libfgpu.so` appears in containers.
+pub const SHIM_CONTAINER_PATH: &str = "/usr/lib/fgpu/libfgpu.so";
+/// Where the claim's state directory appears in containers.
+pub const STATE_DIR_CONTAINER: &str = "/run/fgpu";
+/// The preload file in containers.
+pub const PRELOAD_CONTAINER: &str = "/etc/ld.so.preload";
+/// Where the limits file appears in containers.
+pub const LIMITS_CONTAINER: &str = env::DEFAULT_LIMITS_FILE;
+/// HAMi-core's shared accounting file, inside the state directory.
+pub const HAMI_CACHE_CONTAINER: &str = "/run/fgpu/hami.cache";
+/// Prefix of fgpu's device names in its ResourceSlices: `gpu-<minor>`.
+pub const DEVICE_PREFIX: &str = "gpu-";
+
+/// Mount options of read-only files.
+const RO: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
+/// Mount options of the state directory.
+const STATE_RW: [&str; 5] = ["rw", "nosuid", "nodev", "noexec", "bind"];
+
+/// A host file or directory mounted read-only into containers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileMount {
+    /// Path on the host.
+    pub host_path: PathBuf,
+    /// Path in the container.
+    pub container_path: PathBuf,
+}
+
+impl FileMount {
+    /// A mount at the same path on both sides.
+    pub fn same(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        Self {
+            host_path: path.clone(),
+            container_path: path,
+        }
+    }
+}
+
+/// What every claim's containers get besides their GPUs, fixed per node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeFiles {
+    /// `libfgpu.so` on the host.
+    pub shim_library: PathBuf,
+    /// The driver's user-space libraries and tools (`nvidia-smi`), mounted read-only. On a
+    /// fake node: the fake CUDA and NVML libraries.
+    pub driver_mounts: Vec<FileMount>,
+    /// Hooks that come with the driver files (the NVIDIA container toolkit's ld-cache and
+    /// symlink hooks), see [`crate::driver_files`].
+    pub driver_hooks: Vec<HookEdit>,
+}
+
+/// Host paths of one claim's files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimPaths {
+    /// `<state root>/claims/<uid>` (0700): holds the three below.
+    pub claim_dir: PathBuf,
+    /// `<claim dir>/state` (0700), mounted at [`STATE_DIR_CONTAINER`].
+    pub state_dir: PathBuf,
+    /// `<claim dir>/limits` (0444), mounted at [`LIMITS_CONTAINER`].
+    pub limits_file: PathBuf,
+    /// `<claim dir>/ld.so.preload` (0444), mounted at [`PRELOAD_CONTAINER`].
+    pub preload_file: PathBuf,
+    /// `<cdi dir>/<driver>-claim_<uid>.json`.
+    pub spec_file: PathBuf,
+}
+
+impl ClaimPaths {
+    /// The paths of claim `uid` under the plugin's `state_root` and the CDI directory.
+    pub fn new(state_root: &Path, cdi_dir: &Path, driver: &DriverName, uid: &str) -> Self {
+        let claim_dir = state_root.join("claims").join(uid);
+        Self {
+            state_dir: claim_dir.join("state"),
+            limits_file: claim_dir.join("limits"),
+            preload_file: claim_dir.join("ld.so.preload"),
+            spec_file: cdi_dir.join(driver.cdi_spec_file_name(uid)),
+            claim_dir,
+        }
+    }
+}
+
+/// The claim being prepared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimRef {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+}
+
+impl ClaimRef {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One allocation result placed on a GPU of this node, with bytes resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedDevice {
+    /// The request the result serves.
+    pub request: String,
+    /// Pool and device name as allocated.
+    pub pool: String,
+    /// Device name (`gpu-<minor>`).
+    pub device: String,
+    /// Share id, if a share.
+    pub share_id: Option<String>,
+    /// The GPU.
+    pub gpu: Gpu,
+    /// Granted memory in bytes.
+    pub memory_bytes: u64,
+    /// Granted cores.
+    pub cores: CorePercent,
+    /// Priority.
+    pub priority: Priority,
+    /// Whether memory may be oversubscribed.
+    pub oversubscribe: bool,
+}
+
+/// The limits of one GPU as a container of the whole claim sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuLimit {
+    /// CUDA/NVML ordinal in the container.
+    pub ordinal: usize,
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// Memory quota in bytes.
+    pub memory_bytes: u64,
+    /// Core quota in percent; 0 = not throttled.
+    pub cores: u8,
+}
+
+/// Everything prepare writes for a claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimEdits {
+    /// The validated CDI spec.
+    pub spec: CdiSpec,
+    /// Devices for the kubelet, in allocation-result order.
+    pub devices: Vec<PreparedDevice>,
+    /// Content of the limits file.
+    pub limits: String,
+    /// Content of the preload file.
+    pub preload: String,
+    /// Per-GPU limits in container order.
+    pub gpus: Vec<GpuLimit>,
+}
+
+/// Why a claim's edits could not be built. Each names the claim and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum EditsError {
+    /// A result names a device this node does not have (a vanished GPU, another pool).
+    #[error("claim {claim}: status.allocation.devices.results[{index}].device: {detail}")]
+    UnknownDevice {
+        /// `namespace/name`.
+        claim: String,
+        /// Result index.
+        index: usize,
+        /// Which device, and the devices this node has.
+        detail: String,
+    },
+    /// Shares of one GPU add up to more memory than it has.
+    #[error(
+        "claim {claim}: status.allocation.devices.results[{index}]: grants {granted} bytes of memory on {device}, more than its {total}; lower the memory or set oversubscribe: true"
+    )]
+    MemoryAboveDevice {
+        /// `namespace/name`.
+        claim: String,
+        /// Result index (the last share that crossed the total).
+        index: usize,
+        /// The device.
+        device: String,
+        /// Total granted on it by the claim.
+        granted: u64,
+        /// Its memory.
+        total: u64,
+    },
+    /// The CDI spec does not validate.
+    #[error("claim {claim}: {source}")]
+    Cdi {
+        /// `namespace/name`.
+        claim: String,
+        /// The builder's error.
+        #[source]
+        source: CdiError,
+    },
+}
+
+/// The name fgpu publishes for `gpu`: `gpu-<minor>`.
+pub fn device_name(gpu: &Gpu) -> String {
+    format!("{DEVICE_PREFIX}{}", gpu.minor)
+}
+
+/// Places each resolved result on a GPU of `inventory` and resolves whole-device grants to
+/// bytes. Fails for a result whose pool is not this node or whose device is unknown.
+pub fn plan(
+    claim: &ClaimRef,
+    resolved: &[ResolvedResult],
+    inventory: &NodeInventory,
+) -> Result<Vec<PlannedDevice>, EditsError> {
+    let mut out: Vec<PlannedDevice> = Vec::with_capacity(resolved.len());
+    let mut granted: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in resolved {
+        let gpu = (r.result.pool == inventory.node)
+            .then(|| {
+                inventory
+                    .gpus
+                    .iter()
+                    .find(|g| device_name(g) == r.result.device)
+            })
+            .flatten()
+            .ok_or_else(|| {
+                let known: Vec<String> = inventory.gpus.iter().map(device_name).collect();
+                EditsError::UnknownDevice {
+                    claim: claim.key(),
+                    index: r.index,
+                    detail: format!(
+                        "{:?} in pool {:?} is not a GPU of node {} (its devices: {})",
+                        r.result.device,
+                        r.result.pool,
+                        inventory.node,
+                        known.join(", ")
+                    ),
+                }
+            })?;
+        let memory_bytes = r.grant.memory.bytes(gpu.memory_bytes);
+        let sum = granted.entry(&gpu.uuid).or_default();
+        *sum = sum.saturating_add(memory_bytes);
+        if *sum > gpu.memory_bytes && !r.grant.oversubscribe {
+            return Err(EditsError::MemoryAboveDevice {
+                claim: claim.key(),
+                index: r.index,
+                device: r.result.device.clone(),
+                granted: *sum,
+                total: gpu.memory_bytes,
+            });
+        }
+        out.push(PlannedDevice {
+            request: r.result.request.clone(),
+            pool: r.result.pool.clone(),
+            device: r.result.device.clone(),
+            share_id: r.result.share_id.clone(),
+            gpu: gpu.clone(),
+            memory_bytes,
+            cores: r.grant.cores,
+            priority: r.grant.priority,
+            oversubscribe: r.grant.oversubscribe,
+        });
+    }
+    Ok(out)
+}
+
+/// The per-GPU limits in the order the container sees its GPUs (PCI bus id).
+pub fn gpu_limits(devices: &[PlannedDevice]) -> Vec<GpuLimit> {
+    // (pci bus id, minor) → (uuid, memory, cores, any share unthrottled)
+    let mut by_gpu: BTreeMap<(String, u32), (String, u64, u16, bool)> = BTreeMap::new();
+    for d in devices {
+        let e = by_gpu
+            .entry((d.gpu.pci_bus_id.to_ascii_lowercase(), d.gpu.minor))
+            .or_insert_with(|| (d.gpu.uuid.clone(), 0, 0, false));
+        e.1 = e.1.saturating_add(d.memory_bytes);
+        e.2 += u16::from(d.cores.get());
+        e.3 |= d.cores.get() == 0;
+    }
+    by_gpu
+        .into_values()
+        .enumerate()
+        .map(
+            |(ordinal, (uuid, memory_bytes, cores, unthrottled))| GpuLimit {
+                ordinal,
+                uuid,
+                memory_bytes,
+                // A share without a core quota leaves the GPU unthrottled for the container.
+                cores: if unthrottled { 0 } else { cores.min(100) as u8 },
+            },
+        )
+        .collect()
+}
+
+/// A memory limit as HAMi-core's own tools write it: MiB with `m` where exact, else bytes
+/// (HAMi-core reads a bare number as bytes).
+fn hami_memory(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    if bytes.is_multiple_of(MIB) {
+        format!("{}m", bytes / MIB)
+    } else {
+        bytes.to_string()
+    }
+}
+
+/// Builds the claim's CDI spec, the kubelet's device list and the files' contents.
+pub fn build(
+    driver: &DriverName,
+    claim: &ClaimRef,
+    devices: &[PlannedDevice],
+    files: &NodeFiles,
+    paths: &ClaimPaths,
+) -> Result<ClaimEdits, EditsError> {
+    let gpus = gpu_limits(devices);
+    let priority = devices
+        .iter()
+        .map(|d| d.priority)
+        .min() // High < Normal < Low: the highest priority asked for.
+        .unwrap_or_default();
+
+    let uniform = |f: fn(&GpuLimit) -> u64| {
+        let first = gpus.first().map(f);
+        gpus.iter()
+            .all(|g| Some(f(g)) == first)
+            .then_some(first)
+            .flatten()
+    };
+    let mut fgpu_vars: Vec<(String, String)> = Vec::new();
+    if let Some(m) = uniform(|g| g.memory_bytes) {
+        fgpu_vars.push((env::FGPU_MEMORY_LIMIT.into(), m.to_string()));
+    }
+    for g in &gpus {
+        fgpu_vars.push((
+            env::fgpu_memory_limit(g.ordinal),
+            g.memory_bytes.to_string(),
+        ));
+    }
+    if let Some(c) = uniform(|g| u64::from(g.cores)) {
+        fgpu_vars.push((env::FGPU_CORE_LIMIT.into(), c.to_string()));
+    }
+    for g in &gpus {
+        fgpu_vars.push((env::fgpu_core_limit(g.ordinal), g.cores.to_string()));
+    }
+    fgpu_vars.push((env::FGPU_PRIORITY.into(), priority.as_str().into()));
+    fgpu_vars.push((env::FGPU_STATE_DIR.into(), STATE_DIR_CONTAINER.into()));
+
+    let mut limits = format!(
+        "# fgpu limits of claim {} (uid {}); written by the kubelet plugin, read by libfgpu.so\n",
+        claim.key(),
+        claim.uid
+    );
+    for (k, v) in &fgpu_vars {
+        limits.push_str(&format!("{k}={v}\n"));
+    }
+
+    let mut common = ContainerEdits::default();
+    for (k, v) in &fgpu_vars {
+        common = common.env(k, v);
+    }
+    common = common
+        .env(env::FGPU_LIMITS_FILE, LIMITS_CONTAINER)
+        .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    // HAMi-core's names, for images that bring HAMi-core's library.
+    if let Some(m) = uniform(|g| g.memory_bytes) {
+        common = common.env(env::CUDA_DEVICE_MEMORY_LIMIT, hami_memory(m));
+    }
+    for g in &gpus {
+        common = common.env(
+            env::cuda_device_memory_limit(g.ordinal),
+            hami_memory(g.memory_bytes),
+        );
+    }
+    if let Some(c) = uniform(|g| u64::from(g.cores)) {
+        common = common.env(env::CUDA_DEVICE_SM_LIMIT, c.to_string());
+    }
+    for g in &gpus {
+        common = common.env(env::cuda_device_sm_limit(g.ordinal), g.cores.to_string());
+    }
+    common = common
+        .env(env::CUDA_DEVICE_MEMORY_SHARED_CACHE, HAMI_CACHE_CONTAINER)
+        .env(
+            env::CUDA_TASK_PRIORITY,
+            priority.hami_task_priority().to_string(),
+        );
+
+    // Control nodes: every node of each GPU except its own (the first).
+    for d in devices {
+        for node in d.gpu.device_nodes.iter().skip(1) {
+            common = common.device_node(DeviceNodeEdit::from(node));
+        }
+    }
+    for m in &files.driver_mounts {
+        common = common.mount(MountEdit::bind(&m.host_path, &m.container_path, &RO));
+    }
+    for h in &files.driver_hooks {
+        common = common.hook(h.clone());
+    }
+    common = common
+        .mount(MountEdit::bind(
+            &files.shim_library,
+            SHIM_CONTAINER_PATH,
+            &RO,
+        ))
+        .mount(MountEdit::bind(&paths.preload_file, PRELOAD_CONTAINER, &RO))
+        .mount(MountEdit::bind(&paths.limits_file, LIMITS_CONTAINER, &RO))
+        .mount(MountEdit::bind(
+            &paths.state_dir,
+            STATE_DIR_CONTAINER,
+            &STATE_RW,
+        ));
+
+    let mut builder = SpecBuilder::new(driver.cdi_kind()).common_edits(common);
+    let mut prepared = Vec::with_capacity(devices.len());
+    for d in devices {
+        let name = names::cdi_device_name(&claim.uid, &d.device, d.share_id.as_deref());
+        let mut own = ContainerEdits::default();
+        if let Some(node) = d.gpu.primary_device_node() {
+            own = own.device_node(DeviceNodeEdit::from(node));
+        }
+        builder = builder.device(&name, own);
+        prepared.push(PreparedDevice {
+            request_names: vec![d.request.clone()],
+            pool_name: d.pool.clone(),
+            device_name: d.device.clone(),
+            share_id: d.share_id.clone(),
+            cdi_device_ids: vec![driver.cdi_device_id(&name)],
+            gpu_uuid: d.gpu.uuid.clone(),
+            memory_bytes: d.memory_bytes,
+            cores: d.cores.get(),
+        });
+    }
+    let spec = builder.build().map_err(|source| EditsError::Cdi {
+        claim: claim.key(),
+        source,
+    })?;
+    Ok(ClaimEdits {
+        spec,
+        devices: prepared,
+        limits,
+        preload: format!("{SHIM_CONTAINER_PATH}\n"),
+        gpus,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use fgpu_driver::device::{ComputeCapability, DeviceNode, Health};
+
+    const GI: u64 = 1 << 30;
+
+    pub(crate) fn gpu(minor: u32, pci: &str) -> Gpu {
+        Gpu {
+            index: minor,
+            minor,
+            uuid: format!("GPU-0000000{minor}-0000-0000-0000-000000000000"),
+            product_name: "NVIDIA H100 80GB HBM3".into(),
+            memory_bytes: 80 * GI,
+            sm_count: 132,
+            compute_capability: ComputeCapability::new(9, 0),
+            driver_version: "550.54.15".into(),
+            cuda_driver_version: "12.4".into(),
+            pci_bus_id: pci.into(),
+            pcie_root: None,
+            numa_node: Some(0),
+            mig_capable: false,
+            health: Health::Healthy,
+            device_nodes: DeviceNode::standard_set(minor, Path::new("/dev")),
+        }
+    }
+
+    fn dev(g: &Gpu, request: &str, share: Option<&str>, mem_gi: u64, cores: u8) -> PlannedDevice {
+        PlannedDevice {
+            request: request.into(),
+            pool: "n1".into(),
+            device: device_name(g),
+            share_id: share.map(str::to_owned),
+            gpu: g.clone(),
+            memory_bytes: mem_gi * GI,
+            cores: CorePercent::new(cores).unwrap(),
+            priority: Priority::Normal,
+            oversubscribe: false,
+        }
+    }
+
+    fn claim() -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "0a1b-uid".into(),
+        }
+    }
+
+    fn files() -> NodeFiles {
+        NodeFiles {
+            shim_library: "/opt/fgpu/lib/libfgpu.so".into(),
+            driver_mounts: vec![
+                FileMount::same("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+                FileMount {
+                    host_path: "/opt/fake/nvidia-smi".into(),
+                    container_path: "/usr/bin/nvidia-smi".into(),
+                },
+            ],
+            driver_hooks: vec![HookEdit {
+                hook_name: fgpu_driver::cdi::HookName::CreateContainer,
+                path: "/usr/bin/nvidia-cdi-hook".into(),
+                args: vec!["nvidia-cdi-hook".into(), "update-ldcache".into()],
+                env: vec![],
+                timeout: None,
+            }],
+        }
+    }
+
+    fn paths() -> ClaimPaths {
+        ClaimPaths::new(
+            Path::new("/var/lib/fgpu"),
+            Path::new("/var/run/cdi"),
+            &DriverName::default(),
+            "0a1b-uid",
+        )
+    }
+
+    fn env_of(spec: &CdiSpec) -> Vec<String> {
+        spec.to_json_value()["containerEdits"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn env_table() {
+        let (g0, g1) = (gpu(0, "0000:1b:00.0"), gpu(1, "0000:0a:00.0"));
+        // (name, devices, wanted env entries, unwanted env prefixes)
+        type Case = (
+            &'static str,
+            Vec<PlannedDevice>,
+            Vec<String>,
+            Vec<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "one share",
+                vec![dev(&g0, "gpu", Some("s1"), 10, 30)],
+                vec![
+                    format!("FGPU_MEMORY_LIMIT={}", 10 * GI),
+                    format!("FGPU_MEMORY_LIMIT_0={}", 10 * GI),
+                    "FGPU_CORE_LIMIT=30".into(),
+                    "FGPU_CORE_LIMIT_0=30".into(),
+                    "CUDA_DEVICE_MEMORY_LIMIT=10240m".into(),
+                    "CUDA_DEVICE_SM_LIMIT_0=30".into(),
+                    "FGPU_PRIORITY=normal".into(),
+                    "CUDA_TASK_PRIORITY=1".into(),
+                    "FGPU_STATE_DIR=/run/fgpu".into(),
+                    "FGPU_LIMITS_FILE=/etc/fgpu/limits".into(),
+                    "CUDA_DEVICE_ORDER=PCI_BUS_ID".into(),
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE=/run/fgpu/hami.cache".into(),
+                ],
+                vec!["FGPU_MEMORY_LIMIT_1"],
+            ),
+            (
+                "two GPUs listed against bus order: ordinals follow the bus, no plain form",
+                vec![dev(&g0, "a", None, 10, 30), dev(&g1, "b", None, 20, 50)],
+                vec![
+                    format!("FGPU_MEMORY_LIMIT_0={}", 20 * GI),
+                    format!("FGPU_MEMORY_LIMIT_1={}", 10 * GI),
+                    "FGPU_CORE_LIMIT_0=50".into(),
+                    "FGPU_CORE_LIMIT_1=30".into(),
+                    "CUDA_DEVICE_MEMORY_LIMIT_0=20480m".into(),
+                    "CUDA_DEVICE_SM_LIMIT_1=30".into(),
+                ],
+                vec![
+                    "FGPU_MEMORY_LIMIT=",
+                    "FGPU_CORE_LIMIT=",
+                    "CUDA_DEVICE_MEMORY_LIMIT=",
+                ],
+            ),
+            (
+                "two shares of one GPU: one device, sums",
+                vec![
+                    dev(&g0, "a", Some("s1"), 10, 30),
+                    dev(&g0, "b", Some("s2"), 6, 20),
+                ],
+                vec![
+                    format!("FGPU_MEMORY_LIMIT={}", 16 * GI),
+                    format!("FGPU_MEMORY_LIMIT_0={}", 16 * GI),
+                    "FGPU_CORE_LIMIT_0=50".into(),
+                ],
+                vec!["FGPU_MEMORY_LIMIT_1"],
+            ),
+            (
+                "a share without cores leaves the GPU unthrottled",
+                vec![
+                    dev(&g0, "a", Some("s1"), 10, 0),
+                    dev(&g0, "b", Some("s2"), 6, 20),
+                ],
+                vec!["FGPU_CORE_LIMIT_0=0".into()],
+                vec![],
+            ),
+            (
+                "same grants on two GPUs: plain forms too",
+                vec![dev(&g1, "a", None, 8, 25), dev(&g0, "a", None, 8, 25)],
+                vec![
+                    format!("FGPU_MEMORY_LIMIT={}", 8 * GI),
+                    "FGPU_CORE_LIMIT=25".into(),
+                    "FGPU_CORE_LIMIT_1=25".into(),
+                ],
+                vec![],
+            ),
+        ];
+        for (name, devices, want, unwanted) in cases {
+            let e = build(
+                &DriverName::default(),
+                &claim(),
+                &devices,
+                &files(),
+                &paths(),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let got = env_of(&e.spec);
+            for w in &want {
+                assert!(got.contains(w), "{name}: missing {w} in {got:?}");
+            }
+            for u in &unwanted {
+                assert!(
+                    !got.iter().any(|g| g.starts_with(u)),
+                    "{name}: {u} in {got:?}"
+                );
+            }
+            // The limits file carries the FGPU_* limits (not the HAMi names).
+            for line in got
+                .iter()
+                .filter(|l| l.starts_with("FGPU_") && !l.starts_with("FGPU_LIMITS_FILE"))
+            {
+                assert!(
+                    e.limits.lines().any(|l| l == line),
+                    "{name}: {line} not in limits"
+                );
+            }
+            assert!(!e.limits.contains("CUDA_"), "{name}");
+            // Round trip through the CDI crate's validation.
+            CdiSpec::from_json(&e.spec.to_json().unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn hami_memory_uses_mib_where_exact() {
+        assert_eq!(hami_memory(10 * GI), "10240m");
+        assert_eq!(hami_memory(1 << 20), "1m");
+        assert_eq!(hami_memory(1536), "1536");
+        assert_eq!(hami_memory((1 << 20) + 1), "1048577");
+    }
+
+    #[test]
+    fn spec_layout() {
+        let (g0, g1) = (gpu(0, "0000:1b:00.0"), gpu(1, "0000:0a:00.0"));
+        let devices = vec![
+            dev(&g0, "a", Some("s1"), 10, 30),
+            dev(&g1, "b", None, 80, 0),
+        ];
+        let e = build(
+            &DriverName::default(),
+            &claim(),
+            &devices,
+            &files(),
+            &paths(),
+        )
+        .unwrap();
+        // Claim UIDs may start with a digit: CDI 0.5.0.
+        assert_eq!(e.spec.cdi_version(), "0.5.0");
+        assert_eq!(
+            e.spec.qualified_names(),
+            [
+                "gpu.fgpu.dev/claim=0a1b-uid-gpu-0-s1",
+                "gpu.fgpu.dev/claim=0a1b-uid-gpu-1"
+            ]
+        );
+        let ids: Vec<_> = e.devices.iter().map(|d| d.cdi_device_ids.clone()).collect();
+        assert_eq!(
+            ids,
+            [
+                ["gpu.fgpu.dev/claim=0a1b-uid-gpu-0-s1"],
+                ["gpu.fgpu.dev/claim=0a1b-uid-gpu-1"]
+            ]
+        );
+        assert_eq!(e.devices[0].request_names, ["a"]);
+        assert_eq!(e.devices[0].share_id.as_deref(), Some("s1"));
+        assert_eq!(e.devices[1].memory_bytes, 80 * GI);
+
+        let v = e.spec.to_json_value();
+        let own: Vec<_> = v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                d["containerEdits"]["deviceNodes"][0]["path"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(own, ["/dev/nvidia0", "/dev/nvidia1"]);
+        let common = &v["containerEdits"];
+        let nodes: Vec<_> = common["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            nodes,
+            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        );
+        let mounts: Vec<(String, String, String)> = common["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let opts: Vec<_> = m["options"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|o| o.as_str().unwrap())
+                    .collect();
+                (
+                    m["hostPath"].as_str().unwrap().to_owned(),
+                    m["containerPath"].as_str().unwrap().to_owned(),
+                    opts.join(","),
+                )
+            })
+            .collect();
+        let m = |h: &str, c: &str, o: &str| (h.to_owned(), c.to_owned(), o.to_owned());
+        assert_eq!(
+            mounts,
+            [
+                m(
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                    "ro,nosuid,nodev,bind"
+                ),
+                m(
+                    "/opt/fake/nvidia-smi",
+                    "/usr/bin/nvidia-smi",
+                    "ro,nosuid,nodev,bind"
+                ),
+                m(
+                    "/opt/fgpu/lib/libfgpu.so",
+                    "/usr/lib/fgpu/libfgpu.so",
+                    "ro,nosuid,nodev,bind"
+                ),
+                m(
+                    "/var/lib/fgpu/claims/0a1b-uid/ld.so.preload",
+                    "/etc/ld.so.preload",
+                    "ro,nosuid,nodev,bind"
+                ),
+                m(
+                    "/var/lib/fgpu/claims/0a1b-uid/limits",
+                    "/etc/fgpu/limits",
+                    "ro,nosuid,nodev,bind"
+                ),
+                m(
+                    "/var/lib/fgpu/claims/0a1b-uid/state",
+                    "/run/fgpu",
+                    "rw,nosuid,nodev,noexec,bind"
+                ),
+            ]
+        );
+        assert_eq!(e.preload, "/usr/lib/fgpu/libfgpu.so\n");
+        assert_eq!(common["hooks"][0]["hookName"], "createContainer");
+        assert_eq!(common["hooks"][0]["path"], "/usr/bin/nvidia-cdi-hook");
+        assert_eq!(
+            paths().spec_file,
+            Path::new("/var/run/cdi/gpu.fgpu.dev-claim_0a1b-uid.json")
+        );
+        assert_eq!(
+            e.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),
+            [&g1.uuid, &g0.uuid]
+        );
+    }
+
+    #[test]
+    fn fake_device_nodes_keep_their_host_paths() {
+        let mut g = gpu(3, "0000:03:00.0");
+        g.device_nodes = DeviceNode::standard_set(3, Path::new("/tmp/fake/dev"));
+        let e = build(
+            &DriverName::default(),
+            &claim(),
+            &[dev(&g, "a", None, 1, 0)],
+            &files(),
+            &paths(),
+        )
+        .unwrap();
+        let v = e.spec.to_json_value();
+        assert_eq!(
+            v["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"],
+            "/tmp/fake/dev/nvidia3"
+        );
+        assert_eq!(
+            v["containerEdits"]["deviceNodes"][0]["hostPath"],
+            "/tmp/fake/dev/nvidiactl"
+        );
+    }
+
+    #[test]
+    fn plan_errors() {
+        use crate::grant::{Grant, MemoryGrant, Source};
+        let inv = NodeInventory::new("n1", vec![gpu(0, "0000:1b:00.0")]);
+        let resolved =
+            |pool: &str, device: &str, memory: MemoryGrant, oversubscribe: bool| ResolvedResult {
+                index: 2,
+                result: crate::claim::DeviceResult {
+                    request: "gpu".into(),
+                    driver: "gpu.fgpu.dev".into(),
+                    pool: pool.into(),
+                    device: device.into(),
+                    ..Default::default()
+                },
+                grant: Grant {
+                    memory,
+                    memory_source: Source::Config,
+                    cores: CorePercent::ZERO,
+                    cores_source: Source::WholeDevice,
+                    priority: Priority::Normal,
+                    oversubscribe,
+                },
+            };
+        let ok = plan(
+            &claim(),
+            &[resolved("n1", "gpu-0", MemoryGrant::Whole, false)],
+            &inv,
+        )
+        .unwrap();
+        assert_eq!(ok[0].memory_bytes, 80 * GI);
+        let e = plan(
+            &claim(),
+            &[resolved("n1", "gpu-7", MemoryGrant::Whole, false)],
+            &inv,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "claim ns/c: status.allocation.devices.results[2].device: \"gpu-7\" in pool \"n1\" is not a GPU of node n1 (its devices: gpu-0)"
+        );
+        let e = plan(
+            &claim(),
+            &[resolved("n2", "gpu-0", MemoryGrant::Whole, false)],
+            &inv,
+        )
+        .unwrap_err();
+        assert!(matches!(e, EditsError::UnknownDevice { .. }), "{e}");
+        let big = MemoryGrant::Bytes(81 * GI);
+        let e = plan(&claim(), &[resolved("n1", "gpu-0", big, false)], &inv)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than its"), "{e}");
+        assert!(plan(&claim(), &[resolved("n1", "gpu-0", big, true)], &inv).is_ok());
+    }
+}

@@ -1,0 +1,498 @@
+//! What each allocated device of a claim grants: memory, cores, priority.
+//!
+//! Pure: from a [`ResourceClaim`] and the driver name to one [`ResolvedResult`] per
+//! allocation result of this driver. Per field, the first of these that says something wins:
+//!
+//! 1. memory and cores: the result's `consumedCapacity` (what the scheduler accounted;
+//!    anything else could overbook the card);
+//! 2. this driver's [`GpuShareConfig`]s in `status.allocation.devices.config` that apply to
+//!    the result's request (every entry with no `requests`, or naming the request or its
+//!    parent `<req>` of `<req>/<sub>`), class entries before claim entries, later entries
+//!    overriding earlier ones field by field;
+//! 3. the whole device (memory: all of it; cores: 0, not throttled).
+//!
+//! Every configuration entry of this driver is decoded strictly, whether or not it applies,
+//! and a bad one fails the claim with an error naming the claim and the field path, e.g.
+//! `claim ns/c: status.allocation.devices.config[1].opaque.parameters.cores: 140 is above
+//! the maximum 100`.
+
+use fgpu_api::config::{CorePercent, GpuShareConfig, Priority};
+use fgpu_api::names::capacity;
+use fgpu_api::quantity;
+
+use crate::claim::{DeviceResult, ResourceClaim, SOURCE_FROM_CLASS};
+
+/// How much of a field's value is decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The result's `consumedCapacity`.
+    ConsumedCapacity,
+    /// This driver's opaque configuration.
+    Config,
+    /// Nothing said: the whole device.
+    WholeDevice,
+}
+
+/// Memory granted on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryGrant {
+    /// Exactly this many bytes.
+    Bytes(u64),
+    /// All of the device's memory.
+    Whole,
+}
+
+impl MemoryGrant {
+    /// Bytes, given the device's total memory.
+    pub fn bytes(self, device_total: u64) -> u64 {
+        match self {
+            Self::Bytes(b) => b,
+            Self::Whole => device_total,
+        }
+    }
+}
+
+/// What one allocation result grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Device memory.
+    pub memory: MemoryGrant,
+    /// Where `memory` came from.
+    pub memory_source: Source,
+    /// Percent of the device's SMs; 0 = not throttled.
+    pub cores: CorePercent,
+    /// Where `cores` came from.
+    pub cores_source: Source,
+    /// Priority of the container's kernels.
+    pub priority: Priority,
+    /// Whether memory beyond the grant may be backed by host memory.
+    pub oversubscribe: bool,
+}
+
+/// One allocation result of this driver with its grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedResult {
+    /// Index in `status.allocation.devices.results`.
+    pub index: usize,
+    /// The allocation result as written in the claim.
+    pub result: DeviceResult,
+    /// What it grants.
+    pub grant: Grant,
+}
+
+/// Why a claim's grants could not be resolved. Each names the claim and the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GrantError {
+    /// `status.allocation` is not set.
+    #[error(
+        "claim {claim}: status.allocation: not allocated; the kubelet prepares only allocated claims"
+    )]
+    NotAllocated {
+        /// `namespace/name`.
+        claim: String,
+    },
+    /// No result belongs to this driver.
+    #[error(
+        "claim {claim}: status.allocation.devices.results: no device of driver {driver} (drivers allocated: {others})"
+    )]
+    NoDevicesOfDriver {
+        /// `namespace/name`.
+        claim: String,
+        /// This driver.
+        driver: String,
+        /// Drivers that do have results, comma-separated, or `none`.
+        others: String,
+    },
+    /// A field of the claim is invalid.
+    #[error("claim {claim}: {path}: {problem}")]
+    Invalid {
+        /// `namespace/name`.
+        claim: String,
+        /// Field path inside the claim.
+        path: String,
+        /// What is wrong and what would be valid.
+        problem: String,
+    },
+}
+
+impl GrantError {
+    /// The field path, where there is one.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            Self::Invalid { path, .. } => Some(path),
+            Self::NotAllocated { .. } => Some("status.allocation"),
+            Self::NoDevicesOfDriver { .. } => Some("status.allocation.devices.results"),
+        }
+    }
+}
+
+/// A decoded config entry and which of its optional fields were written.
+struct ConfigEntry {
+    from_class: bool,
+    position: usize,
+    requests: Vec<String>,
+    config: GpuShareConfig,
+    has_priority: bool,
+    has_oversubscribe: bool,
+}
+
+impl ConfigEntry {
+    fn applies_to(&self, request: &str) -> bool {
+        let parent = request.split_once('/').map_or(request, |(p, _)| p);
+        self.requests.is_empty() || self.requests.iter().any(|r| r == request || r == parent)
+    }
+}
+
+/// Resolves the grant of every allocation result of `driver` in `claim`, in result order.
+pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult>, GrantError> {
+    let key = claim.key();
+    if !claim.is_allocated() {
+        return Err(GrantError::NotAllocated { claim: key });
+    }
+    let empty = Default::default();
+    let alloc = claim.allocation().unwrap_or(&empty);
+    let invalid = |path: String, problem: String| GrantError::Invalid {
+        claim: key.clone(),
+        path,
+        problem,
+    };
+
+    let mut entries = Vec::new();
+    for (i, entry) in alloc.config.iter().enumerate() {
+        let Some(opaque) = entry.opaque.as_ref().filter(|o| o.driver == driver) else {
+            continue;
+        };
+        let base = format!("status.allocation.devices.config[{i}].opaque.parameters");
+        let config = GpuShareConfig::from_value(&opaque.parameters, &base).map_err(|e| {
+            let problem = e.problem.to_string();
+            invalid(e.path, problem)
+        })?;
+        let present = |f: &str| opaque.parameters.get(f).is_some_and(|v| !v.is_null());
+        entries.push(ConfigEntry {
+            from_class: entry.source == SOURCE_FROM_CLASS,
+            position: i,
+            requests: entry.requests.clone(),
+            config,
+            has_priority: present("priority"),
+            has_oversubscribe: present("oversubscribe"),
+        });
+    }
+    // Class configuration first, then the claim's; the allocator's order within each.
+    entries.sort_by_key(|e| (!e.from_class, e.position));
+
+    let mut out = Vec::new();
+    for (index, result) in alloc.results.iter().enumerate() {
+        if result.driver != driver {
+            continue;
+        }
+        let path = |field: &str| format!("status.allocation.devices.results[{index}].{field}");
+        // The config entry that set memory last, for messages.
+        let mut memory_entry = None;
+        let mut grant = Grant {
+            memory: MemoryGrant::Whole,
+            memory_source: Source::WholeDevice,
+            cores: CorePercent::ZERO,
+            cores_source: Source::WholeDevice,
+            priority: Priority::Normal,
+            oversubscribe: false,
+        };
+        for e in entries.iter().filter(|e| e.applies_to(&result.request)) {
+            if let Some(m) = e.config.memory {
+                grant.memory = MemoryGrant::Bytes(m);
+                grant.memory_source = Source::Config;
+                memory_entry = Some(e.position);
+            }
+            if let Some(c) = e.config.cores {
+                grant.cores = c;
+                grant.cores_source = Source::Config;
+            }
+            if e.has_priority {
+                grant.priority = e.config.priority;
+            }
+            if e.has_oversubscribe {
+                grant.oversubscribe = e.config.oversubscribe;
+            }
+        }
+        if let Some(consumed) = &result.consumed_capacity {
+            if let Some(m) = consumed.get(capacity::MEMORY) {
+                let bytes = quantity::parse_u64(m)
+                    .map_err(|e| invalid(path("consumedCapacity.memory"), e.to_string()))?;
+                grant.memory = MemoryGrant::Bytes(bytes);
+                grant.memory_source = Source::ConsumedCapacity;
+            }
+            if let Some(c) = consumed.get(capacity::CORES) {
+                let at = path("consumedCapacity.cores");
+                let n = quantity::parse_u64(c).map_err(|e| invalid(at.clone(), e.to_string()))?;
+                let cores = u8::try_from(n)
+                    .ok()
+                    .and_then(CorePercent::new)
+                    .ok_or_else(|| {
+                        invalid(
+                            at,
+                            format!("{c:?} is above the maximum 100 (percent of the GPU)"),
+                        )
+                    })?;
+                grant.cores = cores;
+                grant.cores_source = Source::ConsumedCapacity;
+            }
+        }
+        if grant.memory == MemoryGrant::Bytes(0) {
+            return Err(invalid(
+                match (grant.memory_source, memory_entry) {
+                    (Source::Config, Some(i)) => {
+                        format!("status.allocation.devices.config[{i}].opaque.parameters.memory")
+                    }
+                    _ => path("consumedCapacity.memory"),
+                },
+                "grants 0 bytes of memory; a share needs at least 1 byte (the class minimum is 256Mi)"
+                    .into(),
+            ));
+        }
+        out.push(ResolvedResult {
+            index,
+            result: result.clone(),
+            grant,
+        });
+    }
+    if out.is_empty() {
+        let mut others: Vec<&str> = alloc.results.iter().map(|r| r.driver.as_str()).collect();
+        others.sort_unstable();
+        others.dedup();
+        let others = if others.is_empty() {
+            "none".to_owned()
+        } else {
+            others.join(", ")
+        };
+        return Err(GrantError::NoDevicesOfDriver {
+            claim: key,
+            driver: driver.to_owned(),
+            others,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    const D: &str = "gpu.fgpu.dev";
+
+    fn claim(results: Value, config: Value) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+            "status": {"allocation": {"devices": {"results": results, "config": config}}}
+        }))
+        .unwrap()
+    }
+
+    fn params(extra: Value) -> Value {
+        let mut p = json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig"});
+        p.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        p
+    }
+
+    fn cfg(source: &str, requests: Value, extra: Value) -> Value {
+        json!({"source": source, "requests": requests,
+               "opaque": {"driver": D, "parameters": params(extra)}})
+    }
+
+    fn res(request: &str, device: &str) -> Value {
+        json!({"request": request, "driver": D, "pool": "n1", "device": device})
+    }
+
+    const GI: u64 = 1 << 30;
+
+    #[test]
+    fn grant_table() {
+        use MemoryGrant::{Bytes, Whole};
+        use Source::{Config, ConsumedCapacity as Cc, WholeDevice as W};
+        struct Case {
+            name: &'static str,
+            results: Value,
+            config: Value,
+            // (memory, memory source, cores, cores source, priority, oversubscribe) per result
+            want: Vec<(MemoryGrant, Source, u8, Source, Priority, bool)>,
+        }
+        let cases = [
+            Case {
+                name: "nothing said: whole device",
+                results: json!([res("gpu", "gpu-0")]),
+                config: json!([]),
+                want: vec![(Whole, W, 0, W, Priority::Normal, false)],
+            },
+            Case {
+                name: "consumedCapacity wins over config",
+                results: json!([{"request": "gpu", "driver": D, "pool": "n1", "device": "gpu-0",
+                    "shareID": "s1", "consumedCapacity": {"memory": "10Gi", "cores": "30"}}]),
+                config: json!([cfg(
+                    "FromClaim",
+                    json!([]),
+                    json!({"memory": "20Gi", "cores": 50, "priority": "high"})
+                )]),
+                want: vec![(Bytes(10 * GI), Cc, 30, Cc, Priority::High, false)],
+            },
+            Case {
+                name: "consumedCapacity with memory only: cores from config",
+                results: json!([{"request": "gpu", "driver": D, "pool": "n1", "device": "gpu-0",
+                    "consumedCapacity": {"memory": "1Gi"}}]),
+                config: json!([cfg("FromClaim", json!(["gpu"]), json!({"cores": 25}))]),
+                want: vec![(Bytes(GI), Cc, 25, Config, Priority::Normal, false)],
+            },
+            Case {
+                name: "class then claim, later wins field by field",
+                results: json!([res("gpu", "gpu-0")]),
+                config: json!([
+                    cfg("FromClaim", json!([]), json!({"memory": "4Gi"})),
+                    cfg(
+                        "FromClass",
+                        json!([]),
+                        json!({"memory": "8Gi", "cores": 10, "priority": "low", "oversubscribe": true})
+                    ),
+                ]),
+                want: vec![(Bytes(4 * GI), Config, 10, Config, Priority::Low, true)],
+            },
+            Case {
+                name: "per-request config, subrequests match their parent",
+                results: json!([
+                    res("a", "gpu-0"),
+                    res("b/small", "gpu-1"),
+                    res("c", "gpu-2")
+                ]),
+                config: json!([
+                    cfg("FromClaim", json!(["a"]), json!({"memory": "1Gi"})),
+                    cfg(
+                        "FromClaim",
+                        json!(["b"]),
+                        json!({"memory": "2Gi", "cores": 20})
+                    ),
+                ]),
+                want: vec![
+                    (Bytes(GI), Config, 0, W, Priority::Normal, false),
+                    (Bytes(2 * GI), Config, 20, Config, Priority::Normal, false),
+                    (Whole, W, 0, W, Priority::Normal, false),
+                ],
+            },
+            Case {
+                name: "other drivers' results and configs are ignored",
+                results: json!([res("gpu", "gpu-0"),
+                    {"request": "nic", "driver": "net.example.com", "pool": "n1", "device": "eth0"}]),
+                config: json!([{"source": "FromClaim", "requests": [],
+                    "opaque": {"driver": "net.example.com", "parameters": {"anything": true}}}]),
+                want: vec![(Whole, W, 0, W, Priority::Normal, false)],
+            },
+        ];
+        for case in cases {
+            let got = resolve(&claim(case.results, case.config), D)
+                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            let got: Vec<_> = got
+                .iter()
+                .map(|r| {
+                    let g = r.grant;
+                    (
+                        g.memory,
+                        g.memory_source,
+                        g.cores.get(),
+                        g.cores_source,
+                        g.priority,
+                        g.oversubscribe,
+                    )
+                })
+                .collect();
+            assert_eq!(got, case.want, "{}", case.name);
+        }
+    }
+
+    #[test]
+    fn error_table() {
+        let cases = [
+            (
+                "bad cores in the second config entry",
+                claim(
+                    json!([res("gpu", "gpu-0")]),
+                    json!([
+                        cfg("FromClass", json!([]), json!({})),
+                        cfg("FromClaim", json!(["other"]), json!({"cores": 140}))
+                    ]),
+                ),
+                "claim ns/c: status.allocation.devices.config[1].opaque.parameters.cores: 140 is above the maximum 100",
+            ),
+            (
+                "unknown field",
+                claim(
+                    json!([res("gpu", "gpu-0")]),
+                    json!([cfg("FromClaim", json!([]), json!({"memroy": "1Gi"}))]),
+                ),
+                "claim ns/c: status.allocation.devices.config[0].opaque.parameters.memroy: unknown field",
+            ),
+            (
+                "bad consumed memory",
+                claim(
+                    json!([{"request": "gpu", "driver": D, "pool": "n1", "device": "gpu-0",
+                            "consumedCapacity": {"memory": "0.5"}}]),
+                    json!([]),
+                ),
+                "claim ns/c: status.allocation.devices.results[0].consumedCapacity.memory: \"0.5\" is not a whole number",
+            ),
+            (
+                "consumed cores above 100",
+                claim(
+                    json!([res("x", "gpu-9"),
+                           {"request": "gpu", "driver": D, "pool": "n1", "device": "gpu-0",
+                            "consumedCapacity": {"cores": "101"}}]),
+                    json!([]),
+                ),
+                "claim ns/c: status.allocation.devices.results[1].consumedCapacity.cores: \"101\" is above the maximum 100",
+            ),
+            (
+                "zero memory",
+                claim(
+                    json!([{"request": "gpu", "driver": D, "pool": "n1", "device": "gpu-0",
+                            "consumedCapacity": {"memory": "0"}}]),
+                    json!([]),
+                ),
+                "claim ns/c: status.allocation.devices.results[0].consumedCapacity.memory: grants 0 bytes",
+            ),
+            (
+                "zero memory from config names the config entry",
+                claim(
+                    json!([res("gpu", "gpu-0")]),
+                    json!([
+                        cfg("FromClass", json!([]), json!({"memory": "1Gi"})),
+                        cfg("FromClaim", json!(["gpu"]), json!({"memory": 0}))
+                    ]),
+                ),
+                "claim ns/c: status.allocation.devices.config[1].opaque.parameters.memory: grants 0 bytes",
+            ),
+            (
+                "another driver's allocation",
+                claim(
+                    json!([{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"}]),
+                    json!([]),
+                ),
+                "claim ns/c: status.allocation.devices.results: no device of driver gpu.fgpu.dev (drivers allocated: gpu.nvidia.com)",
+            ),
+        ];
+        for (name, c, want) in cases {
+            let e = resolve(&c, D).unwrap_err().to_string();
+            assert!(
+                e.starts_with(want),
+                "{name}: got {e:?}, want prefix {want:?}"
+            );
+        }
+        let unallocated: ResourceClaim = serde_json::from_value(
+            json!({"metadata": {"name": "c", "namespace": "ns", "uid": "u1"}}),
+        )
+        .unwrap();
+        let e = resolve(&unallocated, D).unwrap_err();
+        assert!(matches!(e, GrantError::NotAllocated { .. }));
+        assert_eq!(e.path(), Some("status.allocation"));
+        assert!(
+            e.to_string()
+                .starts_with("claim ns/c: status.allocation: not allocated")
+        );
+    }
+}

@@ -1,0 +1,41 @@
+//! `fgpu_kubelet_plugin`: the node side of fgpu's DRA driver, as a library so that every
+//! piece can be tested without a kubelet or a cluster. The binary (`main.rs`) only parses
+//! flags and wires these together.
+//!
+//! Pure computation:
+//!
+//! * [`claim`]: the parts of a ResourceClaim the plugin reads (tolerant serde structs).
+//! * [`grant`]: what each allocated device grants (consumedCapacity, opaque config, whole
+//!   device), with errors naming the claim and the field.
+//! * [`edits`]: a claim's container edits and CDI spec, device ordinals in container order.
+//! * [`driver_files`]: the NVIDIA user-space files for containers (toolkit spec or
+//!   discovery).
+//! * [`slices`]: the node's ResourceSlice (with or without consumable capacity, per API
+//!   version).
+//! * [`metrics`]: the Prometheus metrics.
+//!
+//! State and side effects:
+//!
+//! * [`checkpoint`]: the versioned, tolerant, atomically written record of prepared claims.
+//! * [`prepare`]: prepare/unprepare orchestration against a [`prepare::ClaimSource`], with
+//!   per-claim locking, idempotence and stale-claim cleanup.
+//! * [`grpc`]: the kubelet-facing gRPC servers (registration, DRA `v1` and `v1beta1`) on
+//!   unix sockets.
+//! * [`cluster`]: the API server through kube-rs: version negotiation, claim GET, slice
+//!   publishing.
+//! * [`serve`]: the daemon's loop tying the above together.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod claim;
+pub mod cluster;
+pub mod driver_files;
+pub mod edits;
+pub mod grant;
+pub mod grpc;
+pub mod metrics;
+pub mod prepare;
+pub mod serve;
+pub mod slices;

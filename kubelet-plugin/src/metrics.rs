@@ -1,0 +1,351 @@
+//! Prometheus metrics of the node plugin (`prometheus-client`).
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `fgpu_kubelet_plugin_requests_total` | `operation`, `result` | claims prepared / unprepared, `ok` or `error` |
+//! | `fgpu_kubelet_plugin_request_duration_seconds` | `operation` | time per claim |
+//! | `fgpu_kubelet_plugin_errors_total` | `operation`, `reason` | failures by reason ([`crate::prepare::PrepareError::reason`]) |
+//! | `fgpu_kubelet_plugin_prepared_claims` | | claims in the checkpoint marked `PrepareCompleted` |
+//! | `fgpu_kubelet_plugin_gpu_granted_memory_bytes` | `gpu` (UUID) | memory granted on the GPU by prepared claims |
+//! | `fgpu_kubelet_plugin_gpu_granted_cores` | `gpu` (UUID) | cores (percent) granted on the GPU by prepared claims |
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::checkpoint::{ClaimRecord, PrepareState};
+
+/// The kubelet operation.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Operation {
+    /// NodePrepareResources, per claim.
+    Prepare,
+    /// NodeUnprepareResources, per claim.
+    Unprepare,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    operation: Operation,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: Operation,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    operation: Operation,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: String,
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms to about 33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The plugin's metrics and their registry.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    errors: Family<ErrorLabels, Counter>,
+    prepared_claims: Gauge,
+    granted_memory: Family<GpuLabels, Gauge>,
+    granted_cores: Family<GpuLabels, Gauge>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `fgpu_kubelet_plugin` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("fgpu_kubelet_plugin");
+        let m = Self {
+            requests: Family::default(),
+            durations: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            errors: Family::default(),
+            prepared_claims: Gauge::default(),
+            granted_memory: Family::default(),
+            granted_cores: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "Claims prepared or unprepared, by result",
+            m.requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time to prepare or unprepare one claim",
+            m.durations.clone(),
+        );
+        registry.register(
+            "errors",
+            "Failed prepares and unprepares by reason",
+            m.errors.clone(),
+        );
+        registry.register(
+            "prepared_claims",
+            "Claims prepared on this node",
+            m.prepared_claims.clone(),
+        );
+        registry.register(
+            "gpu_granted_memory_bytes",
+            "Memory granted on the GPU by prepared claims",
+            m.granted_memory.clone(),
+        );
+        registry.register(
+            "gpu_granted_cores",
+            "Cores (percent of SMs) granted on the GPU by prepared claims",
+            m.granted_cores.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Records one claim's operation: its outcome (an error reason, or `None`) and time.
+    pub fn observe(
+        &self,
+        operation: Operation,
+        error_reason: Option<&'static str>,
+        took: Duration,
+    ) {
+        let result = if error_reason.is_some() {
+            "error"
+        } else {
+            "ok"
+        };
+        self.requests
+            .get_or_create(&RequestLabels { operation, result })
+            .inc();
+        self.durations
+            .get_or_create(&OperationLabels { operation })
+            .observe(took.as_secs_f64());
+        if let Some(reason) = error_reason {
+            self.errors
+                .get_or_create(&ErrorLabels { operation, reason })
+                .inc();
+        }
+    }
+
+    /// Recomputes the claim and per-GPU gauges from the checkpoint's claims.
+    pub fn set_claims(&self, claims: &BTreeMap<String, ClaimRecord>) {
+        let completed: Vec<&ClaimRecord> = claims
+            .values()
+            .filter(|c| c.state == PrepareState::PrepareCompleted)
+            .collect();
+        self.prepared_claims
+            .set(i64::try_from(completed.len()).unwrap_or(i64::MAX));
+        let mut per_gpu: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for d in completed.iter().flat_map(|c| &c.devices) {
+            let e = per_gpu.entry(&d.gpu_uuid).or_default();
+            e.0 = e.0.saturating_add(d.memory_bytes);
+            e.1 += u64::from(d.cores);
+        }
+        self.granted_memory.clear();
+        self.granted_cores.clear();
+        for (gpu, (memory, cores)) in per_gpu {
+            let labels = GpuLabels {
+                gpu: gpu.to_owned(),
+            };
+            self.granted_memory
+                .get_or_create(&labels)
+                .set(i64::try_from(memory).unwrap_or(i64::MAX));
+            self.granted_cores
+                .get_or_create(&labels)
+                .set(i64::try_from(cores).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The metrics in the Prometheus text format (OpenMetrics).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves `GET /metrics` (the text `render` returns) and `GET /healthz` over HTTP/1 on
+/// `listener` until `stop` turns true.
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    render: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use http_body_util::Full;
+    use hyper::body::{Bytes, Incoming};
+    use hyper::{Request, Response, StatusCode};
+
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, _)) = accepted else {
+            continue;
+        };
+        let render = render.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let render = render.clone();
+                async move {
+                    let (status, content_type, body) = match req.uri().path() {
+                        "/metrics" => (StatusCode::OK, CONTENT_TYPE, render()),
+                        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
+                        _ => (
+                            StatusCode::NOT_FOUND,
+                            "text/plain",
+                            "not found\n".to_owned(),
+                        ),
+                    };
+                    let mut resp = Response::new(Full::new(Bytes::from(body)));
+                    *resp.status_mut() = status;
+                    resp.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static(content_type),
+                    );
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await
+            {
+                tracing::debug!(error = %e, "metrics connection");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::PreparedDevice;
+
+    fn rec(state: PrepareState, gpu: &str, memory: u64, cores: u8) -> ClaimRecord {
+        ClaimRecord {
+            state,
+            devices: vec![PreparedDevice {
+                gpu_uuid: gpu.into(),
+                memory_bytes: memory,
+                cores,
+                ..PreparedDevice::default()
+            }],
+            ..ClaimRecord::default()
+        }
+    }
+
+    #[test]
+    fn counts_durations_errors_and_gauges() {
+        let m = Metrics::new();
+        m.observe(Operation::Prepare, None, Duration::from_millis(3));
+        m.observe(
+            Operation::Prepare,
+            Some("not_found"),
+            Duration::from_millis(1),
+        );
+        m.observe(Operation::Unprepare, None, Duration::from_millis(1));
+        let claims = BTreeMap::from([
+            (
+                "a".to_owned(),
+                rec(PrepareState::PrepareCompleted, "GPU-1", 10, 30),
+            ),
+            (
+                "b".to_owned(),
+                rec(PrepareState::PrepareCompleted, "GPU-1", 5, 20),
+            ),
+            (
+                "c".to_owned(),
+                rec(PrepareState::PrepareStarted, "GPU-2", 7, 7),
+            ),
+        ]);
+        m.set_claims(&claims);
+        let text = m.encode();
+        for line in [
+            "fgpu_kubelet_plugin_requests_total{operation=\"Prepare\",result=\"ok\"} 1",
+            "fgpu_kubelet_plugin_requests_total{operation=\"Prepare\",result=\"error\"} 1",
+            "fgpu_kubelet_plugin_requests_total{operation=\"Unprepare\",result=\"ok\"} 1",
+            "fgpu_kubelet_plugin_errors_total{operation=\"Prepare\",reason=\"not_found\"} 1",
+            "fgpu_kubelet_plugin_request_duration_seconds_count{operation=\"Prepare\"} 2",
+            "fgpu_kubelet_plugin_prepared_claims 2",
+            "fgpu_kubelet_plugin_gpu_granted_memory_bytes{gpu=\"GPU-1\"} 15",
+            "fgpu_kubelet_plugin_gpu_granted_cores{gpu=\"GPU-1\"} 50",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert!(!text.contains("GPU-2"), "started claims are not counted");
+        // A GPU whose claims are gone disappears.
+        m.set_claims(&BTreeMap::new());
+        assert!(!m.encode().contains("GPU-1"));
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_over_http() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let m = std::sync::Arc::new(Metrics::new());
+        m.observe(Operation::Prepare, None, Duration::from_millis(1));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let render = {
+            let m = m.clone();
+            std::sync::Arc::new(move || m.encode())
+        };
+        let server = tokio::spawn(serve_http(listener, render, stopped));
+        let get = |path: &'static str| async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        let resp = get("/metrics").await;
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        assert!(resp.contains(CONTENT_TYPE), "{resp}");
+        assert!(
+            resp.contains(
+                "fgpu_kubelet_plugin_requests_total{operation=\"Prepare\",result=\"ok\"} 1"
+            ),
+            "{resp}"
+        );
+        assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+        stop.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}

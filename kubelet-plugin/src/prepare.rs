@@ -1,0 +1,934 @@
+//! Prepare and unprepare claims: the side effects, made crash-safe by the checkpoint.
+//!
+//! [`Plugin::prepare`] for one claim:
+//!
+//! 1. takes the claim's lock (one operation per claim at a time; different claims run in
+//!    parallel);
+//! 2. returns the recorded devices if the claim is `PrepareCompleted` (idempotent);
+//! 3. GETs the claim through the [`ClaimSource`], checks the UID, resolves the grants
+//!    ([`crate::grant`]), places them on this node's GPUs and builds the CDI spec
+//!    ([`crate::edits`]) — all before touching anything;
+//! 4. records `PrepareStarted`, creates the claim directory (0700) and its state directory
+//!    (0700), writes the limits and preload files (0444) and the CDI spec (0644), each by
+//!    write-fsync-rename;
+//! 5. records `PrepareCompleted` with the devices.
+//!
+//! [`Plugin::unprepare`] removes the spec, the claim directory and the checkpoint entry;
+//! it succeeds for a claim it does not know. [`Plugin::cleanup_stale`] unprepares claims
+//! that no longer exist or were replaced (another UID). [`Plugin::start`] discards state of
+//! a previous boot, moves a corrupt checkpoint aside and removes files no entry accounts for.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use fgpu_api::names::DriverName;
+use fgpu_driver::backend::DeviceBackend;
+
+use crate::checkpoint::{
+    CHECKPOINT_FILE, Checkpoint, CheckpointError, CheckpointFile, ClaimRecord, LoadNote,
+    PrepareState, PreparedDevice, write_atomic,
+};
+use crate::claim::ResourceClaim;
+use crate::edits::{self, ClaimPaths, ClaimRef, EditsError, NodeFiles};
+use crate::grant::{self, GrantError};
+use crate::metrics::{Metrics, Operation};
+
+/// How long prepare waits for the claim by default (the kubelet gives a whole call 45 s).
+pub const CLAIM_GET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Where claims come from: the API server in production, a map in tests.
+pub trait ClaimSource: Send + Sync + 'static {
+    /// The claim `namespace/name`; `Ok(None)` if it does not exist.
+    fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ResourceClaim>, SourceError>> + Send;
+}
+
+/// The claim source failed (the API server could not be reached, RBAC, ...).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SourceError(pub String);
+
+/// A [`ClaimSource`] over an in-memory map, for tests and dry runs.
+#[derive(Debug, Default)]
+pub struct MapClaimSource {
+    claims: Mutex<HashMap<(String, String), ResourceClaim>>,
+}
+
+impl MapClaimSource {
+    /// Adds or replaces a claim (keyed by its namespace and name).
+    pub fn insert(&self, claim: ResourceClaim) {
+        let key = (
+            claim.metadata.namespace.clone(),
+            claim.metadata.name.clone(),
+        );
+        lock(&self.claims).insert(key, claim);
+    }
+
+    /// Removes a claim.
+    pub fn remove(&self, namespace: &str, name: &str) {
+        lock(&self.claims).remove(&(namespace.to_owned(), name.to_owned()));
+    }
+}
+
+impl ClaimSource for MapClaimSource {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, SourceError> {
+        Ok(lock(&self.claims)
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned())
+    }
+}
+
+impl<T: ClaimSource> ClaimSource for Arc<T> {
+    fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ResourceClaim>, SourceError>> + Send {
+        (**self).get(namespace, name)
+    }
+}
+
+/// The plugin's fixed settings.
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    /// The driver name.
+    pub driver: DriverName,
+    /// This node's name (= the pool name).
+    pub node_name: String,
+    /// The plugin's own directory: `checkpoint.json` and `claims/<uid>/`.
+    pub state_root: PathBuf,
+    /// Where CDI specs go (`/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// Files every claim's containers get.
+    pub files: NodeFiles,
+    /// This boot's id.
+    pub boot_id: String,
+    /// How long prepare waits for the claim source ([`CLAIM_GET_TIMEOUT`] in production).
+    pub claim_get_timeout: std::time::Duration,
+}
+
+/// Why a claim could not be prepared or unprepared. Each names the claim.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The kubelet sent an unusable UID.
+    #[error("claim {claim}: uid {uid:?} is not a valid UID (letters, digits and '-' only)")]
+    BadUid {
+        /// `namespace/name`.
+        claim: String,
+        /// The UID sent.
+        uid: String,
+    },
+    /// The claim does not exist (any more).
+    #[error("claim {claim}: not found in the API server")]
+    NotFound {
+        /// `namespace/name`.
+        claim: String,
+    },
+    /// The claim was replaced by another of the same name.
+    #[error(
+        "claim {claim}: metadata.uid is {found}, the kubelet asked for {expected}; the claim was deleted and recreated"
+    )]
+    UidMismatch {
+        /// `namespace/name`.
+        claim: String,
+        /// UID the kubelet asked for.
+        expected: String,
+        /// UID found.
+        found: String,
+    },
+    /// Reading the claim failed.
+    #[error("claim {claim}: cannot read it: {source}")]
+    Source {
+        /// `namespace/name`.
+        claim: String,
+        /// The cause.
+        #[source]
+        source: SourceError,
+    },
+    /// The allocation is unusable.
+    #[error(transparent)]
+    Grant(#[from] GrantError),
+    /// The devices or the spec are unusable.
+    #[error(transparent)]
+    Edits(#[from] EditsError),
+    /// The GPUs could not be listed.
+    #[error("claim {claim}: cannot list this node's GPUs: {detail}")]
+    Backend {
+        /// `namespace/name`.
+        claim: String,
+        /// The backend's error.
+        detail: String,
+    },
+    /// A file operation failed.
+    #[error("claim {claim}: cannot {op} {}: {source}", path.display())]
+    Io {
+        /// `namespace/name`.
+        claim: String,
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The checkpoint could not be written.
+    #[error("claim {claim}: {source}")]
+    Checkpoint {
+        /// `namespace/name`.
+        claim: String,
+        /// The cause.
+        #[source]
+        source: CheckpointError,
+    },
+}
+
+impl PrepareError {
+    /// A short, stable reason for metrics labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::BadUid { .. } => "bad_uid",
+            Self::NotFound { .. } => "not_found",
+            Self::UidMismatch { .. } => "uid_mismatch",
+            Self::Source { .. } => "api",
+            Self::Grant(GrantError::NotAllocated { .. }) => "not_allocated",
+            Self::Grant(GrantError::NoDevicesOfDriver { .. }) => "other_driver",
+            Self::Grant(GrantError::Invalid { .. }) => "invalid_allocation",
+            Self::Edits(EditsError::UnknownDevice { .. }) => "unknown_device",
+            Self::Edits(_) => "invalid_allocation",
+            Self::Backend { .. } => "backend",
+            Self::Io { .. } | Self::Checkpoint { .. } => "io",
+        }
+    }
+}
+
+/// What [`Plugin::start`] found and did, for logs and Events.
+#[derive(Debug, Default)]
+pub struct StartReport {
+    /// What loading the checkpoint found (missing, corrupt, other boot).
+    pub note: Option<LoadNote>,
+    /// Files removed that no checkpoint entry accounted for.
+    pub removed_orphans: Vec<PathBuf>,
+    /// Problems while removing leftovers (the plugin still starts).
+    pub errors: Vec<String>,
+}
+
+/// What [`Plugin::cleanup_stale`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    /// Claims unprepared, `namespace/name (uid)`.
+    pub removed: Vec<String>,
+    /// Claims that could not be checked or removed, with the reason.
+    pub errors: Vec<String>,
+}
+
+/// The node plugin's prepare/unprepare state.
+pub struct Plugin<S> {
+    cfg: PluginConfig,
+    source: S,
+    backend: Arc<dyn DeviceBackend>,
+    file: CheckpointFile,
+    checkpoint: Mutex<Checkpoint>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    metrics: Metrics,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The data behind these locks stays consistent between statements; a panic elsewhere
+    // must not take the plugin down.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty()
+        && uid.len() <= 128
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+fn create_private_dir(path: &Path) -> io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)?;
+    // Exactly 0700 whatever the umask or an earlier run left.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+}
+
+fn remove_if_present(path: &Path, dir: bool) -> io::Result<bool> {
+    let r = if dir {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+impl<S: ClaimSource> Plugin<S> {
+    /// Opens the plugin's state: creates its directories, loads the checkpoint (a corrupt
+    /// one is moved aside, one from another boot discarded), removes files of discarded
+    /// claims and files that no entry accounts for. Fails only if the directories or the
+    /// checkpoint cannot be created or written at all.
+    pub fn start(
+        cfg: PluginConfig,
+        source: S,
+        backend: Arc<dyn DeviceBackend>,
+    ) -> Result<(Self, StartReport), CheckpointError> {
+        let io = |path: &Path, op, source| CheckpointError::Io {
+            path: path.to_owned(),
+            op,
+            source,
+        };
+        create_private_dir(&cfg.state_root)
+            .map_err(|e| io(&cfg.state_root, "create the state directory", e))?;
+        std::fs::create_dir_all(&cfg.cdi_dir)
+            .map_err(|e| io(&cfg.cdi_dir, "create the CDI directory", e))?;
+        let file = CheckpointFile::new(cfg.state_root.join(CHECKPOINT_FILE));
+        let (checkpoint, note) = file.load(&cfg.boot_id)?;
+        file.save(&checkpoint)?;
+        let metrics = Metrics::new();
+        metrics.set_claims(&checkpoint.claims);
+        let plugin = Self {
+            cfg,
+            source,
+            backend,
+            file,
+            checkpoint: Mutex::new(checkpoint),
+            locks: Mutex::new(HashMap::new()),
+            metrics,
+        };
+        let mut report = StartReport {
+            note,
+            ..StartReport::default()
+        };
+        plugin.remove_orphans(&mut report);
+        Ok((plugin, report))
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PluginConfig {
+        &self.cfg
+    }
+
+    /// The plugin's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// A copy of the checkpoint's claims.
+    pub fn claims(&self) -> std::collections::BTreeMap<String, ClaimRecord> {
+        lock(&self.checkpoint).claims.clone()
+    }
+
+    fn paths(&self, uid: &str) -> ClaimPaths {
+        ClaimPaths::new(
+            &self.cfg.state_root,
+            &self.cfg.cdi_dir,
+            &self.cfg.driver,
+            uid,
+        )
+    }
+
+    /// Removes claim directories and this driver's CDI specs that no entry accounts for
+    /// (left by a crash before the entry was written, or by a previous boot).
+    fn remove_orphans(&self, report: &mut StartReport) {
+        let known = self.claims();
+        let claims_dir = self.cfg.state_root.join("claims");
+        let spec_prefix = self.cfg.driver.cdi_spec_file_name("");
+        let spec_prefix = spec_prefix.trim_end_matches(".json");
+        let mut candidates = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(&claims_dir) {
+            for e in entries.flatten() {
+                let uid = e.file_name().to_string_lossy().into_owned();
+                if !known.contains_key(&uid) {
+                    candidates.push((e.path(), true));
+                }
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.cfg.cdi_dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                // A temporary file of an interrupted write (`.<spec>.tmp`) is always a leftover.
+                let interrupted = name
+                    .strip_prefix('.')
+                    .is_some_and(|n| n.starts_with(spec_prefix) && n.ends_with(".json.tmp"));
+                let uid = name
+                    .strip_prefix(spec_prefix)
+                    .and_then(|r| r.strip_suffix(".json"));
+                if interrupted || uid.is_some_and(|uid| !known.contains_key(uid)) {
+                    candidates.push((e.path(), false));
+                }
+            }
+        }
+        for (path, dir) in candidates {
+            match remove_if_present(&path, dir) {
+                Ok(true) => report.removed_orphans.push(path),
+                Ok(false) => {}
+                Err(e) => report
+                    .errors
+                    .push(format!("cannot remove {}: {e}", path.display())),
+            }
+        }
+    }
+
+    fn claim_lock(&self, uid: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.locks).entry(uid.to_owned()).or_default().clone()
+    }
+
+    fn release_lock(&self, uid: &str, l: Arc<tokio::sync::Mutex<()>>) {
+        let mut locks = lock(&self.locks);
+        // Ours plus the map's: nobody else waits for this claim.
+        if Arc::strong_count(&l) == 2 {
+            locks.remove(uid);
+        }
+    }
+
+    fn update(
+        &self,
+        claim: &ClaimRef,
+        f: impl FnOnce(&mut Checkpoint),
+    ) -> Result<(), PrepareError> {
+        let mut cp = lock(&self.checkpoint);
+        let mut next = cp.clone();
+        f(&mut next);
+        if next == *cp {
+            return Ok(());
+        }
+        self.file
+            .save(&next)
+            .map_err(|source| PrepareError::Checkpoint {
+                claim: claim.key(),
+                source,
+            })?;
+        *cp = next;
+        self.metrics.set_claims(&cp.claims);
+        Ok(())
+    }
+
+    /// Prepares `claim` and returns its devices (see the module documentation).
+    pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+        if !valid_uid(&claim.uid) {
+            self.metrics
+                .observe(Operation::Prepare, Some("bad_uid"), Default::default());
+            return Err(PrepareError::BadUid {
+                claim: claim.key(),
+                uid: claim.uid.clone(),
+            });
+        }
+        let started = std::time::Instant::now();
+        let l = self.claim_lock(&claim.uid);
+        let result = {
+            let _guard = l.lock().await;
+            self.prepare_locked(claim).await
+        };
+        self.release_lock(&claim.uid, l);
+        let reason = result.as_ref().err().map(PrepareError::reason);
+        self.metrics
+            .observe(Operation::Prepare, reason, started.elapsed());
+        result
+    }
+
+    async fn prepare_locked(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+        if let Some(rec) = lock(&self.checkpoint).claims.get(&claim.uid)
+            && rec.state == PrepareState::PrepareCompleted
+        {
+            return Ok(rec.devices.clone());
+        }
+        let get = self.source.get(&claim.namespace, &claim.name);
+        let limit = self.cfg.claim_get_timeout;
+        let object = tokio::time::timeout(limit, get)
+            .await
+            .unwrap_or_else(|_| Err(SourceError(format!("no answer within {limit:?}"))))
+            .map_err(|source| PrepareError::Source {
+                claim: claim.key(),
+                source,
+            })?
+            .ok_or_else(|| PrepareError::NotFound { claim: claim.key() })?;
+        if object.metadata.uid != claim.uid {
+            return Err(PrepareError::UidMismatch {
+                claim: claim.key(),
+                expected: claim.uid.clone(),
+                found: object.metadata.uid,
+            });
+        }
+        let resolved = grant::resolve(&object, self.cfg.driver.as_str())?;
+        let inventory =
+            self.backend
+                .inventory(&self.cfg.node_name)
+                .map_err(|e| PrepareError::Backend {
+                    claim: claim.key(),
+                    detail: e.to_string(),
+                })?;
+        let planned = edits::plan(claim, &resolved, &inventory)?;
+        let paths = self.paths(&claim.uid);
+        let built = edits::build(&self.cfg.driver, claim, &planned, &self.cfg.files, &paths)?;
+        let spec_json = built.spec.to_json().map_err(|source| EditsError::Cdi {
+            claim: claim.key(),
+            source,
+        })?;
+
+        let mut record = ClaimRecord {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            state: PrepareState::PrepareStarted,
+            spec_file: paths.spec_file.clone(),
+            claim_dir: paths.claim_dir.clone(),
+            devices: built.devices.clone(),
+        };
+        self.update(claim, |cp| {
+            cp.claims.insert(claim.uid.clone(), record.clone());
+        })?;
+
+        let io = |op, path: &Path| {
+            let claim = claim.key();
+            let path = path.to_owned();
+            move |source| PrepareError::Io {
+                claim,
+                op,
+                path,
+                source,
+            }
+        };
+        create_private_dir(&paths.claim_dir).map_err(io("create", &paths.claim_dir))?;
+        create_private_dir(&paths.state_dir).map_err(io("create", &paths.state_dir))?;
+        let write = |path: &Path, bytes: &[u8], mode| {
+            write_atomic(path, bytes, mode).map_err(|(op, source)| PrepareError::Io {
+                claim: claim.key(),
+                op,
+                path: path.to_owned(),
+                source,
+            })
+        };
+        write(&paths.limits_file, built.limits.as_bytes(), 0o444)?;
+        write(&paths.preload_file, built.preload.as_bytes(), 0o444)?;
+        write(&paths.spec_file, spec_json.as_bytes(), 0o644)?;
+
+        record.state = PrepareState::PrepareCompleted;
+        self.update(claim, |cp| {
+            cp.claims.insert(claim.uid.clone(), record);
+        })?;
+        Ok(built.devices)
+    }
+
+    /// Undoes [`prepare`](Self::prepare): removes the CDI spec, the claim directory and the
+    /// checkpoint entry. Succeeds for a claim that is not (or no longer) prepared.
+    pub async fn unprepare(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        if !valid_uid(&claim.uid) {
+            self.metrics
+                .observe(Operation::Unprepare, Some("bad_uid"), Default::default());
+            return Err(PrepareError::BadUid {
+                claim: claim.key(),
+                uid: claim.uid.clone(),
+            });
+        }
+        let started = std::time::Instant::now();
+        let l = self.claim_lock(&claim.uid);
+        let result = {
+            let _guard = l.lock().await;
+            self.unprepare_locked(claim)
+        };
+        self.release_lock(&claim.uid, l);
+        let reason = result.as_ref().err().map(PrepareError::reason);
+        self.metrics
+            .observe(Operation::Unprepare, reason, started.elapsed());
+        result
+    }
+
+    fn unprepare_locked(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        // Paths are derived from the UID, never taken from the file, so a damaged
+        // checkpoint cannot point the removal elsewhere.
+        let paths = self.paths(&claim.uid);
+        let io = |op, path: &Path| {
+            let claim = claim.key();
+            let path = path.to_owned();
+            move |source| PrepareError::Io {
+                claim,
+                op,
+                path,
+                source,
+            }
+        };
+        remove_if_present(&paths.spec_file, false).map_err(io("remove", &paths.spec_file))?;
+        remove_if_present(&paths.claim_dir, true).map_err(io("remove", &paths.claim_dir))?;
+        self.update(claim, |cp| {
+            cp.claims.remove(&claim.uid);
+        })
+    }
+
+    /// Unprepares every recorded claim that no longer exists or now has another UID.
+    /// Claims that cannot be read are left alone and reported.
+    pub async fn cleanup_stale(&self) -> CleanupReport {
+        let mut report = CleanupReport::default();
+        for (uid, rec) in self.claims() {
+            let claim = ClaimRef {
+                namespace: rec.namespace,
+                name: rec.name,
+                uid,
+            };
+            let stale = match self.source.get(&claim.namespace, &claim.name).await {
+                Ok(None) => true,
+                Ok(Some(c)) => c.metadata.uid != claim.uid,
+                Err(e) => {
+                    report
+                        .errors
+                        .push(format!("claim {}: cannot read it: {e}", claim.key()));
+                    continue;
+                }
+            };
+            if stale {
+                match self.unprepare(&claim).await {
+                    Ok(()) => report
+                        .removed
+                        .push(format!("{} ({})", claim.key(), claim.uid)),
+                    Err(e) => report.errors.push(e.to_string()),
+                }
+            }
+        }
+        report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::edits::tests::gpu;
+    use crate::edits::{FileMount, NodeFiles};
+    use fgpu_driver::backend::BackendError;
+    use fgpu_driver::device::Gpu;
+    use serde_json::json;
+
+    struct StaticBackend(Mutex<Vec<Gpu>>);
+
+    impl DeviceBackend for StaticBackend {
+        fn name(&self) -> &'static str {
+            "static"
+        }
+        fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
+            Ok(lock(&self.0).clone())
+        }
+    }
+
+    struct Env {
+        dir: tempfile::TempDir,
+        source: Arc<MapClaimSource>,
+        backend: Arc<StaticBackend>,
+    }
+
+    impl Env {
+        fn new() -> Self {
+            Self {
+                dir: tempfile::tempdir().unwrap(),
+                source: Arc::default(),
+                backend: Arc::new(StaticBackend(Mutex::new(vec![
+                    gpu(0, "0000:1b:00.0"),
+                    gpu(1, "0000:2b:00.0"),
+                ]))),
+            }
+        }
+        fn cfg(&self, boot: &str) -> PluginConfig {
+            PluginConfig {
+                driver: DriverName::default(),
+                node_name: "n1".into(),
+                state_root: self.dir.path().join("state"),
+                cdi_dir: self.dir.path().join("cdi"),
+                files: NodeFiles {
+                    shim_library: "/opt/fgpu/libfgpu.so".into(),
+                    driver_mounts: vec![FileMount::same("/usr/lib/libcuda.so.1")],
+                    driver_hooks: vec![],
+                },
+                boot_id: boot.into(),
+                claim_get_timeout: CLAIM_GET_TIMEOUT,
+            }
+        }
+        fn start(&self, boot: &str) -> (Plugin<Arc<MapClaimSource>>, StartReport) {
+            Plugin::start(self.cfg(boot), self.source.clone(), self.backend.clone()).unwrap()
+        }
+        fn spec_path(&self, uid: &str) -> PathBuf {
+            self.dir
+                .path()
+                .join("cdi")
+                .join(format!("gpu.fgpu.dev-claim_{uid}.json"))
+        }
+        fn claim_dir(&self, uid: &str) -> PathBuf {
+            self.dir.path().join("state/claims").join(uid)
+        }
+        fn add(&self, name: &str, uid: &str, device: &str) -> ClaimRef {
+            self.source.insert(
+                serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": "ns", "uid": uid},
+                    "status": {"allocation": {"devices": {"results": [{
+                        "request": "gpu", "driver": "gpu.fgpu.dev", "pool": "n1",
+                        "device": device, "shareID": "s1",
+                        "consumedCapacity": {"memory": "10Gi", "cores": "30"}}]}}}
+                }))
+                .unwrap(),
+            );
+            ClaimRef {
+                namespace: "ns".into(),
+                name: name.into(),
+                uid: uid.into(),
+            }
+        }
+    }
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[tokio::test]
+    async fn prepare_is_idempotent_and_unprepare_removes_everything() {
+        let env = Env::new();
+        let (plugin, report) = env.start("b1");
+        assert_eq!(report.note, Some(LoadNote::Missing));
+        let c = env.add("c", "uid-1", "gpu-1");
+        let devices = plugin.prepare(&c).await.unwrap();
+        assert_eq!(devices.len(), 1);
+        assert_eq!(
+            devices[0].cdi_device_ids,
+            ["gpu.fgpu.dev/claim=uid-1-gpu-1-s1"]
+        );
+        assert_eq!(devices[0].memory_bytes, 10 << 30);
+
+        let dir = env.claim_dir("uid-1");
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("state")), 0o700);
+        assert_eq!(mode(&dir.join("limits")), 0o444);
+        assert_eq!(mode(&dir.join("ld.so.preload")), 0o444);
+        assert_eq!(mode(&env.spec_path("uid-1")), 0o644);
+        let limits = std::fs::read_to_string(dir.join("limits")).unwrap();
+        assert!(
+            limits.contains("FGPU_MEMORY_LIMIT_0=10737418240\n"),
+            "{limits}"
+        );
+        let spec = std::fs::read_to_string(env.spec_path("uid-1")).unwrap();
+        let spec = fgpu_driver::cdi::CdiSpec::from_json(&spec).unwrap();
+        assert_eq!(spec.qualified_names(), devices[0].cdi_device_ids);
+        assert_eq!(
+            plugin.claims()["uid-1"].state,
+            PrepareState::PrepareCompleted
+        );
+
+        // Repeated prepare answers from the checkpoint, even with the claim gone.
+        env.source.remove("ns", "c");
+        assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
+
+        plugin.unprepare(&c).await.unwrap();
+        assert!(!dir.exists());
+        assert!(!env.spec_path("uid-1").exists());
+        assert!(plugin.claims().is_empty());
+        plugin.unprepare(&c).await.unwrap();
+        // A restart sees no claim.
+        drop(plugin);
+        assert!(env.start("b1").0.claims().is_empty());
+    }
+
+    #[tokio::test]
+    async fn bad_claims_fail_without_side_effects() {
+        let env = Env::new();
+        let (plugin, _) = env.start("b1");
+        let mut gone = env.add("gone", "uid-g", "gpu-0");
+        env.source.remove("ns", "gone");
+        let replaced = ClaimRef {
+            uid: "uid-old".into(),
+            ..env.add("r", "uid-new", "gpu-0")
+        };
+        let vanished = env.add("v", "uid-v", "gpu-9");
+        let cases: Vec<(ClaimRef, &str, &str)> = vec![
+            (gone.clone(), "not_found", "claim ns/gone: not found"),
+            (
+                replaced,
+                "uid_mismatch",
+                "claim ns/r: metadata.uid is uid-new, the kubelet asked for uid-old",
+            ),
+            (
+                vanished,
+                "unknown_device",
+                "claim ns/v: status.allocation.devices.results[0].device: \"gpu-9\"",
+            ),
+        ];
+        for (c, reason, msg) in cases {
+            let e = plugin.prepare(&c).await.unwrap_err();
+            assert_eq!(e.reason(), reason, "{e}");
+            assert!(e.to_string().starts_with(msg), "{e}");
+            assert!(!env.claim_dir(&c.uid).exists());
+            assert!(!env.spec_path(&c.uid).exists());
+        }
+        gone.uid = "../../etc".into();
+        assert_eq!(plugin.prepare(&gone).await.unwrap_err().reason(), "bad_uid");
+        assert_eq!(
+            plugin.unprepare(&gone).await.unwrap_err().reason(),
+            "bad_uid"
+        );
+        assert!(plugin.claims().is_empty());
+        // The plugin still works.
+        plugin
+            .prepare(&env.add("ok", "uid-ok", "gpu-0"))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn restart_keeps_state_and_reboot_discards_it() {
+        let env = Env::new();
+        let c = env.add("c", "uid-1", "gpu-0");
+        let devices = {
+            let (plugin, _) = env.start("b1");
+            plugin.prepare(&c).await.unwrap()
+        };
+        {
+            let (plugin, report) = env.start("b1");
+            assert_eq!(report.note, None);
+            assert!(report.removed_orphans.is_empty());
+            env.source.remove("ns", "c");
+            assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
+        }
+        let (plugin, report) = env.start("b2");
+        match report.note {
+            Some(LoadNote::BootChanged {
+                previous,
+                discarded,
+            }) => {
+                assert_eq!(previous, "b1");
+                assert!(discarded.contains_key("uid-1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(plugin.claims().is_empty());
+        assert!(!env.claim_dir("uid-1").exists());
+        assert!(!env.spec_path("uid-1").exists());
+        assert_eq!(report.removed_orphans.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn interrupted_prepare_is_redone_and_corrupt_checkpoint_starts_clean() {
+        let env = Env::new();
+        let c = env.add("c", "uid-1", "gpu-0");
+        {
+            let (plugin, _) = env.start("b1");
+            // Simulate a crash after PrepareStarted and the directory, before the spec.
+            plugin
+                .update(&c, |cp| {
+                    cp.claims.insert(
+                        "uid-1".into(),
+                        ClaimRecord {
+                            namespace: "ns".into(),
+                            name: "c".into(),
+                            ..ClaimRecord::default()
+                        },
+                    );
+                })
+                .unwrap();
+            create_private_dir(&env.claim_dir("uid-1")).unwrap();
+        }
+        let tmp = env
+            .dir
+            .path()
+            .join("cdi/.gpu.fgpu.dev-claim_uid-1.json.tmp");
+        std::fs::write(&tmp, b"{").unwrap();
+        let (plugin, report) = env.start("b1");
+        // The entry accounts for the claim directory; the interrupted write is a leftover.
+        assert_eq!(report.removed_orphans, [tmp]);
+        assert_eq!(plugin.claims()["uid-1"].state, PrepareState::PrepareStarted);
+        let devices = plugin.prepare(&c).await.unwrap();
+        assert_eq!(devices[0].device_name, "gpu-0");
+        assert!(env.spec_path("uid-1").exists());
+        drop(plugin);
+
+        std::fs::write(env.dir.path().join("state/checkpoint.json"), b"not json").unwrap();
+        let (plugin, report) = env.start("b1");
+        assert!(
+            matches!(report.note, Some(LoadNote::Corrupt { .. })),
+            "{:?}",
+            report.note
+        );
+        // Files of the lost entry are orphans now and removed.
+        assert!(!env.spec_path("uid-1").exists());
+        assert!(plugin.claims().is_empty());
+        plugin.prepare(&c).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn stale_claims_are_cleaned_up() {
+        let env = Env::new();
+        let (plugin, _) = env.start("b1");
+        let keep = env.add("keep", "uid-k", "gpu-0");
+        let gone = env.add("gone", "uid-g", "gpu-0");
+        let replaced = env.add("repl", "uid-r", "gpu-1");
+        for c in [&keep, &gone, &replaced] {
+            plugin.prepare(c).await.unwrap();
+        }
+        env.source.remove("ns", "gone");
+        env.add("repl", "uid-r2", "gpu-1");
+        let report = plugin.cleanup_stale().await;
+        assert_eq!(report.errors, Vec::<String>::new());
+        assert_eq!(report.removed, ["ns/gone (uid-g)", "ns/repl (uid-r)"]);
+        assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-k"]);
+        assert!(!env.claim_dir("uid-g").exists());
+        assert!(env.claim_dir("uid-k").exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_prepares() {
+        let env = Env::new();
+        let (plugin, _) = env.start("b1");
+        let plugin = Arc::new(plugin);
+        let claims: Vec<ClaimRef> = (0..6)
+            .map(|i| env.add(&format!("c{}", i % 3), &format!("uid-{}", i % 3), "gpu-0"))
+            .collect();
+        let mut set = tokio::task::JoinSet::new();
+        for c in claims.clone() {
+            let p = plugin.clone();
+            set.spawn(async move { (c.uid.clone(), p.prepare(&c).await.unwrap()) });
+        }
+        let mut by_uid: HashMap<String, Vec<PreparedDevice>> = HashMap::new();
+        while let Some(r) = set.join_next().await {
+            let (uid, devices) = r.unwrap();
+            if let Some(prev) = by_uid.insert(uid, devices.clone()) {
+                assert_eq!(prev, devices);
+            }
+        }
+        assert_eq!(by_uid.len(), 3);
+        assert_eq!(plugin.claims().len(), 3);
+        assert!(lock(&plugin.locks).is_empty(), "locks are released");
+    }
+
+    struct Hanging;
+
+    impl ClaimSource for Hanging {
+        async fn get(&self, _: &str, _: &str) -> Result<Option<ResourceClaim>, SourceError> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_silent_api_server_fails_the_claim_in_time() {
+        let env = Env::new();
+        let cfg = PluginConfig {
+            claim_get_timeout: std::time::Duration::from_millis(20),
+            ..env.cfg("b1")
+        };
+        let (plugin, _) = Plugin::start(cfg, Hanging, env.backend.clone()).unwrap();
+        let c = ClaimRef {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "uid-1".into(),
+        };
+        let e = plugin.prepare(&c).await.unwrap_err();
+        assert_eq!(e.reason(), "api");
+        assert_eq!(
+            e.to_string(),
+            "claim ns/c: cannot read it: no answer within 20ms"
+        );
+        assert!(plugin.claims().is_empty());
+    }
+}

@@ -1,0 +1,215 @@
+//! The `serve` loop: everything the DaemonSet's container runs, given a kube client and a
+//! device backend. `main.rs` only turns flags into a [`ServeConfig`].
+//!
+//! 1. Negotiates the `resource.k8s.io` version.
+//! 2. Starts the [`Plugin`] (checkpoint, boot id, leftovers) and cleans up stale claims.
+//! 3. Serves the registration and DRA sockets.
+//! 4. Publishes the node's ResourceSlice, and again every `resync` (a GPU turning unhealthy,
+//!    a kubelet that wiped the node's slices) together with the stale-claim cleanup.
+//! 5. Stops on `shutdown`, or with an error when the kubelet refuses the registration (the
+//!    container restarts and registers again).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fgpu_api::names::DriverName;
+use fgpu_driver::backend::DeviceBackend;
+
+use crate::checkpoint::{CheckpointError, LoadNote, read_boot_id};
+use crate::cluster::{
+    ClusterError, KubeClaimSource, REASON_CHECKPOINT_CORRUPTED, SlicePublisher, negotiate,
+    warn_node_event,
+};
+use crate::edits::NodeFiles;
+use crate::grpc::{GrpcError, PluginServer, RegistrationState, Sockets};
+use crate::prepare::{Plugin, PluginConfig};
+
+/// Settings of [`run`].
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The driver name.
+    pub driver: DriverName,
+    /// This node.
+    pub node_name: String,
+    /// The kubelet's plugin registry (`/var/lib/kubelet/plugins_registry`).
+    pub registrar_dir: PathBuf,
+    /// The kubelet's plugins directory (`/var/lib/kubelet/plugins`).
+    pub plugins_dir: PathBuf,
+    /// CDI spec directory (`/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// The plugin's state directory (checkpoint, claim directories).
+    pub state_dir: PathBuf,
+    /// Files every claim's containers get.
+    pub files: NodeFiles,
+    /// Where the boot id is read (`/proc/sys/kernel/random/boot_id`).
+    pub boot_id_path: PathBuf,
+    /// Publish devices with consumable capacity (falls back if the cluster drops it).
+    pub consumable_capacity: bool,
+    /// How often to republish the slice and clean up stale claims.
+    pub resync: Duration,
+    /// Where to serve `/metrics` and `/healthz` over HTTP; `None`: not served.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// Why serving stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The API server could not be used.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The checkpoint or state directory could not be used.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The sockets could not be served.
+    #[error(transparent)]
+    Grpc(#[from] GrpcError),
+    /// The kubelet refused the registration.
+    #[error("the kubelet refused the registration: {0}")]
+    Rejected(String),
+    /// The metrics address could not be bound.
+    #[error("metrics address {addr}: {source}")]
+    Metrics {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs the plugin until `shutdown` completes or the kubelet refuses it.
+pub async fn run(
+    cfg: ServeConfig,
+    client: kube::Client,
+    backend: Arc<dyn DeviceBackend>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let api = negotiate(&client).await?;
+    tracing::info!(api = %api.api_version(), "using resource.k8s.io version");
+    let source = KubeClaimSource::new(client.clone(), api);
+    let boot_id = read_boot_id(&cfg.boot_id_path)?;
+    let (plugin, report) = Plugin::start(
+        PluginConfig {
+            driver: cfg.driver.clone(),
+            node_name: cfg.node_name.clone(),
+            state_root: cfg.state_dir.clone(),
+            cdi_dir: cfg.cdi_dir.clone(),
+            files: cfg.files.clone(),
+            boot_id,
+            claim_get_timeout: crate::prepare::CLAIM_GET_TIMEOUT,
+        },
+        source,
+        backend.clone(),
+    )?;
+    match &report.note {
+        Some(LoadNote::Corrupt { moved_to, error }) => {
+            tracing::error!(moved_to = %moved_to.display(), %error, "checkpoint was corrupt; moved aside, starting with no prepared claims");
+            let message = format!(
+                "fgpu kubelet plugin: the checkpoint could not be read ({error}); moved to {} and started with no prepared claims",
+                moved_to.display()
+            );
+            if let Err(e) = warn_node_event(
+                &client,
+                &cfg.node_name,
+                REASON_CHECKPOINT_CORRUPTED,
+                &message,
+            )
+            .await
+            {
+                tracing::warn!(error = %e, "cannot record the event");
+            }
+        }
+        Some(LoadNote::BootChanged {
+            previous,
+            discarded,
+        }) => {
+            tracing::warn!(%previous, claims = discarded.len(), "checkpoint is from a previous boot; discarded");
+        }
+        Some(LoadNote::Missing) | None => {}
+    }
+    for path in &report.removed_orphans {
+        tracing::info!(path = %path.display(), "removed a leftover file");
+    }
+    for e in &report.errors {
+        tracing::warn!(error = %e, "cleanup at start");
+    }
+    let plugin = Arc::new(plugin);
+    let (stop_metrics, metrics_stopped) = tokio::sync::watch::channel(false);
+    if let Some(addr) = cfg.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Metrics { addr, source })?;
+        let p = plugin.clone();
+        let render = Arc::new(move || p.metrics().encode());
+        tracing::info!(%addr, "serving /metrics");
+        tokio::spawn(crate::metrics::serve_http(
+            listener,
+            render,
+            metrics_stopped,
+        ));
+    }
+    let sockets = Sockets::new(&cfg.registrar_dir, &cfg.plugins_dir, &cfg.driver);
+    let server = PluginServer::start(plugin.clone(), sockets).await?;
+    let mut registration = server.registration();
+    let mut publisher =
+        SlicePublisher::new(client, api, cfg.driver.clone(), cfg.consumable_capacity);
+
+    let mut tick = tokio::time::interval(cfg.resync);
+    tokio::pin!(shutdown);
+    let outcome = loop {
+        tokio::select! {
+            () = &mut shutdown => break Ok(()),
+            changed = registration.changed() => {
+                if changed.is_err() {
+                    break Ok(());
+                }
+                if let RegistrationState::Rejected(reason) = registration.borrow_and_update().clone() {
+                    break Err(ServeError::Rejected(reason));
+                }
+            }
+            _ = tick.tick() => {
+                resync(&plugin, backend.as_ref(), &cfg.node_name, &mut publisher).await;
+            }
+        }
+    };
+    stop_metrics.send_replace(true);
+    server.shutdown().await?;
+    outcome
+}
+
+async fn resync<S: crate::prepare::ClaimSource>(
+    plugin: &Plugin<S>,
+    backend: &dyn DeviceBackend,
+    node: &str,
+    publisher: &mut SlicePublisher,
+) {
+    let cleaned = plugin.cleanup_stale().await;
+    for c in &cleaned.removed {
+        tracing::info!(claim = %c, "unprepared a claim that no longer exists");
+    }
+    for e in &cleaned.errors {
+        tracing::warn!(error = %e, "stale-claim cleanup");
+    }
+    match backend.inventory(node) {
+        Ok(inventory) => match publisher.publish(&inventory).await {
+            Ok(p) if p.written => {
+                tracing::info!(
+                    generation = p.generation,
+                    consumable = p.consumable,
+                    devices = inventory.gpus.len(),
+                    "published the ResourceSlice"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot publish the ResourceSlice; retrying later")
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the GPUs; the ResourceSlice is not updated")
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! `serve`: flags → [`fgpu_kubelet_plugin::serve::ServeConfig`], then the library's loop.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use fgpu_api::names::{DriverName, kubelet};
+use fgpu_driver::backend::{BackendKind, build_backend};
+use fgpu_kubelet_plugin::driver_files;
+use fgpu_kubelet_plugin::edits::{FileMount, NodeFiles};
+use fgpu_kubelet_plugin::serve::{ServeConfig, run as serve};
+
+use crate::{Backend, BadInput};
+
+/// Flags of `serve`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// Kubernetes node name (the DaemonSet sets it from the downward API).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node: String,
+
+    /// DRA driver name.
+    #[arg(long, env = "FGPU_DRIVER_NAME", default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+
+    /// Where GPUs come from: `nvml` or `fake` (with --fake-gpus).
+    #[arg(long, value_enum, default_value_t = Backend::Nvml, env = "FGPU_BACKEND")]
+    backend: Backend,
+
+    /// YAML profile of fake GPUs (deploy/fake/README.md). Required with --backend fake.
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_if_eq("backend", "fake"),
+        env = "FGPU_FAKE_GPUS"
+    )]
+    fake_gpus: Option<PathBuf>,
+
+    /// The kubelet's plugin registry directory (registration socket).
+    #[arg(long, value_name = "DIR", default_value = kubelet::REGISTRY_DIR, env = "KUBELET_REGISTRAR_DIRECTORY_PATH")]
+    kubelet_registrar_directory_path: PathBuf,
+
+    /// The kubelet's plugins directory (DRA socket in <dir>/<driver>/dra.sock).
+    #[arg(long, value_name = "DIR", default_value = kubelet::PLUGINS_DIR, env = "KUBELET_PLUGINS_DIRECTORY_PATH")]
+    kubelet_plugins_directory_path: PathBuf,
+
+    /// Directory for the per-claim CDI specs.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/run/cdi",
+        env = "CDI_ROOT"
+    )]
+    cdi_root: PathBuf,
+
+    /// The plugin's state: checkpoint.json and claims/<uid>/ (state dir, limits, preload).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/fgpu",
+        env = "FGPU_STATE_DIR_ROOT"
+    )]
+    state_dir: PathBuf,
+
+    /// libfgpu.so on the host, mounted read-only into every claim's containers.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/lib/fgpu/lib/libfgpu.so",
+        env = "FGPU_SHIM_LIBRARY"
+    )]
+    shim_library: PathBuf,
+
+    /// A driver file to mount read-only into containers, `HOST[:CONTAINER]` (repeat it, or
+    /// separate with commas): the CUDA/NVML libraries and nvidia-smi; with --backend fake
+    /// the fake CUDA libraries.
+    #[arg(
+        long = "driver-file",
+        value_name = "HOST[:CONTAINER]",
+        value_delimiter = ',',
+        env = "FGPU_DRIVER_FILES"
+    )]
+    driver_files: Vec<String>,
+
+    /// Where the host's root file system is mounted, for discovering the driver's files
+    /// when neither --driver-file nor the NVIDIA container toolkit's CDI spec names them.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/",
+        env = "FGPU_DRIVER_ROOT"
+    )]
+    driver_root: PathBuf,
+
+    /// Where the kernel publishes the boot id.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/proc/sys/kernel/random/boot_id"
+    )]
+    boot_id_file: PathBuf,
+
+    /// Publish devices with consumable capacity (shares scheduled by kube-scheduler); falls
+    /// back to plain devices where the cluster drops the field.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    consumable_capacity: bool,
+
+    /// Seconds between ResourceSlice republishing and stale-claim cleanup.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    resync_seconds: u64,
+
+    /// Address of the HTTP endpoint for /metrics and /healthz.
+    #[arg(
+        long,
+        default_value = "0.0.0.0:9400",
+        value_name = "ADDR",
+        env = "FGPU_METRICS_ADDRESS"
+    )]
+    metrics_address: SocketAddr,
+}
+
+fn file_mount(spec: &str) -> anyhow::Result<FileMount> {
+    let (host, container) = spec.split_once(':').unwrap_or((spec, spec));
+    let (host, container) = (PathBuf::from(host), PathBuf::from(container));
+    if !host.is_absolute() || !container.is_absolute() {
+        return Err(BadInput(format!(
+            "--driver-file {spec:?}: paths must be absolute, e.g. /usr/lib/x86_64-linux-gnu/libcuda.so.1 or /opt/fake/libcuda.so.1:/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+        ))
+        .into());
+    }
+    Ok(FileMount {
+        host_path: host,
+        container_path: container,
+    })
+}
+
+/// Runs `serve` until SIGTERM / SIGINT, or until the kubelet refuses the registration.
+pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let driver = DriverName::new(args.driver_name.as_str())
+        .map_err(|e| BadInput(format!("--driver-name: {e}")))?;
+    if args.resync_seconds == 0 {
+        return Err(BadInput("--resync-seconds: must be at least 1".into()).into());
+    }
+    let explicit = args
+        .driver_files
+        .iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| file_mount(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Explicit files win; the fake backend uses only those (the fake CUDA libraries).
+    let (driver_mounts, driver_hooks) = if !explicit.is_empty() || args.backend == Backend::Fake {
+        (explicit, Vec::new())
+    } else {
+        let mut spec_dirs: Vec<PathBuf> = driver_files::TOOLKIT_SPEC_DIRS
+            .iter()
+            .map(|d| args.driver_root.join(d.trim_start_matches('/')))
+            .collect();
+        spec_dirs.push(args.cdi_root.clone());
+        let files = driver_files::resolve(&spec_dirs, &args.driver_root)?;
+        tracing::info!(origin = %files.origin, mounts = files.mounts.len(), hooks = files.hooks.len(), "driver files for containers");
+        (files.mounts, files.hooks)
+    };
+    let backend = match args.backend {
+        Backend::Fake => build_backend(
+            BackendKind::Fake,
+            args.fake_gpus.as_deref(),
+            Some(&args.node),
+        )?,
+        Backend::Nvml => build_backend(BackendKind::Nvml, None, None)?,
+    };
+    let cfg = ServeConfig {
+        driver,
+        node_name: args.node,
+        registrar_dir: args.kubelet_registrar_directory_path,
+        plugins_dir: args.kubelet_plugins_directory_path,
+        cdi_dir: args.cdi_root,
+        state_dir: args.state_dir,
+        files: NodeFiles {
+            shim_library: args.shim_library,
+            driver_mounts,
+            driver_hooks,
+        },
+        boot_id_path: args.boot_id_file,
+        consumable_capacity: args.consumable_capacity,
+        resync: Duration::from_secs(args.resync_seconds),
+        metrics_addr: Some(args.metrics_address),
+    };
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .context("cannot configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
+        serve(cfg, client, Arc::from(backend), shutdown_signal()).await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_file_flags() {
+        assert_eq!(
+            file_mount("/usr/lib/libcuda.so.1").unwrap(),
+            FileMount::same("/usr/lib/libcuda.so.1")
+        );
+        assert_eq!(
+            file_mount("/opt/fake/libcuda.so.1:/usr/lib/x86_64-linux-gnu/libcuda.so.1").unwrap(),
+            FileMount {
+                host_path: "/opt/fake/libcuda.so.1".into(),
+                container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+            }
+        );
+        let e = file_mount("libcuda.so.1").unwrap_err();
+        assert!(e.downcast_ref::<BadInput>().is_some());
+        assert!(e.to_string().contains("paths must be absolute"), "{e}");
+    }
+}

@@ -1,0 +1,38 @@
+//! `deploy/deviceclasses.yaml` names the classes `fgpu_api` derives and selects this
+//! driver's devices.
+
+use fgpu_api::names::{DriverName, attr};
+
+#[test]
+fn device_classes_match_the_driver_names() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/deviceclasses.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let driver = DriverName::default();
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, [driver.whole_class(), driver.shared_class()]);
+    for d in &docs {
+        assert_eq!(d["apiVersion"].as_str(), Some("resource.k8s.io/v1"));
+        assert_eq!(d["kind"].as_str(), Some("DeviceClass"));
+        let cel = d["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .unwrap();
+        assert!(
+            cel.contains(&format!("device.driver == \"{driver}\"")),
+            "{cel}"
+        );
+        assert!(
+            cel.contains(&format!(
+                "device.attributes[\"{driver}\"].{} == \"{}\"",
+                attr::TYPE,
+                attr::TYPE_GPU
+            )),
+            "{cel}"
+        );
+    }
+}

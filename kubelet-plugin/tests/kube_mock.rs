@@ -1,0 +1,427 @@
+//! `cluster` against an in-memory stand-in for the API server (a tower service behind a
+//! real `kube::Client`): version negotiation, claim GET, slice create/update, and the
+//! fallback when the API server drops consumable capacity.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use fgpu_api::names::DriverName;
+use fgpu_driver::device::{ComputeCapability, DeviceNode, Gpu, Health, NodeInventory};
+use fgpu_kubelet_plugin::cluster::{KubeClaimSource, SlicePublisher, negotiate};
+use fgpu_kubelet_plugin::prepare::ClaimSource as _;
+use fgpu_kubelet_plugin::slices::ApiVersion;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt as _;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+#[derive(Default)]
+struct FakeApiServer {
+    versions: Vec<&'static str>,
+    /// Strip consumable-capacity fields on write, as an API server with the gate off does.
+    drop_consumable: bool,
+    objects: HashMap<String, Value>,
+    writes: Vec<String>,
+    next_rv: u64,
+}
+
+impl FakeApiServer {
+    fn handle(&mut self, method: &Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let not_found = || {
+            (
+                StatusCode::NOT_FOUND,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "message": format!("{path} not found"), "reason": "NotFound", "code": 404}),
+            )
+        };
+        if path == "/apis" {
+            let versions: Vec<Value> = self
+                .versions
+                .iter()
+                .map(|v| json!({"groupVersion": format!("resource.k8s.io/{v}"), "version": v}))
+                .collect();
+            let groups = if versions.is_empty() {
+                json!([])
+            } else {
+                json!([{"name": "resource.k8s.io", "versions": versions, "preferredVersion": versions[0]}])
+            };
+            return (
+                StatusCode::OK,
+                json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
+            );
+        }
+        match *method {
+            Method::GET => self
+                .objects
+                .get(path)
+                .map_or_else(not_found, |o| (StatusCode::OK, o.clone())),
+            Method::POST => {
+                let mut obj = body.unwrap();
+                if obj["metadata"]["name"].is_null() {
+                    let generated = format!(
+                        "{}{}",
+                        obj["metadata"]["generateName"].as_str().unwrap(),
+                        self.next_rv
+                    );
+                    obj["metadata"]["name"] = json!(generated);
+                }
+                let path = format!("{path}/{}", obj["metadata"]["name"].as_str().unwrap());
+                self.store(&mut obj);
+                self.writes.push(format!("create {path}"));
+                self.objects.insert(path, obj.clone());
+                (StatusCode::CREATED, obj)
+            }
+            Method::PUT => {
+                let mut obj = body.unwrap();
+                let current = &self.objects[path];
+                assert_eq!(
+                    obj["metadata"]["resourceVersion"],
+                    current["metadata"]["resourceVersion"]
+                );
+                self.store(&mut obj);
+                self.writes.push(format!("replace {path}"));
+                self.objects.insert(path.to_owned(), obj.clone());
+                (StatusCode::OK, obj)
+            }
+            _ => panic!("unexpected {method} {path}"),
+        }
+    }
+
+    fn store(&mut self, obj: &mut Value) {
+        self.next_rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(self.next_rv.to_string());
+        if self.drop_consumable {
+            for d in obj["spec"]["devices"].as_array_mut().unwrap() {
+                let d = d.as_object_mut().unwrap();
+                d.remove("allowMultipleAllocations");
+                for c in d["capacity"].as_object_mut().unwrap().values_mut() {
+                    c.as_object_mut().unwrap().remove("requestPolicy");
+                }
+            }
+        }
+    }
+}
+
+fn client(server: Arc<Mutex<FakeApiServer>>) -> kube::Client {
+    let service = tower::service_fn(move |req: Request<Body>| {
+        let server = server.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect().await.unwrap().to_bytes();
+            let body = (!bytes.is_empty()).then(|| serde_json::from_slice(&bytes).unwrap());
+            let (status, value) =
+                server
+                    .lock()
+                    .unwrap()
+                    .handle(&parts.method, parts.uri.path(), body);
+            let resp = Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&value).unwrap()))
+                .unwrap();
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
+fn inventory(healthy: bool) -> NodeInventory {
+    let gpu = |minor: u32| Gpu {
+        index: minor,
+        minor,
+        uuid: format!("GPU-{minor}"),
+        product_name: "Tesla T4".into(),
+        memory_bytes: 15 << 30,
+        sm_count: 40,
+        compute_capability: ComputeCapability::new(7, 5),
+        driver_version: "550.54.15".into(),
+        cuda_driver_version: "12.4".into(),
+        pci_bus_id: format!("0000:0{minor}:00.0"),
+        pcie_root: None,
+        numa_node: None,
+        mig_capable: false,
+        health: if healthy || minor == 0 {
+            Health::Healthy
+        } else {
+            Health::Unhealthy {
+                reason: "XID 79".into(),
+            }
+        },
+        device_nodes: DeviceNode::standard_set(minor, std::path::Path::new("/dev")),
+    };
+    NodeInventory::new("node-a", vec![gpu(0), gpu(1)])
+}
+
+fn server(versions: Vec<&'static str>, drop_consumable: bool) -> Arc<Mutex<FakeApiServer>> {
+    let mut s = FakeApiServer {
+        versions,
+        drop_consumable,
+        ..FakeApiServer::default()
+    };
+    s.objects.insert(
+        "/api/v1/nodes/node-a".into(),
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "uid": "node-uid"}}),
+    );
+    Arc::new(Mutex::new(s))
+}
+
+const SLICE: &str = "/apis/resource.k8s.io/v1/resourceslices/node-a-gpu.fgpu.dev";
+
+#[tokio::test]
+async fn negotiates_the_newest_served_version() {
+    let cases: [(Vec<&'static str>, Result<ApiVersion, &str>); 4] = [
+        (vec!["v1", "v1beta2", "v1beta1"], Ok(ApiVersion::V1)),
+        (vec!["v1beta2", "v1beta1"], Ok(ApiVersion::V1beta2)),
+        (vec!["v1beta1"], Ok(ApiVersion::V1beta1)),
+        (
+            vec![],
+            Err("the API server serves no resource.k8s.io version fgpu speaks (served: none)"),
+        ),
+    ];
+    for (versions, want) in cases {
+        let got = negotiate(&client(server(versions.clone(), false))).await;
+        match (got, want) {
+            (Ok(v), Ok(w)) => assert_eq!(v, w, "{versions:?}"),
+            (Err(e), Err(w)) => assert!(e.to_string().starts_with(w), "{e}"),
+            (got, want) => panic!("{versions:?}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn claims_are_read_at_the_negotiated_version() {
+    let s = server(vec!["v1beta1"], false);
+    s.lock().unwrap().objects.insert(
+        "/apis/resource.k8s.io/v1beta1/namespaces/ns/resourceclaims/c".into(),
+        json!({"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim",
+               "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+               "status": {"allocation": {"devices": {"results": [
+                   {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-a", "device": "gpu-0"}]}}}}),
+    );
+    let source = KubeClaimSource::new(client(s), ApiVersion::V1beta1);
+    let c = source.get("ns", "c").await.unwrap().unwrap();
+    assert_eq!(c.metadata.uid, "u1");
+    assert_eq!(c.allocation().unwrap().results[0].device, "gpu-0");
+    assert_eq!(source.get("ns", "missing").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn slice_is_created_then_updated_only_on_change() {
+    let s = server(vec!["v1"], false);
+    let mut publisher = SlicePublisher::new(
+        client(s.clone()),
+        ApiVersion::V1,
+        DriverName::default(),
+        true,
+    );
+    let p = publisher.publish(&inventory(true)).await.unwrap();
+    assert_eq!((p.generation, p.written, p.consumable), (1, true, true));
+    let p = publisher.publish(&inventory(true)).await.unwrap();
+    assert_eq!((p.generation, p.written, p.consumable), (1, false, true));
+    let p = publisher.publish(&inventory(false)).await.unwrap();
+    assert_eq!((p.generation, p.written), (2, true));
+    let server = s.lock().unwrap();
+    assert_eq!(
+        server.writes,
+        [format!("create {SLICE}"), format!("replace {SLICE}")]
+    );
+    let stored = &server.objects[SLICE];
+    assert_eq!(stored["metadata"]["ownerReferences"][0]["uid"], "node-uid");
+    assert_eq!(stored["spec"]["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        stored["spec"]["devices"][0]["allowMultipleAllocations"],
+        true
+    );
+}
+
+#[tokio::test]
+async fn dropped_consumable_capacity_falls_back_to_plain_devices() {
+    let s = server(vec!["v1"], true);
+    let mut publisher = SlicePublisher::new(
+        client(s.clone()),
+        ApiVersion::V1,
+        DriverName::default(),
+        true,
+    );
+    let p = publisher.publish(&inventory(true)).await.unwrap();
+    assert_eq!((p.generation, p.written, p.consumable), (2, true, false));
+    // Stable afterwards: no more writes.
+    let p = publisher.publish(&inventory(true)).await.unwrap();
+    assert_eq!((p.generation, p.written, p.consumable), (2, false, false));
+    let server = s.lock().unwrap();
+    assert_eq!(
+        server.writes,
+        [format!("create {SLICE}"), format!("replace {SLICE}")]
+    );
+    let stored = &server.objects[SLICE];
+    assert!(
+        stored["spec"]["devices"][0]
+            .get("allowMultipleAllocations")
+            .is_none()
+    );
+    assert_eq!(stored["spec"]["pool"]["generation"], 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// The whole `serve` loop: fake API server, fake GPUs, real sockets.
+
+mod serve_loop {
+    use super::*;
+    use fgpu_api::proto::dra::v1;
+    use fgpu_api::proto::pluginregistration as reg;
+    use fgpu_kubelet_plugin::edits::NodeFiles;
+    use fgpu_kubelet_plugin::serve::{ServeConfig, ServeError, run};
+    use hyper_util::rt::TokioIo;
+    use std::path::Path;
+    use std::time::Duration;
+    use tonic::transport::{Channel, Endpoint, Uri};
+
+    async fn channel(path: &Path) -> Channel {
+        let path = path.to_owned();
+        Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap()
+    }
+
+    async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+        for _ in 0..200 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    const CLAIM: &str = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/c";
+
+    #[tokio::test]
+    async fn serve_publishes_prepares_cleans_up_and_stops_on_rejection() {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = dir.path().join("profile.yaml");
+        std::fs::write(
+            &profile,
+            "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
+        )
+        .unwrap();
+        // A corrupt checkpoint from an earlier run: moved aside and reported as an Event.
+        std::fs::create_dir_all(dir.path().join("state")).unwrap();
+        std::fs::write(dir.path().join("state/checkpoint.json"), b"{garbage").unwrap();
+        let boot_id = dir.path().join("boot_id");
+        std::fs::write(&boot_id, "boot-1\n").unwrap();
+        let s = server(vec!["v1", "v1beta1"], false);
+        s.lock().unwrap().objects.insert(
+            CLAIM.into(),
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                   "metadata": {"name": "c", "namespace": "team", "uid": "uid-c"},
+                   "status": {"allocation": {"devices": {"results": [
+                       {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-a", "device": "gpu-0",
+                        "shareID": "s1", "consumedCapacity": {"memory": "1Gi", "cores": "10"}}]}}}}),
+        );
+        let cfg = ServeConfig {
+            driver: DriverName::default(),
+            node_name: "node-a".into(),
+            registrar_dir: dir.path().join("plugins_registry"),
+            plugins_dir: dir.path().join("plugins"),
+            cdi_dir: dir.path().join("cdi"),
+            state_dir: dir.path().join("state"),
+            files: NodeFiles {
+                shim_library: dir.path().join("libfgpu.so"),
+                driver_mounts: vec![],
+                driver_hooks: vec![],
+            },
+            boot_id_path: boot_id,
+            consumable_capacity: true,
+            resync: Duration::from_millis(50),
+            metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+        };
+        let backend = Arc::new(fgpu_driver::backend::FakeBackend::open(&profile, None).unwrap());
+        let task = tokio::spawn(run(cfg, client(s.clone()), backend, std::future::pending()));
+
+        let reg_sock = dir.path().join("plugins_registry/gpu.fgpu.dev-reg.sock");
+        let dra_sock = dir.path().join("plugins/gpu.fgpu.dev/dra.sock");
+        eventually("the sockets", || reg_sock.exists() && dra_sock.exists()).await;
+        eventually("the slice", || {
+            s.lock().unwrap().objects.contains_key(SLICE)
+        })
+        .await;
+        assert_eq!(
+            s.lock().unwrap().objects[SLICE]["spec"]["devices"][0]["allowMultipleAllocations"],
+            true
+        );
+        {
+            let server = s.lock().unwrap();
+            let events: Vec<&Value> = server
+                .objects
+                .iter()
+                .filter(|(k, _)| k.starts_with("/api/v1/namespaces/default/events/"))
+                .map(|(_, v)| v)
+                .collect();
+            assert_eq!(events.len(), 1, "{:?}", server.writes);
+            assert_eq!(events[0]["reason"], "CheckpointCorrupted");
+            assert_eq!(events[0]["type"], "Warning");
+            assert_eq!(events[0]["involvedObject"]["uid"], "node-uid");
+            assert!(
+                events[0]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("checkpoint.json.corrupt-1")
+            );
+        }
+        assert!(dir.path().join("state/checkpoint.json.corrupt-1").exists());
+
+        let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(&dra_sock).await);
+        let resp = dra
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![v1::Claim {
+                    namespace: "team".into(),
+                    uid: "uid-c".into(),
+                    name: "c".into(),
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(resp.claims["uid-c"].error, "");
+        assert_eq!(
+            resp.claims["uid-c"].devices[0].cdi_device_ids,
+            ["gpu.fgpu.dev/claim=uid-c-gpu-0-s1"]
+        );
+        let spec = dir.path().join("cdi/gpu.fgpu.dev-claim_uid-c.json");
+        assert!(spec.exists());
+
+        // The claim is deleted behind the kubelet's back: the periodic cleanup removes it.
+        s.lock().unwrap().objects.remove(CLAIM);
+        eventually("the stale claim's spec to go", || !spec.exists()).await;
+        assert!(!dir.path().join("state/claims/uid-c").exists());
+
+        // The kubelet refuses the registration: the loop stops with that reason.
+        let mut registration =
+            reg::registration_client::RegistrationClient::new(channel(&reg_sock).await);
+        registration
+            .notify_registration_status(reg::RegistrationStatus {
+                plugin_registered: false,
+                error: "no".into(),
+            })
+            .await
+            .unwrap();
+        let outcome = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(outcome, Err(ServeError::Rejected(ref r)) if r == "no"),
+            "{outcome:?}"
+        );
+        assert!(!reg_sock.exists() && !dra_sock.exists());
+    }
+}
