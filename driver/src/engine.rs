@@ -18,7 +18,9 @@
 //!   the placement are smallest (normalised by the largest node of the cluster).
 //! * `fgd`: the FGD paper's Fragmentation Gradient Descent, faithfully (including its
 //!   quantised score), as a baseline.
-//! * `fragaware`: our fragmentation-aware policy; see `docs/engine.md` and [`frag`].
+//! * `fragaware`: our fragmentation-aware policy (FGD's measure over every kind with host
+//!   memory, a linear gradient at FGD's resolution, and pods without GPUs placed where the
+//!   fewest GPUs are free); see `docs/engine.md` and [`frag`].
 //!
 //! Nothing here allocates per GPU on the hot path beyond small vectors; the simulator
 //! evaluates tens of millions of nodes with it.
@@ -696,11 +698,12 @@ fn score_host_only(node: &Node, req: &Request, policy: Policy, ctx: &ScoreContex
         NodePolicy::BestFit => bestfit_score(node, req, &[], ctx.max_spec),
         // The paper's GpuPacking gives pods without GPUs the minimum score everywhere.
         NodePolicy::GpuPacking => 0.0,
-        NodePolicy::Fgd | NodePolicy::FragAware => match ctx.workload {
-            Some(w) if policy.node == NodePolicy::Fgd => frag::fgd_host_only(node, req, w),
-            Some(w) => frag::fragaware_host_only(node, req, w),
+        NodePolicy::Fgd => match ctx.workload {
+            Some(w) => frag::fgd_host_only(node, req, w),
             None => cpu_used_after(node, req),
         },
+        // Needs no workload: the fewest free GPUs wins (see `frag`).
+        NodePolicy::FragAware => frag::fragaware_host_only(node),
         NodePolicy::Binpack => cpu_used_after(node, req),
     }
 }

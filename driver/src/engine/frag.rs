@@ -25,6 +25,13 @@
 //! 4. *Consolidating ties.* Placements in the same band tie; the caller breaks ties by a
 //!    fixed node order (first fit), which fills used nodes before it opens empty ones. On a
 //!    node, a sharing pod takes the fuller of two GPUs in the same band.
+//! 5. *Pods without GPUs go where they strand the fewest GPUs.* Such a pod cannot fragment
+//!    a GPU; all it can do is take CPU or memory that a later GPU pod on its node would have
+//!    needed, and the GPUs that can be stranded that way are the ones still free on its
+//!    node. So it goes to the node with the least free GPU capacity (a node whose GPUs are
+//!    all taken first), ties in the fixed node order. FGD scores them by the gradient, which
+//!    is zero on almost every node until a kind's CPU threshold is crossed, so they
+//!    spread over nodes with free GPUs by the tie order and eat the CPU those GPUs need.
 //!
 //! The measure is evaluated in O(kinds + GPUs·log GPUs) per node state: the GPUs' free
 //! levels are sorted once, and each kind needs a binary search and a prefix sum.
@@ -336,10 +343,13 @@ pub(super) fn fgd_host_only(node: &Node, req: &Request, w: &Workload) -> f64 {
     fgd_quantised(before, after)
 }
 
-/// fragaware's score for a pod without GPUs: the banded gradient.
-pub(super) fn fragaware_host_only(node: &Node, req: &Request, w: &Workload) -> f64 {
-    let levels = free_levels(node);
-    let (c, m) = host_free(node);
-    let before = Levels::new(levels.clone(), c, m).frag(w, true);
-    banded(before - frag_after(node, &levels, req, &[], w, true))
+/// fragaware's score for a pod without GPUs: minus the node's free GPU capacity (milli-GPU,
+/// healthy GPUs). Such a pod uses no GPU, so the only harm it can do is to take CPU or memory
+/// that a later GPU pod on the same node needs: the GPUs it can strand are the ones still
+/// free on its node. It therefore goes where the fewest are free — a node whose GPUs are
+/// all taken first, where its CPU is of no use to a GPU pod anyway — and equal nodes go to
+/// the caller's fixed node order.
+pub(super) fn fragaware_host_only(node: &Node) -> f64 {
+    let free: u64 = free_levels(node).iter().map(|&l| u64::from(l)).sum();
+    -(free as f64)
 }

@@ -378,3 +378,56 @@ fn fragaware_ranks_at_fgd_resolution() {
         assert_eq!(k, k.round(), "{r:?}: {}", p.score);
     }
 }
+
+#[test]
+fn fragaware_puts_cpu_only_pods_where_fewest_gpus_are_free() {
+    // Three nodes with room for the pod's CPU: all 8 GPUs free, 2 free, none free. A pod
+    // without GPUs can only strand GPUs of its own node, so it goes to the full node; FGD's
+    // gradient is 0 on all three (no kind's CPU threshold is crossed) and leaves it to the
+    // tie order.
+    let w = workload();
+    let mut two = node("two", 8);
+    for g in 0..6 {
+        take(&mut two, g, 1000);
+    }
+    let mut full = node("full", 8);
+    for g in 0..8 {
+        take(&mut full, g, 1000);
+    }
+    let mut cpu = Request::new(0, GpuShare::Whole);
+    cpu.cpu_milli = 8_000;
+    let inv = Inventory {
+        nodes: vec![node("idle", 8), two.clone(), full],
+    };
+    for salt in 0..16 {
+        let p = choose(&inv, &cpu, Policy::FRAGAWARE, &ctx(Some(&w)), salt).unwrap();
+        assert_eq!(p.node, 2, "salt {salt}");
+        assert!(p.gpus.is_empty());
+    }
+    let fgd: Vec<f64> = evaluate(&inv, &cpu, Policy::FGD, &ctx(Some(&w)))
+        .iter()
+        .map(|p| p.score)
+        .collect();
+    assert!(fgd.windows(2).all(|x| x[0] == x[1]), "{fgd:?}");
+    // Without the full node: the one with 2 free GPUs, not the idle one.
+    let inv = Inventory {
+        nodes: vec![node("idle", 8), two],
+    };
+    for salt in 0..16 {
+        let p = choose(&inv, &cpu, Policy::FRAGAWARE, &ctx(Some(&w)), salt).unwrap();
+        assert_eq!(p.node, 1, "salt {salt}");
+    }
+    // A node without the CPU is not a candidate however full it is.
+    let mut starved = node("starved", 1);
+    take(&mut starved, 0, 1000);
+    starved.cpu_milli_free = Some(1_000);
+    let inv = Inventory {
+        nodes: vec![starved, node("idle", 8)],
+    };
+    assert_eq!(
+        choose(&inv, &cpu, Policy::FRAGAWARE, &ctx(Some(&w)), 3)
+            .unwrap()
+            .node,
+        1
+    );
+}
