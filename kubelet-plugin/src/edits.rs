@@ -12,6 +12,10 @@
 //!     read-only;
 //!   - the claim's state directory at [`STATE_DIR_CONTAINER`] (read-write, `nosuid`,
 //!     `nodev`, `noexec`), shared by every container of the claim;
+//!   - the node's shared GPU directory at [`GPU_DIR_CONTAINER`] (read-write, `nosuid`,
+//!     `nodev`, `noexec`; [`env::FGPU_GPU_DIR`] names it): the only thing claims share, where
+//!     the shim keeps one `<GPU-uuid>.priority` file per GPU so that high-priority claims
+//!     can hold back low-priority launches on the same GPU;
 //!   - the limits file at `/etc/fgpu/limits` (read-only) and the environment.
 //!
 //! Device ordinals: the distinct GPUs of the claim sorted by PCI bus id, the order CUDA uses
@@ -38,6 +42,12 @@ use crate::grant::ResolvedResult;
 pub const SHIM_CONTAINER_PATH: &str = "/usr/lib/fgpu/libfgpu.so";
 /// Where the claim's state directory appears in containers.
 pub const STATE_DIR_CONTAINER: &str = "/run/fgpu";
+/// Where the node's shared GPU directory appears in containers ([`env::FGPU_GPU_DIR`]).
+pub const GPU_DIR_CONTAINER: &str = "/run/fgpu-gpu";
+/// Mode of the shared GPU directory on the host: every claim's containers may create files
+/// in it whatever their user (world-writable), but, with the sticky bit, remove or rename
+/// only their own. It holds the shim's `<GPU-uuid>.priority` files, nothing else.
+pub const GPU_DIR_MODE: u32 = 0o1777;
 /// The preload file in containers.
 pub const PRELOAD_CONTAINER: &str = "/etc/ld.so.preload";
 /// Where the limits file appears in containers.
@@ -98,6 +108,9 @@ pub struct ClaimPaths {
     pub preload_file: PathBuf,
     /// `<cdi dir>/<driver>-claim_<uid>.json`.
     pub spec_file: PathBuf,
+    /// `<state root>/gpus` ([`GPU_DIR_MODE`]), shared by every claim of the node, mounted at
+    /// [`GPU_DIR_CONTAINER`].
+    pub gpu_dir: PathBuf,
 }
 
 impl ClaimPaths {
@@ -109,9 +122,15 @@ impl ClaimPaths {
             limits_file: claim_dir.join("limits"),
             preload_file: claim_dir.join("ld.so.preload"),
             spec_file: cdi_dir.join(driver.cdi_spec_file_name(uid)),
+            gpu_dir: gpu_dir(state_root),
             claim_dir,
         }
     }
+}
+
+/// The node's shared GPU directory under the plugin's `state_root`.
+pub fn gpu_dir(state_root: &Path) -> PathBuf {
+    state_root.join("gpus")
 }
 
 /// The claim being prepared.
@@ -365,6 +384,7 @@ pub fn build(
     }
     fgpu_vars.push((env::FGPU_PRIORITY.into(), priority.as_str().into()));
     fgpu_vars.push((env::FGPU_STATE_DIR.into(), STATE_DIR_CONTAINER.into()));
+    fgpu_vars.push((env::FGPU_GPU_DIR.into(), GPU_DIR_CONTAINER.into()));
 
     let mut limits = format!(
         "# fgpu limits of claim {} (uid {}); written by the kubelet plugin, read by libfgpu.so\n",
@@ -428,6 +448,11 @@ pub fn build(
         .mount(MountEdit::bind(
             &paths.state_dir,
             STATE_DIR_CONTAINER,
+            &STATE_RW,
+        ))
+        .mount(MountEdit::bind(
+            &paths.gpu_dir,
+            GPU_DIR_CONTAINER,
             &STATE_RW,
         ));
 
@@ -575,6 +600,7 @@ pub(crate) mod tests {
                     "FGPU_PRIORITY=normal".into(),
                     "CUDA_TASK_PRIORITY=1".into(),
                     "FGPU_STATE_DIR=/run/fgpu".into(),
+                    "FGPU_GPU_DIR=/run/fgpu-gpu".into(),
                     "FGPU_LIMITS_FILE=/etc/fgpu/limits".into(),
                     "CUDA_DEVICE_ORDER=PCI_BUS_ID".into(),
                     "CUDA_DEVICE_MEMORY_SHARED_CACHE=/run/fgpu/hami.cache".into(),
@@ -784,6 +810,11 @@ pub(crate) mod tests {
                 m(
                     "/var/lib/fgpu/claims/0a1b-uid/state",
                     "/run/fgpu",
+                    "rw,nosuid,nodev,noexec,bind"
+                ),
+                m(
+                    "/var/lib/fgpu/gpus",
+                    "/run/fgpu-gpu",
                     "rw,nosuid,nodev,noexec,bind"
                 ),
             ]

@@ -13,6 +13,10 @@
 //! socket with wider permissions. Every claim of a request gets an entry in the response;
 //! a claim that fails gets its error there (the kubelet shows it as a pod event) and the
 //! server keeps serving. Claims of one request are prepared in parallel.
+//!
+//! Every accepted connection is relayed through [`crate::authority`]: the kubelet's
+//! registration client (and its DRA client before 1.34) sends the socket path as
+//! `:authority`, which tonic's HTTP/2 layer refuses.
 
 use std::collections::HashMap;
 use std::io;
@@ -32,6 +36,16 @@ use tonic::{Request, Response, Status};
 use crate::checkpoint::PreparedDevice;
 use crate::edits::ClaimRef;
 use crate::prepare::{ClaimSource, Plugin};
+
+/// The connections of `listener`, each relayed through [`crate::authority`] so that the
+/// kubelet's bare-path `:authority` (registration on every version, DRA before 1.34)
+/// reaches tonic as `localhost`.
+fn relayed(
+    listener: UnixListener,
+) -> impl tokio_stream::Stream<Item = io::Result<tokio::io::DuplexStream>> {
+    use tokio_stream::StreamExt as _;
+    UnixListenerStream::new(listener).map(|conn| conn.map(crate::authority::serve_connection))
+}
 
 /// The two sockets of the plugin.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -428,10 +442,7 @@ impl PluginServer {
             tonic::transport::Server::builder()
                 .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
                 .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(dra))
-                .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(dra_listener),
-                    until_stopped(),
-                ),
+                .serve_with_incoming_shutdown(relayed(dra_listener), until_stopped()),
         );
         let registration = RegistrationService::new(&driver, &sockets.dra);
         let state = registration.subscribe();
@@ -449,10 +460,7 @@ impl PluginServer {
                 .add_service(reg::registration_server::RegistrationServer::new(
                     registration,
                 ))
-                .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(reg_listener),
-                    until_stopped(),
-                ),
+                .serve_with_incoming_shutdown(relayed(reg_listener), until_stopped()),
         );
         tracing::info!(registration = %sockets.registration.display(), dra = %sockets.dra.display(), "serving the kubelet plugin sockets");
         Ok(Self {

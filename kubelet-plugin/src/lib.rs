@@ -19,6 +19,8 @@
 //! * [`checkpoint`]: the versioned, tolerant, atomically written record of prepared claims.
 //! * [`prepare`]: prepare/unprepare orchestration against a [`prepare::ClaimSource`], with
 //!   per-claim locking, idempotence and stale-claim cleanup.
+//! * [`authority`]: relays the kubelet's connections, fixing the `:authority` that
+//!   tonic's HTTP/2 layer would refuse.
 //! * [`grpc`]: the kubelet-facing gRPC servers (registration, DRA `v1` and `v1beta1`) on
 //!   unix sockets.
 //! * [`cluster`]: the API server through kube-rs: version negotiation, claim GET, slice
@@ -28,6 +30,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod authority;
 pub mod checkpoint;
 pub mod claim;
 pub mod cluster;

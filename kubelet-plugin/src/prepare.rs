@@ -261,6 +261,16 @@ fn create_private_dir(path: &Path) -> io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
 }
 
+/// The node's shared GPU directory, exactly [`crate::edits::GPU_DIR_MODE`] whatever the
+/// umask or an earlier run left.
+fn create_shared_dir(path: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(path)?;
+    std::fs::set_permissions(
+        path,
+        std::fs::Permissions::from_mode(crate::edits::GPU_DIR_MODE),
+    )
+}
+
 fn remove_if_present(path: &Path, dir: bool) -> io::Result<bool> {
     let r = if dir {
         std::fs::remove_dir_all(path)
@@ -293,6 +303,9 @@ impl<S: ClaimSource> Plugin<S> {
             .map_err(|e| io(&cfg.state_root, "create the state directory", e))?;
         std::fs::create_dir_all(&cfg.cdi_dir)
             .map_err(|e| io(&cfg.cdi_dir, "create the CDI directory", e))?;
+        let gpu_dir = crate::edits::gpu_dir(&cfg.state_root);
+        create_shared_dir(&gpu_dir)
+            .map_err(|e| io(&gpu_dir, "create the shared GPU directory", e))?;
         let file = CheckpointFile::new(cfg.state_root.join(CHECKPOINT_FILE));
         let (checkpoint, note) = file.load(&cfg.boot_id)?;
         file.save(&checkpoint)?;
@@ -690,6 +703,9 @@ mod tests {
         let env = Env::new();
         let (plugin, report) = env.start("b1");
         assert_eq!(report.note, Some(LoadNote::Missing));
+        // The node's shared GPU directory: world-writable with the sticky bit.
+        let gpus = env.dir.path().join("state/gpus");
+        assert_eq!(mode(&gpus), 0o1777);
         let c = env.add("c", "uid-1", "gpu-1");
         let devices = plugin.prepare(&c).await.unwrap();
         assert_eq!(devices.len(), 1);

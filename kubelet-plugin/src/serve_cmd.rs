@@ -187,6 +187,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         resync: Duration::from_secs(args.resync_seconds),
         metrics_addr: Some(args.metrics_address),
     };
+    // Both of rustls' providers are compiled in (kube asks for ring, the CDI crate's
+    // jsonschema for aws-lc-rs); rustls then refuses to pick one and the first TLS client
+    // panics. Choose ring, as kube is configured. An error means one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let client = kube::Client::try_default()
