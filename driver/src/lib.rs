@@ -11,5 +11,6 @@ pub mod backend;
 pub mod cdi;
 pub mod device;
 pub mod engine;
+pub mod grant;
 pub mod ledger;
 pub mod sim;

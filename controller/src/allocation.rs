@@ -1,0 +1,240 @@
+//! A chosen [`Placement`] → the `status.allocation` to write, and the ledger [`Grant`] it
+//! stands for.
+//!
+//! What kube-scheduler would write (reference `dra.md` §4): one result per chosen GPU
+//! (`request`, `driver`, `pool` = node, `device`), the claim's `spec.devices.config` copied
+//! with `source: FromClaim`, then one more `FromClaim` entry of this driver with the
+//! granted memory and cores (it comes last, so it wins on the node side), and the node
+//! selector `matchFields metadata.name In [node]`. With consumable capacity each result also
+//! gets a fresh `shareID` (UUID v4) and the full `consumedCapacity` (`memory` and `cores`,
+//! zero included), so that kube-scheduler counts it as a share and not as the whole device.
+//! The shape is the same in `v1`, `v1beta2` and `v1beta1`.
+
+use fgpu_api::names::capacity;
+use fgpu_api::quantity::format_u64;
+use fgpu_driver::engine::{GpuShare, Inventory, Placement};
+use fgpu_driver::ledger::Grant;
+use serde_json::{Value, json};
+
+use crate::ApiVersion;
+use crate::request::PendingClaim;
+
+/// The allocation to write for `pending` placed at `placement` on `inventory`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Allocation {
+    /// `status.allocation`.
+    pub allocation: Value,
+    /// The grant to record in the ledger (id = the claim's UID).
+    pub grant: Grant,
+}
+
+impl Allocation {
+    /// A merge patch of the claim's status carrying the allocation, for `api`.
+    pub fn status_patch(&self, api: ApiVersion) -> Value {
+        json!({
+            "apiVersion": api.api_version(),
+            "kind": "ResourceClaim",
+            "status": {"allocation": self.allocation},
+        })
+    }
+}
+
+/// Builds the allocation. `consumable`: the cluster has consumable capacity (the slices
+/// were kept with `allowMultipleAllocations`).
+pub fn build(
+    driver: &str,
+    inventory: &Inventory,
+    pending: &PendingClaim,
+    placement: &Placement,
+    consumable: bool,
+) -> Allocation {
+    let grant = Grant::from_placement(pending.id.clone(), inventory, &pending.request, placement);
+    let results: Vec<Value> = grant
+        .devices
+        .iter()
+        .map(|d| {
+            let mut r = json!({
+                "request": pending.request_name,
+                "driver": driver,
+                "pool": grant.node,
+                "device": d.gpu,
+            });
+            if consumable {
+                r["shareID"] = json!(uuid::Uuid::new_v4().to_string());
+                r["consumedCapacity"] = json!({
+                    capacity::MEMORY: format_u64(d.memory),
+                    capacity::CORES: d.cores.to_string(),
+                });
+            }
+            r
+        })
+        .collect();
+    let mut config: Vec<Value> = pending
+        .claim_config
+        .iter()
+        .map(|e| {
+            let mut c = json!({"source": "FromClaim", "requests": e["requests"].as_array().cloned().unwrap_or_default()});
+            if !e["opaque"].is_null() {
+                c["opaque"] = e["opaque"].clone();
+            }
+            c
+        })
+        .collect();
+    // Every device of one claim gets the same share (the engine places `count` equal
+    // shares), so one entry carries it. Whole GPUs may differ in size: their entry leaves
+    // memory unset, which reads as "all of the device's memory".
+    if let Some(d) = grant.devices.first() {
+        let mut granted = pending.config.clone();
+        granted.memory = match pending.request.share {
+            GpuShare::Whole => None,
+            _ => Some(d.memory),
+        };
+        granted.cores = u8::try_from(d.cores)
+            .ok()
+            .and_then(fgpu_api::config::CorePercent::new);
+        config.push(json!({
+            "source": "FromClaim",
+            "requests": [pending.request_name],
+            "opaque": {"driver": driver, "parameters": granted.to_value()},
+        }));
+    }
+    let allocation = json!({
+        "devices": {"results": results, "config": config},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [grant.node]}]}]},
+    });
+    Allocation { allocation, grant }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::from_claim;
+    use crate::usage::claim_grant;
+    use fgpu_api::names::DriverName;
+    use fgpu_driver::engine::{Gpu, Node, Policy};
+
+    const DRIVER: &str = "gpu.fgpu.dev";
+
+    fn inventory() -> Inventory {
+        Inventory {
+            nodes: vec![Node::new(
+                "node-a",
+                vec![
+                    Gpu::new("gpu-0", "H100", 80 << 30),
+                    Gpu::new("gpu-1", "A100", 40 << 30),
+                ],
+            )],
+        }
+    }
+
+    fn pending(request: Value) -> PendingClaim {
+        let c = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}], "config": [
+                {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                    "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "priority": "high"}}},
+                {"opaque": {"driver": "net.example.com", "parameters": {"mtu": 9000}}}]}}
+        });
+        from_claim(
+            &c,
+            &Default::default(),
+            "ns/p",
+            &DriverName::default(),
+            Policy::BINPACK,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn share_with_and_without_consumable_capacity() {
+        let p = pending(json!({"deviceClassName": "shared.gpu.fgpu.dev",
+            "capacity": {"requests": {"memory": "10Gi", "cores": "30"}}}));
+        let placement = Placement {
+            node: 0,
+            gpus: vec![1],
+            score: 0.0,
+        };
+        for consumable in [false, true] {
+            let a = build(DRIVER, &inventory(), &p, &placement, consumable);
+            let r = &a.allocation["devices"]["results"][0];
+            assert_eq!(
+                (&r["request"], &r["driver"], &r["pool"], &r["device"]),
+                (
+                    &json!("gpu"),
+                    &json!(DRIVER),
+                    &json!("node-a"),
+                    &json!("gpu-1")
+                )
+            );
+            if consumable {
+                assert_eq!(
+                    r["consumedCapacity"],
+                    json!({"memory": "10Gi", "cores": "30"})
+                );
+                let id = uuid::Uuid::parse_str(r["shareID"].as_str().unwrap()).unwrap();
+                assert_eq!(id.get_version_num(), 4);
+            } else {
+                assert!(
+                    r.get("shareID").is_none() && r.get("consumedCapacity").is_none(),
+                    "{r}"
+                );
+            }
+            assert_eq!(
+                a.allocation["devices"]["config"],
+                json!([
+                    {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                        "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "priority": "high"}}},
+                    {"source": "FromClaim", "requests": [], "opaque": {"driver": "net.example.com", "parameters": {"mtu": 9000}}},
+                    {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                        "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig",
+                        "memory": "10Gi", "cores": 30, "priority": "high"}}},
+                ])
+            );
+            assert_eq!(
+                a.allocation["nodeSelector"],
+                json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]})
+            );
+            let mut claim = json!({"metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"}});
+            claim["status"]["allocation"] = a.allocation.clone();
+            assert_eq!(
+                claim_grant(&claim, DRIVER, &inventory()).unwrap(),
+                Some(a.grant.clone()),
+                "read back"
+            );
+            assert_eq!(
+                a.status_patch(crate::ApiVersion::V1beta1)["apiVersion"],
+                "resource.k8s.io/v1beta1"
+            );
+        }
+    }
+
+    #[test]
+    fn whole_gpus_of_different_sizes_read_back_whole() {
+        let p = pending(json!({"deviceClassName": "shared.gpu.fgpu.dev", "count": 2}));
+        let placement = Placement {
+            node: 0,
+            gpus: vec![0, 1],
+            score: 0.0,
+        };
+        for consumable in [false, true] {
+            let a = build(DRIVER, &inventory(), &p, &placement, consumable);
+            let sizes: Vec<_> = a
+                .grant
+                .devices
+                .iter()
+                .map(|d| (d.memory, d.cores))
+                .collect();
+            assert_eq!(sizes, [(80 << 30, 100), (40 << 30, 100)]);
+            let last = &a.allocation["devices"]["config"][2]["opaque"]["parameters"];
+            assert!(last.get("memory").is_none(), "{last}");
+            let mut claim = json!({"metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"}});
+            claim["status"]["allocation"] = a.allocation.clone();
+            assert_eq!(
+                claim_grant(&claim, DRIVER, &inventory()).unwrap(),
+                Some(a.grant)
+            );
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! This driver's ResourceSlices → the engine's [`Inventory`].
+//!
+//! A node is a pool (`spec.pool.name`, which the kubelet plugin names after the node;
+//! `spec.nodeName` when the pool has no name; a slice whose pool and node names differ is
+//! malformed, since allocations select the node by the pool's name). Per device: GPU id = device name, `uuid`,
+//! `productName` as the model, `numaNode`, `resource.kubernetes.io/pcieRoot`, and the
+//! capacities `memory` (bytes) and `cores` (percent, 100 when absent). `v1` and `v1beta2`
+//! devices carry these directly, `v1beta1` devices under `basic`. Slices of other drivers
+//! are ignored; of a pool published in several generations only the newest counts. Every
+//! GPU in a slice is healthy (the plugin leaves unhealthy GPUs out).
+//!
+//! A malformed slice is left out whole and reported with the slice's name and the field;
+//! the other slices are still used.
+
+use std::collections::BTreeMap;
+
+use fgpu_api::names::{attr, capacity};
+use fgpu_driver::engine::{Gpu, Inventory, Node};
+use serde_json::Value;
+
+use crate::quantity_u64;
+
+/// A slice that could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("ResourceSlice {slice}: {field}: {problem}")]
+pub struct SliceError {
+    /// `metadata.name` of the slice.
+    pub slice: String,
+    /// Path of the bad field inside the slice.
+    pub field: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// The inventory, and the slices that were left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SliceInventory {
+    /// Nodes sorted by name, GPUs in slice order.
+    pub inventory: Inventory,
+    /// One error per slice left out.
+    pub errors: Vec<SliceError>,
+}
+
+/// Reads every slice of `driver` among `slices` (any objects; other drivers' are skipped).
+pub fn from_slices<'a>(
+    driver: &str,
+    slices: impl IntoIterator<Item = &'a Value>,
+) -> SliceInventory {
+    // pool → (generation, node name, GPUs of the slices of that generation)
+    let mut pools: BTreeMap<String, (i64, String, Vec<Gpu>)> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for slice in slices {
+        let spec = &slice["spec"];
+        if spec["driver"].as_str() != Some(driver) {
+            continue;
+        }
+        match read_slice(spec) {
+            Ok((pool, generation, gpus)) => {
+                let entry = pools
+                    .entry(pool.clone())
+                    .or_insert_with(|| (generation, pool.clone(), Vec::new()));
+                if generation > entry.0 {
+                    *entry = (generation, pool, gpus);
+                } else if generation == entry.0 {
+                    entry.2.extend(gpus);
+                }
+            }
+            Err((field, problem)) => errors.push(SliceError {
+                slice: slice["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or("<unnamed>")
+                    .to_owned(),
+                field,
+                problem,
+            }),
+        }
+    }
+    let nodes = pools
+        .into_values()
+        .map(|(_, name, gpus)| Node::new(name, gpus))
+        .collect();
+    SliceInventory {
+        inventory: Inventory { nodes },
+        errors,
+    }
+}
+
+type FieldError = (String, String);
+
+fn read_slice(spec: &Value) -> Result<(String, i64, Vec<Gpu>), FieldError> {
+    let bad = |field: &str, problem: &str| (format!("spec.{field}"), problem.to_owned());
+    let pool = match (spec["pool"]["name"].as_str(), spec["nodeName"].as_str()) {
+        (Some(p), _) if !p.is_empty() => p.to_owned(),
+        (_, Some(n)) if !n.is_empty() => n.to_owned(),
+        _ => {
+            return Err(bad(
+                "pool.name",
+                "missing; neither a pool name nor a nodeName",
+            ));
+        }
+    };
+    if let Some(n) = spec["nodeName"]
+        .as_str()
+        .filter(|n| !n.is_empty() && *n != pool)
+    {
+        return Err(bad(
+            "pool.name",
+            &format!(
+                "{pool:?} differs from nodeName {n:?}; this driver names each pool after its node"
+            ),
+        ));
+    }
+    let generation = match &spec["pool"]["generation"] {
+        Value::Null => 0,
+        g => g
+            .as_i64()
+            .ok_or_else(|| bad("pool.generation", "not an integer"))?,
+    };
+    let devices = match &spec["devices"] {
+        Value::Null => return Ok((pool, generation, Vec::new())),
+        Value::Array(d) => d,
+        _ => return Err(bad("devices", "not a list")),
+    };
+    let mut gpus = Vec::with_capacity(devices.len());
+    for (i, d) in devices.iter().enumerate() {
+        let at = |field: &str| format!("spec.devices[{i}].{field}");
+        let name = d["name"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| (at("name"), "missing or not a string".to_owned()))?;
+        let (body, prefix) = if d["basic"].is_object() {
+            (&d["basic"], "basic.")
+        } else {
+            (d, "")
+        };
+        let field = |f: &str| at(&format!("{prefix}{f}"));
+        let attrs = &body["attributes"];
+        let string_attr = |n: &str| -> Result<Option<String>, FieldError> {
+            match &attrs[n] {
+                Value::Null => Ok(None),
+                v => v["string"]
+                    .as_str()
+                    .map(|s| Some(s.to_owned()))
+                    .ok_or_else(|| {
+                        (
+                            field(&format!("attributes[{n:?}]")),
+                            "not a string attribute".to_owned(),
+                        )
+                    }),
+            }
+        };
+        let numa = match &attrs[attr::NUMA_NODE] {
+            Value::Null => None,
+            v => Some(
+                v["int"]
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| {
+                        (
+                            field("attributes.numaNode"),
+                            "not a non-negative int attribute".to_owned(),
+                        )
+                    })?,
+            ),
+        };
+        let memory = quantity_u64(&body["capacity"][capacity::MEMORY]["value"])
+            .map_err(|p| (field("capacity.memory.value"), p))?;
+        let cores = match &body["capacity"][capacity::CORES]["value"] {
+            Value::Null => capacity::CORES_PER_GPU,
+            v => quantity_u64(v).map_err(|p| (field("capacity.cores.value"), p))?,
+        };
+        let cores = u32::try_from(cores)
+            .ok()
+            .filter(|&c| c <= 100)
+            .ok_or_else(|| {
+                (
+                    field("capacity.cores.value"),
+                    format!("{cores} is above 100"),
+                )
+            })?;
+        let mut gpu = Gpu::new(
+            name,
+            string_attr(attr::PRODUCT_NAME)?.unwrap_or_default(),
+            memory,
+        );
+        gpu.uuid = string_attr(attr::UUID)?.unwrap_or_default();
+        gpu.numa = numa;
+        gpu.pcie_root = string_attr(attr::PCIE_ROOT)?;
+        gpu.cores_total = cores;
+        gpu.cores_free = cores;
+        gpus.push(gpu);
+    }
+    Ok((pool, generation, gpus))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const DRIVER: &str = "gpu.fgpu.dev";
+
+    fn v1_slice(node: &str, generation: i64, devices: Value) -> Value {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-{DRIVER}")},
+            "spec": {"driver": DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                     "devices": devices}
+        })
+    }
+
+    fn h100(minor: u32) -> Value {
+        json!({
+            "name": format!("gpu-{minor}"),
+            "allowMultipleAllocations": true,
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": format!("GPU-{minor:08}-0000-0000-0000-000000000000")},
+                "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                "index": {"int": minor},
+                "numaNode": {"int": 0},
+                "resource.kubernetes.io/pcieRoot": {"string": "pci0000:15"}
+            },
+            "capacity": {
+                "memory": {"value": "80Gi", "requestPolicy": {"default": "80Gi",
+                    "validRange": {"min": "256Mi", "step": "1Mi"}}},
+                "cores": {"value": "100", "requestPolicy": {"default": "0",
+                    "validRange": {"min": "0", "max": "100", "step": "1"}}}
+            }
+        })
+    }
+
+    #[test]
+    fn reads_every_version_and_ignores_other_drivers() {
+        let v1beta1 = json!({
+            "apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice",
+            "metadata": {"name": "node-b-gpu.fgpu.dev"},
+            "spec": {"driver": DRIVER, "nodeName": "node-b",
+                     "pool": {"name": "node-b", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0", "basic": {
+                        "attributes": {"uuid": {"string": "GPU-b0"},
+                                       "productName": {"string": "Tesla T4"}},
+                        "capacity": {"memory": {"value": "15Gi"}, "cores": {"value": "100"}}}}]}
+        });
+        let other = json!({"metadata": {"name": "nic"}, "spec": {"driver": "net.example.com",
+            "pool": {"name": "node-a"}, "devices": [{"name": "eth0"}]}});
+        let slices = [
+            v1_slice("node-a", 1, json!([h100(0), h100(1)])),
+            v1beta1,
+            other,
+        ];
+        let out = from_slices(DRIVER, &slices);
+        assert_eq!(out.errors, vec![]);
+        let nodes = &out.inventory.nodes;
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[0].name, "node-a");
+        let g = &nodes[0].gpus[1];
+        assert_eq!(g.id, "gpu-1");
+        assert_eq!(g.uuid, "GPU-00000001-0000-0000-0000-000000000000");
+        assert_eq!(g.model, "NVIDIA H100 80GB HBM3");
+        assert_eq!(g.numa, Some(0));
+        assert_eq!(g.pcie_root.as_deref(), Some("pci0000:15"));
+        assert_eq!((g.memory_total, g.memory_free), (80 << 30, 80 << 30));
+        assert_eq!((g.cores_total, g.cores_free), (100, 100));
+        let t4 = &nodes[1].gpus[0];
+        assert_eq!(
+            (t4.id.as_str(), t4.uuid.as_str(), t4.model.as_str()),
+            ("gpu-0", "GPU-b0", "Tesla T4")
+        );
+        assert_eq!(
+            (t4.memory_total, t4.numa, t4.pcie_root.clone()),
+            (15 << 30, None, None)
+        );
+    }
+
+    #[test]
+    fn newest_generation_wins_and_slices_of_a_pool_merge() {
+        let old = v1_slice("node-a", 1, json!([h100(0), h100(1)]));
+        let mut new1 = v1_slice("node-a", 2, json!([h100(0)]));
+        new1["metadata"]["name"] = json!("node-a-1");
+        let new2 = v1_slice("node-a", 2, json!([h100(3)]));
+        let out = from_slices(DRIVER, [&new1, &old, &new2]);
+        let ids: Vec<_> = out.inventory.nodes[0]
+            .gpus
+            .iter()
+            .map(|g| g.id.as_str())
+            .collect();
+        assert_eq!(ids, ["gpu-0", "gpu-3"]);
+    }
+
+    #[test]
+    fn malformed_slices_are_reported_and_the_rest_used() {
+        let mut other_pool = v1_slice("node-x", 1, json!([]));
+        other_pool["metadata"]["name"] = json!("bad-slice");
+        other_pool["spec"]["pool"]["name"] = json!("pool-1");
+        let out = from_slices(DRIVER, [&other_pool]);
+        assert_eq!(out.errors[0].field, "spec.pool.name");
+        assert!(
+            out.errors[0]
+                .to_string()
+                .starts_with("ResourceSlice bad-slice: spec.pool.name: \"pool-1\" differs"),
+            "{}",
+            out.errors[0]
+        );
+        let cases: [(&str, Value, &str, &str); 5] = [
+            (
+                "no memory",
+                json!({"name": "gpu-0", "capacity": {}}),
+                "spec.devices[0].capacity.memory.value",
+                "missing",
+            ),
+            (
+                "bad memory",
+                json!({"name": "gpu-0", "capacity": {"memory": {"value": "0.5"}}}),
+                "spec.devices[0].capacity.memory.value",
+                "whole",
+            ),
+            (
+                "no name",
+                json!({"capacity": {"memory": {"value": "1Gi"}}}),
+                "spec.devices[0].name",
+                "missing",
+            ),
+            (
+                "cores above 100",
+                json!({"name": "gpu-0", "capacity": {"memory": {"value": "1Gi"}, "cores": {"value": "200"}}}),
+                "spec.devices[0].capacity.cores.value",
+                "above 100",
+            ),
+            (
+                "numa not int",
+                json!({"name": "gpu-0", "basic": {"attributes": {"numaNode": {"string": "0"}},
+                "capacity": {"memory": {"value": "1Gi"}}}}),
+                "spec.devices[0].basic.attributes.numaNode",
+                "int",
+            ),
+        ];
+        for (what, device, field, problem) in cases {
+            let mut bad = v1_slice("node-x", 1, json!([device]));
+            bad["metadata"]["name"] = json!("bad-slice");
+            let out = from_slices(DRIVER, [&bad, &v1_slice("node-a", 1, json!([h100(0)]))]);
+            assert_eq!(out.errors.len(), 1, "{what}");
+            let e = &out.errors[0];
+            assert_eq!(
+                (e.slice.as_str(), e.field.as_str()),
+                ("bad-slice", field),
+                "{what}"
+            );
+            assert!(e.problem.contains(problem), "{what}: {e}");
+            assert_eq!(
+                out.inventory.nodes.len(),
+                1,
+                "{what}: the good slice is kept"
+            );
+            assert_eq!(out.inventory.nodes[0].name, "node-a");
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! `fgpu-controller`'s pure core: the decisions of the DRA allocation controller (DESIGN.md,
+//! "Allocation: who decides what", mode 2), as functions from API objects (JSON) to API
+//! objects. Nothing here talks to the API server; the watchers, the status writer and the
+//! event recorder that will call these functions do not exist yet (see `README.md`).
+//!
+//! * [`inventory`]: this driver's ResourceSlices → the engine's [`Inventory`](fgpu_driver::engine::Inventory).
+//! * [`usage`]: every allocated ResourceClaim → the ledger's grants → a rebuilt [`Ledger`](fgpu_driver::ledger::Ledger).
+//! * [`request`]: a pending claim of the shared class and its pod's annotations → the
+//!   engine's request and policy.
+//! * [`allocation`]: a chosen placement → the `status.allocation` to write.
+//! * [`explain`]: the Event messages for every outcome.
+
+pub mod allocation;
+pub mod explain;
+pub mod inventory;
+pub mod request;
+pub mod usage;
+
+/// The `resource.k8s.io` versions the controller reads and writes, newest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ApiVersion {
+    /// `resource.k8s.io/v1` (1.34+).
+    V1,
+    /// `resource.k8s.io/v1beta2` (1.33+).
+    V1beta2,
+    /// `resource.k8s.io/v1beta1` (1.32+): devices wrap their fields in `basic`, requests
+    /// carry their fields directly instead of under `exactly`.
+    V1beta1,
+}
+
+impl ApiVersion {
+    /// `resource.k8s.io/<version>`.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Self::V1 => "resource.k8s.io/v1",
+            Self::V1beta2 => "resource.k8s.io/v1beta2",
+            Self::V1beta1 => "resource.k8s.io/v1beta1",
+        }
+    }
+}
+
+/// `namespace/name` of an object, the way messages name it.
+pub fn object_key(obj: &serde_json::Value) -> String {
+    let meta = &obj["metadata"];
+    let name = meta["name"].as_str().unwrap_or("<unnamed>");
+    match meta["namespace"].as_str() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_owned(),
+    }
+}
+
+/// A quantity (string, or a JSON integer) resolved to a whole number.
+pub(crate) fn quantity_u64(v: &serde_json::Value) -> Result<u64, String> {
+    match v {
+        serde_json::Value::String(s) => fgpu_api::quantity::parse_u64(s).map_err(|e| e.to_string()),
+        serde_json::Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| format!("{n} is not a non-negative integer")),
+        serde_json::Value::Null => Err("missing".to_owned()),
+        other => Err(format!("{other} is not a quantity")),
+    }
+}

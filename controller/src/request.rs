@@ -1,0 +1,496 @@
+//! A pending claim of the shared class, with its pod's annotations → the engine's
+//! [`Request`] and [`Policy`].
+//!
+//! The controller allocates claims with exactly one device request, of the shared class
+//! (`shared.<driver>`), in `ExactCount` mode (`count`, default 1), without CEL selectors,
+//! admin access or `firstAvailable`. What each GPU gives (per field, later wins):
+//!
+//! 1. this driver's `GpuShareConfig`s in `spec.devices.config` that apply to the request;
+//! 2. the request's `capacity.requests` (`memory`, `cores`), which the scheduler would
+//!    honour too.
+//!
+//! Memory becomes [`GpuShare::Memory`]; without memory the request takes whole GPUs
+//! ([`GpuShare::Whole`]). Cores are a percent 0–100.
+//!
+//! The policy starts from the configured default; the pod annotations
+//! `hami.io/node-scheduler-policy` and `hami.io/gpu-scheduler-policy` (`binpack` or
+//! `spread`) replace its node and GPU level. `nvidia.com/use-gputype`,
+//! `nvidia.com/nouse-gputype` and `nvidia.com/use-gpuuuid` (comma-separated) restrict the
+//! GPUs. `GpuShareConfig` has no policy field, so a claim cannot choose one yet.
+
+use std::collections::BTreeMap;
+
+use fgpu_api::config::{CorePercent, GpuShareConfig};
+use fgpu_api::names::{DriverName, capacity, legacy};
+use fgpu_driver::engine::{GpuPolicy, GpuShare, NodePolicy, Policy, Request};
+use serde_json::Value;
+
+use crate::{object_key, quantity_u64};
+
+/// Why a claim cannot be turned into a request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{object}: {path}: {problem}")]
+pub struct RequestError {
+    /// `claim ns/name` or `pod ns/name`.
+    pub object: String,
+    /// Field path in that object.
+    pub path: String,
+    /// What is wrong and what is valid.
+    pub problem: String,
+}
+
+/// A pending claim, ready for the engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingClaim {
+    /// `namespace/name`.
+    pub key: String,
+    /// The grant id: the claim's UID (else its key).
+    pub id: String,
+    /// The device request's name (results name it).
+    pub request_name: String,
+    pub request: Request,
+    pub policy: Policy,
+    /// The effective configuration of this driver for the request (priority and
+    /// oversubscribe are passed on; memory and cores are replaced by the grant).
+    pub config: GpuShareConfig,
+    /// The claim's `spec.devices.config` entries, to copy into the allocation.
+    pub claim_config: Vec<Value>,
+}
+
+/// Reads `claim` (any served version) for `driver`, with the annotations of the pod that
+/// uses it; `default_policy` applies where the pod says nothing.
+pub fn from_claim(
+    claim: &Value,
+    pod_annotations: &BTreeMap<String, String>,
+    pod_key: &str,
+    driver: &DriverName,
+    default_policy: Policy,
+) -> Result<PendingClaim, RequestError> {
+    let key = object_key(claim);
+    let err = |path: &str, problem: String| RequestError {
+        object: format!("claim {key}"),
+        path: path.to_owned(),
+        problem,
+    };
+    let requests = claim["spec"]["devices"]["requests"]
+        .as_array()
+        .ok_or_else(|| {
+            err(
+                "spec.devices.requests",
+                "missing; the claim requests no device".into(),
+            )
+        })?;
+    let [req] = requests.as_slice() else {
+        return Err(err(
+            "spec.devices.requests",
+            format!(
+                "{} requests; the controller allocates claims with exactly one",
+                requests.len()
+            ),
+        ));
+    };
+    let name = req["name"]
+        .as_str()
+        .ok_or_else(|| err("spec.devices.requests[0].name", "missing".into()))?;
+    if !req["firstAvailable"].is_null() {
+        return Err(err(
+            "spec.devices.requests[0].firstAvailable",
+            "prioritized alternatives are not supported by the controller; use exactly".into(),
+        ));
+    }
+    // v1/v1beta2: fields under `exactly`; v1beta1: directly in the request.
+    let (exact, base) = if req["exactly"].is_object() {
+        (&req["exactly"], "spec.devices.requests[0].exactly")
+    } else {
+        (req, "spec.devices.requests[0]")
+    };
+    let at = |f: &str| format!("{base}.{f}");
+    let class = driver.shared_class();
+    if exact["deviceClassName"].as_str() != Some(class.as_str()) {
+        return Err(err(
+            &at("deviceClassName"),
+            format!(
+                "{}; the controller allocates class {class}",
+                exact["deviceClassName"]
+            ),
+        ));
+    }
+    match exact["allocationMode"].as_str() {
+        None | Some("ExactCount") => {}
+        Some(m) => {
+            return Err(err(
+                &at("allocationMode"),
+                format!("{m:?}; only ExactCount is supported"),
+            ));
+        }
+    }
+    if exact["selectors"].as_array().is_some_and(|s| !s.is_empty()) {
+        return Err(err(&at("selectors"), "CEL selectors are not supported by the controller; use pod annotations nvidia.com/use-gputype or nvidia.com/use-gpuuuid".into()));
+    }
+    if exact["adminAccess"] == Value::Bool(true) {
+        return Err(err(
+            &at("adminAccess"),
+            "admin access is not allocated by the controller".into(),
+        ));
+    }
+    let count = match &exact["count"] {
+        Value::Null => 1,
+        v => v
+            .as_u64()
+            .filter(|&c| (1..=32).contains(&c))
+            .ok_or_else(|| err(&at("count"), format!("{v}; use an integer 1 to 32")))?
+            as u32,
+    };
+
+    let mut config = GpuShareConfig::default();
+    let mut claim_config = Vec::new();
+    if let Some(entries) = claim["spec"]["devices"]["config"].as_array() {
+        for (i, e) in entries.iter().enumerate() {
+            claim_config.push(e.clone());
+            if e["opaque"]["driver"].as_str() != Some(driver.as_str()) {
+                continue;
+            }
+            let path = format!("spec.devices.config[{i}].opaque.parameters");
+            let c = GpuShareConfig::from_value(&e["opaque"]["parameters"], &path)
+                .map_err(|e| err(&e.path, e.problem.to_string()))?;
+            let applies = e["requests"]
+                .as_array()
+                .is_none_or(|r| r.is_empty() || r.iter().any(|q| q == name));
+            if applies {
+                let present = |f: &str| {
+                    e["opaque"]["parameters"]
+                        .get(f)
+                        .is_some_and(|v| !v.is_null())
+                };
+                config.memory = c.memory.or(config.memory);
+                config.cores = c.cores.or(config.cores);
+                if present("priority") {
+                    config.priority = c.priority;
+                }
+                if present("oversubscribe") {
+                    config.oversubscribe = c.oversubscribe;
+                }
+            }
+        }
+    }
+    let capacity_requests = &exact["capacity"]["requests"];
+    if let Some(obj) = capacity_requests.as_object() {
+        if let Some(unknown) = obj
+            .keys()
+            .find(|k| *k != capacity::MEMORY && *k != capacity::CORES)
+        {
+            return Err(err(
+                &at(&format!("capacity.requests.{unknown}")),
+                "unknown capacity; valid are memory and cores".into(),
+            ));
+        }
+        if let Some(m) = obj.get(capacity::MEMORY) {
+            let path = at("capacity.requests.memory");
+            config.memory = Some(quantity_u64(m).map_err(|p| err(&path, p))?);
+        }
+        if let Some(c) = obj.get(capacity::CORES) {
+            let path = at("capacity.requests.cores");
+            let n = quantity_u64(c).map_err(|p| err(&path, p))?;
+            config.cores = Some(
+                u8::try_from(n)
+                    .ok()
+                    .and_then(CorePercent::new)
+                    .ok_or_else(|| err(&path, format!("{n} is above the maximum 100")))?,
+            );
+        }
+    }
+    let share = match config.memory {
+        Some(0) => {
+            return Err(err(
+                &at("capacity.requests.memory"),
+                "0; a share needs some memory".into(),
+            ));
+        }
+        Some(bytes) => GpuShare::Memory { bytes },
+        None => GpuShare::Whole,
+    };
+    let mut request = Request::new(count, share);
+    request.cores = config.cores.map(|c| u32::from(c.get()));
+
+    let pod_err = |ann: &str, problem: String| RequestError {
+        object: format!("pod {pod_key}"),
+        path: format!("metadata.annotations[{ann:?}]"),
+        problem,
+    };
+    let list = |ann: &str| -> Vec<String> {
+        pod_annotations.get(ann).map_or_else(Vec::new, |v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+    };
+    request.model_include = list(legacy::ANNOTATION_USE_GPU_TYPE);
+    request.model_exclude = list(legacy::ANNOTATION_NOUSE_GPU_TYPE);
+    request.uuid_pin = list(legacy::ANNOTATION_USE_GPU_UUID);
+
+    let mut policy = default_policy;
+    if let Some(v) = pod_annotations.get(legacy::ANNOTATION_NODE_SCHEDULER_POLICY) {
+        policy.node = match v.trim() {
+            "binpack" => NodePolicy::Binpack,
+            "spread" => NodePolicy::Spread,
+            other => {
+                return Err(pod_err(
+                    legacy::ANNOTATION_NODE_SCHEDULER_POLICY,
+                    format!("{other:?}; valid are binpack and spread"),
+                ));
+            }
+        };
+    }
+    if let Some(v) = pod_annotations.get(legacy::ANNOTATION_GPU_SCHEDULER_POLICY) {
+        policy.gpu = match v.trim() {
+            "binpack" => GpuPolicy::Binpack,
+            "spread" => GpuPolicy::Spread,
+            other => {
+                return Err(pod_err(
+                    legacy::ANNOTATION_GPU_SCHEDULER_POLICY,
+                    format!("{other:?}; valid are binpack and spread"),
+                ));
+            }
+        };
+    }
+    Ok(PendingClaim {
+        key,
+        id: crate::usage::grant_id(claim),
+        request_name: name.to_owned(),
+        request,
+        policy,
+        config,
+        claim_config,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claim(request: Value, config: Value) -> Value {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"},
+            "spec": {"devices": {"requests": [request], "config": config}}
+        })
+    }
+
+    fn exactly(fields: Value) -> Value {
+        let mut e = json!({"deviceClassName": "shared.gpu.fgpu.dev"});
+        e.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        json!({"name": "gpu", "exactly": e})
+    }
+
+    fn ours(requests: Value, params: Value) -> Value {
+        let mut p = json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig"});
+        p.as_object_mut()
+            .unwrap()
+            .extend(params.as_object().unwrap().clone());
+        json!({"requests": requests, "opaque": {"driver": "gpu.fgpu.dev", "parameters": p}})
+    }
+
+    fn read(c: &Value, ann: &[(&str, &str)]) -> Result<PendingClaim, RequestError> {
+        let ann = ann
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        from_claim(c, &ann, "ns/pod", &DriverName::default(), Policy::FRAGAWARE)
+    }
+
+    #[test]
+    fn requests_table() {
+        let gib = 1u64 << 30;
+        let cases: Vec<(&str, Value, u32, GpuShare, Option<u32>)> = vec![
+            (
+                "capacity requests",
+                claim(
+                    exactly(json!({"capacity": {"requests": {"memory": "10Gi", "cores": "30"}}})),
+                    json!([]),
+                ),
+                1,
+                GpuShare::Memory { bytes: 10 * gib },
+                Some(30),
+            ),
+            (
+                "opaque config, count 2",
+                claim(
+                    exactly(json!({"count": 2})),
+                    json!([ours(json!(["gpu"]), json!({"memory": "4Gi", "cores": 10}))]),
+                ),
+                2,
+                GpuShare::Memory { bytes: 4 * gib },
+                Some(10),
+            ),
+            (
+                "capacity wins over config",
+                claim(
+                    exactly(json!({"capacity": {"requests": {"memory": "2Gi"}}})),
+                    json!([ours(json!([]), json!({"memory": "4Gi", "cores": 10}))]),
+                ),
+                1,
+                GpuShare::Memory { bytes: 2 * gib },
+                Some(10),
+            ),
+            (
+                "config for another request ignored",
+                claim(
+                    exactly(json!({})),
+                    json!([ours(json!(["other"]), json!({"memory": "4Gi"}))]),
+                ),
+                1,
+                GpuShare::Whole,
+                None,
+            ),
+            (
+                "v1beta1 request without exactly",
+                claim(
+                    json!({"name": "gpu", "deviceClassName": "shared.gpu.fgpu.dev",
+                "count": 1}),
+                    json!([ours(json!([]), json!({"memory": "1Gi"}))]),
+                ),
+                1,
+                GpuShare::Memory { bytes: gib },
+                None,
+            ),
+        ];
+        for (what, c, gpus, share, cores) in cases {
+            let p = read(&c, &[]).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(
+                (p.request.gpus, p.request.share, p.request.cores),
+                (gpus, share, cores),
+                "{what}"
+            );
+            assert_eq!(
+                (p.key.as_str(), p.id.as_str(), p.request_name.as_str()),
+                ("ns/c", "uid-1", "gpu"),
+                "{what}"
+            );
+            assert_eq!(p.policy, Policy::FRAGAWARE, "{what}");
+        }
+    }
+
+    #[test]
+    fn annotations_set_policy_and_constraints() {
+        let c = claim(exactly(json!({})), json!([]));
+        let p = read(
+            &c,
+            &[
+                ("hami.io/node-scheduler-policy", "spread"),
+                ("hami.io/gpu-scheduler-policy", "binpack"),
+                ("nvidia.com/use-gputype", "H100, A100"),
+                ("nvidia.com/nouse-gputype", "T4"),
+                ("nvidia.com/use-gpuuuid", "GPU-1"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            p.policy,
+            Policy {
+                node: NodePolicy::Spread,
+                gpu: GpuPolicy::Binpack
+            }
+        );
+        assert_eq!(p.request.model_include, ["H100", "A100"]);
+        assert_eq!(p.request.model_exclude, ["T4"]);
+        assert_eq!(p.request.uuid_pin, ["GPU-1"]);
+        let only_gpu = read(&c, &[("hami.io/gpu-scheduler-policy", "spread")]).unwrap();
+        assert_eq!(
+            only_gpu.policy,
+            Policy {
+                node: NodePolicy::FragAware,
+                gpu: GpuPolicy::Spread
+            }
+        );
+        let e = read(&c, &[("hami.io/gpu-scheduler-policy", "topology-aware")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "pod ns/pod: metadata.annotations[\"hami.io/gpu-scheduler-policy\"]: \"topology-aware\"; valid are binpack and spread"
+        );
+    }
+
+    #[test]
+    fn strict_errors_name_claim_and_field() {
+        let two = json!({"apiVersion": "resource.k8s.io/v1", "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"devices": {"requests": [exactly(json!({})), exactly(json!({}))]}}});
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("two requests", two, "spec.devices.requests"),
+            (
+                "other class",
+                claim(
+                    json!({"name": "gpu", "exactly": {"deviceClassName": "gpu.fgpu.dev"}}),
+                    json!([]),
+                ),
+                "spec.devices.requests[0].exactly.deviceClassName",
+            ),
+            (
+                "first available",
+                claim(json!({"name": "gpu", "firstAvailable": []}), json!([])),
+                "spec.devices.requests[0].firstAvailable",
+            ),
+            (
+                "mode All",
+                claim(exactly(json!({"allocationMode": "All"})), json!([])),
+                "spec.devices.requests[0].exactly.allocationMode",
+            ),
+            (
+                "selectors",
+                claim(
+                    exactly(json!({"selectors": [{"cel": {"expression": "true"}}]})),
+                    json!([]),
+                ),
+                "spec.devices.requests[0].exactly.selectors",
+            ),
+            (
+                "count 0",
+                claim(exactly(json!({"count": 0})), json!([])),
+                "spec.devices.requests[0].exactly.count",
+            ),
+            (
+                "cores 140",
+                claim(
+                    exactly(json!({"capacity": {"requests": {"cores": "140"}}})),
+                    json!([]),
+                ),
+                "spec.devices.requests[0].exactly.capacity.requests.cores",
+            ),
+            (
+                "fractional memory",
+                claim(
+                    exactly(json!({"capacity": {"requests": {"memory": "0.1Ki"}}})),
+                    json!([]),
+                ),
+                "spec.devices.requests[0].exactly.capacity.requests.memory",
+            ),
+            (
+                "unknown capacity",
+                claim(
+                    exactly(json!({"capacity": {"requests": {"bandwidth": "1"}}})),
+                    json!([]),
+                ),
+                "spec.devices.requests[0].exactly.capacity.requests.bandwidth",
+            ),
+            (
+                "bad config",
+                claim(
+                    exactly(json!({})),
+                    json!([ours(json!([]), json!({"cores": 140}))]),
+                ),
+                "spec.devices.config[0].opaque.parameters.cores",
+            ),
+        ];
+        for (what, c, path) in cases {
+            let e = read(&c, &[]).unwrap_err();
+            assert_eq!(
+                (e.object.as_str(), e.path.as_str()),
+                ("claim ns/c", path),
+                "{what}: {e}"
+            );
+        }
+    }
+}
