@@ -8,32 +8,36 @@
 //! `prepare` prints one line per device, `device=<name> share=<id> cdi=<id>[,<id>...]`, or
 //! `error=<message>`; `unprepare` prints `ok` or `error=<message>`. Exit status 1 on an
 //! error.
+//!
+//! Benchmark mode (hack/bench-prepare.sh):
+//!
+//! ```text
+//! dra_call <dra.sock> bench <namespace> <claims file> <parallel> <rounds>
+//! ```
+//!
+//! The claims file has one `<name> <uid>` per line. Each round prepares every claim (one
+//! claim per `NodePrepareResources` call, `parallel` calls in flight, over one connection like
+//! the kubelet's), then unprepares every claim the same way; any error stops the run. Prints
+//! `prepare n=<n> p50_ms=… p99_ms=… max_ms=…` and the same for `unprepare`, over all rounds.
 
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use fgpu_api::proto::dra::v1;
 use hyper_util::rt::TokioIo;
-use tonic::transport::{Endpoint, Uri};
+use tonic::transport::{Channel, Endpoint, Uri};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.get(1).map(String::as_str) == Some("bench") {
+        return bench(&args).await;
+    }
     let [socket, op, namespace, name, uid] = args.as_slice() else {
         eprintln!("usage: dra_call <dra.sock> prepare|unprepare <namespace> <name> <uid>");
         return ExitCode::from(2);
     };
-    let socket = socket.clone();
-    let channel = match Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
-    {
+    let channel = match connect(socket.clone()).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error=cannot connect: {e}");
@@ -105,4 +109,136 @@ async fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+async fn connect(socket: String) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+}
+
+type Client = v1::dra_plugin_client::DraPluginClient<Channel>;
+
+/// One claim's prepare (`true`) or unprepare; the call's latency, or the error.
+async fn timed(mut client: Client, prepare: bool, claim: v1::Claim) -> Result<Duration, String> {
+    let uid = claim.uid.clone();
+    let t = Instant::now();
+    let error = if prepare {
+        let r = client
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![claim],
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        r.into_inner().claims.remove(&uid).map(|c| c.error)
+    } else {
+        let r = client
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+                claims: vec![claim],
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        r.into_inner().claims.remove(&uid).map(|c| c.error)
+    };
+    let elapsed = t.elapsed();
+    match error {
+        Some(e) if e.is_empty() => Ok(elapsed),
+        Some(e) => Err(format!("claim {uid}: {e}")),
+        None => Err(format!("claim {uid}: no entry in the response")),
+    }
+}
+
+/// Runs `claims` through `prepare` or unprepare, `parallel` at a time.
+async fn phase(
+    client: &Client,
+    claims: &[v1::Claim],
+    prepare: bool,
+    parallel: usize,
+) -> Result<Vec<Duration>, String> {
+    let mut out = Vec::with_capacity(claims.len());
+    let mut set = tokio::task::JoinSet::new();
+    for claim in claims {
+        if set.len() >= parallel {
+            out.push(set.join_next().await.expect("a task").expect("no panic")?);
+        }
+        set.spawn(timed(client.clone(), prepare, claim.clone()));
+    }
+    while let Some(r) = set.join_next().await {
+        out.push(r.expect("no panic")?);
+    }
+    Ok(out)
+}
+
+fn summary(what: &str, mut d: Vec<Duration>) -> String {
+    d.sort();
+    let ms = |x: Duration| x.as_secs_f64() * 1000.0;
+    // Nearest rank.
+    let pct = |p: f64| ms(d[((p * d.len() as f64).ceil() as usize).clamp(1, d.len()) - 1]);
+    format!(
+        "{what} n={} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+        d.len(),
+        pct(0.50),
+        pct(0.99),
+        ms(*d.last().expect("at least one call"))
+    )
+}
+
+async fn bench(args: &[String]) -> ExitCode {
+    let [socket, _, namespace, file, parallel, rounds] = args else {
+        eprintln!("usage: dra_call <dra.sock> bench <namespace> <claims file> <parallel> <rounds>");
+        return ExitCode::from(2);
+    };
+    let (Ok(parallel), Ok(rounds)) = (parallel.parse::<usize>(), rounds.parse::<usize>()) else {
+        eprintln!("parallel and rounds are numbers");
+        return ExitCode::from(2);
+    };
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error=cannot read {file}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let claims: Vec<v1::Claim> = text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, uid)| v1::Claim {
+            namespace: namespace.clone(),
+            name: name.into(),
+            uid: uid.trim().into(),
+        })
+        .collect();
+    if claims.is_empty() || parallel == 0 {
+        eprintln!("no claims in {file}, or parallel 0");
+        return ExitCode::from(2);
+    }
+    let client = match connect(socket.clone()).await {
+        Ok(c) => v1::dra_plugin_client::DraPluginClient::new(c),
+        Err(e) => {
+            eprintln!("error=cannot connect: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut prep, mut unprep) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for (prepare, into) in [(true, &mut prep), (false, &mut unprep)] {
+            match phase(&client, &claims, prepare, parallel).await {
+                Ok(d) => into.extend(d),
+                Err(e) => {
+                    println!("error={e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+    println!("{}", summary("prepare", prep));
+    println!("{}", summary("unprepare", unprep));
+    ExitCode::SUCCESS
 }

@@ -178,10 +178,12 @@ impl<S: ClaimSource> DraService<S> {
         Self { plugin }
     }
 
-    /// Prepares every claim in parallel; one result per claim UID.
+    /// Prepares every claim in parallel; one result per claim UID. `grpc` (the DRA gRPC
+    /// version the call came in, `v1` or `v1beta1`) goes into the log lines.
     async fn prepare_all(
         &self,
         claims: Vec<ClaimRef>,
+        grpc: &'static str,
     ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
         let mut set = tokio::task::JoinSet::new();
         for claim in claims {
@@ -190,10 +192,10 @@ impl<S: ClaimSource> DraService<S> {
                 let r = plugin.prepare(&claim).await;
                 match &r {
                     Ok(devices) => {
-                        tracing::info!(claim = %claim.key(), uid = %claim.uid, devices = devices.len(), "prepared claim");
+                        tracing::info!(claim = %claim.key(), uid = %claim.uid, grpc, devices = devices.len(), "prepared claim");
                     }
                     Err(e) => {
-                        tracing::warn!(claim = %claim.key(), uid = %claim.uid, reason = e.reason(), error = %e, "cannot prepare claim");
+                        tracing::warn!(claim = %claim.key(), uid = %claim.uid, grpc, reason = e.reason(), error = %e, "cannot prepare claim");
                     }
                 }
                 (claim.uid, r.map_err(|e| e.to_string()))
@@ -202,16 +204,20 @@ impl<S: ClaimSource> DraService<S> {
         collect(set).await
     }
 
-    async fn unprepare_all(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+    async fn unprepare_all(
+        &self,
+        claims: Vec<ClaimRef>,
+        grpc: &'static str,
+    ) -> HashMap<String, Result<(), String>> {
         let mut set = tokio::task::JoinSet::new();
         for claim in claims {
             let plugin = self.plugin.clone();
             set.spawn(async move {
                 let r = plugin.unprepare(&claim).await;
                 match &r {
-                    Ok(()) => tracing::info!(claim = %claim.key(), uid = %claim.uid, "unprepared claim"),
+                    Ok(()) => tracing::info!(claim = %claim.key(), uid = %claim.uid, grpc, "unprepared claim"),
                     Err(e) => {
-                        tracing::warn!(claim = %claim.key(), uid = %claim.uid, error = %e, "cannot unprepare claim");
+                        tracing::warn!(claim = %claim.key(), uid = %claim.uid, grpc, error = %e, "cannot unprepare claim");
                     }
                 }
                 (claim.uid, r.map_err(|e| e.to_string()))
@@ -257,7 +263,7 @@ impl<S: ClaimSource> v1::dra_plugin_server::DraPlugin for DraService<S> {
             .map(|c| claim_ref(c.namespace, c.name, c.uid))
             .collect();
         let claims = self
-            .prepare_all(claims)
+            .prepare_all(claims, "v1")
             .await
             .into_iter()
             .map(|(uid, r)| {
@@ -297,7 +303,7 @@ impl<S: ClaimSource> v1::dra_plugin_server::DraPlugin for DraService<S> {
             .map(|c| claim_ref(c.namespace, c.name, c.uid))
             .collect();
         let claims = self
-            .unprepare_all(claims)
+            .unprepare_all(claims, "v1")
             .await
             .into_iter()
             .map(|(uid, r)| {
@@ -322,7 +328,7 @@ impl<S: ClaimSource> v1beta1::dra_plugin_server::DraPlugin for DraService<S> {
             .map(|c| claim_ref(c.namespace, c.name, c.uid))
             .collect();
         let claims = self
-            .prepare_all(claims)
+            .prepare_all(claims, "v1beta1")
             .await
             .into_iter()
             .map(|(uid, r)| {
@@ -364,7 +370,7 @@ impl<S: ClaimSource> v1beta1::dra_plugin_server::DraPlugin for DraService<S> {
             .map(|c| claim_ref(c.namespace, c.name, c.uid))
             .collect();
         let claims = self
-            .unprepare_all(claims)
+            .unprepare_all(claims, "v1beta1")
             .await
             .into_iter()
             .map(|(uid, r)| {

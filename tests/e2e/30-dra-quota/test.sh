@@ -18,56 +18,26 @@
 source "$(dirname "$0")/../lib.sh"
 [ "$K8S_MINOR" -ge 36 ] || skip "Kubernetes $K8S_VERSION: DRA consumable capacity is not on by default before 1.36"
 
-# The cargo target directory may be shared with other checkouts: build this checkout's plugin
-# (a no-op when up to date) and copy what the test runs into its own directory, so that a
-# build elsewhere cannot swap the binaries or libraries under it.
-target="${CARGO_TARGET_DIR:-${FGPU_CACHE:-/var/cache/fgpu}/target}/debug"
-(cd "$E2E_DIR/../../.." && cargo build -q -p fgpu-kubelet-plugin --bin fgpu-kubelet-plugin --example dra_call) >&2 \
-  || fail "cargo build -p fgpu-kubelet-plugin failed"
-work="$(mktemp -d /tmp/fgpu-e2e-30.XXXXXX)"
-mkdir -p "$work/bin"
-for f in fgpu-kubelet-plugin examples/dra_call libfgpu.so libfgpu_fake_cuda.so; do
-  [ -f "$target/$f" ] || fail "$target/$f is missing: build the workspace first (make build)"
-  cp "$target/$f" "$work/bin/"
-done
-export FGPU_E2E_BIN_DIR="$work/bin"
-dra_call="$work/bin/dra_call"
-driver=gpu.fgpu.dev
-slice="$NODE_NAME-$driver"
-dra_sock="$KUBELET_PLUGINS_DIR/$driver/dra.sock"
+source "$E2E_DIR/../plugin-lib.sh"
+plugin_setup 30
+driver=$PLUGIN_DRIVER
+slice=$PLUGIN_SLICE
+dra_sock=$PLUGIN_DRA_SOCK
 
-plugin_pid=""
-stop_plugin() { # stops only the plugin this test started
-  [ -n "$plugin_pid" ] || return 0
-  kill -TERM "$plugin_pid" 2>/dev/null || true
-  for _ in $(seq 1 50); do kill -0 "$plugin_pid" 2>/dev/null || break; sleep 0.2; done
-  kill -KILL "$plugin_pid" 2>/dev/null || true
-  wait "$plugin_pid" 2>/dev/null || true
-  plugin_pid=""
-}
 cleanup() {
   local rc=$?
   # Pods first, while the plugin still serves NodeUnprepareResources.
   delete_tmpl "$E2E_DIR/workload.yaml"
   kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  stop_plugin
-  kubectl delete resourceslice "$slice" --ignore-not-found >/dev/null 2>&1 || true
   kubectl delete -f "$E2E_DIR/../../../deploy/deviceclasses.yaml" --ignore-not-found >/dev/null 2>&1 || true
-  if [ $rc -ne 0 ]; then say "plugin log (last 40 lines):"; tail -40 "$work/plugin.log" | sed 's/^/      /' >&2; fi
-  rm -rf "$work"
+  plugin_cleanup $rc
   exit $rc
 }
 trap cleanup EXIT
 
-start_plugin() {
-  plugin_pid="$("$E2E_DIR/plugin.sh" "$work")"
-  say "plugin started (pid $plugin_pid)"
-}
-registrations() { grep -c 'registered with the kubelet' "$work/plugin.log" 2>/dev/null || true; }
-
 kubectl apply -f "$E2E_DIR/../../../deploy/deviceclasses.yaml" >&2
 start_plugin
-wait_until 30 "plugin registered with the kubelet" sh -c "[ \"\$(grep -c 'registered with the kubelet' $work/plugin.log)\" -ge 1 ]"
+wait_registered 1
 say "ok: the kubelet accepted the registration"
 wait_until 30 "ResourceSlice $slice published" kubectl get resourceslice "$slice"
 
@@ -136,7 +106,7 @@ wait "$plugin_pid" 2>/dev/null || true
 plugin_pid=""
 say "ok: plugin killed with SIGKILL"
 start_plugin
-wait_until 30 "restarted plugin registered" sh -c "[ \"\$(grep -c 'registered with the kubelet' $work/plugin.log)\" -ge 2 ]"
+wait_registered 2
 after="$("$dra_call" "$dra_sock" prepare "$E2E_NS" "${c4#*/}" "$uid4")"
 assert_eq "re-prepare after kill -9 and restart returns" "$before" "$after"
 [ -f "$spec4" ] && [ -f "$spec8" ] || fail "CDI specs lost over the restart"

@@ -1,0 +1,62 @@
+# shellcheck shell=bash
+# Helpers for the scenarios that run fgpu's DRA kubelet plugin as a host process
+# (tests/e2e/3*-dra-*/test.sh; sourced after lib.sh). The plugin itself is started by
+# tests/e2e/30-dra-quota/plugin.sh (also used by make demo).
+#
+#   plugin_setup <tag>  build this checkout's plugin and dra_call (no-op when up to date), copy
+#                       them and the libraries into a fresh work dir ($work, bins in $work/bin,
+#                       exported as FGPU_E2E_BIN_DIR, so a build elsewhere cannot swap them);
+#                       FGPU_E2E_PROFILE=release takes the release build (the bench does)
+#   start_plugin        start it ($plugin_pid, log $work/plugin.log)
+#   stop_plugin         SIGTERM, then SIGKILL after 10 s — only the pid this scenario started
+#   wait_registered <n> until the log says "registered with the kubelet" n times
+#   plugin_cleanup      stop it, delete its ResourceSlice, print the log tail on failure
+#                       (pass the exit status), remove $work
+# shellcheck disable=SC2034 # used by the scripts that source this file
+PLUGIN_DRIVER=gpu.fgpu.dev
+PLUGIN_SLICE="$NODE_NAME-$PLUGIN_DRIVER"
+PLUGIN_DRA_SOCK="$KUBELET_PLUGINS_DIR/$PLUGIN_DRIVER/dra.sock"
+plugin_pid=""
+work=""
+
+plugin_setup() {
+  local target f profile="${FGPU_E2E_PROFILE:-debug}" flags=()
+  target="${CARGO_TARGET_DIR:-${FGPU_CACHE:-/var/cache/fgpu}/target}/$profile"
+  [ "$profile" = debug ] || flags=(--profile "$profile")
+  (cd "$E2E_LIB_DIR/../.." && cargo build -q "${flags[@]}" -p fgpu-kubelet-plugin --bin fgpu-kubelet-plugin --example dra_call) >&2 \
+    || fail "cargo build -p fgpu-kubelet-plugin failed"
+  work="$(mktemp -d "/tmp/fgpu-e2e-$1.XXXXXX")"
+  mkdir -p "$work/bin"
+  for f in fgpu-kubelet-plugin examples/dra_call libfgpu.so libfgpu_fake_cuda.so; do
+    [ -f "$target/$f" ] || fail "$target/$f is missing: build the workspace first (make build)"
+    cp "$target/$f" "$work/bin/"
+  done
+  export FGPU_E2E_BIN_DIR="$work/bin"
+  # shellcheck disable=SC2034 # for the sourcing script
+  dra_call="$work/bin/dra_call"
+}
+start_plugin() {
+  plugin_pid="$("$E2E_LIB_DIR/30-dra-quota/plugin.sh" "$work")"
+  say "plugin started (pid $plugin_pid)"
+}
+stop_plugin() {
+  [ -n "$plugin_pid" ] || return 0
+  kill -TERM "$plugin_pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$plugin_pid" 2>/dev/null || break; sleep 0.2; done
+  kill -KILL "$plugin_pid" 2>/dev/null || true
+  wait "$plugin_pid" 2>/dev/null || true
+  plugin_pid=""
+}
+wait_registered() {
+  wait_until 30 "plugin registered with the kubelet ($1)" \
+    sh -c "[ \"\$(grep -c 'registered with the kubelet' $work/plugin.log)\" -ge $1 ]"
+}
+plugin_cleanup() {
+  local rc="$1"
+  stop_plugin
+  kubectl delete resourceslice "$PLUGIN_SLICE" --ignore-not-found >/dev/null 2>&1 || true
+  if [ "$rc" -ne 0 ] && [ -n "$work" ]; then
+    say "plugin log (last 40 lines):"; tail -40 "$work/plugin.log" 2>/dev/null | sed 's/^/      /' >&2
+  fi
+  [ -z "$work" ] || rm -rf "$work"
+}
