@@ -20,18 +20,11 @@ use fgpu_api::config::{CorePercent, GpuShareConfig, Priority};
 use fgpu_api::names::capacity;
 use fgpu_api::quantity;
 
+use fgpu_driver::grant::{self as share, ConfigEntry};
+
 use crate::claim::{DeviceResult, ResourceClaim, SOURCE_FROM_CLASS};
 
-/// How much of a field's value is decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// The result's `consumedCapacity`.
-    ConsumedCapacity,
-    /// This driver's opaque configuration.
-    Config,
-    /// Nothing said: the whole device.
-    WholeDevice,
-}
+pub use fgpu_driver::grant::Source;
 
 /// Memory granted on one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,23 +119,6 @@ impl GrantError {
     }
 }
 
-/// A decoded config entry and which of its optional fields were written.
-struct ConfigEntry {
-    from_class: bool,
-    position: usize,
-    requests: Vec<String>,
-    config: GpuShareConfig,
-    has_priority: bool,
-    has_oversubscribe: bool,
-}
-
-impl ConfigEntry {
-    fn applies_to(&self, request: &str) -> bool {
-        let parent = request.split_once('/').map_or(request, |(p, _)| p);
-        self.requests.is_empty() || self.requests.iter().any(|r| r == request || r == parent)
-    }
-}
-
 /// Resolves the grant of every allocation result of `driver` in `claim`, in result order.
 pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult>, GrantError> {
     let key = claim.key();
@@ -178,7 +154,7 @@ pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult
         });
     }
     // Class configuration first, then the claim's; the allocator's order within each.
-    entries.sort_by_key(|e| (!e.from_class, e.position));
+    share::order(&mut entries);
 
     let mut out = Vec::new();
     for (index, result) in alloc.results.iter().enumerate() {
@@ -186,41 +162,14 @@ pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult
             continue;
         }
         let path = |field: &str| format!("status.allocation.devices.results[{index}].{field}");
-        // The config entry that set memory last, for messages.
-        let mut memory_entry = None;
-        let mut grant = Grant {
-            memory: MemoryGrant::Whole,
-            memory_source: Source::WholeDevice,
-            cores: CorePercent::ZERO,
-            cores_source: Source::WholeDevice,
-            priority: Priority::Normal,
-            oversubscribe: false,
-        };
-        for e in entries.iter().filter(|e| e.applies_to(&result.request)) {
-            if let Some(m) = e.config.memory {
-                grant.memory = MemoryGrant::Bytes(m);
-                grant.memory_source = Source::Config;
-                memory_entry = Some(e.position);
-            }
-            if let Some(c) = e.config.cores {
-                grant.cores = c;
-                grant.cores_source = Source::Config;
-            }
-            if e.has_priority {
-                grant.priority = e.config.priority;
-            }
-            if e.has_oversubscribe {
-                grant.oversubscribe = e.config.oversubscribe;
-            }
-        }
-        if let Some(consumed) = &result.consumed_capacity {
-            if let Some(m) = consumed.get(capacity::MEMORY) {
+        let mut consumed = share::Consumed::default();
+        if let Some(cap) = &result.consumed_capacity {
+            if let Some(m) = cap.get(capacity::MEMORY) {
                 let bytes = quantity::parse_u64(m)
                     .map_err(|e| invalid(path("consumedCapacity.memory"), e.to_string()))?;
-                grant.memory = MemoryGrant::Bytes(bytes);
-                grant.memory_source = Source::ConsumedCapacity;
+                consumed.memory = Some(bytes);
             }
-            if let Some(c) = consumed.get(capacity::CORES) {
+            if let Some(c) = cap.get(capacity::CORES) {
                 let at = path("consumedCapacity.cores");
                 let n = quantity::parse_u64(c).map_err(|e| invalid(at.clone(), e.to_string()))?;
                 let cores = u8::try_from(n)
@@ -232,10 +181,23 @@ pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult
                             format!("{c:?} is above the maximum 100 (percent of the GPU)"),
                         )
                     })?;
-                grant.cores = cores;
-                grant.cores_source = Source::ConsumedCapacity;
+                consumed.cores = Some(cores);
             }
         }
+        // One rule with the controller's ledger (`fgpu_driver::grant`); what "nothing said"
+        // means is the node's: all of the memory, cores not throttled.
+        let resolved = share::resolve(&entries, &result.request, Some(consumed));
+        let memory_entry = resolved.memory_entry;
+        let grant = Grant {
+            memory: resolved
+                .memory
+                .map_or(MemoryGrant::Whole, MemoryGrant::Bytes),
+            memory_source: resolved.memory_source,
+            cores: resolved.cores.unwrap_or(CorePercent::ZERO),
+            cores_source: resolved.cores_source,
+            priority: resolved.priority,
+            oversubscribe: resolved.oversubscribe,
+        };
         if grant.memory == MemoryGrant::Bytes(0) {
             return Err(invalid(
                 match (grant.memory_source, memory_entry) {
