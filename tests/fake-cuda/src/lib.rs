@@ -219,6 +219,13 @@ impl State {
         self.next_handle
     }
 
+    /// A new handle owning `size` bytes already taken on `dev` (arrays, VMM allocations).
+    fn hold(&mut self, dev: usize, size: u64) -> u64 {
+        let h = self.handle();
+        self.handles.insert(h, (dev, size));
+        h
+    }
+
     /// Takes `size` bytes of device memory (no pointer), or OOM.
     fn take(&mut self, dev: usize, size: u64) -> Result<(), CUresult> {
         let d = self.devs.get_mut(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
@@ -894,8 +901,7 @@ exports! {
         let size = array_bytes(desc.width, desc.height, 1, desc.format, desc.channels);
         let mut st = state();
         tri!(st.take(d, size));
-        let h = st.handle();
-        st.handles.insert(h, (d, size));
+        let h = st.hold(d, size);
         put(arr, h);
         CUDA_SUCCESS
     }
@@ -906,8 +912,7 @@ exports! {
         let size = array_bytes(desc.width, desc.height, desc.depth, desc.format, desc.channels);
         let mut st = state();
         tri!(st.take(d, size));
-        let h = st.handle();
-        st.handles.insert(h, (d, size));
+        let h = st.hold(d, size);
         put(arr, h);
         CUDA_SUCCESS
     }
@@ -929,8 +934,7 @@ exports! {
         }
         let mut st = state();
         tri!(st.take(d, size));
-        let h = st.handle();
-        st.handles.insert(h, (d, size));
+        let h = st.hold(d, size);
         put(arr, h);
         CUDA_SUCCESS
     }
@@ -956,8 +960,7 @@ exports! {
         } else {
             usize::MAX
         };
-        let h = st.handle();
-        st.handles.insert(h, (dev, size as u64));
+        let h = st.hold(dev, size as u64);
         put(handle, h);
         CUDA_SUCCESS
     }
