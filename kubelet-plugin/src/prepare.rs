@@ -430,25 +430,8 @@ impl<S: ClaimSource> Plugin<S> {
 
     /// Prepares `claim` and returns its devices (see the module documentation).
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
-        if !valid_uid(&claim.uid) {
-            self.metrics
-                .observe(Operation::Prepare, Some("bad_uid"), Default::default());
-            return Err(PrepareError::BadUid {
-                claim: claim.key(),
-                uid: claim.uid.clone(),
-            });
-        }
-        let started = std::time::Instant::now();
-        let l = self.claim_lock(&claim.uid);
-        let result = {
-            let _guard = l.lock().await;
-            self.prepare_locked(claim).await
-        };
-        self.release_lock(&claim.uid, l);
-        let reason = result.as_ref().err().map(PrepareError::reason);
-        self.metrics
-            .observe(Operation::Prepare, reason, started.elapsed());
-        result
+        self.guarded(Operation::Prepare, claim, self.prepare_locked(claim))
+            .await
     }
 
     async fn prepare_locked(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
@@ -536,9 +519,24 @@ impl<S: ClaimSource> Plugin<S> {
     /// Undoes [`prepare`](Self::prepare): removes the CDI spec, the claim directory and the
     /// checkpoint entry. Succeeds for a claim that is not (or no longer) prepared.
     pub async fn unprepare(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        self.guarded(Operation::Unprepare, claim, async {
+            self.unprepare_locked(claim)
+        })
+        .await
+    }
+
+    /// Runs `work` for `claim` as one operation: refuses a malformed UID, holds the claim's
+    /// lock while `work` runs (other claims proceed in parallel), and records the outcome
+    /// and duration in the metrics. `work` is lazy: nothing of it runs before the lock.
+    async fn guarded<T>(
+        &self,
+        op: Operation,
+        claim: &ClaimRef,
+        work: impl std::future::Future<Output = Result<T, PrepareError>>,
+    ) -> Result<T, PrepareError> {
         if !valid_uid(&claim.uid) {
             self.metrics
-                .observe(Operation::Unprepare, Some("bad_uid"), Default::default());
+                .observe(op, Some("bad_uid"), Default::default());
             return Err(PrepareError::BadUid {
                 claim: claim.key(),
                 uid: claim.uid.clone(),
@@ -548,12 +546,11 @@ impl<S: ClaimSource> Plugin<S> {
         let l = self.claim_lock(&claim.uid);
         let result = {
             let _guard = l.lock().await;
-            self.unprepare_locked(claim)
+            work.await
         };
         self.release_lock(&claim.uid, l);
         let reason = result.as_ref().err().map(PrepareError::reason);
-        self.metrics
-            .observe(Operation::Unprepare, reason, started.elapsed());
+        self.metrics.observe(op, reason, started.elapsed());
         result
     }
 
