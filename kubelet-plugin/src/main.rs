@@ -22,9 +22,9 @@ const EXIT_FAILURE: u8 = 1;
 
 /// fgpu's node daemon: shares GPUs by memory and compute quota through Kubernetes DRA.
 ///
-/// Runs on every GPU node. Today it offers `discover`, which lists the node's GPUs as a
-/// device backend sees them; the DRA kubelet plugin service will be added as a further
-/// subcommand.
+/// Runs on every GPU node. `serve` is the DRA kubelet plugin (registration, DRA gRPC,
+/// ResourceSlices, per-claim CDI specs); `discover` lists the node's GPUs as a device
+/// backend sees them.
 #[derive(Debug, Parser)]
 #[command(
     name = "fgpu-kubelet-plugin",
