@@ -10,10 +10,11 @@ use crate::{Backend, DiscoverArgs, Output};
 
 /// Runs `discover` and writes the result to stdout.
 pub(crate) fn run(args: &DiscoverArgs) -> anyhow::Result<()> {
-    let inventories = match args.backend {
+    let inventories = match args.gpus.backend {
         Backend::Fake => {
             // clap enforces --fake-gpus with --backend fake.
             let path = args
+                .gpus
                 .fake_gpus
                 .as_deref()
                 .context("--backend fake needs --fake-gpus <FILE>")?;

@@ -56,20 +56,8 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct DiscoverArgs {
-    /// Where GPUs come from: `nvml` asks the NVIDIA driver (needs libnvidia-ml.so.1);
-    /// `fake` reads the YAML profile given by --fake-gpus.
-    #[arg(long, value_enum, default_value_t = Backend::Nvml, env = "FGPU_BACKEND")]
-    backend: Backend,
-
-    /// YAML profile describing the GPUs of one node or of a fake cluster (schema:
-    /// deploy/fake/README.md). Required with --backend fake.
-    #[arg(
-        long,
-        value_name = "FILE",
-        required_if_eq("backend", "fake"),
-        env = "FGPU_FAKE_GPUS"
-    )]
-    fake_gpus: Option<PathBuf>,
+    #[command(flatten)]
+    gpus: BackendArgs,
 
     /// Kubernetes node name. With a multi-node fake profile, picks that node (all nodes are
     /// printed without it). With nvml, names the inventory (default: $NODE_NAME, else the
@@ -89,6 +77,25 @@ enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// Where a subcommand's GPUs come from (shared by `discover` and `serve`).
+#[derive(Debug, clap::Args)]
+struct BackendArgs {
+    /// Where GPUs come from: `nvml` asks the NVIDIA driver (needs libnvidia-ml.so.1);
+    /// `fake` reads the YAML profile given by --fake-gpus.
+    #[arg(long, value_enum, default_value_t = Backend::Nvml, env = "FGPU_BACKEND")]
+    backend: Backend,
+
+    /// YAML profile describing the GPUs of one node or of a fake cluster (schema:
+    /// deploy/fake/README.md). Required with --backend fake.
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_if_eq("backend", "fake"),
+        env = "FGPU_FAKE_GPUS"
+    )]
+    fake_gpus: Option<PathBuf>,
 }
 
 /// Device backends selectable on the command line.

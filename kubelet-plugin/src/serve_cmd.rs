@@ -12,7 +12,7 @@ use fgpu_kubelet_plugin::driver_files;
 use fgpu_kubelet_plugin::edits::{FileMount, NodeFiles};
 use fgpu_kubelet_plugin::serve::{ServeConfig, run as serve};
 
-use crate::{Backend, BadInput};
+use crate::{Backend, BackendArgs, BadInput};
 
 /// Flags of `serve`.
 #[derive(Debug, clap::Args)]
@@ -25,18 +25,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "FGPU_DRIVER_NAME", default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
     driver_name: String,
 
-    /// Where GPUs come from: `nvml` or `fake` (with --fake-gpus).
-    #[arg(long, value_enum, default_value_t = Backend::Nvml, env = "FGPU_BACKEND")]
-    backend: Backend,
-
-    /// YAML profile of fake GPUs (deploy/fake/README.md). Required with --backend fake.
-    #[arg(
-        long,
-        value_name = "FILE",
-        required_if_eq("backend", "fake"),
-        env = "FGPU_FAKE_GPUS"
-    )]
-    fake_gpus: Option<PathBuf>,
+    #[command(flatten)]
+    gpus: BackendArgs,
 
     /// The kubelet's plugin registry directory (registration socket).
     #[arg(long, value_name = "DIR", default_value = kubelet::REGISTRY_DIR, env = "KUBELET_REGISTRAR_DIRECTORY_PATH")]
@@ -150,7 +140,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map(|s| file_mount(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
     // Explicit files win; the fake backend uses only those (the fake CUDA libraries).
-    let (driver_mounts, driver_hooks) = if !explicit.is_empty() || args.backend == Backend::Fake {
+    let (driver_mounts, driver_hooks) = if !explicit.is_empty()
+        || args.gpus.backend == Backend::Fake
+    {
         (explicit, Vec::new())
     } else {
         let mut spec_dirs: Vec<PathBuf> = driver_files::TOOLKIT_SPEC_DIRS
@@ -162,10 +154,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(origin = %files.origin, mounts = files.mounts.len(), hooks = files.hooks.len(), "driver files for containers");
         (files.mounts, files.hooks)
     };
-    let backend = match args.backend {
+    let backend = match args.gpus.backend {
         Backend::Fake => build_backend(
             BackendKind::Fake,
-            args.fake_gpus.as_deref(),
+            args.gpus.fake_gpus.as_deref(),
             Some(&args.node),
         )?,
         Backend::Nvml => build_backend(BackendKind::Nvml, None, None)?,
