@@ -14,7 +14,10 @@
 //!
 //! * Read tolerantly: unknown fields are ignored and missing ones take defaults, so a newer
 //!   or older plugin can read it; `version` says which writer made it.
-//! * Written by write-to-temporary, fsync, rename, fsync of the directory, mode 0600.
+//! * Written by write-to-temporary, fsync, rename, fsync of the directory, mode 0600, as
+//!   compact JSON. Concurrent changes are committed together ([`Journal`]): a caller's
+//!   change is on disk when its `update` returns, and one write carries every change made
+//!   while the previous write was in flight.
 //! * A claim is recorded `PrepareStarted` before any side effect and `PrepareCompleted`
 //!   after the last one.
 //! * Written under one boot id (`/proc/sys/kernel/random/boot_id`); a checkpoint from
@@ -236,13 +239,33 @@ impl CheckpointFile {
 
     /// Writes `cp` atomically: temporary file (0600), fsync, rename, fsync of the directory.
     pub fn save(&self, cp: &Checkpoint) -> Result<(), CheckpointError> {
-        let mut cp = cp.clone();
-        cp.version = CHECKPOINT_VERSION;
-        let bytes = serde_json::to_vec_pretty(&cp).map_err(|source| CheckpointError::Encode {
+        self.write(&self.encode(cp)?)
+    }
+
+    /// `cp` as this build writes it (compact JSON, this build's version).
+    pub fn encode(&self, cp: &Checkpoint) -> Result<Vec<u8>, CheckpointError> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Out<'a> {
+            version: u32,
+            boot_id: &'a str,
+            claims: &'a BTreeMap<String, ClaimRecord>,
+        }
+        serde_json::to_vec(&Out {
+            version: CHECKPOINT_VERSION,
+            boot_id: &cp.boot_id,
+            claims: &cp.claims,
+        })
+        .map_err(|source| CheckpointError::Encode {
             path: self.path.clone(),
             source,
-        })?;
-        write_atomic(&self.path, &bytes, 0o600).map_err(|(op, source)| self.io(op, source))
+        })
+    }
+
+    /// Writes encoded bytes atomically and durably (see [`save`](Self::save)).
+    pub fn write(&self, bytes: &[u8]) -> Result<(), CheckpointError> {
+        write_atomic(&self.path, bytes, 0o600, Durability::Fsync)
+            .map_err(|(op, source)| self.io(op, source))
     }
 
     fn move_aside(&self) -> Result<PathBuf, CheckpointError> {
@@ -268,9 +291,28 @@ impl CheckpointFile {
     }
 }
 
-/// Writes `bytes` to `path` by temporary file, fsync, rename and directory fsync; the file
-/// gets `mode`. On error, says which step failed.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), (&'static str, io::Error)> {
+/// Whether [`write_atomic`] waits for the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync the file before the rename and the directory after it: the new content
+    /// survives a power loss. For the checkpoint.
+    Fsync,
+    /// Rename only: readers see the old or the new content, never a torn file, and the
+    /// content survives a crash of the process (the kernel still holds it) but not of the
+    /// machine. For a claim's files: after a reboot the checkpoint of the old boot is
+    /// discarded and every claim is prepared again, so durability would buy nothing.
+    Atomic,
+}
+
+/// Writes `bytes` to `path` by temporary file and rename (with fsyncs of the file and the
+/// directory for [`Durability::Fsync`]); the file gets `mode`. On error, says which step
+/// failed.
+pub fn write_atomic(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    durability: Durability,
+) -> Result<(), (&'static str, io::Error)> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -290,7 +332,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), (&'stati
         // The mode given to open() is masked by the umask; set it exactly.
         f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
         f.write_all(bytes)?;
-        f.sync_all()
+        if durability == Durability::Fsync {
+            f.sync_all()?;
+        }
+        Ok(())
     };
     write().map_err(|e| {
         let _ = fs::remove_file(&tmp);
@@ -300,9 +345,105 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), (&'stati
         let _ = fs::remove_file(&tmp);
         ("rename the temporary file into place", e)
     })?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ("fsync the directory", e))
+    if durability == Durability::Fsync {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| ("fsync the directory", e))?;
+    }
+    Ok(())
+}
+
+/// The checkpoint in memory and on disk, with group commit.
+///
+/// [`update`](Self::update) changes the in-memory checkpoint at once, then waits until a
+/// write that includes the change has reached the disk. Writes run one at a time on the
+/// blocking pool; whoever takes the writer's turn writes everything changed so far, so
+/// callers that queued behind a write usually find their change already on disk and return
+/// without writing. A failed write fails its caller; the change stays in memory and goes
+/// out with the next successful write (an unprepare or a repeated prepare rewrites the
+/// entry anyway).
+#[derive(Debug)]
+pub struct Journal {
+    file: CheckpointFile,
+    mem: std::sync::Mutex<Mem>,
+    /// The writer's turn; holds the generation known to be on disk.
+    on_disk: tokio::sync::Mutex<u64>,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug)]
+struct Mem {
+    cp: Checkpoint,
+    /// Bumped by every change.
+    generation: u64,
+}
+
+impl Journal {
+    /// A journal over `file`, whose content is `cp` (already on disk).
+    pub fn new(file: CheckpointFile, cp: Checkpoint) -> Self {
+        Self {
+            file,
+            mem: std::sync::Mutex::new(Mem { cp, generation: 0 }),
+            on_disk: tokio::sync::Mutex::new(0),
+            writes: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// How many writes reached the disk so far.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The file.
+    pub fn file(&self) -> &CheckpointFile {
+        &self.file
+    }
+
+    /// Runs `f` on the in-memory checkpoint (the latest state, possibly ahead of the disk
+    /// while a write is in flight).
+    pub fn read<T>(&self, f: impl FnOnce(&Checkpoint) -> T) -> T {
+        f(&self.mem().cp)
+    }
+
+    fn mem(&self) -> std::sync::MutexGuard<'_, Mem> {
+        // Every change is a single statement on the map; a panic elsewhere leaves it whole.
+        self.mem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Applies `f` (which says whether it changed anything), then returns once the change
+    /// is on disk. `after` sees the checkpoint right after the change (for metrics).
+    pub async fn update(
+        &self,
+        f: impl FnOnce(&mut Checkpoint) -> bool,
+        after: impl FnOnce(&Checkpoint),
+    ) -> Result<(), CheckpointError> {
+        let mine = {
+            let mut m = self.mem();
+            if f(&mut m.cp) {
+                m.generation += 1;
+                after(&m.cp);
+            }
+            m.generation
+        };
+        let mut on_disk = self.on_disk.lock().await;
+        if *on_disk >= mine {
+            return Ok(());
+        }
+        let (bytes, generation) = {
+            let m = self.mem();
+            (self.file.encode(&m.cp)?, m.generation)
+        };
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || file.write(&bytes))
+            .await
+            .map_err(|e| self.file.io("write", io::Error::other(e)))??;
+        *on_disk = generation;
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -426,6 +567,102 @@ mod tests {
             file.load("b").unwrap().1,
             Some(LoadNote::Corrupt { .. })
         ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn journal_commits_queued_changes_in_one_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = CheckpointFile::new(dir.path().join(CHECKPOINT_FILE));
+        let journal = std::sync::Arc::new(Journal::new(file.clone(), Checkpoint::new("b")));
+        // Hold the writer's turn, as a slow write in flight would.
+        let turn = journal.on_disk.lock().await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..10 {
+            let j = journal.clone();
+            let file = file.clone();
+            tasks.spawn(async move {
+                let uid = format!("u{i}");
+                j.update(
+                    |cp| {
+                        cp.claims
+                            .insert(uid.clone(), record(PrepareState::PrepareCompleted));
+                        true
+                    },
+                    |_| {},
+                )
+                .await
+                .unwrap();
+                // On disk when update returns.
+                let (cp, _) = file.load("b").unwrap();
+                assert!(cp.claims.contains_key(&uid), "{uid} not on disk");
+            });
+        }
+        while journal.read(|cp| cp.claims.len()) < 10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(journal.writes(), 0);
+        drop(turn);
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+        assert_eq!(journal.writes(), 1, "ten queued changes, one write");
+        assert_eq!(file.load("b").unwrap().0.claims.len(), 10);
+
+        // An update that changes nothing writes nothing; a removal is written.
+        journal
+            .update(|_| false, |_| panic!("no change"))
+            .await
+            .unwrap();
+        assert_eq!(journal.writes(), 1);
+        journal
+            .update(
+                |cp| cp.claims.remove("u3").is_some(),
+                |cp| assert_eq!(cp.claims.len(), 9),
+            )
+            .await
+            .unwrap();
+        assert_eq!(journal.writes(), 2);
+        assert!(!file.load("b").unwrap().0.claims.contains_key("u3"));
+    }
+
+    #[tokio::test]
+    async fn journal_write_failure_fails_the_caller_and_keeps_the_change_for_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("state");
+        fs::create_dir(&sub).unwrap();
+        let file = CheckpointFile::new(sub.join(CHECKPOINT_FILE));
+        let journal = Journal::new(file.clone(), Checkpoint::new("b"));
+        fs::remove_dir(&sub).unwrap();
+        let e = journal
+            .update(
+                |cp| {
+                    cp.claims
+                        .insert("u1".into(), record(PrepareState::PrepareStarted))
+                        .is_none()
+                },
+                |_| {},
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("checkpoint {}", file.path().display())),
+            "{e}"
+        );
+        fs::create_dir(&sub).unwrap();
+        journal
+            .update(
+                |cp| {
+                    cp.claims
+                        .insert("u2".into(), record(PrepareState::PrepareStarted))
+                        .is_none()
+                },
+                |_| {},
+            )
+            .await
+            .unwrap();
+        let on_disk = file.load("b").unwrap().0;
+        assert_eq!(on_disk.claims.keys().collect::<Vec<_>>(), ["u1", "u2"]);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `fgpu_kubelet_plugin_requests_total` | `operation`, `result` | claims prepared / unprepared, `ok` or `error` |
 //! | `fgpu_kubelet_plugin_request_duration_seconds` | `operation` | time per claim |
+//! | `fgpu_kubelet_plugin_prepare_phase_duration_seconds` | `phase` | time per step of a prepare ([`Phase`]) |
 //! | `fgpu_kubelet_plugin_errors_total` | `operation`, `reason` | failures by reason ([`crate::prepare::PrepareError::reason`]) |
 //! | `fgpu_kubelet_plugin_prepared_claims` | | claims in the checkpoint marked `PrepareCompleted` |
 //! | `fgpu_kubelet_plugin_gpu_granted_memory_bytes` | `gpu` (UUID) | memory granted on the GPU by prepared claims |
@@ -28,6 +29,26 @@ pub enum Operation {
     Prepare,
     /// NodeUnprepareResources, per claim.
     Unprepare,
+}
+
+/// A step of a prepare, for [`Metrics::observe_phase`].
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Phase {
+    /// Reading the claim from the API server.
+    ClaimGet,
+    /// Resolving the grants and building the CDI spec (pure computation).
+    Build,
+    /// Recording `PrepareStarted` in the checkpoint (on disk when done).
+    RecordStarted,
+    /// Writing the claim's directory, limits, preload and CDI spec files.
+    Files,
+    /// Recording `PrepareCompleted` in the checkpoint (on disk when done).
+    RecordCompleted,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: Phase,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -57,11 +78,17 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
+fn phase_histogram() -> Histogram {
+    // 50 µs to about 1.6 s.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+}
+
 /// The plugin's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     durations: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    phases: Family<PhaseLabels, Histogram, fn() -> Histogram>,
     errors: Family<ErrorLabels, Counter>,
     prepared_claims: Gauge,
     granted_memory: Family<GpuLabels, Gauge>,
@@ -87,6 +114,7 @@ impl Metrics {
         let m = Self {
             requests: Family::default(),
             durations: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            phases: Family::new_with_constructor(phase_histogram as fn() -> Histogram),
             errors: Family::default(),
             prepared_claims: Gauge::default(),
             granted_memory: Family::default(),
@@ -102,6 +130,11 @@ impl Metrics {
             "request_duration_seconds",
             "Time to prepare or unprepare one claim",
             m.durations.clone(),
+        );
+        registry.register(
+            "prepare_phase_duration_seconds",
+            "Time spent in each step of a prepare",
+            m.phases.clone(),
         );
         registry.register(
             "errors",
@@ -149,6 +182,13 @@ impl Metrics {
                 .get_or_create(&ErrorLabels { operation, reason })
                 .inc();
         }
+    }
+
+    /// Records the time one step of a prepare took.
+    pub fn observe_phase(&self, phase: Phase, took: Duration) {
+        self.phases
+            .get_or_create(&PhaseLabels { phase })
+            .observe(took.as_secs_f64());
     }
 
     /// Recomputes the claim and per-GPU gauges from the checkpoint's claims.

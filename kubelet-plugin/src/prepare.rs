@@ -29,13 +29,13 @@ use fgpu_api::names::DriverName;
 use fgpu_driver::backend::DeviceBackend;
 
 use crate::checkpoint::{
-    CHECKPOINT_FILE, Checkpoint, CheckpointError, CheckpointFile, ClaimRecord, LoadNote,
-    PrepareState, PreparedDevice, write_atomic,
+    CHECKPOINT_FILE, Checkpoint, CheckpointError, CheckpointFile, ClaimRecord, Durability, Journal,
+    LoadNote, PrepareState, PreparedDevice, write_atomic,
 };
 use crate::claim::ResourceClaim;
 use crate::edits::{self, ClaimPaths, ClaimRef, EditsError, NodeFiles};
 use crate::grant::{self, GrantError};
-use crate::metrics::{Metrics, Operation};
+use crate::metrics::{Metrics, Operation, Phase};
 
 /// How long prepare waits for the claim by default (the kubelet gives a whole call 45 s).
 pub const CLAIM_GET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -112,6 +112,10 @@ pub struct PluginConfig {
     pub boot_id: String,
     /// How long prepare waits for the claim source ([`CLAIM_GET_TIMEOUT`] in production).
     pub claim_get_timeout: std::time::Duration,
+    /// For crash tests only: after a claim's files are written and before it is recorded
+    /// `PrepareCompleted`, log `test pause` and wait this long (so that a test can kill the
+    /// plugin between the two phases). `None` in production.
+    pub test_pause: Option<std::time::Duration>,
 }
 
 /// Why a claim could not be prepared or unprepared. Each names the claim.
@@ -234,8 +238,7 @@ pub struct Plugin<S> {
     cfg: PluginConfig,
     source: S,
     backend: Arc<dyn DeviceBackend>,
-    file: CheckpointFile,
-    checkpoint: Mutex<Checkpoint>,
+    journal: Journal,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     metrics: Metrics,
 }
@@ -315,8 +318,7 @@ impl<S: ClaimSource> Plugin<S> {
             cfg,
             source,
             backend,
-            file,
-            checkpoint: Mutex::new(checkpoint),
+            journal: Journal::new(file, checkpoint),
             locks: Mutex::new(HashMap::new()),
             metrics,
         };
@@ -340,7 +342,7 @@ impl<S: ClaimSource> Plugin<S> {
 
     /// A copy of the checkpoint's claims.
     pub fn claims(&self) -> std::collections::BTreeMap<String, ClaimRecord> {
-        lock(&self.checkpoint).claims.clone()
+        self.journal.read(|cp| cp.claims.clone())
     }
 
     fn paths(&self, uid: &str) -> ClaimPaths {
@@ -406,26 +408,20 @@ impl<S: ClaimSource> Plugin<S> {
         }
     }
 
-    fn update(
+    /// Changes the checkpoint (`f` says whether it changed anything) and returns once the
+    /// change is on disk.
+    async fn update(
         &self,
         claim: &ClaimRef,
-        f: impl FnOnce(&mut Checkpoint),
+        f: impl FnOnce(&mut Checkpoint) -> bool,
     ) -> Result<(), PrepareError> {
-        let mut cp = lock(&self.checkpoint);
-        let mut next = cp.clone();
-        f(&mut next);
-        if next == *cp {
-            return Ok(());
-        }
-        self.file
-            .save(&next)
+        self.journal
+            .update(f, |cp| self.metrics.set_claims(&cp.claims))
+            .await
             .map_err(|source| PrepareError::Checkpoint {
                 claim: claim.key(),
                 source,
-            })?;
-        *cp = next;
-        self.metrics.set_claims(&cp.claims);
-        Ok(())
+            })
     }
 
     /// Prepares `claim` and returns its devices (see the module documentation).
@@ -435,11 +431,16 @@ impl<S: ClaimSource> Plugin<S> {
     }
 
     async fn prepare_locked(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
-        if let Some(rec) = lock(&self.checkpoint).claims.get(&claim.uid)
-            && rec.state == PrepareState::PrepareCompleted
-        {
-            return Ok(rec.devices.clone());
+        let done = self.journal.read(|cp| {
+            cp.claims
+                .get(&claim.uid)
+                .filter(|rec| rec.state == PrepareState::PrepareCompleted)
+                .map(|rec| rec.devices.clone())
+        });
+        if let Some(devices) = done {
+            return Ok(devices);
         }
+        let mut clock = PhaseClock::new(&self.metrics);
         let get = self.source.get(&claim.namespace, &claim.name);
         let limit = self.cfg.claim_get_timeout;
         let object = tokio::time::timeout(limit, get)
@@ -450,6 +451,7 @@ impl<S: ClaimSource> Plugin<S> {
                 source,
             })?
             .ok_or_else(|| PrepareError::NotFound { claim: claim.key() })?;
+        clock.lap(Phase::ClaimGet);
         if object.metadata.uid != claim.uid {
             return Err(PrepareError::UidMismatch {
                 claim: claim.key(),
@@ -473,6 +475,7 @@ impl<S: ClaimSource> Plugin<S> {
             source,
         })?;
 
+        clock.lap(Phase::Build);
         let mut record = ClaimRecord {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
@@ -482,47 +485,49 @@ impl<S: ClaimSource> Plugin<S> {
             devices: built.devices.clone(),
         };
         self.update(claim, |cp| {
-            cp.claims.insert(claim.uid.clone(), record.clone());
-        })?;
+            cp.claims.insert(claim.uid.clone(), record.clone()) != Some(record.clone())
+        })
+        .await?;
+        clock.lap(Phase::RecordStarted);
 
-        let io = |op, path: &Path| {
-            let claim = claim.key();
-            let path = path.to_owned();
-            move |source| PrepareError::Io {
-                claim,
-                op,
-                path,
-                source,
-            }
+        // The files: off the async workers (a slow disk must not stall other claims' gRPC).
+        let files = ClaimFiles {
+            claim: claim.key(),
+            paths: paths.clone(),
+            limits: built.limits.clone(),
+            preload: built.preload.clone(),
+            spec: spec_json,
         };
-        create_private_dir(&paths.claim_dir).map_err(io("create", &paths.claim_dir))?;
-        create_private_dir(&paths.state_dir).map_err(io("create", &paths.state_dir))?;
-        let write = |path: &Path, bytes: &[u8], mode| {
-            write_atomic(path, bytes, mode).map_err(|(op, source)| PrepareError::Io {
+        tokio::task::spawn_blocking(move || files.write())
+            .await
+            .map_err(|e| PrepareError::Io {
                 claim: claim.key(),
-                op,
-                path: path.to_owned(),
-                source,
-            })
-        };
-        write(&paths.limits_file, built.limits.as_bytes(), 0o444)?;
-        write(&paths.preload_file, built.preload.as_bytes(), 0o444)?;
-        write(&paths.spec_file, spec_json.as_bytes(), 0o644)?;
+                op: "write the claim's files",
+                path: paths.claim_dir.clone(),
+                source: io::Error::other(e),
+            })??;
+        clock.lap(Phase::Files);
+        if let Some(pause) = self.cfg.test_pause {
+            tracing::warn!(claim = %claim.key(), uid = %claim.uid, ?pause,
+                "test pause: claim files written, PrepareCompleted not yet recorded");
+            tokio::time::sleep(pause).await;
+        }
 
         record.state = PrepareState::PrepareCompleted;
         self.update(claim, |cp| {
             cp.claims.insert(claim.uid.clone(), record);
-        })?;
+            true
+        })
+        .await?;
+        clock.lap(Phase::RecordCompleted);
         Ok(built.devices)
     }
 
     /// Undoes [`prepare`](Self::prepare): removes the CDI spec, the claim directory and the
     /// checkpoint entry. Succeeds for a claim that is not (or no longer) prepared.
     pub async fn unprepare(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
-        self.guarded(Operation::Unprepare, claim, async {
-            self.unprepare_locked(claim)
-        })
-        .await
+        self.guarded(Operation::Unprepare, claim, self.unprepare_locked(claim))
+            .await
     }
 
     /// Runs `work` for `claim` as one operation: refuses a malformed UID, holds the claim's
@@ -554,25 +559,21 @@ impl<S: ClaimSource> Plugin<S> {
         result
     }
 
-    fn unprepare_locked(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+    async fn unprepare_locked(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
         // Paths are derived from the UID, never taken from the file, so a damaged
         // checkpoint cannot point the removal elsewhere.
         let paths = self.paths(&claim.uid);
-        let io = |op, path: &Path| {
-            let claim = claim.key();
-            let path = path.to_owned();
-            move |source| PrepareError::Io {
-                claim,
-                op,
-                path,
-                source,
-            }
-        };
-        remove_if_present(&paths.spec_file, false).map_err(io("remove", &paths.spec_file))?;
-        remove_if_present(&paths.claim_dir, true).map_err(io("remove", &paths.claim_dir))?;
-        self.update(claim, |cp| {
-            cp.claims.remove(&claim.uid);
-        })
+        let key = claim.key();
+        tokio::task::spawn_blocking(move || remove_claim_files(&key, &paths))
+            .await
+            .map_err(|e| PrepareError::Io {
+                claim: claim.key(),
+                op: "remove the claim's files",
+                path: self.paths(&claim.uid).claim_dir,
+                source: io::Error::other(e),
+            })??;
+        self.update(claim, |cp| cp.claims.remove(&claim.uid).is_some())
+            .await
     }
 
     /// Unprepares every recorded claim that no longer exists or now has another UID.
@@ -606,6 +607,92 @@ impl<S: ClaimSource> Plugin<S> {
         }
         report
     }
+}
+
+/// Times the steps of one prepare into the phase histogram.
+struct PhaseClock<'a> {
+    metrics: &'a Metrics,
+    last: std::time::Instant,
+}
+
+impl<'a> PhaseClock<'a> {
+    fn new(metrics: &'a Metrics) -> Self {
+        Self {
+            metrics,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    /// Records the time since the previous lap as `phase`.
+    fn lap(&mut self, phase: Phase) {
+        let now = std::time::Instant::now();
+        self.metrics.observe_phase(phase, now - self.last);
+        self.last = now;
+    }
+}
+
+/// A claim's files, written on the blocking pool.
+struct ClaimFiles {
+    claim: String,
+    paths: ClaimPaths,
+    limits: String,
+    preload: String,
+    spec: String,
+}
+
+impl ClaimFiles {
+    /// Creates the claim and state directories (0700) and writes the limits and preload
+    /// files (0444) and the CDI spec (0644), each atomically (see [`Durability::Atomic`]
+    /// for why not durably: a reboot discards them all).
+    fn write(self) -> Result<(), PrepareError> {
+        let Self {
+            claim,
+            paths,
+            limits,
+            preload,
+            spec,
+        } = self;
+        let io = |op, path: &Path| {
+            let claim = claim.clone();
+            let path = path.to_owned();
+            move |source| PrepareError::Io {
+                claim,
+                op,
+                path,
+                source,
+            }
+        };
+        create_private_dir(&paths.claim_dir).map_err(io("create", &paths.claim_dir))?;
+        create_private_dir(&paths.state_dir).map_err(io("create", &paths.state_dir))?;
+        for (path, bytes, mode) in [
+            (&paths.limits_file, limits.as_bytes(), 0o444),
+            (&paths.preload_file, preload.as_bytes(), 0o444),
+            (&paths.spec_file, spec.as_bytes(), 0o644),
+        ] {
+            write_atomic(path, bytes, mode, Durability::Atomic).map_err(|(op, source)| {
+                PrepareError::Io {
+                    claim: claim.clone(),
+                    op,
+                    path: path.to_owned(),
+                    source,
+                }
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Removes a claim's CDI spec and directory (absent ones are fine).
+fn remove_claim_files(claim: &str, paths: &ClaimPaths) -> Result<(), PrepareError> {
+    for (path, dir) in [(&paths.spec_file, false), (&paths.claim_dir, true)] {
+        remove_if_present(path, dir).map_err(|source| PrepareError::Io {
+            claim: claim.to_owned(),
+            op: "remove",
+            path: path.to_owned(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -658,6 +745,7 @@ mod tests {
                 },
                 boot_id: boot.into(),
                 claim_get_timeout: CLAIM_GET_TIMEOUT,
+                test_pause: None,
             }
         }
         fn start(&self, boot: &str) -> (Plugin<Arc<MapClaimSource>>, StartReport) {
@@ -730,6 +818,20 @@ mod tests {
             plugin.claims()["uid-1"].state,
             PrepareState::PrepareCompleted
         );
+
+        let metrics = plugin.metrics().encode();
+        for phase in [
+            "ClaimGet",
+            "Build",
+            "RecordStarted",
+            "Files",
+            "RecordCompleted",
+        ] {
+            let count = format!(
+                "fgpu_kubelet_plugin_prepare_phase_duration_seconds_count{{phase=\"{phase}\"}} 1\n"
+            );
+            assert!(metrics.contains(&count), "{count} in {metrics}");
+        }
 
         // Repeated prepare answers from the checkpoint, even with the claim gone.
         env.source.remove("ns", "c");
@@ -839,7 +941,9 @@ mod tests {
                             ..ClaimRecord::default()
                         },
                     );
+                    true
                 })
+                .await
                 .unwrap();
             create_private_dir(&env.claim_dir("uid-1")).unwrap();
         }

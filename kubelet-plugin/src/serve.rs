@@ -52,6 +52,8 @@ pub struct ServeConfig {
     pub resync: Duration,
     /// Where to serve `/metrics` and `/healthz` over HTTP; `None`: not served.
     pub metrics_addr: Option<SocketAddr>,
+    /// Crash tests only: see [`PluginConfig::test_pause`].
+    pub test_pause: Option<Duration>,
 }
 
 /// Why serving stopped.
@@ -100,6 +102,7 @@ pub async fn run(
             files: cfg.files.clone(),
             boot_id,
             claim_get_timeout: crate::prepare::CLAIM_GET_TIMEOUT,
+            test_pause: cfg.test_pause,
         },
         source,
         backend.clone(),

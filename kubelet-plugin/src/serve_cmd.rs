@@ -109,6 +109,22 @@ pub(crate) struct ServeArgs {
         env = "FGPU_METRICS_ADDRESS"
     )]
     metrics_address: SocketAddr,
+
+    /// Threads serving gRPC and the API server. The plugin's work is small and mostly
+    /// waiting; a few threads keep its memory low on nodes with many CPUs. File writes run
+    /// on a separate pool of at most 8 threads.
+    #[arg(long, default_value_t = 2, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    worker_threads: u16,
+
+    /// Crash tests only: pause this long after writing a claim's files, before recording it
+    /// PrepareCompleted, so that a test can kill the plugin between the two phases.
+    #[arg(
+        long,
+        hide = true,
+        value_name = "SECONDS",
+        env = "FGPU_TEST_PAUSE_PREPARE_SECONDS"
+    )]
+    test_pause_prepare_seconds: Option<u64>,
 }
 
 fn file_mount(spec: &str) -> anyhow::Result<FileMount> {
@@ -178,12 +194,18 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         consumable_capacity: args.consumable_capacity,
         resync: Duration::from_secs(args.resync_seconds),
         metrics_addr: Some(args.metrics_address),
+        test_pause: args.test_pause_prepare_seconds.map(Duration::from_secs),
     };
     // Both of rustls' providers are compiled in (kube asks for ring, the CDI crate's
     // jsonschema for aws-lc-rs); rustls then refuses to pick one and the first TLS client
     // panics. Choose ring, as kube is configured. An error means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.worker_threads.into())
+        .max_blocking_threads(8)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let client = kube::Client::try_default()
             .await

@@ -125,6 +125,7 @@ impl Setup {
             },
             boot_id: "boot-1".into(),
             claim_get_timeout: fgpu_kubelet_plugin::prepare::CLAIM_GET_TIMEOUT,
+            test_pause: None,
         };
         let (plugin, _) = Plugin::start(cfg, source, backend).unwrap();
         let sockets = Sockets::new(

@@ -343,6 +343,7 @@ mod serve_loop {
             consumable_capacity: true,
             resync: Duration::from_millis(50),
             metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+            test_pause: None,
         };
         let backend = Arc::new(fgpu_driver::backend::FakeBackend::open(&profile, None).unwrap());
         let task = tokio::spawn(run(cfg, client(s.clone()), backend, std::future::pending()));
