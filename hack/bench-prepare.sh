@@ -96,13 +96,23 @@ get_ms() {
   curl -s --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" -w '%{time_total}\n' "${args[@]}" \
     | tail -n +2 | sort -n | awk '{a[NR]=$1} END{printf "p50 %.2f ms, p99 %.2f ms", 1000*a[int(NR/2)], 1000*a[int(NR*0.99)]}'
 }
+# The mean time of each step of a prepare (the plugin's phase metric) over one run:
+# phases_before, then phases_ms prints "ClaimGet 0.81, Build 0.20, ..." since that call.
+phase_metrics() { curl -s "http://$FGPU_E2E_METRICS/metrics" | sed -n 's/^fgpu_kubelet_plugin_prepare_phase_duration_seconds_\(sum\|count\){phase="\([A-Za-z]*\)"} \(.*\)/\2 \1 \3/p'; }
+phases_before() { phase_metrics >"$work/phases.before"; }
+phases_ms() {
+  phase_metrics | awk -v before="$work/phases.before" '
+    BEGIN { while ((getline line < before) > 0) { split(line, f, " "); b[f[1]" "f[2]] = f[3] } }
+    { v[$1" "$2] = $3 - b[$1" "$2]; if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 } }
+    END { for (i = 1; i <= n; i++) { p = order[i]; c = v[p" count"]; printf "%s%s %.2f", (i > 1 ? ", " : ""), p, (c > 0 ? 1000 * v[p" sum"] / c : 0) } }'
+}
 rest="$(rss)"
-s0="$(metric sum)" c0="$(metric count)"
+s0="$(metric sum)" c0="$(metric count)"; phases_before
 seq_out="$(run 1 1)"
-seq_plugin="$(metric_ms "$s0" "$c0")"
-s0="$(metric sum)" c0="$(metric count)"
+seq_plugin="$(metric_ms "$s0" "$c0")" seq_phases="$(phases_ms)"
+s0="$(metric sum)" c0="$(metric count)"; phases_before
 par_out="$(run 8 1)"
-par_plugin="$(metric_ms "$s0" "$c0")"
+par_plugin="$(metric_ms "$s0" "$c0")" par_phases="$(phases_ms)"
 get="$(get_ms)"
 long1="$(run 8 "$rounds")"
 rss1="$(rss)"
@@ -120,6 +130,8 @@ row "8 in flight, $rounds rounds" "$long1"
 row "8 in flight, $rounds more rounds" "$long2"
 echo
 echo "Mean prepare inside the plugin (its metric): sequential $seq_plugin ms, 8 in flight $par_plugin ms."
+echo "Mean per step (ms), sequential: $seq_phases."
+echo "Mean per step (ms), 8 in flight: $par_phases."
 echo "The claim GET alone (curl, keep-alive, 100 GETs): $get."
 echo
 echo "| plugin RSS (MiB) | at rest | after $((claims * rounds + 2 * claims)) cycles | after $((2 * claims * rounds + 2 * claims)) cycles |"
