@@ -19,15 +19,16 @@
 //! * `fgd`: the FGD paper's Fragmentation Gradient Descent, faithfully (including its
 //!   quantised score), as a baseline.
 //! * `fragaware`: our fragmentation-aware policy (FGD's measure over every kind with host
-//!   memory, a linear gradient at FGD's resolution, and pods without GPUs placed where the
-//!   fewest GPUs are free); see `docs/engine.md` and [`frag`].
+//!   memory, plus the GPU capacity that the node's free CPU and memory cannot feed at the
+//!   workload's average rate; a linear gradient at FGD's resolution; pods without GPUs placed
+//!   where the fewest GPUs are free); see `docs/engine.md` and [`frag`].
 //!
 //! Nothing here allocates per GPU on the hot path beyond small vectors; the simulator
 //! evaluates tens of millions of nodes with it.
 
 pub mod frag;
 
-pub use frag::{Weighting, Workload, WorkloadType};
+pub use frag::{MeanGpuPod, Weighting, Workload, WorkloadType};
 
 use std::fmt;
 

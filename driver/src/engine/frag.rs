@@ -32,6 +32,15 @@
 //!    all taken first), ties in the fixed node order. FGD scores them by the gradient, which
 //!    is zero on almost every node until a kind's CPU threshold is crossed, so they
 //!    spread over nodes with free GPUs by the tie order and eat the CPU those GPUs need.
+//! 6. *GPU capacity the host cannot feed is fragmented.* The workload's GPU pods bring, on
+//!    average, a known amount of host CPU and memory per milli-GPU ([`MeanGpuPod`]). Free GPU
+//!    capacity beyond what the node's free CPU (or memory) can feed at that rate is counted
+//!    as fragmented, weighted by the chance that the next pod needs a GPU. FGD's per-kind
+//!    check only sees a node's CPU once it drops below one pod's request, so it lets CPU-heavy
+//!    pods pile onto CPU-poor nodes (two 11-core sharing pods on a GPU of a 12-cores-per-GPU
+//!    node) until the node's last GPUs are stranded; the term makes that cost visible from
+//!    the first placement that eats more than the GPUs' share of the host. It is derived
+//!    from the workload, with no constant.
 //!
 //! The measure is evaluated in O(kinds + GPUs·log GPUs) per node state: the GPUs' free
 //! levels are sorted once, and each kind needs a binary search and a prefix sum.
@@ -142,6 +151,44 @@ impl Workload {
     }
 }
 
+/// The workload's average GPU pod, as fragaware's host-starvation term sees it: the host
+/// CPU and memory that the GPU pods bring per milli-GPU they ask for (totals over the kinds
+/// that need GPUs, weighted like the kinds), and the chance that the next pod needs a GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MeanGpuPod {
+    /// Milli-CPU per milli-GPU (0: the GPU pods need no CPU).
+    pub cpu_per_milli: f64,
+    /// MiB of host memory per milli-GPU (0: the GPU pods need no memory).
+    pub memory_per_milli: f64,
+    /// Sum of the weights of the kinds that need GPUs.
+    pub weight: f64,
+}
+
+impl MeanGpuPod {
+    /// The average GPU pod of `w`.
+    pub fn of(w: &Workload) -> MeanGpuPod {
+        let (mut cpu, mut mem, mut milli, mut weight) = (0.0, 0.0, 0.0, 0.0);
+        for t in w.types.iter().filter(|t| t.gpus > 0) {
+            cpu += t.weight * t.cpu_milli as f64;
+            mem += t.weight * t.memory_mib as f64;
+            milli += t.weight * f64::from(t.gpus) * f64::from(t.milli);
+            weight += t.weight;
+        }
+        if milli <= 0.0 {
+            return MeanGpuPod {
+                cpu_per_milli: 0.0,
+                memory_per_milli: 0.0,
+                weight: 0.0,
+            };
+        }
+        MeanGpuPod {
+            cpu_per_milli: cpu / milli,
+            memory_per_milli: mem / milli,
+            weight,
+        }
+    }
+}
+
 /// A node's state as the measure sees it: sorted free GPU levels and free host resources.
 #[derive(Clone, Debug)]
 struct Levels {
@@ -197,6 +244,26 @@ impl Levels {
         }
         acc
     }
+
+    /// fragaware's host-starvation term in milli-GPU: the free GPU capacity beyond what the
+    /// node's free CPU and memory can feed at the average GPU pod's rates, times the chance
+    /// that the next pod needs a GPU. Unknown host resources feed everything.
+    fn starved(&self, mean: &MeanGpuPod) -> f64 {
+        let total = self.total() as f64;
+        let mut fed = total;
+        if mean.cpu_per_milli > 0.0 && self.cpu_free != u64::MAX {
+            fed = fed.min(self.cpu_free as f64 / mean.cpu_per_milli);
+        }
+        if mean.memory_per_milli > 0.0 && self.mem_free != u64::MAX {
+            fed = fed.min(self.mem_free as f64 / mean.memory_per_milli);
+        }
+        mean.weight * (total - fed).max(0.0)
+    }
+
+    /// fragaware's measure: FGD's with host memory, plus the host-starvation term.
+    fn fragaware(&self, w: &Workload, mean: &MeanGpuPod) -> f64 {
+        self.frag(w, true) + self.starved(mean)
+    }
 }
 
 fn free_levels(node: &Node) -> Vec<u32> {
@@ -220,15 +287,15 @@ pub fn node_frag(node: &Node, w: &Workload, check_memory: bool) -> f64 {
     Levels::new(free_levels(node), c, m).frag(w, check_memory)
 }
 
-/// `F` after placing `req` on `gpus` of `node`.
-fn frag_after(
-    node: &Node,
-    levels: &[u32],
-    req: &Request,
-    gpus: &[usize],
-    w: &Workload,
-    mem: bool,
-) -> f64 {
+/// fragaware's measure of the node in milli-GPU under `w`: FGD's measure with host memory
+/// plus the capacity its free CPU and memory cannot feed (see [`MeanGpuPod`]).
+pub fn fragaware_frag(node: &Node, w: &Workload) -> f64 {
+    let (c, m) = host_free(node);
+    Levels::new(free_levels(node), c, m).fragaware(w, &MeanGpuPod::of(w))
+}
+
+/// The node's state after placing `req` on `gpus` of `node`.
+fn levels_after(node: &Node, levels: &[u32], req: &Request, gpus: &[usize]) -> Levels {
     let mut after = levels.to_vec();
     for &i in gpus {
         after[i] = after[i].saturating_sub(req.milli_on(&node.gpus[i]));
@@ -239,7 +306,6 @@ fn frag_after(
         c.saturating_sub(req.cpu_milli),
         m.saturating_sub(req.memory_mib),
     )
-    .frag(w, mem)
 }
 
 fn sigmoid(x: f64) -> f64 {
@@ -267,7 +333,8 @@ pub(super) fn place_fgd(
     if req.gpus == 1 && req.share != GpuShare::Whole {
         let mut best: Option<(usize, f64)> = None;
         for &i in fit {
-            let s = fgd_quantised(before, frag_after(node, &levels, req, &[i], w, false));
+            let after = levels_after(node, &levels, req, &[i]).frag(w, false);
+            let s = fgd_quantised(before, after);
             if best.is_none_or(|(_, b)| s > b) {
                 best = Some((i, s));
             }
@@ -275,7 +342,10 @@ pub(super) fn place_fgd(
         best.map(|(i, s)| (vec![i], s))
     } else {
         let gpus = pick_gpus(node, req, fit, gpu)?;
-        let s = fgd_quantised(before, frag_after(node, &levels, req, &gpus, w, false));
+        let s = fgd_quantised(
+            before,
+            levels_after(node, &levels, req, &gpus).frag(w, false),
+        );
         Some((gpus, s))
     }
 }
@@ -291,7 +361,7 @@ fn banded(gradient: f64) -> f64 {
     (gradient / GRADIENT_RESOLUTION).floor() * GRADIENT_RESOLUTION
 }
 
-/// fragaware: banded linear gradient (with host memory).
+/// fragaware: banded linear gradient of its measure (host memory, host starvation).
 pub(super) fn place_fragaware(
     node: &Node,
     req: &Request,
@@ -301,9 +371,11 @@ pub(super) fn place_fragaware(
 ) -> Option<(Vec<usize>, f64)> {
     let levels = free_levels(node);
     let (c, m) = host_free(node);
-    let before = Levels::new(levels.clone(), c, m).frag(w, true);
-    let score_of =
-        |gpus: &[usize]| -> f64 { banded(before - frag_after(node, &levels, req, gpus, w, true)) };
+    let mean = MeanGpuPod::of(w);
+    let before = Levels::new(levels.clone(), c, m).fragaware(w, &mean);
+    let score_of = |gpus: &[usize]| -> f64 {
+        banded(before - levels_after(node, &levels, req, gpus).fragaware(w, &mean))
+    };
     if req.gpus == 1 && req.share != GpuShare::Whole {
         // One candidate per distinct free level: GPUs at the same level are equivalent.
         let mut best: Option<(usize, f64, u32)> = None;
@@ -339,7 +411,7 @@ pub(super) fn fgd_host_only(node: &Node, req: &Request, w: &Workload) -> f64 {
     let levels = free_levels(node);
     let (c, m) = host_free(node);
     let before = Levels::new(levels.clone(), c, m).frag(w, false);
-    let after = frag_after(node, &levels, req, &[], w, false);
+    let after = levels_after(node, &levels, req, &[]).frag(w, false);
     fgd_quantised(before, after)
 }
 

@@ -431,3 +431,75 @@ fn fragaware_puts_cpu_only_pods_where_fewest_gpus_are_free() {
         1
     );
 }
+
+#[test]
+fn mean_gpu_pod_and_host_starved_capacity() {
+    // Half the pods want a whole GPU with 3 cores and 4 GiB, half no GPU with 8 cores: the
+    // average GPU pod brings 3 milli-CPU and 4.096 MiB per milli-GPU, and weighs 0.5.
+    let w = Workload::from_pods(
+        [(3_000, 4_096, 1, 1000), (8_000, 0, 0, 0)],
+        1.0,
+        Weighting::Count,
+    );
+    let mean = MeanGpuPod::of(&w);
+    assert!((mean.cpu_per_milli - 3.0).abs() < 1e-12);
+    assert!((mean.memory_per_milli - 4.096).abs() < 1e-12);
+    assert!((mean.weight - 0.5).abs() < 1e-12);
+    // 4 idle GPUs and 12 cores: exactly fed. Only the CPU-only kind's share counts (FGD's
+    // measure: 0.5 × 4000).
+    let mut n = node("a", 4);
+    n.cpu_milli_free = Some(12_000);
+    assert_eq!(frag::node_frag(&n, &w, true), 2000.0);
+    assert_eq!(frag::fragaware_frag(&n, &w), 2000.0);
+    // 6 cores feed 2 of the 4 GPUs: 2000 milli-GPU starved, weighted 0.5. No kind is blocked
+    // yet (6 cores ≥ 3), so FGD's measure does not move.
+    n.cpu_milli_free = Some(6_000);
+    assert_eq!(frag::node_frag(&n, &w, true), 2000.0);
+    assert_eq!(frag::fragaware_frag(&n, &w), 3000.0);
+    // Memory starves the same way: 4096 MiB feed one GPU.
+    n.cpu_milli_free = Some(12_000);
+    n.memory_mib_free = Some(4_096);
+    assert_eq!(frag::fragaware_frag(&n, &w), 3500.0);
+    // Unknown host resources feed everything.
+    let bare = Node::new("b", node("x", 4).gpus);
+    assert_eq!(
+        frag::fragaware_frag(&bare, &w),
+        frag::node_frag(&bare, &w, true)
+    );
+    // A workload without GPU pods has no average GPU pod.
+    let cpu_only = Workload::from_pods([(8_000, 0, 0, 0)], 1.0, Weighting::Count);
+    assert_eq!(MeanGpuPod::of(&cpu_only).weight, 0.0);
+}
+
+#[test]
+fn fragaware_keeps_the_host_of_a_cpu_poor_node_for_its_gpus() {
+    // Every GPU pod of the workload wants a whole GPU and 3 cores. A sharing pod with 6
+    // cores fits both nodes; on the 12-core node it leaves 6 cores for 3.5 free GPUs, which
+    // feed only 2 of them; on the 64-core node nothing is starved. No kind's CPU threshold
+    // is crossed on either node, so FGD scores them the same and leaves it to the tie order.
+    let w = Workload::from_pods([(3_000, 0, 1, 1000)], 1.0, Weighting::Count);
+    let mut poor = node("poor", 4);
+    poor.cpu_milli_total = Some(12_000);
+    poor.cpu_milli_free = Some(12_000);
+    let rich = node("rich", 4);
+    let mut pod = frac(500);
+    pod.cpu_milli = 6_000;
+    let inv = Inventory {
+        nodes: vec![poor, rich],
+    };
+    let fgd: Vec<f64> = evaluate(&inv, &pod, Policy::FGD, &ctx(Some(&w)))
+        .iter()
+        .map(|p| p.score)
+        .collect();
+    assert_eq!(fgd.len(), 2);
+    assert_eq!(fgd[0], fgd[1]);
+    let fa = evaluate(&inv, &pod, Policy::FRAGAWARE, &ctx(Some(&w)));
+    // 500 fragmented on either node (the half GPU no kind can use), plus 1500 starved on
+    // the poor one; gradients rounded down to the 40 milli-GPU band.
+    assert_eq!(fa[0].score, -2000.0);
+    assert_eq!(fa[1].score, -520.0);
+    for salt in 0..16 {
+        let p = choose(&inv, &pod, Policy::FRAGAWARE, &ctx(Some(&w)), salt).unwrap();
+        assert_eq!(p.node, 1, "salt {salt}");
+    }
+}
