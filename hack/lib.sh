@@ -6,6 +6,8 @@ set -euo pipefail
 
 FGPU_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export FGPU_CACHE="${FGPU_CACHE:-/var/cache/fgpu}"
+# Cargo builds run by these scripts go to the cache, as make's do (not to ./target).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$FGPU_CACHE/target}"
 # Default Kubernetes minor; the patch is pinned by tests/k8s/v<minor>/go.mod.
 DEFAULT_K8S_VERSION="${DEFAULT_K8S_VERSION:-1.37}"
 

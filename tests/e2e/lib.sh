@@ -4,6 +4,9 @@
 set -euo pipefail
 E2E_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 K8S_MINOR="$(echo "$K8S_VERSION" | cut -d. -f2)"
+# The build cache every script reads binaries from (also when a scenario or the bench is run
+# outside make, which exports the same default).
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${FGPU_CACHE:-/var/cache/fgpu}/target}"
 
 say() { printf '    %s\n' "$*" >&2; }
 fail() { printf '    FAIL: %s\n' "$*" >&2; exit 1; }
