@@ -239,7 +239,7 @@ impl CheckpointFile {
 
     /// Writes `cp` atomically: temporary file (0600), fsync, rename, fsync of the directory.
     pub fn save(&self, cp: &Checkpoint) -> Result<(), CheckpointError> {
-        self.write(&self.encode(cp)?)
+        self.write(&self.encode(cp)?, Durability::Fsync)
     }
 
     /// `cp` as this build writes it (compact JSON, this build's version).
@@ -262,9 +262,9 @@ impl CheckpointFile {
         })
     }
 
-    /// Writes encoded bytes atomically and durably (see [`save`](Self::save)).
-    pub fn write(&self, bytes: &[u8]) -> Result<(), CheckpointError> {
-        write_atomic(&self.path, bytes, 0o600, Durability::Fsync)
+    /// Writes encoded bytes atomically, and durably for [`Durability::Fsync`].
+    pub fn write(&self, bytes: &[u8], durability: Durability) -> Result<(), CheckpointError> {
+        write_atomic(&self.path, bytes, 0o600, durability)
             .map_err(|(op, source)| self.io(op, source))
     }
 
@@ -356,19 +356,27 @@ pub fn write_atomic(
 /// The checkpoint in memory and on disk, with group commit.
 ///
 /// [`update`](Self::update) changes the in-memory checkpoint at once, then waits until a
-/// write that includes the change has reached the disk. Writes run one at a time on the
-/// blocking pool; whoever takes the writer's turn writes everything changed so far, so
-/// callers that queued behind a write usually find their change already on disk and return
-/// without writing. A failed write fails its caller; the change stays in memory and goes
+/// write that includes the change is in the file — fsynced, for a change that asks for
+/// [`Durability::Fsync`]. Writes run one at a time on the blocking pool; whoever takes the
+/// writer's turn writes everything changed so far, so callers that queued behind a write
+/// usually find their change already written and return without writing. A failed write fails its caller; the change stays in memory and goes
 /// out with the next successful write (an unprepare or a repeated prepare rewrites the
 /// entry anyway).
 #[derive(Debug)]
 pub struct Journal {
     file: CheckpointFile,
     mem: std::sync::Mutex<Mem>,
-    /// The writer's turn; holds the generation known to be on disk.
-    on_disk: tokio::sync::Mutex<u64>,
+    /// The writer's turn; holds the generations known to be in the file.
+    on_disk: tokio::sync::Mutex<Written>,
     writes: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Written {
+    /// Changes up to this generation are in the file (visible to a restarted plugin).
+    visible: u64,
+    /// Changes up to this generation are fsynced (survive a power loss).
+    durable: u64,
 }
 
 #[derive(Debug)]
@@ -384,12 +392,12 @@ impl Journal {
         Self {
             file,
             mem: std::sync::Mutex::new(Mem { cp, generation: 0 }),
-            on_disk: tokio::sync::Mutex::new(0),
+            on_disk: tokio::sync::Mutex::new(Written::default()),
             writes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    /// How many writes reached the disk so far.
+    /// How many writes reached the file so far.
     pub fn writes(&self) -> u64 {
         self.writes.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -413,9 +421,11 @@ impl Journal {
     }
 
     /// Applies `f` (which says whether it changed anything), then returns once the change
-    /// is on disk. `after` sees the checkpoint right after the change (for metrics).
+    /// is in the file with `durability`. `after` sees the checkpoint right after the change
+    /// (for metrics).
     pub async fn update(
         &self,
+        durability: Durability,
         f: impl FnOnce(&mut Checkpoint) -> bool,
         after: impl FnOnce(&Checkpoint),
     ) -> Result<(), CheckpointError> {
@@ -428,7 +438,11 @@ impl Journal {
             m.generation
         };
         let mut on_disk = self.on_disk.lock().await;
-        if *on_disk >= mine {
+        let done = match durability {
+            Durability::Fsync => on_disk.durable,
+            Durability::Atomic => on_disk.visible,
+        };
+        if done >= mine {
             return Ok(());
         }
         let (bytes, generation) = {
@@ -436,10 +450,13 @@ impl Journal {
             (self.file.encode(&m.cp)?, m.generation)
         };
         let file = self.file.clone();
-        tokio::task::spawn_blocking(move || file.write(&bytes))
+        tokio::task::spawn_blocking(move || file.write(&bytes, durability))
             .await
             .map_err(|e| self.file.io("write", io::Error::other(e)))??;
-        *on_disk = generation;
+        on_disk.visible = generation;
+        if durability == Durability::Fsync {
+            on_disk.durable = generation;
+        }
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -583,6 +600,7 @@ mod tests {
             tasks.spawn(async move {
                 let uid = format!("u{i}");
                 j.update(
+                    Durability::Fsync,
                     |cp| {
                         cp.claims
                             .insert(uid.clone(), record(PrepareState::PrepareCompleted));
@@ -610,12 +628,13 @@ mod tests {
 
         // An update that changes nothing writes nothing; a removal is written.
         journal
-            .update(|_| false, |_| panic!("no change"))
+            .update(Durability::Fsync, |_| false, |_| panic!("no change"))
             .await
             .unwrap();
         assert_eq!(journal.writes(), 1);
         journal
             .update(
+                Durability::Fsync,
                 |cp| cp.claims.remove("u3").is_some(),
                 |cp| assert_eq!(cp.claims.len(), 9),
             )
@@ -623,6 +642,29 @@ mod tests {
             .unwrap();
         assert_eq!(journal.writes(), 2);
         assert!(!file.load("b").unwrap().0.claims.contains_key("u3"));
+
+        // A change written without fsync is visible at once; a caller that needs it durable
+        // (even with no change of its own) writes again, with fsync.
+        journal
+            .update(
+                Durability::Atomic,
+                |cp| cp.claims.remove("u4").is_some(),
+                |_| {},
+            )
+            .await
+            .unwrap();
+        assert_eq!(journal.writes(), 3);
+        assert!(!file.load("b").unwrap().0.claims.contains_key("u4"));
+        journal
+            .update(Durability::Atomic, |_| false, |_| {})
+            .await
+            .unwrap();
+        assert_eq!(journal.writes(), 3, "already visible");
+        journal
+            .update(Durability::Fsync, |_| false, |_| {})
+            .await
+            .unwrap();
+        assert_eq!(journal.writes(), 4, "visible but not yet durable");
     }
 
     #[tokio::test]
@@ -635,6 +677,7 @@ mod tests {
         fs::remove_dir(&sub).unwrap();
         let e = journal
             .update(
+                Durability::Fsync,
                 |cp| {
                     cp.claims
                         .insert("u1".into(), record(PrepareState::PrepareStarted))
@@ -652,6 +695,7 @@ mod tests {
         fs::create_dir(&sub).unwrap();
         journal
             .update(
+                Durability::Atomic,
                 |cp| {
                     cp.claims
                         .insert("u2".into(), record(PrepareState::PrepareStarted))

@@ -98,13 +98,15 @@ pub struct NodeFiles {
 /// Host paths of one claim's files.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimPaths {
-    /// `<state root>/claims/<uid>` (0700): holds the three below.
+    /// `<state root>/claims/<uid>` (0700): holds the state directory and the limits file.
     pub claim_dir: PathBuf,
     /// `<claim dir>/state` (0700), mounted at [`STATE_DIR_CONTAINER`].
     pub state_dir: PathBuf,
     /// `<claim dir>/limits` (0444), mounted at [`LIMITS_CONTAINER`].
     pub limits_file: PathBuf,
-    /// `<claim dir>/ld.so.preload` (0444), mounted at [`PRELOAD_CONTAINER`].
+    /// `<state root>/ld.so.preload` (0444), mounted at [`PRELOAD_CONTAINER`]: one file for
+    /// every claim of the node (its content, [`preload_content`], is the same for all), so a
+    /// prepare creates one file fewer.
     pub preload_file: PathBuf,
     /// `<cdi dir>/<driver>-claim_<uid>.json`.
     pub spec_file: PathBuf,
@@ -120,12 +122,17 @@ impl ClaimPaths {
         Self {
             state_dir: claim_dir.join("state"),
             limits_file: claim_dir.join("limits"),
-            preload_file: claim_dir.join("ld.so.preload"),
+            preload_file: state_root.join("ld.so.preload"),
             spec_file: cdi_dir.join(driver.cdi_spec_file_name(uid)),
             gpu_dir: gpu_dir(state_root),
             claim_dir,
         }
     }
+}
+
+/// The content of the preload file: the shim at its path in containers.
+pub fn preload_content() -> String {
+    format!("{SHIM_CONTAINER_PATH}\n")
 }
 
 /// The node's shared GPU directory under the plugin's `state_root`.
@@ -484,7 +491,7 @@ pub fn build(
         spec,
         devices: prepared,
         limits,
-        preload: format!("{SHIM_CONTAINER_PATH}\n"),
+        preload: preload_content(),
         gpus,
     })
 }
@@ -798,7 +805,7 @@ pub(crate) mod tests {
                     "ro,nosuid,nodev,bind"
                 ),
                 m(
-                    "/var/lib/fgpu/claims/0a1b-uid/ld.so.preload",
+                    "/var/lib/fgpu/ld.so.preload",
                     "/etc/ld.so.preload",
                     "ro,nosuid,nodev,bind"
                 ),

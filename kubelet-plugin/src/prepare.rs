@@ -8,10 +8,14 @@
 //! 3. GETs the claim through the [`ClaimSource`], checks the UID, resolves the grants
 //!    ([`crate::grant`]), places them on this node's GPUs and builds the CDI spec
 //!    ([`crate::edits`]) — all before touching anything;
-//! 4. records `PrepareStarted`, creates the claim directory (0700) and its state directory
-//!    (0700), writes the limits and preload files (0444) and the CDI spec (0644), each by
-//!    write-fsync-rename;
-//! 5. records `PrepareCompleted` with the devices.
+//! 4. records `PrepareStarted` (written, not fsynced: only a restart in this boot reads it),
+//!    creates the claim directory (0700) and its state directory (0700), writes the limits
+//!    file (0444) and the CDI spec (0644), each by write-rename (see
+//!    [`Durability::Atomic`]), on the blocking pool;
+//! 5. records `PrepareCompleted` with the devices (fsynced).
+//!
+//! The node-wide preload file (`<state root>/ld.so.preload`, naming the shim) is written by
+//! [`Plugin::start`]; every claim mounts it.
 //!
 //! [`Plugin::unprepare`] removes the spec, the claim directory and the checkpoint entry;
 //! it succeeds for a claim it does not know. [`Plugin::cleanup_stale`] unprepares claims
@@ -309,6 +313,14 @@ impl<S: ClaimSource> Plugin<S> {
         let gpu_dir = crate::edits::gpu_dir(&cfg.state_root);
         create_shared_dir(&gpu_dir)
             .map_err(|e| io(&gpu_dir, "create the shared GPU directory", e))?;
+        let preload = cfg.state_root.join("ld.so.preload");
+        write_atomic(
+            &preload,
+            crate::edits::preload_content().as_bytes(),
+            0o444,
+            Durability::Atomic,
+        )
+        .map_err(|(op, source)| io(&preload, op, source))?;
         let file = CheckpointFile::new(cfg.state_root.join(CHECKPOINT_FILE));
         let (checkpoint, note) = file.load(&cfg.boot_id)?;
         file.save(&checkpoint)?;
@@ -409,14 +421,15 @@ impl<S: ClaimSource> Plugin<S> {
     }
 
     /// Changes the checkpoint (`f` says whether it changed anything) and returns once the
-    /// change is on disk.
+    /// change is in the file with `durability`.
     async fn update(
         &self,
         claim: &ClaimRef,
+        durability: Durability,
         f: impl FnOnce(&mut Checkpoint) -> bool,
     ) -> Result<(), PrepareError> {
         self.journal
-            .update(f, |cp| self.metrics.set_claims(&cp.claims))
+            .update(durability, f, |cp| self.metrics.set_claims(&cp.claims))
             .await
             .map_err(|source| PrepareError::Checkpoint {
                 claim: claim.key(),
@@ -484,7 +497,10 @@ impl<S: ClaimSource> Plugin<S> {
             claim_dir: paths.claim_dir.clone(),
             devices: built.devices.clone(),
         };
-        self.update(claim, |cp| {
+        // PrepareStarted is read only by a restart of the plugin in this boot, which sees the
+        // file without an fsync (the kernel keeps it); after a reboot the boot id discards
+        // every record. So it is written atomically but not durably: one fsync per prepare.
+        self.update(claim, Durability::Atomic, |cp| {
             cp.claims.insert(claim.uid.clone(), record.clone()) != Some(record.clone())
         })
         .await?;
@@ -495,7 +511,6 @@ impl<S: ClaimSource> Plugin<S> {
             claim: claim.key(),
             paths: paths.clone(),
             limits: built.limits.clone(),
-            preload: built.preload.clone(),
             spec: spec_json,
         };
         tokio::task::spawn_blocking(move || files.write())
@@ -514,7 +529,7 @@ impl<S: ClaimSource> Plugin<S> {
         }
 
         record.state = PrepareState::PrepareCompleted;
-        self.update(claim, |cp| {
+        self.update(claim, Durability::Fsync, |cp| {
             cp.claims.insert(claim.uid.clone(), record);
             true
         })
@@ -572,8 +587,10 @@ impl<S: ClaimSource> Plugin<S> {
                 path: self.paths(&claim.uid).claim_dir,
                 source: io::Error::other(e),
             })??;
-        self.update(claim, |cp| cp.claims.remove(&claim.uid).is_some())
-            .await
+        self.update(claim, Durability::Fsync, |cp| {
+            cp.claims.remove(&claim.uid).is_some()
+        })
+        .await
     }
 
     /// Unprepares every recorded claim that no longer exists or now has another UID.
@@ -636,20 +653,18 @@ struct ClaimFiles {
     claim: String,
     paths: ClaimPaths,
     limits: String,
-    preload: String,
     spec: String,
 }
 
 impl ClaimFiles {
-    /// Creates the claim and state directories (0700) and writes the limits and preload
-    /// files (0444) and the CDI spec (0644), each atomically (see [`Durability::Atomic`]
+    /// Creates the claim and state directories (0700) and writes the limits file (0444) and
+    /// the CDI spec (0644), each atomically (see [`Durability::Atomic`]
     /// for why not durably: a reboot discards them all).
     fn write(self) -> Result<(), PrepareError> {
         let Self {
             claim,
             paths,
             limits,
-            preload,
             spec,
         } = self;
         let io = |op, path: &Path| {
@@ -666,7 +681,6 @@ impl ClaimFiles {
         create_private_dir(&paths.state_dir).map_err(io("create", &paths.state_dir))?;
         for (path, bytes, mode) in [
             (&paths.limits_file, limits.as_bytes(), 0o444),
-            (&paths.preload_file, preload.as_bytes(), 0o444),
             (&paths.spec_file, spec.as_bytes(), 0o644),
         ] {
             write_atomic(path, bytes, mode, Durability::Atomic).map_err(|(op, source)| {
@@ -804,7 +818,12 @@ mod tests {
         assert_eq!(mode(&dir), 0o700);
         assert_eq!(mode(&dir.join("state")), 0o700);
         assert_eq!(mode(&dir.join("limits")), 0o444);
-        assert_eq!(mode(&dir.join("ld.so.preload")), 0o444);
+        let preload = env.dir.path().join("state/ld.so.preload");
+        assert_eq!(mode(&preload), 0o444);
+        assert_eq!(
+            std::fs::read_to_string(&preload).unwrap(),
+            "/usr/lib/fgpu/libfgpu.so\n"
+        );
         assert_eq!(mode(&env.spec_path("uid-1")), 0o644);
         let limits = std::fs::read_to_string(dir.join("limits")).unwrap();
         assert!(
@@ -932,7 +951,7 @@ mod tests {
             let (plugin, _) = env.start("b1");
             // Simulate a crash after PrepareStarted and the directory, before the spec.
             plugin
-                .update(&c, |cp| {
+                .update(&c, Durability::Fsync, |cp| {
                     cp.claims.insert(
                         "uid-1".into(),
                         ClaimRecord {
