@@ -352,10 +352,15 @@ fail() {
 }
 
 write_env() {
+  # kubectl's discovery cache, fresh per cluster: the shared ~/.kube/cache would keep the
+  # resource versions of a cluster of another release (e.g. resourceslices only in v1beta1
+  # after a 1.32 run) and make `kubectl get resourceslice` fail for minutes.
+  rm -rf "$S/kubectl-cache"
   cat >"$S/env" <<EOF
 # source me: the local fgpu test cluster (hack/cluster-up.sh $K8S_VERSION)
 export K8S_VERSION=$K8S_VERSION
 export KUBECONFIG=$PKI/admin.kubeconfig
+export KUBECACHEDIR=$S/kubectl-cache
 export PATH=$BIN:\$PATH
 export NODE_NAME=$NODE_NAME
 export KUBELET_ROOT_DIR=$KUBELET_ROOT
