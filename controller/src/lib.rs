@@ -1,7 +1,7 @@
-//! `fgpu-controller`'s pure core: the decisions of the DRA allocation controller (DESIGN.md,
-//! "Allocation: who decides what", mode 2), as functions from API objects (JSON) to API
-//! objects. Nothing here talks to the API server; the watchers, the status writer and the
-//! event recorder that will call these functions do not exist yet (see `README.md`).
+//! `fgpu-controller`: the DRA allocation controller (DESIGN.md, "Allocation: who decides
+//! what", mode 2), its admission webhooks, and the trace simulator's library parts.
+//!
+//! The pure core, functions from API objects (JSON) to API objects:
 //!
 //! * [`inventory`]: this driver's ResourceSlices → the engine's [`Inventory`](fgpu_driver::engine::Inventory).
 //! * [`usage`]: every allocated ResourceClaim → the ledger's grants → a rebuilt [`Ledger`](fgpu_driver::ledger::Ledger).
@@ -9,11 +9,26 @@
 //!   engine's request and policy.
 //! * [`allocation`]: a chosen placement → the `status.allocation` to write.
 //! * [`explain`]: the Event messages for every outcome.
+//! * [`reconcile`]: one pass over a snapshot of claims, pods and slices → the writes.
+//! * [`admission`]: the webhooks' decisions on `AdmissionReview`s.
+//!
+//! The daemon (`fgpu-controller run`), which does the I/O:
+//!
+//! * [`daemon`]: client, discovery, reflectors, the reconcile loop, conditional writes,
+//!   Events, mode selection.
+//! * [`server`]: the HTTPS webhooks and the metrics/health endpoints.
+//! * [`metrics`]: Prometheus metrics. [`leader`]: Lease-based leader election.
 
+pub mod admission;
 pub mod allocation;
+pub mod daemon;
 pub mod explain;
 pub mod inventory;
+pub mod leader;
+pub mod metrics;
+pub mod reconcile;
 pub mod request;
+pub mod server;
 pub mod usage;
 
 /// The `resource.k8s.io` versions the controller reads and writes, newest first.

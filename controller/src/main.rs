@@ -32,6 +32,10 @@ enum Command {
     /// engine and write the allocation curve per seed, as the paper's
     /// `analysis_allo_discrete.csv`.
     Simulate(simulate::SimulateArgs),
+    /// Run the cluster daemon: the DRA allocation controller (reflectors on claims, pods and
+    /// slices; allocates claims of the shared class for gated pods), the admission webhooks
+    /// (HTTPS) and the metrics/health endpoints.
+    Run(fgpu_controller::daemon::RunArgs),
 }
 
 fn init_logs(format: LogFormat) {
@@ -39,7 +43,8 @@ fn init_logs(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Text => b.init(),
         LogFormat::Json => b.json().init(),
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
     init_logs(cli.log_format);
     let res = match cli.command {
         Command::Simulate(args) => simulate::run(args),
+        Command::Run(args) => fgpu_controller::daemon::run(args),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

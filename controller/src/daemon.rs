@@ -1,0 +1,969 @@
+//! `fgpu-controller run`: the allocation controller against a real API server.
+//!
+//! * One client (kubeconfig file or in-cluster), `resource.k8s.io` version by discovery
+//!   (`v1`, else `v1beta2`, else `v1beta1`); claims, pods and slices are read as
+//!   [`DynamicObject`]s, so one code path serves every version.
+//! * Three reflectors (kube-rs runtime watchers): ResourceClaims and Pods of all
+//!   namespaces, ResourceSlices. Every watch event wakes the loop; it also runs every
+//!   `--resync` seconds.
+//! * One pass: snapshot of the stores (with the objects this process wrote and the watch
+//!   has not delivered yet laid over them) → [`reconcile::plan`] → the writes, each
+//!   conditional on the resource version it was planned from (a conflict is logged and
+//!   retried by the next pass, never forced) → Events.
+//! * Mode: `controller` allocates; `capacity` only lifts gates and releases what it
+//!   allocated earlier (kube-scheduler allocates); `auto` is `capacity` when this driver's
+//!   published devices kept `allowMultipleAllocations` (the API server has consumable
+//!   capacity), else `controller`, decided again on every pass and logged when it changes.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use fgpu_api::names::DriverName;
+use fgpu_driver::engine::Policy;
+
+use crate::ApiVersion;
+use crate::metrics::Metrics;
+use crate::reconcile::{self, Action, ObjectId, Settings, Snapshot};
+
+/// The API group of DRA.
+pub const GROUP: &str = "resource.k8s.io";
+
+/// How the controller takes part in allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// `capacity` when the cluster has consumable capacity, else `controller`.
+    Auto,
+    /// Allocate claims of the shared class for gated pods.
+    Controller,
+    /// kube-scheduler allocates; only serve webhooks and metrics, lift gates.
+    Capacity,
+}
+
+impl Mode {
+    /// The name, as logs and metrics show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Controller => "controller",
+            Self::Capacity => "capacity",
+        }
+    }
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::Controller,
+            2 => Self::Capacity,
+            _ => Self::Auto,
+        }
+    }
+    fn to_u8(self) -> u8 {
+        match self {
+            Self::Auto => 0,
+            Self::Controller => 1,
+            Self::Capacity => 2,
+        }
+    }
+}
+
+/// The effective mode, shared between the loop and the webhooks.
+#[derive(Debug, Default)]
+pub struct ModeCell(AtomicU8);
+
+impl ModeCell {
+    /// The mode in force (`Auto` until the first pass decided).
+    pub fn get(&self) -> Mode {
+        Mode::from_u8(self.0.load(Ordering::Relaxed))
+    }
+    fn set(&self, m: Mode) {
+        self.0.store(m.to_u8(), Ordering::Relaxed);
+    }
+}
+
+/// `fgpu-controller run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Kubeconfig file; without it, the in-cluster service account (else $KUBECONFIG).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Allocation mode: auto (capacity when the cluster has consumable capacity, else
+    /// controller), controller, or capacity (kube-scheduler allocates; serve only).
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
+    pub mode: Mode,
+    /// Placement policy where the pod's annotations say nothing: binpack, spread,
+    /// gpupacking, bestfit, fgd, fragaware, or `<node>/<gpu>`.
+    #[arg(long, default_value = "binpack")]
+    pub default_policy: String,
+    /// DRA driver name (the kubelet plugin's).
+    #[arg(long, default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
+    pub driver: String,
+    /// The shared DeviceClass the controller allocates; must be `shared.<driver>`.
+    #[arg(long)]
+    pub class: Option<String>,
+    /// Webhooks (HTTPS): /mutate-pods, /validate-claims. Needs --tls-cert and --tls-key.
+    #[arg(long)]
+    pub webhook_addr: Option<SocketAddr>,
+    /// PEM certificate chain of the webhook server.
+    #[arg(long, requires = "webhook_addr")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the webhook server.
+    #[arg(long, requires = "webhook_addr")]
+    pub tls_key: Option<PathBuf>,
+    /// Plain HTTP: /metrics, /healthz, /readyz.
+    #[arg(long, default_value = "127.0.0.1:19500")]
+    pub metrics_addr: SocketAddr,
+    /// Seconds between passes when nothing changes.
+    #[arg(long, default_value_t = 30)]
+    pub resync: u64,
+    /// Leader election: allocate only while holding the Lease `fgpu-controller` in this
+    /// namespace (every replica serves the webhooks). Without it, run one replica.
+    #[arg(long)]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "fgpu-controller")]
+    pub leader_election_lease: String,
+}
+
+/// What the servers share with the loop.
+pub struct Shared {
+    pub driver: DriverName,
+    pub api: ApiVersion,
+    pub client: kube::Client,
+    pub mode: ModeCell,
+    pub metrics: Metrics,
+    /// All reflectors have listed once.
+    pub ready: AtomicBool,
+}
+
+fn api_resource(api: ApiVersion, kind: &str, plural: &str) -> ApiResource {
+    let version = api.api_version().trim_start_matches("resource.k8s.io/");
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, version, kind), plural)
+}
+
+/// The claim resource at `api`.
+pub fn claim_resource(api: ApiVersion) -> ApiResource {
+    api_resource(api, "ResourceClaim", "resourceclaims")
+}
+
+/// The claim template resource at `api`.
+pub fn template_resource(api: ApiVersion) -> ApiResource {
+    api_resource(api, "ResourceClaimTemplate", "resourceclaimtemplates")
+}
+
+fn pod_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods")
+}
+
+/// Picks the `resource.k8s.io` version from what the API server serves.
+pub async fn negotiate(client: &kube::Client) -> Result<ApiVersion> {
+    let groups = client
+        .list_api_groups()
+        .await
+        .context("API discovery (GET /apis)")?;
+    let served: Vec<String> = groups
+        .groups
+        .iter()
+        .filter(|g| g.name == GROUP)
+        .flat_map(|g| g.versions.iter().map(|v| v.version.clone()))
+        .collect();
+    for (v, api) in [
+        ("v1", ApiVersion::V1),
+        ("v1beta2", ApiVersion::V1beta2),
+        ("v1beta1", ApiVersion::V1beta1),
+    ] {
+        if served.iter().any(|s| s == v) {
+            return Ok(api);
+        }
+    }
+    bail!(
+        "the API server serves no resource.k8s.io version fgpu speaks (served: {}); enable DRA: v1 on 1.34+, or --runtime-config=resource.k8s.io/v1beta1=true on 1.32/1.33",
+        if served.is_empty() {
+            "none".into()
+        } else {
+            served.join(", ")
+        }
+    )
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no --kubeconfig, and neither in-cluster config nor $KUBECONFIG works")?,
+    };
+    kube::Client::try_from(config).context("building the API client")
+}
+
+/// Starts a reflector; returns its store. Every event wakes `wake`.
+fn reflect(
+    api: Api<DynamicObject>,
+    ar: ApiResource,
+    what: &'static str,
+    wake: Arc<Notify>,
+) -> Store<DynamicObject> {
+    let writer = reflector::store::Writer::new(ar);
+    let reader = writer.as_reader();
+    let stream =
+        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => wake.notify_one(),
+                Err(e) => tracing::warn!(resource = what, "watch: {e}"),
+            }
+        }
+    });
+    reader
+}
+
+/// Runs the daemon until SIGTERM / Ctrl-C.
+pub fn run(args: RunArgs) -> Result<()> {
+    // The CDI crate's jsonschema may bring aws-lc-rs too; with two providers rustls
+    // refuses to pick one, so install ring explicitly (as the kubelet plugin does).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let driver =
+        DriverName::new(args.driver.clone()).map_err(|e| anyhow::anyhow!("--driver: {e}"))?;
+    if let Some(class) = &args.class
+        && *class != driver.shared_class()
+    {
+        bail!(
+            "--class {class}: the controller allocates the shared class of --driver {}, {}; set --driver {} or drop --class",
+            driver.as_str(),
+            driver.shared_class(),
+            class.strip_prefix("shared.").unwrap_or(class)
+        );
+    }
+    let default_policy: Policy = args
+        .default_policy
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--default-policy: {e}"))?;
+    let tls = match (&args.webhook_addr, &args.tls_cert, &args.tls_key) {
+        (Some(addr), Some(c), Some(k)) => Some((*addr, crate::server::tls_config(c, k)?)),
+        (Some(_), _, _) => bail!("--webhook-addr needs --tls-cert and --tls-key"),
+        _ => None,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let client = client(args.kubeconfig.as_ref()).await?;
+        let api = negotiate(&client).await?;
+        tracing::info!(
+            api = api.api_version(),
+            mode = args.mode.as_str(),
+            driver = driver.as_str(),
+            "connected"
+        );
+        let shared = Arc::new(Shared {
+            driver: driver.clone(),
+            api,
+            client: client.clone(),
+            mode: ModeCell::default(),
+            metrics: Metrics::new(),
+            ready: AtomicBool::new(false),
+        });
+        if args.mode != Mode::Auto {
+            shared.mode.set(args.mode);
+        }
+        crate::server::spawn_plain(args.metrics_addr, shared.clone()).await?;
+        if let Some((addr, cfg)) = tls {
+            crate::server::spawn_webhooks(addr, cfg, shared.clone()).await?;
+        }
+        let settings = Settings {
+            driver,
+            default_policy,
+        };
+        let mut ctl = Controller::new(shared.clone(), settings, args.mode);
+        let resync = Duration::from_secs(args.resync.max(1));
+        let Some(ns) = &args.leader_election_namespace else {
+            return tokio::select! {
+                r = ctl.run(resync) => r,
+                _ = shutdown() => {
+                    tracing::info!("shutting down");
+                    Ok(())
+                }
+            };
+        };
+        let me = format!(
+            "{}_{}",
+            std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .unwrap_or_else(|_| "fgpu-controller".into()),
+            uuid::Uuid::new_v4()
+        );
+        let elector =
+            crate::leader::Elector::new(client.clone(), ns, &args.leader_election_lease, me);
+        // A standby serves the webhooks: ready. The leader is ready once its caches sync.
+        shared.ready.store(true, Ordering::Relaxed);
+        tokio::select! {
+            _ = elector.acquire() => shared.ready.store(false, Ordering::Relaxed),
+            _ = shutdown() => {
+                tracing::info!("shutting down (standby)");
+                return Ok(());
+            }
+        }
+        let r = tokio::select! {
+            r = ctl.run(resync) => r,
+            e = elector.hold() => Err(e),
+            _ = shutdown() => {
+                tracing::info!("shutting down");
+                Ok(())
+            }
+        };
+        elector.release().await;
+        r
+    })
+}
+
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+/// Objects this process wrote, until the watch delivers them (by UID).
+#[derive(Default)]
+struct Overlay(HashMap<String, Value>);
+
+fn rv(obj: &Value) -> Option<u64> {
+    obj["metadata"]["resourceVersion"].as_str()?.parse().ok()
+}
+
+impl Overlay {
+    fn put(&mut self, obj: Value) {
+        if let Some(uid) = obj["metadata"]["uid"].as_str() {
+            self.0.insert(uid.to_owned(), obj);
+        }
+    }
+    /// `objects` with the newer written versions laid over; drops what the watch caught up
+    /// with. Resource versions are opaque to clients but etcd's are integers; where one is
+    /// not, the written object is used until the watch shows the same version.
+    fn apply(&mut self, objects: Vec<Value>, uids: &mut Vec<String>) -> Vec<Value> {
+        objects
+            .into_iter()
+            .map(|o| {
+                let Some(uid) = o["metadata"]["uid"].as_str() else {
+                    return o;
+                };
+                uids.push(uid.to_owned());
+                match self.0.get(uid) {
+                    Some(w) => {
+                        let caught_up = match (rv(&o), rv(w)) {
+                            (Some(a), Some(b)) => a >= b,
+                            _ => {
+                                o["metadata"]["resourceVersion"] == w["metadata"]["resourceVersion"]
+                            }
+                        };
+                        if caught_up {
+                            self.0.remove(uid);
+                            o
+                        } else {
+                            w.clone()
+                        }
+                    }
+                    None => o,
+                }
+            })
+            .collect()
+    }
+}
+
+/// A claim whose allocation kube-scheduler cleared.
+struct Retry {
+    /// Nodes it was allocated on and cleared from.
+    avoid: std::collections::BTreeSet<String>,
+    attempts: u32,
+    /// Not before.
+    next: Instant,
+}
+
+/// Backoff after the `attempts`-th clearing: none the first time (kube-scheduler backs the
+/// pod off for at least a second, and would allocate the claim itself meanwhile), then 1 s,
+/// 2 s, 4 s, ... at most 256 s.
+fn backoff(attempts: u32) -> Duration {
+    match attempts {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_secs(1u64 << (n - 2).min(8)),
+    }
+}
+
+struct Controller {
+    shared: Arc<Shared>,
+    settings: Settings,
+    configured: Mode,
+    /// The mode of the last pass (logged and exported when it changes).
+    decided: Option<Mode>,
+    recorder: Recorder,
+    claims_ar: ApiResource,
+    overlay: Overlay,
+    /// Last Event message per (object UID, reason), so a waiting claim is told once per
+    /// change, not once per pass.
+    told: HashMap<(String, &'static str), String>,
+    /// Node each claim was allocated on by this process (claim UID → node).
+    allocated_on: HashMap<String, String>,
+    /// Claims whose allocation kube-scheduler cleared (claim UID →).
+    retries: HashMap<String, Retry>,
+}
+
+fn to_values(store: &Store<DynamicObject>) -> Vec<Value> {
+    store
+        .state()
+        .iter()
+        .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
+        .collect()
+}
+
+fn conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.is_conflict())
+}
+
+impl Controller {
+    fn new(shared: Arc<Shared>, settings: Settings, configured: Mode) -> Self {
+        let reporter = Reporter {
+            controller: "fgpu-controller".into(),
+            instance: std::env::var("POD_NAME")
+                .ok()
+                .or_else(|| std::env::var("HOSTNAME").ok()),
+        };
+        Self {
+            recorder: Recorder::new(shared.client.clone(), reporter),
+            claims_ar: claim_resource(shared.api),
+            shared,
+            settings,
+            configured,
+            decided: None,
+            overlay: Overlay::default(),
+            told: HashMap::new(),
+            allocated_on: HashMap::new(),
+            retries: HashMap::new(),
+        }
+    }
+
+    fn claims(&self, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.shared.client.clone(), namespace, &self.claims_ar)
+    }
+
+    fn pods(&self, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.shared.client.clone(), namespace, &pod_resource())
+    }
+
+    async fn run(&mut self, resync: Duration) -> Result<()> {
+        let client = self.shared.client.clone();
+        let wake = Arc::new(Notify::new());
+        let slices_ar = api_resource(self.shared.api, "ResourceSlice", "resourceslices");
+        let claims = reflect(
+            Api::all_with(client.clone(), &self.claims_ar),
+            self.claims_ar.clone(),
+            "resourceclaims",
+            wake.clone(),
+        );
+        let pods = reflect(
+            Api::all_with(client.clone(), &pod_resource()),
+            pod_resource(),
+            "pods",
+            wake.clone(),
+        );
+        let slices = reflect(
+            Api::all_with(client.clone(), &slices_ar),
+            slices_ar,
+            "resourceslices",
+            wake.clone(),
+        );
+        for (s, what) in [
+            (&claims, "resourceclaims"),
+            (&pods, "pods"),
+            (&slices, "resourceslices"),
+        ] {
+            s.wait_until_ready()
+                .await
+                .with_context(|| format!("the {what} reflector stopped before its first list"))?;
+        }
+        self.shared.ready.store(true, Ordering::Relaxed);
+        tracing::info!("caches synced; reconciling");
+        loop {
+            let started = Instant::now();
+            let wrote = self.pass(&claims, &pods, &slices).await;
+            self.shared
+                .metrics
+                .pass_seconds
+                .observe(started.elapsed().as_secs_f64());
+            if wrote {
+                // Writes change what the next pass sees (a pod to ungate): go again now.
+                continue;
+            }
+            let now = Instant::now();
+            let sleep = self
+                .retries
+                .values()
+                .filter(|r| r.next > now)
+                .map(|r| r.next - now)
+                .min()
+                .map_or(resync, |d| d.min(resync));
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+            // Let a burst of watch events settle into one pass.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// One pass; true when something was written.
+    async fn pass(
+        &mut self,
+        claims: &Store<DynamicObject>,
+        pods: &Store<DynamicObject>,
+        slices: &Store<DynamicObject>,
+    ) -> bool {
+        let mut uids = Vec::new();
+        let claims = self.overlay.apply(to_values(claims), &mut uids);
+        let pods = self.overlay.apply(to_values(pods), &mut uids);
+        let slices = to_values(slices);
+        // Forget written objects the stores no longer hold (deleted).
+        let live: std::collections::HashSet<String> = uids.into_iter().collect();
+        self.overlay.0.retain(|uid, _| live.contains(uid));
+
+        let consumable = reconcile::consumable(self.settings.driver.as_str(), &slices);
+        let mode = match self.configured {
+            Mode::Auto if consumable => Mode::Capacity,
+            Mode::Auto => Mode::Controller,
+            m => m,
+        };
+        self.shared.mode.set(mode);
+        if self.decided != Some(mode) {
+            self.decided = Some(mode);
+            let reason = match self.configured {
+                Mode::Auto if consumable => {
+                    "auto: this driver's devices kept allowMultipleAllocations (consumable capacity)"
+                }
+                Mode::Auto => {
+                    "auto: no device of this driver allows multiple allocations (no consumable capacity, or no slice yet)"
+                }
+                _ => "set by --mode",
+            };
+            tracing::info!(mode = mode.as_str(), reason, "allocation mode");
+            self.shared.metrics.set_mode(mode.as_str(), reason);
+        }
+
+        // Allocations kube-scheduler cleared since the last pass: our finalizer, no
+        // allocation, and this process had allocated the claim.
+        let finalizer = self.settings.driver.finalizer();
+        let mut cleared = Vec::new();
+        for c in &claims {
+            let id = ObjectId::of(c);
+            let ours = c["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|e| e.as_str() == Some(finalizer.as_str())));
+            if ours
+                && !c["status"]["allocation"].is_object()
+                && let Some(node) = self.allocated_on.remove(&id.uid)
+            {
+                let r = self.retries.entry(id.uid.clone()).or_insert(Retry {
+                    avoid: Default::default(),
+                    attempts: 0,
+                    next: Instant::now(),
+                });
+                r.avoid.insert(node.clone());
+                r.attempts += 1;
+                let wait = backoff(r.attempts);
+                r.next = Instant::now() + wait;
+                cleared.push((id, node, wait));
+            }
+        }
+        let present: std::collections::HashSet<&str> = claims
+            .iter()
+            .filter_map(|c| c["metadata"]["uid"].as_str())
+            .collect();
+        self.retries.retain(|uid, _| present.contains(uid.as_str()));
+        self.allocated_on
+            .retain(|uid, _| present.contains(uid.as_str()));
+        for (id, node, wait) in cleared {
+            let m = format!(
+                "the allocation on node {node} was cleared (kube-scheduler found no node for the pod); allocating again away from it in {}s",
+                wait.as_secs()
+            );
+            tracing::warn!(claim = %id.key(), "{m}");
+            self.shared.metrics.failure("cleared");
+            self.tell(
+                &id,
+                "ResourceClaim",
+                EventType::Warning,
+                "AllocationCleared",
+                &m,
+            )
+            .await;
+        }
+        let avoid: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = self
+            .retries
+            .iter()
+            .map(|(uid, r)| (uid.clone(), r.avoid.clone()))
+            .collect();
+        let snap = Snapshot {
+            claims: &claims,
+            pods: &pods,
+            slices: &slices,
+            avoid: &avoid,
+        };
+        let plan = reconcile::plan(snap, &self.settings, mode == Mode::Controller);
+        for e in &plan.slice_errors {
+            tracing::warn!("{e}");
+        }
+        for e in &plan.usage_errors {
+            tracing::warn!("{e}");
+        }
+        self.shared.metrics.gpus.set(plan.gpus as i64);
+        self.shared.metrics.set_usage(&plan.usage);
+        let pending = plan
+            .actions
+            .iter()
+            .filter(|a| matches!(a, Action::Pending { .. } | Action::Rejected { .. }))
+            .count();
+        self.shared.metrics.claims_pending.set(pending as i64);
+        let mut wrote = false;
+        for action in plan.actions {
+            wrote |= self.act(action).await;
+        }
+        wrote
+    }
+
+    async fn act(&mut self, action: Action) -> bool {
+        match action {
+            Action::Allocate {
+                claim,
+                pod,
+                allocation,
+                message,
+                retry,
+            } => {
+                let id = ObjectId::of(&claim);
+                if retry
+                    && self
+                        .retries
+                        .get(&id.uid)
+                        .is_some_and(|r| r.next > Instant::now())
+                {
+                    return false; // backing off
+                }
+                let node = allocation.grant.node.clone();
+                let started = Instant::now();
+                match self.allocate(claim, &allocation.allocation).await {
+                    Ok(()) => {
+                        self.allocated_on.insert(id.uid.clone(), node);
+                        self.shared.metrics.allocated.inc();
+                        self.shared
+                            .metrics
+                            .allocation_seconds
+                            .observe(started.elapsed().as_secs_f64());
+                        tracing::info!(claim = %id.key(), pod = %pod.key(), "{message}");
+                        self.tell(
+                            &id,
+                            "ResourceClaim",
+                            EventType::Normal,
+                            "Allocated",
+                            &message,
+                        )
+                        .await;
+                        let m = format!("claim {}: {message}", id.name);
+                        self.tell(&pod, "Pod", EventType::Normal, "GpuAllocated", &m)
+                            .await;
+                        true
+                    }
+                    Err(e) => {
+                        let reason = if conflict(&e) { "conflict" } else { "api" };
+                        self.shared.metrics.failure(reason);
+                        tracing::warn!(claim = %id.key(), "allocation not written (retried next pass): {e}");
+                        false
+                    }
+                }
+            }
+            Action::Pending {
+                claim,
+                pod,
+                message,
+            } => {
+                self.shared.metrics.failure("no_fit");
+                let m = format!("claim {} waits: {message}", claim.name);
+                if self
+                    .tell(&pod, "Pod", EventType::Warning, "GpuAllocationPending", &m)
+                    .await
+                {
+                    tracing::info!(claim = %claim.key(), pod = %pod.key(), "{message}");
+                    self.tell(
+                        &claim,
+                        "ResourceClaim",
+                        EventType::Warning,
+                        "Pending",
+                        &message,
+                    )
+                    .await;
+                }
+                false
+            }
+            Action::Rejected {
+                claim,
+                pod,
+                message,
+            } => {
+                self.shared.metrics.failure("rejected");
+                let m = format!("claim {}: {message}", claim.name);
+                if self
+                    .tell(&pod, "Pod", EventType::Warning, "GpuClaimRejected", &m)
+                    .await
+                {
+                    tracing::warn!(claim = %claim.key(), pod = %pod.key(), "{message}");
+                    self.tell(
+                        &claim,
+                        "ResourceClaim",
+                        EventType::Warning,
+                        "Rejected",
+                        &message,
+                    )
+                    .await;
+                }
+                false
+            }
+            Action::Ungate { pod, keep } => {
+                let patch = json!({
+                    "metadata": {"resourceVersion": pod.resource_version},
+                    "spec": {"schedulingGates": keep},
+                });
+                match self
+                    .pods(&pod.namespace)
+                    .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(o) => {
+                        tracing::info!(pod = %pod.key(), "scheduling gate lifted");
+                        if let Ok(v) = serde_json::to_value(&o) {
+                            self.overlay.put(v);
+                        }
+                        true
+                    }
+                    Err(e) if conflict(&e) => {
+                        tracing::debug!(pod = %pod.key(), "ungate: conflict, next pass");
+                        false
+                    }
+                    Err(e) => {
+                        tracing::warn!(pod = %pod.key(), "ungate failed: {e}");
+                        false
+                    }
+                }
+            }
+            Action::Release {
+                claim,
+                deallocate,
+                reason,
+            } => {
+                let id = ObjectId::of(&claim);
+                match self.release(claim, deallocate).await {
+                    Ok(()) => {
+                        tracing::info!(claim = %id.key(), deallocated = deallocate, "released: {reason}");
+                        true
+                    }
+                    Err(e) if conflict(&e) => false,
+                    Err(e) => {
+                        tracing::warn!(claim = %id.key(), "release failed (retried next pass): {e}");
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds the finalizer (conditional on the claim's resource version), then writes the
+    /// allocation into the status (conditional on the version the finalizer write returned).
+    async fn allocate(&mut self, claim: Value, allocation: &Value) -> Result<(), kube::Error> {
+        let id = ObjectId::of(&claim);
+        let api = self.claims(&id.namespace);
+        let finalizer = self.settings.driver.finalizer();
+        let mut current = claim;
+        let mut finalizers: Vec<Value> = current["metadata"]["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if !finalizers
+            .iter()
+            .any(|f| f.as_str() == Some(finalizer.as_str()))
+        {
+            finalizers.push(json!(finalizer));
+            let patch = json!({"metadata": {
+                "resourceVersion": id.resource_version,
+                "finalizers": finalizers,
+            }});
+            let o = api
+                .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            current = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
+            self.overlay.put(current.clone());
+        }
+        current["status"]["allocation"] = allocation.clone();
+        // kube-scheduler 1.37 (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus
+        // on) sets a missing allocationTimestamp when it reserves the claim, and the API
+        // server then refuses its write (the allocation is immutable): set it here. Servers
+        // without the field drop it.
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        if let Ok(t) = k8s_openapi::jiff::Timestamp::from_second(now) {
+            current["status"]["allocation"]["allocationTimestamp"] = json!(t.to_string());
+        }
+        let obj: DynamicObject =
+            serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
+        let stored = api
+            .replace_status(&id.name, &PostParams::default(), &obj)
+            .await?;
+        let stored = serde_json::to_value(&stored).map_err(kube::Error::SerdeError)?;
+        if !stored["status"]["allocation"].is_object() {
+            // Not expected: the API server accepted the write but kept no allocation.
+            tracing::error!(claim = %id.key(), "the API server stored no allocation");
+        }
+        self.overlay.put(stored);
+        Ok(())
+    }
+
+    /// Clears the allocation (when `deallocate`), then removes the finalizer.
+    async fn release(&mut self, claim: Value, deallocate: bool) -> Result<(), kube::Error> {
+        let id = ObjectId::of(&claim);
+        let api = self.claims(&id.namespace);
+        let finalizer = self.settings.driver.finalizer();
+        let mut current = claim;
+        if deallocate {
+            if let Some(st) = current["status"].as_object_mut() {
+                st.remove("allocation");
+                st.remove("devices");
+            }
+            let obj: DynamicObject =
+                serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
+            let o = api
+                .replace_status(&id.name, &PostParams::default(), &obj)
+                .await?;
+            current = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
+            self.overlay.put(current.clone());
+        }
+        let finalizers: Vec<Value> = current["metadata"]["finalizers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f.as_str() != Some(finalizer.as_str()))
+            .cloned()
+            .collect();
+        let patch = json!({"metadata": {
+            "resourceVersion": current["metadata"]["resourceVersion"],
+            "finalizers": finalizers,
+        }});
+        let o = api
+            .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        if let Ok(v) = serde_json::to_value(&o) {
+            self.overlay.put(v);
+        }
+        Ok(())
+    }
+
+    /// Publishes an Event about `obj` unless the last one for it with `reason` said the
+    /// same; true when published (or attempted).
+    async fn tell(
+        &mut self,
+        obj: &ObjectId,
+        kind: &str,
+        type_: EventType,
+        reason: &'static str,
+        message: &str,
+    ) -> bool {
+        let key = (obj.uid.clone(), reason);
+        if self.told.get(&key).is_some_and(|m| m == message) {
+            return false;
+        }
+        self.told.insert(key, message.to_owned());
+        if self.told.len() > 100_000 {
+            self.told.clear();
+        }
+        let api_version = if kind == "Pod" {
+            "v1".to_owned()
+        } else {
+            self.shared.api.api_version().to_owned()
+        };
+        let reference = ObjectReference {
+            api_version: Some(api_version),
+            kind: Some(kind.to_owned()),
+            name: Some(obj.name.clone()),
+            namespace: Some(obj.namespace.clone()),
+            uid: Some(obj.uid.clone()),
+            ..Default::default()
+        };
+        let ev = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(message.chars().take(1000).collect()),
+            action: "Allocate".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            tracing::warn!(object = %obj.key(), "event not published: {e}");
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_256_seconds() {
+        let s = |n| backoff(n).as_secs();
+        assert_eq!([s(1), s(2), s(3), s(10), s(100)], [0, 1, 2, 256, 256]);
+        assert!(backoff(u32::MAX) <= Duration::from_secs(300));
+    }
+
+    #[test]
+    fn overlay_until_the_watch_catches_up() {
+        let obj =
+            |rv: &str, v: i64| json!({"metadata": {"uid": "u", "resourceVersion": rv}, "v": v});
+        let mut o = Overlay::default();
+        o.put(obj("10", 1));
+        let mut uids = Vec::new();
+        assert_eq!(
+            o.apply(vec![obj("9", 0)], &mut uids)[0]["v"],
+            1,
+            "store behind: the written object"
+        );
+        assert_eq!(
+            o.apply(vec![obj("11", 2)], &mut uids)[0]["v"],
+            2,
+            "store caught up"
+        );
+        assert!(o.0.is_empty());
+        assert_eq!(uids, ["u", "u"]);
+    }
+}

@@ -1,0 +1,220 @@
+//! The controller's Prometheus metrics (`prometheus-client`), served on `/metrics`.
+//!
+//! * `fgpu_controller_mode_info{mode,reason}` 1 for the mode in force;
+//! * `fgpu_controller_claims_allocated_total`, `fgpu_controller_claims_pending`;
+//! * `fgpu_controller_allocation_failures_total{reason}` (`no_fit`, `rejected`,
+//!   `conflict`, `api`);
+//! * `fgpu_controller_allocation_duration_seconds` (finalizer + status write),
+//!   `fgpu_controller_reconcile_duration_seconds` (one pass);
+//! * `fgpu_controller_gpus` in the inventory;
+//! * per GPU (`node`, `gpu`): `fgpu_controller_gpu_memory_bytes`,
+//!   `fgpu_controller_gpu_granted_memory_bytes`, `fgpu_controller_gpu_granted_cores`
+//!   (percent), from the ledger after the last pass.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+/// The metrics and their registry.
+pub struct Metrics {
+    registry: Registry,
+    mode: Family<Labels, Gauge>,
+    last_mode: Mutex<Option<Labels>>,
+    pub allocated: Counter,
+    pub claims_pending: Gauge,
+    failures: Family<Labels, Counter>,
+    pub allocation_seconds: Histogram,
+    pub pass_seconds: Histogram,
+    pub gpus: Gauge,
+    gpu_memory: Family<Labels, Gauge>,
+    gpu_granted_memory: Family<Labels, Gauge>,
+    gpu_granted_cores: Family<Labels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the prefix `fgpu_controller`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("fgpu_controller");
+        let mode = Family::<Labels, Gauge>::default();
+        registry.register(
+            "mode_info",
+            "The allocation mode in force, and why",
+            mode.clone(),
+        );
+        let allocated = Counter::default();
+        registry.register(
+            "claims_allocated",
+            "Claims allocated by the controller",
+            allocated.clone(),
+        );
+        let claims_pending = Gauge::default();
+        registry.register(
+            "claims_pending",
+            "Claims of gated pods that wait (no fit or rejected) after the last pass",
+            claims_pending.clone(),
+        );
+        let failures = Family::<Labels, Counter>::default();
+        registry.register(
+            "allocation_failures",
+            "Allocation attempts that did not allocate, by reason",
+            failures.clone(),
+        );
+        let allocation_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        registry.register(
+            "allocation_duration_seconds",
+            "Time to write one allocation (finalizer and status)",
+            allocation_seconds.clone(),
+        );
+        let pass_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time of one reconcile pass",
+            pass_seconds.clone(),
+        );
+        let gpus = Gauge::default();
+        registry.register(
+            "gpus",
+            "GPUs in the inventory (this driver's ResourceSlices)",
+            gpus.clone(),
+        );
+        let gpu_memory = Family::<Labels, Gauge>::default();
+        registry.register(
+            "gpu_memory_bytes",
+            "Device memory of each GPU",
+            gpu_memory.clone(),
+        );
+        let gpu_granted_memory = Family::<Labels, Gauge>::default();
+        registry.register(
+            "gpu_granted_memory_bytes",
+            "Device memory granted on each GPU (all allocated claims)",
+            gpu_granted_memory.clone(),
+        );
+        let gpu_granted_cores = Family::<Labels, Gauge>::default();
+        registry.register(
+            "gpu_granted_cores",
+            "Core percent granted on each GPU (all allocated claims)",
+            gpu_granted_cores.clone(),
+        );
+        Self {
+            registry,
+            mode,
+            last_mode: Mutex::new(None),
+            allocated,
+            claims_pending,
+            failures,
+            allocation_seconds,
+            pass_seconds,
+            gpus,
+            gpu_memory,
+            gpu_granted_memory,
+            gpu_granted_cores,
+        }
+    }
+
+    /// Sets `mode_info` to the mode in force (the previous label set is removed).
+    pub fn set_mode(&self, mode: &str, reason: &str) {
+        let labels = vec![
+            ("mode".to_owned(), mode.to_owned()),
+            ("reason".to_owned(), reason.to_owned()),
+        ];
+        let mut last = self.last_mode.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = last.take() {
+            self.mode.remove(&old);
+        }
+        self.mode.get_or_create(&labels).set(1);
+        *last = Some(labels);
+    }
+
+    /// Sets the per-GPU gauges from `usage` (GPUs no longer present are dropped).
+    pub fn set_usage(&self, usage: &fgpu_driver::engine::Inventory) {
+        self.gpu_memory.clear();
+        self.gpu_granted_memory.clear();
+        self.gpu_granted_cores.clear();
+        for n in &usage.nodes {
+            for g in &n.gpus {
+                let l = vec![
+                    ("node".to_owned(), n.name.clone()),
+                    ("gpu".to_owned(), g.id.clone()),
+                ];
+                let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                self.gpu_memory.get_or_create(&l).set(gauge(g.memory_total));
+                self.gpu_granted_memory
+                    .get_or_create(&l)
+                    .set(gauge(g.memory_total.saturating_sub(g.memory_free)));
+                self.gpu_granted_cores
+                    .get_or_create(&l)
+                    .set(i64::from(g.cores_total.saturating_sub(g.cores_free)));
+            }
+        }
+    }
+
+    /// Counts a failure with `reason`.
+    pub fn failure(&self, reason: &str) {
+        self.failures
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc();
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_label_follows_the_mode() {
+        let m = Metrics::new();
+        m.set_mode("controller", "set by --mode");
+        m.set_mode("capacity", "auto: x");
+        let text = m.encode();
+        assert!(
+            text.contains(r#"fgpu_controller_mode_info{mode="capacity",reason="auto: x"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"mode="controller""#), "{text}");
+        let mut gpu = fgpu_driver::engine::Gpu::new("gpu-0", "H100", 80 << 30);
+        gpu.memory_free = 70 << 30;
+        gpu.cores_free = 70;
+        let usage = fgpu_driver::engine::Inventory {
+            nodes: vec![fgpu_driver::engine::Node::new("n", vec![gpu])],
+        };
+        m.set_usage(&usage);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                r#"fgpu_controller_gpu_granted_memory_bytes{node="n",gpu="gpu-0"} 10737418240"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"fgpu_controller_gpu_granted_cores{node="n",gpu="gpu-0"} 30"#),
+            "{text}"
+        );
+        m.failure("no_fit");
+        assert!(
+            m.encode()
+                .contains(r#"fgpu_controller_allocation_failures_total{reason="no_fit"} 1"#)
+        );
+    }
+}

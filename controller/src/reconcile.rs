@@ -1,0 +1,920 @@
+//! One pass of the allocation controller over a snapshot of the cluster → the writes to
+//! make. Pure: the daemon ([`crate::daemon`]) takes the snapshot from its reflectors, calls
+//! [`plan`], and performs the [`Action`]s, each conditional on the resource version it was
+//! planned from.
+//!
+//! The rules, in the order [`plan`] applies them:
+//!
+//! 1. **Ledger**: the inventory from this driver's ResourceSlices, every allocated claim
+//!    (this controller's and kube-scheduler's) granted in it ([`crate::usage::rebuild`]).
+//! 2. **Release**: a claim carrying this controller's finalizer whose `status.reservedFor`
+//!    is empty and that no live pod (not `Succeeded`/`Failed`) references is released: its
+//!    allocation is cleared (unless the claim is being deleted) and the finalizer removed.
+//! 3. **Allocate**: for every pod carrying the scheduling gate (oldest first), each of its
+//!    claims of the shared class that exists, is not allocated and is not being deleted is
+//!    turned into a request ([`crate::request`]), placed by the engine and written
+//!    ([`crate::allocation`]). The ledger takes each planned grant at once, so one pass
+//!    never grants the same memory twice; a write that fails leaves the ledger
+//!    over-counted until the next pass, never under-counted. The claims of one pod are kept
+//!    on one node (the node of its claims already allocated). A claim that does not fit
+//!    yields [`Action::Pending`] with the best candidate; a claim that cannot be read yields
+//!    [`Action::Rejected`].
+//! 4. **Ungate**: a gated pod whose claims of the shared class all exist and are allocated
+//!    (before this pass) loses the gate; kube-scheduler then places it on the allocation's
+//!    node. A pod whose template claims are not created yet keeps its gate.
+//! 5. **Retry**: a pod without the gate and not yet bound to a node, with a claim of the
+//!    shared class that carries this controller's finalizer but no allocation, lost that
+//!    allocation to kube-scheduler (it clears allocations when the pod fits nowhere,
+//!    reference `dra.md` §4): the claim is allocated again as in 3, away from the nodes in
+//!    [`Snapshot::avoid`] ([`Action::Allocate`] with `retry`; the caller backs off).
+//!
+//! Other pending claims of pods without the gate are kube-scheduler's and left alone.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fgpu_api::names::DriverName;
+use fgpu_driver::engine::{self, Inventory, Policy, ScoreContext};
+use serde_json::Value;
+
+use crate::allocation::{self, Allocation};
+use crate::request::{self, RequestError};
+use crate::usage::{self, UsageError};
+use crate::{explain, inventory, object_key};
+
+/// What the controller is configured with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub driver: DriverName,
+    /// Policy where the pod's annotations say nothing.
+    pub default_policy: Policy,
+}
+
+/// The objects one pass looks at (any served `resource.k8s.io` version; core/v1 pods).
+#[derive(Clone, Copy, Debug)]
+pub struct Snapshot<'a> {
+    pub claims: &'a [Value],
+    pub pods: &'a [Value],
+    pub slices: &'a [Value],
+    /// Per claim UID, nodes not to allocate it on again: kube-scheduler cleared its
+    /// allocation there (the pod fit nowhere). Ignored when it would leave no node.
+    pub avoid: &'a BTreeMap<String, BTreeSet<String>>,
+}
+
+/// A pod or a claim, as Events and writes name it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ObjectId {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The resource version the action was planned from.
+    pub resource_version: String,
+}
+
+impl ObjectId {
+    /// The identity of `obj`.
+    pub fn of(obj: &Value) -> Self {
+        let m = &obj["metadata"];
+        let s = |f: &str| m[f].as_str().unwrap_or_default().to_owned();
+        Self {
+            namespace: s("namespace"),
+            name: s("name"),
+            uid: s("uid"),
+            resource_version: s("resourceVersion"),
+        }
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One write to make.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Write `allocation` into the claim's status (conditional on the claim's resource
+    /// version), add the finalizer, and tell the claim with `message`.
+    Allocate {
+        /// The claim as read (the status write replaces it).
+        claim: Value,
+        pod: ObjectId,
+        allocation: Allocation,
+        message: String,
+        /// The claim had been allocated by this controller and its allocation was cleared
+        /// (kube-scheduler found no node for the pod): the caller backs off.
+        retry: bool,
+    },
+    /// The claim fits nowhere now; tell the pod and the claim why.
+    Pending {
+        claim: ObjectId,
+        pod: ObjectId,
+        message: String,
+    },
+    /// The claim cannot be allocated as written; tell the pod and the claim why.
+    Rejected {
+        claim: ObjectId,
+        pod: ObjectId,
+        message: String,
+    },
+    /// Remove the scheduling gate from the pod (the remaining gates are `keep`).
+    Ungate { pod: ObjectId, keep: Vec<Value> },
+    /// Clear the claim's allocation (when `deallocate`) and remove the finalizer.
+    Release {
+        claim: Value,
+        deallocate: bool,
+        reason: String,
+    },
+}
+
+/// The outcome of one pass.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    /// Slices left out of the inventory.
+    pub slice_errors: Vec<inventory::SliceError>,
+    /// Claims left out of the ledger.
+    pub usage_errors: Vec<UsageError>,
+    /// Whether this driver's published devices allow several allocations (the cluster has
+    /// consumable capacity).
+    pub consumable: bool,
+    /// GPUs in the inventory.
+    pub gpus: usize,
+    /// The inventory with every grant counted, those of this plan's allocations included.
+    pub usage: Inventory,
+}
+
+/// Whether any of this driver's slices publishes a device with `allowMultipleAllocations`
+/// (`v1beta1` devices under `basic`): the API server kept the field, so the cluster has
+/// consumable capacity.
+pub fn consumable(driver: &str, slices: &[Value]) -> bool {
+    slices
+        .iter()
+        .filter(|s| s["spec"]["driver"].as_str() == Some(driver))
+        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+        .any(|d| {
+            d["allowMultipleAllocations"] == Value::Bool(true)
+                || d["basic"]["allowMultipleAllocations"] == Value::Bool(true)
+        })
+}
+
+/// The device class names of a claim's (or a template's inner) `spec.devices.requests`,
+/// in every served version (`exactly`, `firstAvailable`, or `v1beta1`'s flat fields).
+pub fn request_classes(devices: &Value) -> Vec<&str> {
+    let mut out = Vec::new();
+    for r in devices["requests"].as_array().into_iter().flatten() {
+        if let Some(c) = r["exactly"]["deviceClassName"].as_str() {
+            out.push(c);
+        }
+        if let Some(c) = r["deviceClassName"].as_str() {
+            out.push(c);
+        }
+        for s in r["firstAvailable"].as_array().into_iter().flatten() {
+            if let Some(c) = s["deviceClassName"].as_str() {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Whether the claim asks for the shared class.
+pub fn is_shared(claim: &Value, driver: &DriverName) -> bool {
+    let class = driver.shared_class();
+    request_classes(&claim["spec"]["devices"]).contains(&class.as_str())
+}
+
+/// Whether the pod carries the scheduling gate `gate`.
+pub fn is_gated(pod: &Value, gate: &str) -> bool {
+    pod["spec"]["schedulingGates"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|e| e["name"].as_str() == Some(gate)))
+}
+
+fn is_allocated(claim: &Value) -> bool {
+    claim["status"]["allocation"].is_object()
+}
+
+fn is_deleting(obj: &Value) -> bool {
+    obj["metadata"]["deletionTimestamp"].is_string()
+}
+
+fn has_finalizer(obj: &Value, finalizer: &str) -> bool {
+    obj["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|e| e.as_str() == Some(finalizer)))
+}
+
+fn pod_is_live(pod: &Value) -> bool {
+    !matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// The names of the claims a pod uses, in `spec.resourceClaims` order: `Some(name)` for a
+/// claim named directly or generated from a template (from `status.resourceClaimStatuses`),
+/// `None` for a template claim not generated yet. Entries whose template needs no claim
+/// (`resourceClaimName` null in the status) are left out.
+pub fn pod_claim_names(pod: &Value) -> Vec<Option<String>> {
+    let statuses = pod["status"]["resourceClaimStatuses"].as_array();
+    let mut out = Vec::new();
+    for rc in pod["spec"]["resourceClaims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(n) = rc["resourceClaimName"].as_str() {
+            out.push(Some(n.to_owned()));
+            continue;
+        }
+        let Some(entry) = rc["name"].as_str() else {
+            continue;
+        };
+        match statuses.and_then(|s| s.iter().find(|e| e["name"].as_str() == Some(entry))) {
+            // No name: the template produced no claim for this pod.
+            Some(st) => {
+                if let Some(n) = st["resourceClaimName"].as_str() {
+                    out.push(Some(n.to_owned()));
+                }
+            }
+            None => out.push(None),
+        }
+    }
+    out
+}
+
+/// The node an allocated claim is bound to (its node selector's `metadata.name`).
+pub fn allocated_node(claim: &Value) -> Option<&str> {
+    claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
+        .as_array()?
+        .iter()
+        .flat_map(|t| t["matchFields"].as_array().into_iter().flatten())
+        .find(|f| f["key"].as_str() == Some("metadata.name"))?["values"][0]
+        .as_str()
+}
+
+fn annotations(pod: &Value) -> BTreeMap<String, String> {
+    pod["metadata"]["annotations"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Only the nodes named `node` (a pod's claims stay on one node).
+fn restrict(inv: &Inventory, node: &str) -> Inventory {
+    Inventory {
+        nodes: inv
+            .nodes
+            .iter()
+            .filter(|n| n.name == node)
+            .cloned()
+            .collect(),
+    }
+}
+
+/// Plans one pass over `snap`. Without `allocate` (capacity mode: kube-scheduler
+/// allocates) only releases are planned, and every gated pod is ungated.
+pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
+    let driver = settings.driver.as_str();
+    let gate = settings.driver.scheduling_gate();
+    let finalizer = settings.driver.finalizer();
+    let inv = inventory::from_slices(driver, snap.slices);
+    let consumable = consumable(driver, snap.slices);
+    let gpus = inv.inventory.nodes.iter().map(|n| n.gpus.len()).sum();
+    let usage = usage::rebuild(driver, inv.inventory, snap.claims);
+    let mut ledger = usage.ledger;
+    let mut actions = Vec::new();
+
+    // Claims by namespace/name.
+    let claims: BTreeMap<String, &Value> = snap.claims.iter().map(|c| (object_key(c), c)).collect();
+    // Claim keys referenced by live pods.
+    let mut referenced: BTreeSet<String> = BTreeSet::new();
+    for pod in snap.pods.iter().filter(|p| pod_is_live(p)) {
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+        for n in pod_claim_names(pod).into_iter().flatten() {
+            referenced.insert(format!("{ns}/{n}"));
+        }
+    }
+
+    // 2. Release.
+    for (key, claim) in &claims {
+        if !has_finalizer(claim, &finalizer) {
+            continue;
+        }
+        let reserved = claim["status"]["reservedFor"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty());
+        if reserved || referenced.contains(key) {
+            continue;
+        }
+        let deallocate = is_allocated(claim) && !is_deleting(claim);
+        actions.push(Action::Release {
+            claim: (*claim).clone(),
+            deallocate,
+            reason: if is_deleting(claim) {
+                "the claim is being deleted and no pod uses it".into()
+            } else {
+                "no pod uses the claim any more".into()
+            },
+        });
+    }
+
+    // 3 + 4 + 5. Gated pods and pods whose allocation was cleared, oldest first.
+    let reclaimed = |p: &Value| {
+        allocate
+            && pod_is_live(p)
+            && p["spec"]["nodeName"].as_str().is_none_or(str::is_empty)
+            && pod_claim_names(p).iter().flatten().any(|n| {
+                let ns = p["metadata"]["namespace"].as_str().unwrap_or_default();
+                claims.get(&format!("{ns}/{n}")).is_some_and(|c| {
+                    has_finalizer(c, &finalizer)
+                        && !is_allocated(c)
+                        && !is_deleting(c)
+                        && is_shared(c, &settings.driver)
+                })
+            })
+    };
+    let mut gated: Vec<&Value> = snap
+        .pods
+        .iter()
+        .filter(|p| !is_deleting(p) && (is_gated(p, &gate) || reclaimed(p)))
+        .collect();
+    gated.sort_by(|a, b| {
+        let k = |p: &Value| {
+            (
+                p["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                object_key(p),
+            )
+        };
+        k(a).cmp(&k(b))
+    });
+    let mut planned: BTreeSet<String> = BTreeSet::new();
+    for pod in gated {
+        let retry = !is_gated(pod, &gate);
+        let pod_id = ObjectId::of(pod);
+        let ns = &pod_id.namespace;
+        let names = pod_claim_names(pod);
+        let mut waiting = false;
+        let mut shared: Vec<&Value> = Vec::new();
+        for n in &names {
+            match n.as_ref().and_then(|n| claims.get(&format!("{ns}/{n}"))) {
+                Some(c) => {
+                    if is_shared(c, &settings.driver) {
+                        shared.push(c);
+                    }
+                }
+                None => waiting = true, // not generated (or not in the cache) yet
+            }
+        }
+        if waiting && allocate && !retry {
+            continue;
+        }
+        if retry && shared.iter().all(|c| is_allocated(c)) {
+            continue;
+        }
+        if !retry && (!allocate || shared.iter().all(|c| is_allocated(c))) {
+            let keep = pod["spec"]["schedulingGates"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|g| g["name"].as_str() != Some(gate.as_str()))
+                .cloned()
+                .collect();
+            actions.push(Action::Ungate { pod: pod_id, keep });
+            continue;
+        }
+        let mut node: Option<String> = shared
+            .iter()
+            .find_map(|c| allocated_node(c).map(str::to_owned));
+        for claim in shared
+            .into_iter()
+            .filter(|c| !is_allocated(c) && !is_deleting(c))
+        {
+            let claim_id = ObjectId::of(claim);
+            if !planned.insert(claim_id.key()) {
+                continue; // shared by an earlier pod of this pass
+            }
+            let pending = match request::from_claim(
+                claim,
+                &annotations(pod),
+                &pod_id.key(),
+                &settings.driver,
+                settings.default_policy,
+            ) {
+                Ok(p) => p,
+                Err(e) => {
+                    actions.push(rejected(claim_id, pod_id.clone(), &e));
+                    break;
+                }
+            };
+            let inv_now = match (&node, snap.avoid.get(&claim_id.uid)) {
+                (Some(n), _) => restrict(ledger.inventory(), n),
+                (None, Some(avoid)) => {
+                    let away = Inventory {
+                        nodes: ledger
+                            .inventory()
+                            .nodes
+                            .iter()
+                            .filter(|n| !avoid.contains(&n.name))
+                            .cloned()
+                            .collect(),
+                    };
+                    if away.nodes.is_empty() {
+                        ledger.inventory().clone()
+                    } else {
+                        away
+                    }
+                }
+                (None, None) => ledger.inventory().clone(),
+            };
+            let ctx = ScoreContext {
+                workload: None,
+                max_spec: inv_now.max_spec(),
+            };
+            match engine::choose(&inv_now, &pending.request, pending.policy, &ctx, 0) {
+                Ok(p) => {
+                    let a = allocation::build(driver, &inv_now, &pending, &p, consumable);
+                    if let Err(e) = ledger.grant(a.grant.clone()) {
+                        // The engine and the ledger disagree: report, write nothing.
+                        actions.push(Action::Pending {
+                            claim: claim_id,
+                            pod: pod_id.clone(),
+                            message: format!("internal: the ledger refused the placement: {e}"),
+                        });
+                        break;
+                    }
+                    node = Some(a.grant.node.clone());
+                    actions.push(Action::Allocate {
+                        claim: claim.clone(),
+                        pod: pod_id.clone(),
+                        message: explain::allocated(&a.grant),
+                        allocation: a,
+                        retry,
+                    });
+                }
+                Err(engine::NoFit::Invalid(why)) => {
+                    actions.push(Action::Rejected {
+                        claim: claim_id,
+                        pod: pod_id.clone(),
+                        message: format!("not allocated: {why}"),
+                    });
+                    break;
+                }
+                Err(engine::NoFit::Insufficient { .. }) => {
+                    let mut message = explain::pending(&inv_now, &pending.request);
+                    if let Some(n) = &node {
+                        message.push_str(&format!(" (the pod's other claims are on node {n})"));
+                    }
+                    actions.push(Action::Pending {
+                        claim: claim_id,
+                        pod: pod_id.clone(),
+                        message,
+                    });
+                    break;
+                }
+            }
+        }
+    }
+    Plan {
+        actions,
+        slice_errors: inv.errors,
+        usage_errors: usage.errors,
+        consumable,
+        gpus,
+        usage: ledger.inventory().clone(),
+    }
+}
+
+fn rejected(claim: ObjectId, pod: ObjectId, e: &RequestError) -> Action {
+    Action::Rejected {
+        claim,
+        pod,
+        message: explain::rejected(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const GATE: &str = "gpu.fgpu.dev/allocate";
+    const FIN: &str = "gpu.fgpu.dev/allocation";
+
+    fn settings() -> Settings {
+        Settings {
+            driver: DriverName::default(),
+            default_policy: Policy::BINPACK,
+        }
+    }
+
+    /// One node `node-a` with GPUs of `gib` GiB each.
+    fn slice(gib: &[u64], consumable: bool) -> Value {
+        let devices: Vec<Value> = gib
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let mut d = json!({"name": format!("gpu-{i}"),
+                    "attributes": {"uuid": {"string": format!("GPU-{i}")}, "productName": {"string": "H100"}},
+                    "capacity": {"memory": {"value": format!("{g}Gi")}, "cores": {"value": "100"}}});
+                if consumable {
+                    d["allowMultipleAllocations"] = json!(true);
+                }
+                d
+            })
+            .collect();
+        json!({"metadata": {"name": "node-a-gpu.fgpu.dev"},
+               "spec": {"driver": "gpu.fgpu.dev", "nodeName": "node-a",
+                        "pool": {"name": "node-a", "generation": 1}, "devices": devices}})
+    }
+
+    fn claim(name: &str, gib: u64) -> Value {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": "7"},
+            "spec": {"devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "shared.gpu.fgpu.dev"}}],
+                "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.fgpu.dev", "parameters": {
+                    "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": format!("{gib}Gi")}}}]}}})
+    }
+
+    /// `claim` allocated on node-a/`device` with `gib` as the grant.
+    fn allocated(name: &str, gib: u64, device: &str) -> Value {
+        let mut c = claim(name, gib);
+        c["metadata"]["finalizers"] = json!([FIN]);
+        c["status"]["allocation"] = json!({
+            "devices": {"results": [{"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-a", "device": device}],
+                        "config": [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.fgpu.dev",
+                            "parameters": {"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": format!("{gib}Gi")}}}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}});
+        c
+    }
+
+    /// A pod using template claims, `claims` = (entry, generated claim name or None).
+    fn pod(name: &str, created: &str, gated: bool, claims: &[(&str, Option<&str>)]) -> Value {
+        let spec_claims: Vec<Value> = claims
+            .iter()
+            .map(|(e, _)| json!({"name": e, "resourceClaimTemplateName": "t"}))
+            .collect();
+        let statuses: Vec<Value> = claims
+            .iter()
+            .filter_map(|(e, c)| c.map(|c| json!({"name": e, "resourceClaimName": c})))
+            .collect();
+        let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": "3",
+                         "creationTimestamp": created},
+            "spec": {"resourceClaims": spec_claims, "schedulingGates": [{"name": "other/gate"}]},
+            "status": {"phase": "Pending", "resourceClaimStatuses": statuses}});
+        if gated {
+            p["spec"]["schedulingGates"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": GATE}));
+        }
+        p
+    }
+
+    fn run(claims: &[Value], pods: &[Value], slices: &[Value]) -> Plan {
+        plan(
+            Snapshot {
+                claims,
+                pods,
+                slices,
+                avoid: &BTreeMap::new(),
+            },
+            &settings(),
+            true,
+        )
+    }
+
+    fn kinds(p: &Plan) -> Vec<String> {
+        p.actions
+            .iter()
+            .map(|a| match a {
+                Action::Allocate {
+                    claim, allocation, ..
+                } => format!(
+                    "allocate {} on {}",
+                    claim["metadata"]["name"].as_str().unwrap(),
+                    allocation.grant.devices[0].gpu
+                ),
+                Action::Pending { claim, .. } => format!("pending {}", claim.name),
+                Action::Rejected { claim, .. } => format!("rejected {}", claim.name),
+                Action::Ungate { pod, .. } => format!("ungate {}", pod.name),
+                Action::Release {
+                    claim, deallocate, ..
+                } => format!(
+                    "release {} deallocate={deallocate}",
+                    claim["metadata"]["name"].as_str().unwrap()
+                ),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_pass_never_grants_the_same_memory_twice() {
+        // 16Gi GPU: 8 + 6 fit, the third (4Gi) does not; binpack keeps all on gpu-0 first.
+        let claims = [claim("a", 8), claim("b", 6), claim("c", 4)];
+        let pods = [
+            pod("pa", "2026-01-01T00:00:01Z", true, &[("g", Some("a"))]),
+            pod("pb", "2026-01-01T00:00:02Z", true, &[("g", Some("b"))]),
+            pod("pc", "2026-01-01T00:00:03Z", true, &[("g", Some("c"))]),
+        ];
+        let p = run(&claims, &pods, &[slice(&[16], false)]);
+        assert_eq!(
+            kinds(&p),
+            ["allocate a on gpu-0", "allocate b on gpu-0", "pending c"]
+        );
+        let Action::Pending { message, pod, .. } = &p.actions[2] else {
+            unreachable!()
+        };
+        assert_eq!(pod.name, "pc");
+        assert!(message.contains("no GPU has 4Gi"), "{message}");
+        assert!(
+            message.contains("best candidate node-a/gpu-0 has 2Gi"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn oldest_pod_first_and_the_ledger_counts_existing_allocations() {
+        // Already allocated by someone (scheduler or an earlier pass): 10Gi of 16.
+        let claims = [
+            allocated("x", 10, "gpu-0"),
+            claim("late", 6),
+            claim("early", 8),
+        ];
+        let pods = [
+            pod("px", "2026-01-01T00:00:00Z", false, &[("g", Some("x"))]),
+            pod("late", "2026-01-01T00:00:09Z", true, &[("g", Some("late"))]),
+            pod(
+                "early",
+                "2026-01-01T00:00:01Z",
+                true,
+                &[("g", Some("early"))],
+            ),
+        ];
+        let p = run(&claims, &pods, &[slice(&[16, 16], false)]);
+        // early (8Gi) does not fit beside x's 10Gi: gpu-1; late (6Gi) then fits on gpu-0.
+        assert_eq!(
+            kinds(&p),
+            ["allocate early on gpu-1", "allocate late on gpu-0"]
+        );
+    }
+
+    #[test]
+    fn ungate_only_when_every_shared_claim_is_allocated() {
+        let claims = [allocated("a", 4, "gpu-0"), claim("b", 4)];
+        let pods = [
+            pod(
+                "both",
+                "2026-01-01T00:00:01Z",
+                true,
+                &[("g1", Some("a")), ("g2", Some("b"))],
+            ),
+            pod("one", "2026-01-01T00:00:02Z", true, &[("g", Some("a"))]),
+            pod("notyet", "2026-01-01T00:00:03Z", true, &[("g", None)]),
+        ];
+        let p = run(&claims, &pods, &[slice(&[16], false)]);
+        assert_eq!(kinds(&p), ["allocate b on gpu-0", "ungate one"]);
+        let Action::Ungate { keep, .. } = &p.actions[1] else {
+            unreachable!()
+        };
+        assert_eq!(
+            keep,
+            &vec![json!({"name": "other/gate"})],
+            "other gates stay"
+        );
+    }
+
+    #[test]
+    fn a_pods_claims_stay_on_one_node() {
+        let mut other = slice(&[80], false);
+        other["metadata"]["name"] = json!("node-b-gpu.fgpu.dev");
+        other["spec"]["nodeName"] = json!("node-b");
+        other["spec"]["pool"]["name"] = json!("node-b");
+        // a is on node-a (16Gi, 4 used); b (14Gi) would fit only on node-b.
+        let claims = [allocated("a", 4, "gpu-0"), claim("b", 14)];
+        let pods = [pod(
+            "p",
+            "2026-01-01T00:00:01Z",
+            true,
+            &[("g1", Some("a")), ("g2", Some("b"))],
+        )];
+        let p = run(&claims, &pods, &[slice(&[16], false), other]);
+        assert_eq!(kinds(&p), ["pending b"]);
+        let Action::Pending { message, .. } = &p.actions[0] else {
+            unreachable!()
+        };
+        assert!(
+            message.ends_with("(the pod's other claims are on node node-a)"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn ungated_pods_and_other_classes_are_left_to_the_scheduler() {
+        let mut whole = claim("w", 4);
+        whole["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] =
+            json!("gpu.fgpu.dev");
+        let claims = [claim("a", 4), whole];
+        let pods = [
+            pod("free", "2026-01-01T00:00:01Z", false, &[("g", Some("a"))]),
+            pod("w", "2026-01-01T00:00:02Z", true, &[("g", Some("w"))]),
+        ];
+        let p = run(&claims, &pods, &[slice(&[16], false)]);
+        // a: its pod is not gated; w: not the shared class, so the gated pod is ungated.
+        assert_eq!(kinds(&p), ["ungate w"]);
+    }
+
+    #[test]
+    fn bad_config_is_rejected_and_nothing_is_written() {
+        let mut bad = claim("bad", 4);
+        bad["spec"]["devices"]["config"][0]["opaque"]["parameters"]["cores"] = json!(140);
+        let pods = [pod(
+            "p",
+            "2026-01-01T00:00:01Z",
+            true,
+            &[("g", Some("bad"))],
+        )];
+        let p = run(&[bad], &pods, &[slice(&[16], false)]);
+        assert_eq!(kinds(&p), ["rejected bad"]);
+        let Action::Rejected { message, .. } = &p.actions[0] else {
+            unreachable!()
+        };
+        assert!(
+            message.contains("spec.devices.config[0].opaque.parameters.cores"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn release_when_no_pod_uses_the_claim() {
+        let mut reserved = allocated("reserved", 4, "gpu-0");
+        reserved["status"]["reservedFor"] =
+            json!([{"resource": "pods", "name": "gone", "uid": "u"}]);
+        let mut deleting = allocated("deleting", 4, "gpu-0");
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let mut done = allocated("done", 4, "gpu-0");
+        done["metadata"]["name"] = json!("done");
+        let mut finished = pod(
+            "finished",
+            "2026-01-01T00:00:01Z",
+            false,
+            &[("g", Some("done"))],
+        );
+        finished["status"]["phase"] = json!("Succeeded");
+        let claims = [
+            allocated("orphan", 4, "gpu-0"),
+            allocated("used", 4, "gpu-0"),
+            reserved,
+            deleting,
+            done,
+            claim("never", 4),
+        ];
+        let pods = [
+            pod(
+                "user",
+                "2026-01-01T00:00:01Z",
+                false,
+                &[("g", Some("used"))],
+            ),
+            finished,
+        ];
+        let p = run(&claims, &pods, &[slice(&[80], false)]);
+        let mut k = kinds(&p);
+        k.sort();
+        assert_eq!(
+            k,
+            [
+                "release deleting deallocate=false",
+                "release done deallocate=true",
+                "release orphan deallocate=true",
+            ]
+        );
+    }
+
+    #[test]
+    fn consumable_capacity_is_read_from_the_slices_and_written() {
+        let claims = [claim("a", 4)];
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("a"))])];
+        for consumable in [false, true] {
+            let slices = [slice(&[16], consumable)];
+            let p = run(&claims, &pods, &slices);
+            assert_eq!(p.consumable, consumable);
+            let Action::Allocate { allocation, .. } = &p.actions[0] else {
+                panic!("{:?}", kinds(&p))
+            };
+            let r = &allocation.allocation["devices"]["results"][0];
+            assert_eq!(r["shareID"].is_string(), consumable, "{r}");
+        }
+        // v1beta1 devices carry the field under `basic`.
+        let beta = json!({"spec": {"driver": "gpu.fgpu.dev", "devices": [{"name": "gpu-0", "basic": {"allowMultipleAllocations": true}}]}});
+        assert!(consumable("gpu.fgpu.dev", std::slice::from_ref(&beta)));
+        assert!(!consumable("other.dev", &[beta]));
+    }
+
+    #[test]
+    fn capacity_mode_only_ungates_and_releases() {
+        let claims = [claim("a", 4), allocated("orphan", 4, "gpu-0")];
+        let pods = [
+            pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("a"))]),
+            pod("q", "2026-01-01T00:00:02Z", true, &[("g", None)]),
+        ];
+        let slices = [slice(&[16], true)];
+        let p = plan(
+            Snapshot {
+                claims: &claims,
+                pods: &pods,
+                slices: &slices,
+                avoid: &BTreeMap::new(),
+            },
+            &settings(),
+            false,
+        );
+        assert_eq!(
+            kinds(&p),
+            ["release orphan deallocate=true", "ungate p", "ungate q"]
+        );
+    }
+
+    #[test]
+    fn a_cleared_allocation_is_retried_away_from_the_node() {
+        let mut other = slice(&[80], false);
+        other["metadata"]["name"] = json!("node-b-gpu.fgpu.dev");
+        other["spec"]["nodeName"] = json!("node-b");
+        other["spec"]["pool"]["name"] = json!("node-b");
+        let slices = [slice(&[80], false), other];
+        // Allocated by us once (finalizer), cleared by the scheduler; the pod is ungated.
+        let mut cleared = claim("c", 4);
+        cleared["metadata"]["finalizers"] = json!([FIN]);
+        let mut bound = claim("d", 4);
+        bound["metadata"]["finalizers"] = json!([FIN]);
+        let claims = [cleared, bound, claim("theirs", 4)];
+        let mut on_node = pod("bound", "2026-01-01T00:00:02Z", false, &[("g", Some("d"))]);
+        on_node["spec"]["nodeName"] = json!("node-a");
+        let pods = [
+            pod("p", "2026-01-01T00:00:01Z", false, &[("g", Some("c"))]),
+            on_node,
+            pod("s", "2026-01-01T00:00:03Z", false, &[("g", Some("theirs"))]),
+        ];
+        let mut avoid = BTreeMap::new();
+        avoid.insert("uid-c".to_owned(), BTreeSet::from(["node-a".to_owned()]));
+        fn snap<'a>(
+            claims: &'a [Value],
+            pods: &'a [Value],
+            slices: &'a [Value],
+            avoid: &'a BTreeMap<String, BTreeSet<String>>,
+        ) -> Snapshot<'a> {
+            Snapshot {
+                claims,
+                pods,
+                slices,
+                avoid,
+            }
+        }
+        let p = plan(snap(&claims, &pods, &slices, &avoid), &settings(), true);
+        // Only c: d's pod is bound (the scheduler's business), theirs has no finalizer.
+        assert_eq!(kinds(&p), ["allocate c on gpu-0"]);
+        let Action::Allocate {
+            allocation, retry, ..
+        } = &p.actions[0]
+        else {
+            unreachable!()
+        };
+        assert!(*retry);
+        assert_eq!(allocation.grant.node, "node-b", "away from node-a");
+        // Avoiding every node: the whole inventory again (binpack: node-a first).
+        avoid.insert(
+            "uid-c".to_owned(),
+            BTreeSet::from(["node-a".to_owned(), "node-b".to_owned()]),
+        );
+        let p = plan(snap(&claims, &pods, &slices, &avoid), &settings(), true);
+        assert_eq!(kinds(&p), ["allocate c on gpu-0"]);
+        // Not in capacity mode.
+        let p = plan(snap(&claims, &pods, &slices, &avoid), &settings(), false);
+        assert_eq!(kinds(&p), Vec::<String>::new());
+    }
+
+    #[test]
+    fn claim_names_of_a_pod() {
+        let p = json!({"spec": {"resourceClaims": [
+                {"name": "a", "resourceClaimName": "direct"},
+                {"name": "b", "resourceClaimTemplateName": "t"},
+                {"name": "c", "resourceClaimTemplateName": "t"},
+                {"name": "d", "resourceClaimTemplateName": "t"}]},
+            "status": {"resourceClaimStatuses": [
+                {"name": "b", "resourceClaimName": "p-b-x"},
+                {"name": "d"}]}});
+        assert_eq!(
+            pod_claim_names(&p),
+            [Some("direct".to_owned()), Some("p-b-x".to_owned()), None]
+        );
+    }
+}
