@@ -23,6 +23,7 @@ pub mod admission;
 pub mod allocation;
 pub mod daemon;
 pub mod explain;
+pub mod extender;
 pub mod inventory;
 pub mod leader;
 pub mod metrics;

@@ -36,6 +36,9 @@ enum Command {
     /// slices; allocates claims of the shared class for gated pods), the admission webhooks
     /// (HTTPS) and the metrics/health endpoints.
     Run(fgpu_controller::daemon::RunArgs),
+    /// Run the scheduler extender of the legacy path (clusters below 1.32): `/filter`,
+    /// `/prioritize` and `/bind` for pods asking for `nvidia.com/gpu` and HAMi's resources.
+    Extender(fgpu_controller::extender::ExtenderArgs),
 }
 
 fn init_logs(format: LogFormat) {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
     let res = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Run(args) => fgpu_controller::daemon::run(args),
+        Command::Extender(args) => fgpu_controller::extender::run(args),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

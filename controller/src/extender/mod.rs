@@ -1,0 +1,209 @@
+//! The scheduler extender of the legacy path (clusters below 1.32, HAMi-compatible pods):
+//! `/filter`, `/prioritize` and `/bind` over the allocation engine (issue 9,
+//! `docs/extender.md`).
+//!
+//! * [`annotations`]: the node inventory annotation (`<driver>/node-gpus`, written by the
+//!   node plugin) and the pod assignment annotation (`<driver>/assigned-devices`, written
+//!   at bind, read by the device plugin's `Allocate`): formats and strict parsing.
+//! * [`pod`]: a pod's `nvidia.com/*` resources and HAMi annotations → one engine request
+//!   per container, and the pod's policy.
+//! * [`state`]: the node cache and ledger ([`Extender::sync`] from lists of nodes and
+//!   pods), and the verbs. Bind reserves under a per-node mutex, then writes with no lock
+//!   held (optimistic; no node lock).
+//! * [`writer`]: the [`ClusterWriter`] trait, an in-memory cluster and the kube-rs one.
+//! * [`http`]: the hyper server.
+//!
+//! [`run`] is the daemon (`fgpu-controller extender`): resync from the API server every
+//! few seconds, serve the extender. Wire it in `main.rs` as
+//! `Extender(fgpu_controller::extender::ExtenderArgs)` and
+//! `Command::Extender(args) => fgpu_controller::extender::run(args)`.
+
+pub mod annotations;
+pub mod http;
+pub mod pod;
+pub mod state;
+pub mod writer;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use fgpu_api::names::{DriverName, LegacyResourceNames};
+use fgpu_driver::engine::Policy;
+
+pub use state::{Extender, ExtenderConfig, SyncReport};
+pub use writer::{ClusterWriter, KubeCluster, MemoryCluster, WriteError};
+
+/// `fgpu-controller extender`: the kube-scheduler extender for clusters below 1.32.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExtenderArgs {
+    /// Address to serve the extender on (plain HTTP; kube-scheduler's `urlPrefix`).
+    #[arg(long, default_value = "0.0.0.0:8888")]
+    pub listen: SocketAddr,
+    /// The driver name (annotation prefix).
+    #[arg(long, default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+    /// Default placement policy, `<node>/<gpu>` (HAMi's default: binpack/spread); pods
+    /// override it with `hami.io/node-scheduler-policy` and `hami.io/gpu-scheduler-policy`.
+    #[arg(long, default_value = "binpack/spread")]
+    pub policy: String,
+    /// Seconds between two reads of all nodes and pods (capacity and grants).
+    #[arg(long, default_value_t = 5)]
+    pub resync_seconds: u64,
+    /// Seconds a bind's reservation is kept while the pod list does not show it.
+    #[arg(long, default_value_t = 300)]
+    pub reservation_grace_seconds: u64,
+    /// Extended resource: number of GPUs.
+    #[arg(long, default_value = fgpu_api::names::legacy::RESOURCE_GPU)]
+    pub resource_gpu: String,
+    /// Extended resource: MiB per GPU.
+    #[arg(long, default_value = fgpu_api::names::legacy::RESOURCE_MEMORY)]
+    pub resource_memory: String,
+    /// Extended resource: percent of each GPU's memory.
+    #[arg(long, default_value = fgpu_api::names::legacy::RESOURCE_MEMORY_PERCENTAGE)]
+    pub resource_memory_percentage: String,
+    /// Extended resource: percent of each GPU's SMs.
+    #[arg(long, default_value = fgpu_api::names::legacy::RESOURCE_CORES)]
+    pub resource_cores: String,
+    /// Kubeconfig (in-cluster configuration when absent).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl ExtenderArgs {
+    /// The extender's configuration; errors name the flag.
+    pub fn config(&self) -> Result<ExtenderConfig> {
+        let driver = DriverName::new(self.driver_name.clone()).context("--driver-name")?;
+        let default_policy: Policy = self.policy.parse().context("--policy")?;
+        Ok(ExtenderConfig {
+            driver,
+            names: LegacyResourceNames {
+                gpu: self.resource_gpu.clone(),
+                memory: self.resource_memory.clone(),
+                memory_percentage: self.resource_memory_percentage.clone(),
+                cores: self.resource_cores.clone(),
+            },
+            default_policy,
+            reservation_grace: Duration::from_secs(self.reservation_grace_seconds),
+            serialize_node_binds: false,
+        })
+    }
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig and no in-cluster configuration")?,
+    };
+    kube::Client::try_from(config).context("building the API client")
+}
+
+/// Reads every node and every live pod and applies them to `ext`.
+pub async fn resync(client: &kube::Client, ext: &Extender) -> Result<SyncReport> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, ListParams};
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing nodes")?;
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"))
+        .await
+        .context("listing pods")?;
+    let nodes: Vec<fgpu_api::extender::Node> = nodes
+        .items
+        .iter()
+        .filter_map(|n| serde_json::to_value(n).ok())
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect();
+    let pods: Vec<fgpu_api::extender::Pod> = pods
+        .items
+        .iter()
+        .filter_map(|p| serde_json::to_value(p).ok())
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect();
+    Ok(ext.sync(&nodes, &pods, Instant::now()))
+}
+
+/// Runs the extender daemon until SIGTERM / Ctrl-C (`fgpu-controller extender`).
+pub fn run(args: ExtenderArgs) -> Result<()> {
+    // Two rustls providers may be linked in; pick ring, as the DRA daemon does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(run_async(args))
+}
+
+async fn stopped() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// The daemon's body, for callers that already run a Tokio runtime.
+pub async fn run_async(args: ExtenderArgs) -> Result<()> {
+    let config = args.config()?;
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let ext = Arc::new(Extender::new(config));
+    let report = resync(&client, &ext).await.context("first resync")?;
+    tracing::info!(
+        nodes = report.nodes,
+        pods = report.assigned_pods,
+        "node cache loaded"
+    );
+    for e in &report.errors {
+        tracing::warn!("{e}");
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("--listen {}", args.listen))?;
+    tracing::info!(addr = %args.listen, "scheduler extender");
+    let writer = Arc::new(KubeCluster::new(client.clone()));
+    let server = tokio::spawn(http::serve(listener, ext.clone(), writer));
+    let period = Duration::from_secs(args.resync_seconds.max(1));
+    let mut last_errors = report.errors;
+    let stop = stopped();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = &mut stop => break,
+        }
+        match resync(&client, &ext).await {
+            Ok(r) => {
+                if r.errors != last_errors {
+                    for e in &r.errors {
+                        tracing::warn!("{e}");
+                    }
+                }
+                last_errors = r.errors;
+            }
+            Err(e) => tracing::warn!("resync: {e:#}"),
+        }
+    }
+    server.abort();
+    tracing::info!("stopped");
+    Ok(())
+}

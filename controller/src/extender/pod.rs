@@ -1,0 +1,427 @@
+//! A pod's HAMi-style resources and annotations → one engine [`Request`] per container
+//! that asks for GPUs, and the pod's [`Policy`].
+//!
+//! Per container (limits, else requests; all per GPU):
+//!
+//! * `nvidia.com/gpu`: number of GPUs (1 when absent but memory or cores are asked for);
+//! * `nvidia.com/gpumem`: MiB → [`GpuShare::Memory`]; wins over the percentage;
+//! * `nvidia.com/gpumem-percentage`: 1–100 → [`GpuShare::Fraction`];
+//! * `nvidia.com/gpucores`: percent of the SMs, 0–100;
+//! * none of the memory fields: with cores, the whole memory and those cores
+//!   (`Fraction { milli: 1000 }`); without, whole GPUs ([`GpuShare::Whole`]).
+//!
+//! Pod annotations: the model include/exclude lists, the UUID pin and the two HAMi policy
+//! annotations are read by [`crate::request`] (the same code the DRA controller uses);
+//! `nvidia.com/numa-bind: "true"` puts every GPU of a multi-GPU container on one NUMA node.
+
+use std::collections::BTreeMap;
+
+use fgpu_api::extender::Pod;
+use fgpu_api::names::{DriverName, LegacyResourceNames};
+use fgpu_driver::engine::{GpuShare, Policy, Request, Topology};
+use serde_json::json;
+
+use crate::request::RequestError;
+
+/// Pod annotation (HAMi): all GPUs of a container on one NUMA node.
+pub const ANNOTATION_NUMA_BIND: &str = "nvidia.com/numa-bind";
+
+/// Largest GPU count one container may ask for.
+pub const MAX_GPUS_PER_CONTAINER: u64 = 32;
+
+/// One container's GPU request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerRequest {
+    /// Index in `spec.containers`.
+    pub index: usize,
+    pub name: String,
+    pub request: Request,
+}
+
+/// What a pod asks of the extender.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRequest {
+    /// `namespace/name`.
+    pub key: String,
+    pub uid: String,
+    /// Containers asking for GPUs; empty when the pod asks for none.
+    pub containers: Vec<ContainerRequest>,
+    pub policy: Policy,
+}
+
+/// `namespace/name` of a pod.
+pub fn pod_key(pod: &Pod) -> String {
+    let m = &pod.metadata;
+    if m.namespace.is_empty() {
+        m.name.clone()
+    } else {
+        format!("{}/{}", m.namespace, m.name)
+    }
+}
+
+/// Reads `pod`'s GPU requests; `default_policy` applies where its annotations say nothing.
+pub fn pod_request(
+    pod: &Pod,
+    names: &LegacyResourceNames,
+    driver: &DriverName,
+    default_policy: Policy,
+) -> Result<PodRequest, RequestError> {
+    let key = pod_key(pod);
+    let err = |path: String, problem: String| RequestError {
+        object: format!("pod {key}"),
+        path,
+        problem,
+    };
+    let asks = |c: &fgpu_api::extender::Container| {
+        [
+            &names.gpu,
+            &names.memory,
+            &names.memory_percentage,
+            &names.cores,
+        ]
+        .iter()
+        .any(|n| c.resource(n).is_some())
+    };
+    if let Some((i, c)) = pod
+        .spec
+        .init_containers
+        .iter()
+        .enumerate()
+        .find(|(_, c)| asks(c))
+    {
+        return Err(err(
+            format!("spec.initContainers[{i}].resources"),
+            format!(
+                "init container {:?} asks for GPUs; the extender places GPUs for regular containers only",
+                c.name
+            ),
+        ));
+    }
+    let (constraints, policy) = pod_constraints(pod, &key, driver, default_policy)?;
+    let numa_bind = match pod.metadata.annotations.get(ANNOTATION_NUMA_BIND) {
+        None => false,
+        Some(v) => match v.trim() {
+            "true" => true,
+            "false" | "" => false,
+            other => {
+                return Err(err(
+                    format!("metadata.annotations[{ANNOTATION_NUMA_BIND:?}]"),
+                    format!("{other:?}; valid are \"true\" and \"false\""),
+                ));
+            }
+        },
+    };
+    let mut containers = Vec::new();
+    for (index, c) in pod.spec.containers.iter().enumerate() {
+        if !asks(c) {
+            continue;
+        }
+        let num = |resource: &str, max: u64| -> Result<Option<u64>, RequestError> {
+            let Some(text) = c.resource(resource) else {
+                return Ok(None);
+            };
+            let path = format!("spec.containers[{index}].resources.limits[{resource:?}]");
+            let n = fgpu_api::quantity::parse_u64(text)
+                .map_err(|e| err(path.clone(), format!("{e}; use a whole number")))?;
+            if n > max {
+                return Err(err(path, format!("{n} is above the maximum {max}")));
+            }
+            Ok(Some(n))
+        };
+        let count = num(&names.gpu, MAX_GPUS_PER_CONTAINER)?;
+        let mem_mib = num(&names.memory, u64::MAX >> 20)?;
+        let pct = num(&names.memory_percentage, 100)?;
+        let cores = num(&names.cores, 100)?;
+        let gpus = match count {
+            Some(0) => {
+                if mem_mib.is_some() || pct.is_some() || cores.is_some() {
+                    return Err(err(
+                        format!("spec.containers[{index}].resources.limits[{:?}]", names.gpu),
+                        "0 while GPU memory or cores are asked for; ask for 1 or more GPUs".into(),
+                    ));
+                }
+                continue;
+            }
+            Some(n) => n as u32,
+            None => 1,
+        };
+        let share = match (mem_mib, pct) {
+            (Some(0), _) => {
+                return Err(err(
+                    format!(
+                        "spec.containers[{index}].resources.limits[{:?}]",
+                        names.memory
+                    ),
+                    "0; ask for 1 MiB or more, or leave it out for the whole memory".into(),
+                ));
+            }
+            (Some(mib), _) => GpuShare::Memory { bytes: mib << 20 },
+            (None, Some(0)) => {
+                return Err(err(
+                    format!(
+                        "spec.containers[{index}].resources.limits[{:?}]",
+                        names.memory_percentage
+                    ),
+                    "0; use 1 to 100".into(),
+                ));
+            }
+            (None, Some(p)) => GpuShare::Fraction {
+                milli: (p * 10) as u32,
+            },
+            (None, None) if cores.is_some() => GpuShare::Fraction { milli: 1000 },
+            (None, None) => GpuShare::Whole,
+        };
+        let mut request = Request::new(gpus, share);
+        request.cores = cores.map(|c| c as u32);
+        request.model_include = constraints.model_include.clone();
+        request.model_exclude = constraints.model_exclude.clone();
+        request.uuid_pin = constraints.uuid_pin.clone();
+        if numa_bind && gpus > 1 {
+            request.topology = Topology::SameNuma;
+        }
+        containers.push(ContainerRequest {
+            index,
+            name: c.name.clone(),
+            request,
+        });
+    }
+    Ok(PodRequest {
+        key,
+        uid: pod.metadata.uid.clone(),
+        containers,
+        policy,
+    })
+}
+
+/// The pod annotations' model and UUID constraints (in a [`Request`]) and its policy, read
+/// by [`crate::request::from_claim`] so that both paths give them the same meaning.
+fn pod_constraints(
+    pod: &Pod,
+    key: &str,
+    driver: &DriverName,
+    default_policy: Policy,
+) -> Result<(Request, Policy), RequestError> {
+    // A minimal claim of the shared class: only the pod's annotations can make it fail.
+    let claim = json!({
+        "metadata": {"name": "extender", "namespace": pod.metadata.namespace},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": driver.shared_class()}}
+        ]}}
+    });
+    let annotations: &BTreeMap<String, String> = &pod.metadata.annotations;
+    let p = crate::request::from_claim(&claim, annotations, key, driver, default_policy)?;
+    Ok((p.request, p.policy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fgpu_driver::engine::{GpuPolicy, NodePolicy};
+    use serde_json::{Value, json};
+
+    const HAMI_DEFAULT: Policy = Policy {
+        node: NodePolicy::Binpack,
+        gpu: GpuPolicy::Spread,
+    };
+
+    fn pod(annotations: Value, containers: Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "annotations": annotations},
+            "spec": {"containers": containers}
+        }))
+        .unwrap()
+    }
+
+    fn ctr(name: &str, limits: Value) -> Value {
+        json!({"name": name, "image": "x", "resources": {"limits": limits}})
+    }
+
+    fn read(p: &Pod) -> Result<PodRequest, RequestError> {
+        pod_request(
+            p,
+            &LegacyResourceNames::default(),
+            &DriverName::default(),
+            HAMI_DEFAULT,
+        )
+    }
+
+    #[test]
+    fn resources_table() {
+        let gib = 1u64 << 30;
+        let cases: Vec<(&str, Value, u32, GpuShare, Option<u32>)> = vec![
+            (
+                "hami example",
+                json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}),
+                1,
+                GpuShare::Memory { bytes: 3000 << 20 },
+                Some(30),
+            ),
+            (
+                "two GPUs by percent",
+                json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"}),
+                2,
+                GpuShare::Fraction { milli: 500 },
+                None,
+            ),
+            (
+                "memory wins over percent",
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024", "nvidia.com/gpumem-percentage": "50"}),
+                1,
+                GpuShare::Memory { bytes: gib },
+                None,
+            ),
+            (
+                "whole GPU",
+                json!({"nvidia.com/gpu": "1"}),
+                1,
+                GpuShare::Whole,
+                None,
+            ),
+            (
+                "cores only",
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "20"}),
+                1,
+                GpuShare::Fraction { milli: 1000 },
+                Some(20),
+            ),
+            (
+                "memory without count",
+                json!({"nvidia.com/gpumem": "2048"}),
+                1,
+                GpuShare::Memory { bytes: 2 * gib },
+                None,
+            ),
+        ];
+        for (what, limits, gpus, share, cores) in cases {
+            let r = read(&pod(json!({}), json!([ctr("main", limits)])))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(r.containers.len(), 1, "{what}");
+            let c = &r.containers[0];
+            assert_eq!(
+                (c.request.gpus, c.request.share, c.request.cores),
+                (gpus, share, cores),
+                "{what}"
+            );
+            assert_eq!(r.policy, HAMI_DEFAULT);
+            assert_eq!((r.key.as_str(), r.uid.as_str()), ("ns/p", "u1"));
+        }
+    }
+
+    #[test]
+    fn multi_container_and_annotations() {
+        let p = pod(
+            json!({
+                "nvidia.com/use-gputype": "A100,H100",
+                "nvidia.com/nouse-gputype": "T4",
+                "nvidia.com/use-gpuuuid": "GPU-1,GPU-2",
+                "hami.io/node-scheduler-policy": "spread",
+                "hami.io/gpu-scheduler-policy": "binpack",
+                "nvidia.com/numa-bind": "true"
+            }),
+            json!([
+                ctr(
+                    "a",
+                    json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1000"})
+                ),
+                ctr("sidecar", json!({"cpu": "1"})),
+                ctr(
+                    "b",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"})
+                ),
+            ]),
+        );
+        let r = read(&p).unwrap();
+        assert_eq!(
+            r.policy,
+            Policy {
+                node: NodePolicy::Spread,
+                gpu: GpuPolicy::Binpack
+            }
+        );
+        let names: Vec<_> = r
+            .containers
+            .iter()
+            .map(|c| (c.index, c.name.as_str()))
+            .collect();
+        assert_eq!(names, [(0, "a"), (2, "b")]);
+        let a = &r.containers[0].request;
+        assert_eq!(a.model_include, ["A100", "H100"]);
+        assert_eq!(a.model_exclude, ["T4"]);
+        assert_eq!(a.uuid_pin, ["GPU-1", "GPU-2"]);
+        assert_eq!(a.topology, Topology::SameNuma);
+        // One GPU needs no NUMA constraint (and GPUs of unknown NUMA still qualify).
+        assert_eq!(r.containers[1].request.topology, Topology::Any);
+        // A pod without GPU resources asks for nothing.
+        let none = read(&pod(json!({}), json!([ctr("c", json!({"cpu": "1"}))]))).unwrap();
+        assert!(none.containers.is_empty());
+    }
+
+    #[test]
+    fn errors_name_pod_and_field() {
+        let cases: Vec<(Value, Value, &str, &str)> = vec![
+            (
+                json!({"hami.io/node-scheduler-policy": "fastest"}),
+                json!([ctr("c", json!({"nvidia.com/gpu": "1"}))]),
+                "metadata.annotations[\"hami.io/node-scheduler-policy\"]",
+                "\"fastest\"; valid are binpack and spread",
+            ),
+            (
+                json!({"nvidia.com/numa-bind": "yes"}),
+                json!([ctr("c", json!({"nvidia.com/gpu": "1"}))]),
+                "metadata.annotations[\"nvidia.com/numa-bind\"]",
+                "valid are",
+            ),
+            (
+                json!({}),
+                json!([ctr(
+                    "c",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "140"})
+                )]),
+                "spec.containers[0].resources.limits[\"nvidia.com/gpucores\"]",
+                "140 is above the maximum 100",
+            ),
+            (
+                json!({}),
+                json!([ctr(
+                    "c",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "lots"})
+                )]),
+                "spec.containers[0].resources.limits[\"nvidia.com/gpumem\"]",
+                "use a whole number",
+            ),
+            (
+                json!({}),
+                json!([ctr(
+                    "c",
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "0"})
+                )]),
+                "spec.containers[0].resources.limits[\"nvidia.com/gpumem-percentage\"]",
+                "0; use 1 to 100",
+            ),
+            (
+                json!({}),
+                json!([ctr(
+                    "c",
+                    json!({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "10"})
+                )]),
+                "spec.containers[0].resources.limits[\"nvidia.com/gpu\"]",
+                "ask for 1 or more GPUs",
+            ),
+        ];
+        for (ann, ctrs, path, problem) in cases {
+            let e = read(&pod(ann, ctrs)).unwrap_err();
+            assert_eq!(e.object, "pod ns/p");
+            assert_eq!(e.path, path);
+            assert!(e.problem.contains(problem), "{e}");
+        }
+        let init: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [], "initContainers": [ctr("i", json!({"nvidia.com/gpu": "1"}))]}
+        }))
+        .unwrap();
+        assert_eq!(
+            read(&init).unwrap_err().path,
+            "spec.initContainers[0].resources"
+        );
+    }
+}

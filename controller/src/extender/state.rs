@@ -1,0 +1,932 @@
+//! The extender's state and its three verbs: the node cache (inventory + ledger per node),
+//! `filter`, `prioritize` and `bind`.
+//!
+//! Each node has its own slot: the capacity from the node's inventory annotation, a
+//! one-node [`Ledger`] of the grants on it, and the reservations made by binds the pod list
+//! does not show yet. A bind reserves under the slot's mutex (placement and grant together,
+//! microseconds), then writes to the API server with no lock held; a failed write gives the
+//! reservation back. Two binds to one node therefore never see the same free capacity, and
+//! neither waits for the other's API round trips. See `docs/extender.md`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use fgpu_api::extender::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
+    HostPriorityList, MAX_EXTENDER_PRIORITY, NodeList, Pod,
+};
+use fgpu_api::names::{DriverName, LegacyResourceNames};
+use fgpu_driver::engine::{
+    self, GpuPolicy, GpuShare, Inventory, MaxSpec, Node, NodePolicy, Placement, Policy,
+    ScoreContext, Topology,
+};
+use fgpu_driver::ledger::{DeviceGrant, Grant, Ledger};
+use serde_json::{Value, json};
+
+use super::annotations::{
+    AssignedDevice, ContainerAssignment, PodAssignment, grant_id, parse_node_inventory,
+};
+use super::pod::{ContainerRequest, PodRequest, pod_key, pod_request};
+use super::writer::ClusterWriter;
+
+/// How the extender is configured.
+#[derive(Clone, Debug)]
+pub struct ExtenderConfig {
+    pub driver: DriverName,
+    pub names: LegacyResourceNames,
+    /// Policy where the pod's annotations say nothing (HAMi's defaults: node binpack,
+    /// GPU spread).
+    pub default_policy: Policy,
+    /// How long a bind's reservation is kept while the pod list does not show the pod's
+    /// assignment annotation yet.
+    pub reservation_grace: Duration,
+    /// Benchmark baseline only: hold a per-node lock across the whole bind, API writes
+    /// included, as HAMi's node lock does.
+    pub serialize_node_binds: bool,
+}
+
+impl Default for ExtenderConfig {
+    fn default() -> Self {
+        Self {
+            driver: DriverName::default(),
+            names: LegacyResourceNames::default(),
+            default_policy: Policy {
+                node: NodePolicy::Binpack,
+                gpu: GpuPolicy::Spread,
+            },
+            reservation_grace: Duration::from_secs(300),
+            serialize_node_binds: false,
+        }
+    }
+}
+
+/// A bind's grants on a node, kept until the pod list shows them.
+#[derive(Clone, Debug)]
+struct Reservation {
+    grants: Vec<Grant>,
+    since: Instant,
+}
+
+/// One node's state, under its slot's mutex.
+#[derive(Debug)]
+struct NodeState {
+    /// The inventory with nothing granted.
+    capacity: Node,
+    /// The grants; `Err` holds why the node cannot be used.
+    ledger: Result<Ledger, String>,
+    /// Binds not (yet) visible in the pod list, by pod UID.
+    inflight: HashMap<String, Reservation>,
+    /// Bumped on every change of the ledger.
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct NodeSlot {
+    state: Mutex<NodeState>,
+    /// Held across a whole bind only with [`ExtenderConfig::serialize_node_binds`].
+    bind_lock: tokio::sync::Mutex<()>,
+}
+
+/// What a [`Extender::sync`] found wrong (each names its object).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Nodes with a GPU inventory.
+    pub nodes: usize,
+    /// Pods whose assignment was applied.
+    pub assigned_pods: usize,
+    pub errors: Vec<String>,
+}
+
+/// The scheduler extender: node cache, ledger, and the verbs.
+#[derive(Debug)]
+pub struct Extender {
+    config: ExtenderConfig,
+    nodes: RwLock<HashMap<String, Arc<NodeSlot>>>,
+    /// Pods seen by filter, by UID: bind gets only the pod's name.
+    pending: Mutex<HashMap<String, Pod>>,
+    /// Filter results by pod UID, for prioritize.
+    memos: Mutex<HashMap<String, Arc<Memo>>>,
+}
+
+/// Most pods remembered between filter and bind.
+const PENDING_LIMIT: usize = 10_000;
+
+/// Candidate lists at least this long are evaluated on several threads.
+const PARALLEL_MIN: usize = 512;
+/// Most threads one evaluation uses.
+const MAX_THREADS: usize = 8;
+
+/// A pod on one node.
+enum Outcome {
+    /// It fits, with this score; `generation` is the node state's.
+    Fits { score: f64, generation: u64 },
+    /// It does not fit now (preemption may help).
+    NoFit(String),
+    /// The node cannot take GPU pods (no or bad inventory).
+    Unusable(String),
+}
+
+/// A filter's scores for one pod, reused by prioritize for unchanged nodes.
+#[derive(Debug)]
+struct Memo {
+    req: PodRequest,
+    /// The nodes that passed, in the filter's order.
+    names: Vec<String>,
+    /// Per node of `names`: (generation, score).
+    scores: Vec<(u64, f64)>,
+}
+
+/// A placement of every container of a pod on one node.
+struct PodPlacement {
+    /// Per container: the GPU indices on the node.
+    gpus: Vec<Vec<usize>>,
+    /// Mean of the containers' scores.
+    score: f64,
+}
+
+impl Extender {
+    pub fn new(config: ExtenderConfig) -> Self {
+        Self {
+            config,
+            nodes: RwLock::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            memos: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn config(&self) -> &ExtenderConfig {
+        &self.config
+    }
+
+    /// Replaces the node cache and the ledger from a list of nodes and a list of pods:
+    /// capacity from each node's inventory annotation, grants from each live pod's
+    /// assignment annotation, plus the reservations of binds (made at most
+    /// `reservation_grace` before `now`) whose pod does not show its assignment yet.
+    pub fn sync(
+        &self,
+        nodes: &[fgpu_api::extender::Node],
+        pods: &[Pod],
+        now: Instant,
+    ) -> SyncReport {
+        let mut report = SyncReport::default();
+        let inv_ann = self.config.driver.node_inventory_annotation();
+        let pod_ann = self.config.driver.pod_assignment_annotation();
+        // Grants recorded on pods, by node; and every pod UID that shows an assignment.
+        let mut by_node: HashMap<String, Vec<(String, Vec<Grant>)>> = HashMap::new();
+        for pod in pods {
+            let phase = pod.extra["status"]["phase"].as_str();
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            let Some(value) = pod.metadata.annotations.get(&pod_ann) else {
+                continue;
+            };
+            let key = pod_key(pod);
+            match PodAssignment::parse(&key, &pod_ann, value) {
+                Ok(a) => {
+                    let uid = if pod.metadata.uid.is_empty() {
+                        key
+                    } else {
+                        pod.metadata.uid.clone()
+                    };
+                    report.assigned_pods += 1;
+                    let grants = a.grants(&uid);
+                    by_node
+                        .entry(a.node.clone())
+                        .or_default()
+                        .push((uid, grants));
+                }
+                Err(e) => report.errors.push(e.to_string()),
+            }
+        }
+        let mut fresh: HashMap<String, Arc<NodeSlot>> = HashMap::new();
+        let old = self
+            .nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for n in nodes {
+            let name = &n.metadata.name;
+            let Some(value) = n.metadata.annotations.get(&inv_ann) else {
+                continue;
+            };
+            let (capacity, problem) = match parse_node_inventory(name, &inv_ann, value) {
+                Ok(c) => (c, None),
+                Err(e) => {
+                    report.errors.push(e.to_string());
+                    (Node::new(name.clone(), Vec::new()), Some(e.to_string()))
+                }
+            };
+            report.nodes += 1;
+            let slot = old.get(name).cloned().unwrap_or_else(|| {
+                Arc::new(NodeSlot {
+                    state: Mutex::new(NodeState {
+                        capacity: capacity.clone(),
+                        ledger: Err("not synced".into()),
+                        inflight: HashMap::new(),
+                        generation: 0,
+                    }),
+                    bind_lock: tokio::sync::Mutex::new(()),
+                })
+            });
+            {
+                let mut st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+                // A pod whose annotation shows exactly its reservation is covered by the
+                // list from now on; one that shows something else (a list older than the
+                // reservation) keeps the reservation, which is newer.
+                let mut grants: Vec<Grant> = Vec::new();
+                for (uid, pod_grants) in by_node.remove(name).unwrap_or_default() {
+                    match st.inflight.get(&uid) {
+                        Some(r) if r.grants == pod_grants => {
+                            st.inflight.remove(&uid);
+                            grants.extend(pod_grants);
+                        }
+                        Some(_) => {}
+                        None => grants.extend(pod_grants),
+                    }
+                }
+                let grace = self.config.reservation_grace;
+                st.inflight
+                    .retain(|_, r| now.saturating_duration_since(r.since) < grace);
+                grants.extend(st.inflight.values().flat_map(|r| r.grants.iter().cloned()));
+                st.ledger = match problem {
+                    Some(p) => Err(p),
+                    None => Ledger::rebuild(
+                        Inventory {
+                            nodes: vec![capacity.clone()],
+                        },
+                        grants,
+                    )
+                    .map_err(|e| {
+                        let msg = format!(
+                            "node {name}: the GPU grants recorded on its pods do not fit its inventory ({e}); \
+                             no new GPU pods are placed there until that is resolved"
+                        );
+                        report.errors.push(msg.clone());
+                        msg
+                    }),
+                };
+                st.capacity = capacity;
+                st.generation += 1;
+            }
+            fresh.insert(name.clone(), slot);
+        }
+        for (node, pods) in by_node {
+            report.errors.push(format!(
+                "node {node}: {} pod(s) hold GPUs there, but the node has no GPU inventory annotation {inv_ann}",
+                pods.len()
+            ));
+        }
+        *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        report
+    }
+
+    fn slot(&self, node: &str) -> Option<Arc<NodeSlot>> {
+        self.nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(node)
+            .cloned()
+    }
+
+    fn read_pod(&self, pod: &Pod) -> Result<PodRequest, String> {
+        pod_request(
+            pod,
+            &self.config.names,
+            &self.config.driver,
+            self.config.default_policy,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    fn remember(&self, pod: &Pod) {
+        if pod.metadata.uid.is_empty() {
+            return;
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if pending.len() >= PENDING_LIMIT {
+            pending.clear();
+        }
+        pending.insert(pod.metadata.uid.clone(), pod.clone());
+    }
+
+    /// Evaluates `req` on every candidate node, in candidate order. Large candidate lists
+    /// are split over a few threads; `memo` (a filter's results for the same pod) answers
+    /// for nodes that have not changed since.
+    fn evaluate<'a>(
+        &self,
+        req: &PodRequest,
+        names: &[&'a str],
+        hints: &[Option<(u64, f64)>],
+    ) -> Vec<(&'a str, Outcome)> {
+        let map = self.nodes.read().unwrap_or_else(PoisonError::into_inner);
+        let map: &HashMap<String, Arc<NodeSlot>> = &map;
+        let inv_ann = self.config.driver.node_inventory_annotation();
+        let one = |(name, hint): (&'a str, Option<(u64, f64)>)| -> (&'a str, Outcome) {
+            let Some(slot) = map.get(name) else {
+                return (
+                    name,
+                    Outcome::Unusable(format!(
+                        "node {name} has no GPU inventory (annotation {inv_ann}); is the fgpu node plugin running there in extender mode?"
+                    )),
+                );
+            };
+            let st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let out = match &st.ledger {
+                Err(e) => Outcome::Unusable(e.clone()),
+                Ok(l) => match hint {
+                    Some((generation, score)) if generation == st.generation => {
+                        Outcome::Fits { score, generation }
+                    }
+                    _ => match place(&l.inventory().nodes[0], req) {
+                        Ok(p) => Outcome::Fits {
+                            score: p.score,
+                            generation: st.generation,
+                        },
+                        Err(e) => Outcome::NoFit(e),
+                    },
+                },
+            };
+            (name, out)
+        };
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_THREADS);
+        let hint = |i: usize| hints.get(i).copied().flatten();
+        if threads < 2 || names.len() < PARALLEL_MIN {
+            return names
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| one((n, hint(i))))
+                .collect();
+        }
+        let chunk = names.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = names
+                .chunks(chunk)
+                .enumerate()
+                .map(|(c, part)| {
+                    s.spawn(move || {
+                        part.iter()
+                            .enumerate()
+                            .map(|(i, &n)| one((n, hint(c * chunk + i))))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|h| h.join().expect("evaluation thread"))
+                .collect()
+        })
+    }
+
+    /// The filter verb.
+    pub fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
+        let names = args.candidate_names();
+        let mut result = ExtenderFilterResult::default();
+        let req = match self.read_pod(&args.pod) {
+            Ok(r) => r,
+            Err(e) => {
+                result.error = e;
+                return result;
+            }
+        };
+        let passed: Vec<String> = if req.containers.is_empty() {
+            names.iter().map(|s| (*s).to_owned()).collect()
+        } else {
+            self.remember(&args.pod);
+            let mut passed = Vec::new();
+            let mut scores = Vec::with_capacity(names.len());
+            for (name, r) in self.evaluate(&req, &names, &[]) {
+                match r {
+                    Outcome::Fits { score, generation } => {
+                        scores.push((generation, score));
+                        passed.push(name.to_owned());
+                    }
+                    Outcome::NoFit(why) => {
+                        result.failed_nodes.insert(name.to_owned(), why);
+                    }
+                    Outcome::Unusable(why) => {
+                        result
+                            .failed_and_unresolvable_nodes
+                            .insert(name.to_owned(), why);
+                    }
+                }
+            }
+            self.memorise(Memo {
+                req,
+                names: passed.clone(),
+                scores,
+            });
+            passed
+        };
+        if let Some(nodes) = &args.nodes {
+            let keep: HashSet<&str> = passed.iter().map(String::as_str).collect();
+            result.nodes = Some(NodeList {
+                items: nodes
+                    .items
+                    .iter()
+                    .filter(|n| keep.contains(n.metadata.name.as_str()))
+                    .cloned()
+                    .collect(),
+                extra: nodes.extra.clone(),
+            });
+        } else {
+            result.node_names = Some(passed);
+        }
+        result
+    }
+
+    /// The prioritize verb: the pod's policy score on each node, scaled to 0..=10 over
+    /// the candidates (the best feasible node gets 10); nodes where the pod does not fit
+    /// get 0.
+    pub fn prioritize(&self, args: &ExtenderArgs) -> Result<HostPriorityList, String> {
+        let names = args.candidate_names();
+        let req = self.read_pod(&args.pod)?;
+        if req.containers.is_empty() {
+            return Ok(names
+                .iter()
+                .map(|n| HostPriority {
+                    host: (*n).to_owned(),
+                    score: 0,
+                })
+                .collect());
+        }
+        // Hints from the filter's results: prioritize gets (a subset of) the nodes that
+        // passed, in the same order, so one merge walk finds them.
+        let mut hints = Vec::new();
+        if let Some(memo) = self.memo_for(&req) {
+            let (mut j, mut misses) = (0, 0);
+            hints = names
+                .iter()
+                .map(|&n| {
+                    // Names out of order or unknown: give up hinting (bounded cost).
+                    if misses > 16 {
+                        return None;
+                    }
+                    let start = j;
+                    while j < memo.names.len() && memo.names[j] != n {
+                        j += 1;
+                    }
+                    if j < memo.names.len() {
+                        j += 1;
+                        Some(memo.scores[j - 1])
+                    } else {
+                        j = start;
+                        misses += 1;
+                        None
+                    }
+                })
+                .collect();
+        }
+        let evaluated = self.evaluate(&req, &names, &hints);
+        let scores: Vec<f64> = evaluated
+            .iter()
+            .filter_map(|(_, r)| match r {
+                Outcome::Fits { score, .. } => Some(*score),
+                _ => None,
+            })
+            .collect();
+        let lo = scores.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let flat = hi - lo <= engine::SCORE_EPS * hi.abs().max(1.0);
+        Ok(evaluated
+            .into_iter()
+            .map(|(name, r)| HostPriority {
+                host: name.to_owned(),
+                score: match r {
+                    Outcome::Fits { .. } if flat => MAX_EXTENDER_PRIORITY,
+                    Outcome::Fits { score, .. } => {
+                        ((score - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY as f64).round() as i64
+                    }
+                    _ => 0,
+                },
+            })
+            .collect())
+    }
+
+    fn memorise(&self, memo: Memo) {
+        if memo.req.uid.is_empty() {
+            return;
+        }
+        let mut memos = self.memos.lock().unwrap_or_else(PoisonError::into_inner);
+        if memos.len() >= PENDING_LIMIT {
+            memos.clear();
+        }
+        memos.insert(memo.req.uid.clone(), Arc::new(memo));
+    }
+
+    fn memo_for(&self, req: &PodRequest) -> Option<Arc<Memo>> {
+        let memos = self.memos.lock().unwrap_or_else(PoisonError::into_inner);
+        memos.get(&req.uid).filter(|m| m.req == *req).cloned()
+    }
+
+    /// Reserves GPUs for `req` on `node`: placement and grant under the node's mutex.
+    /// Returns the assignment and the grant ids to give back on failure.
+    pub fn reserve(&self, node: &str, req: &PodRequest) -> Result<PodAssignment, String> {
+        let slot = self
+            .slot(node)
+            .ok_or_else(|| format!("pod {}: node {node} has no GPU inventory", req.key))?;
+        self.reserve_in(&slot, node, req)
+    }
+
+    fn reserve_in(
+        &self,
+        slot: &NodeSlot,
+        node: &str,
+        req: &PodRequest,
+    ) -> Result<PodAssignment, String> {
+        let mut guard = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = &mut *guard;
+        st.generation += 1;
+        let ledger = st
+            .ledger
+            .as_mut()
+            .map_err(|e| format!("pod {}: {e}", req.key))?;
+        // A pod placed again (an earlier bind of it failed half-way): its old grants go.
+        if let Some(old) = st.inflight.remove(&req.uid) {
+            for g in old.grants {
+                let _ = ledger.release(&g.id);
+            }
+        }
+        for c in &req.containers {
+            let _ = ledger.release(&grant_id(&req.uid, &c.name));
+        }
+        let inv = ledger.inventory();
+        let n = &inv.nodes[0];
+        let placed = place(n, req).map_err(|e| format!("pod {}: {e}", req.key))?;
+        let mut grants = Vec::with_capacity(req.containers.len());
+        let mut containers = Vec::with_capacity(req.containers.len());
+        for (c, gpus) in req.containers.iter().zip(&placed.gpus) {
+            let devices: Vec<(DeviceGrant, AssignedDevice)> = gpus
+                .iter()
+                .map(|&i| {
+                    let g = &n.gpus[i];
+                    let (memory, cores) = c.request.per_gpu(g);
+                    (
+                        DeviceGrant {
+                            gpu: g.id.clone(),
+                            memory,
+                            cores,
+                        },
+                        AssignedDevice {
+                            id: g.id.clone(),
+                            uuid: g.uuid.clone(),
+                            memory_bytes: memory,
+                            cores,
+                        },
+                    )
+                })
+                .collect();
+            grants.push(Grant {
+                id: grant_id(&req.uid, &c.name),
+                node: node.to_owned(),
+                cpu_milli: 0,
+                memory_mib: 0,
+                devices: devices.iter().map(|d| d.0.clone()).collect(),
+            });
+            containers.push(ContainerAssignment {
+                index: c.index,
+                name: c.name.clone(),
+                devices: devices.into_iter().map(|d| d.1).collect(),
+            });
+        }
+        // The ledger is the final word: it refuses anything over capacity.
+        for (i, g) in grants.iter().enumerate() {
+            if let Err(e) = ledger.grant(g.clone()) {
+                for done in &grants[..i] {
+                    let _ = ledger.release(&done.id);
+                }
+                return Err(format!("pod {}: {e}", req.key));
+            }
+        }
+        st.inflight.insert(
+            req.uid.clone(),
+            Reservation {
+                grants,
+                since: Instant::now(),
+            },
+        );
+        Ok(PodAssignment {
+            node: node.to_owned(),
+            containers,
+        })
+    }
+
+    /// Gives back the reservation of pod `uid` on `node`.
+    pub fn unreserve(&self, node: &str, uid: &str) {
+        let Some(slot) = self.slot(node) else { return };
+        let mut guard = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = &mut *guard;
+        st.generation += 1;
+        if let Some(r) = st.inflight.remove(uid)
+            && let Ok(l) = st.ledger.as_mut()
+        {
+            for g in r.grants {
+                let _ = l.release(&g.id);
+            }
+        }
+    }
+
+    /// The bind verb: reserve, record the decision on the pod, create the Binding; a
+    /// failed write gives the reservation back.
+    pub async fn bind<W: ClusterWriter>(
+        &self,
+        args: &ExtenderBindingArgs,
+        writer: &W,
+    ) -> ExtenderBindingResult {
+        match self.bind_inner(args, writer).await {
+            Ok(()) => ExtenderBindingResult::default(),
+            Err(error) => {
+                tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, %error, "bind failed");
+                ExtenderBindingResult { error }
+            }
+        }
+    }
+
+    async fn bind_inner<W: ClusterWriter>(
+        &self,
+        args: &ExtenderBindingArgs,
+        writer: &W,
+    ) -> Result<(), String> {
+        let key = format!("{}/{}", args.pod_namespace, args.pod_name);
+        let cached = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&args.pod_uid);
+        let pod = match cached {
+            Some(p) => p,
+            None => writer
+                .get_pod(&args.pod_namespace, &args.pod_name)
+                .await
+                .map_err(|e| format!("pod {key}: reading it for bind: {e}"))?,
+        };
+        if !args.pod_uid.is_empty()
+            && !pod.metadata.uid.is_empty()
+            && pod.metadata.uid != args.pod_uid
+        {
+            return Err(format!(
+                "pod {key}: UID {} differs from the bind request's {}; the pod was replaced",
+                pod.metadata.uid, args.pod_uid
+            ));
+        }
+        if let Some(node) = pod.spec.extra.get("nodeName").and_then(|n| n.as_str())
+            && !node.is_empty()
+        {
+            return Err(format!(
+                "pod {key} is already bound to node {node}; nothing changed"
+            ));
+        }
+        let mut req = self.read_pod(&pod)?;
+        if req.uid.is_empty() {
+            req.uid = args.pod_uid.clone();
+        }
+        let binding = binding_object(args);
+        if req.containers.is_empty() {
+            return writer
+                .bind(&binding)
+                .await
+                .map_err(|e| format!("pod {key}: creating the Binding to {}: {e}", args.node));
+        }
+        let slot = self
+            .slot(&args.node)
+            .ok_or_else(|| format!("pod {key}: node {} has no GPU inventory", args.node))?;
+        let _serial = if self.config.serialize_node_binds {
+            Some(slot.bind_lock.lock().await)
+        } else {
+            None
+        };
+        let assignment = self.reserve_in(&slot, &args.node, &req)?;
+        let ann = self.config.driver.pod_assignment_annotation();
+        let patch = annotation_patch(&args.pod_uid, &ann, Some(&assignment.render()));
+        if let Err(e) = writer
+            .annotate_pod(&args.pod_namespace, &args.pod_name, &patch)
+            .await
+        {
+            self.unreserve(&args.node, &req.uid);
+            return Err(format!("pod {key}: recording the GPU assignment: {e}"));
+        }
+        if let Err(e) = writer.bind(&binding).await {
+            self.unreserve(&args.node, &req.uid);
+            let undo = annotation_patch(&args.pod_uid, &ann, None);
+            let _ = writer
+                .annotate_pod(&args.pod_namespace, &args.pod_name, &undo)
+                .await;
+            return Err(format!(
+                "pod {key}: creating the Binding to {}: {e}",
+                args.node
+            ));
+        }
+        Ok(())
+    }
+
+    /// Free memory and cores per GPU of `node` (for tests and debugging).
+    pub fn node_usage(&self, node: &str) -> Option<Vec<(String, u64, u32)>> {
+        let slot = self.slot(node)?;
+        let st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let l = st.ledger.as_ref().ok()?;
+        Some(
+            l.inventory().nodes[0]
+                .gpus
+                .iter()
+                .map(|g| (g.id.clone(), g.memory_free, g.cores_free))
+                .collect(),
+        )
+    }
+
+    /// Live grants on `node`.
+    pub fn node_grants(&self, node: &str) -> Vec<Grant> {
+        let Some(slot) = self.slot(node) else {
+            return Vec::new();
+        };
+        let st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+        st.ledger
+            .as_ref()
+            .map(|l| l.grants().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The merge patch that sets (or, with `None`, removes) the assignment annotation, with
+/// the pod's UID as a precondition.
+pub fn annotation_patch(uid: &str, annotation: &str, value: Option<&str>) -> Value {
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(
+        annotation.to_owned(),
+        value.map_or(Value::Null, |v| Value::String(v.to_owned())),
+    );
+    let mut meta = json!({ "annotations": annotations });
+    if !uid.is_empty() {
+        meta["uid"] = Value::String(uid.to_owned());
+    }
+    json!({ "metadata": meta })
+}
+
+/// The `v1` Binding that puts the pod on the node.
+pub fn binding_object(args: &ExtenderBindingArgs) -> Value {
+    let mut meta = json!({"name": args.pod_name, "namespace": args.pod_namespace});
+    if !args.pod_uid.is_empty() {
+        meta["uid"] = Value::String(args.pod_uid.clone());
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": meta,
+        "target": {"apiVersion": "v1", "kind": "Node", "name": args.node}
+    })
+}
+
+/// Places every container of `req` on `node` (in order, each seeing the ones before it).
+fn place(node: &Node, req: &PodRequest) -> Result<PodPlacement, String> {
+    let ctx = ScoreContext {
+        workload: None,
+        max_spec: MaxSpec {
+            cpu_milli: 0,
+            gpus: node.gpus.len() as u32,
+        },
+    };
+    // Nodes whose GPUs the model or UUID constraints rule out are answered without the
+    // engine (a necessary condition only: the engine decides for the rest).
+    for c in &req.containers {
+        if let Some(allowed) = allowed_gpus(node, &c.request)
+            && allowed < c.request.gpus as usize
+        {
+            return Err(why_not_counted(node, c, allowed));
+        }
+    }
+    if let [c] = req.containers.as_slice() {
+        return match engine::evaluate_node(0, node, &c.request, req.policy, &ctx) {
+            Some(Placement { gpus, score, .. }) => Ok(PodPlacement {
+                gpus: vec![gpus],
+                score,
+            }),
+            None => Err(why_not(node, c)),
+        };
+    }
+    let mut work = node.clone();
+    let mut out = PodPlacement {
+        gpus: Vec::with_capacity(req.containers.len()),
+        score: 0.0,
+    };
+    for c in &req.containers {
+        let Some(p) = engine::evaluate_node(0, &work, &c.request, req.policy, &ctx) else {
+            return Err(why_not(&work, c));
+        };
+        for &i in &p.gpus {
+            let g = &mut work.gpus[i];
+            let (mem, cores) = c.request.per_gpu(g);
+            g.memory_free = g.memory_free.saturating_sub(mem);
+            g.cores_free = g.cores_free.saturating_sub(cores);
+        }
+        out.score += p.score;
+        out.gpus.push(p.gpus);
+    }
+    out.score /= req.containers.len() as f64;
+    Ok(out)
+}
+
+/// Why container `c` does not fit on `node`, for FailedNodes.
+/// How many GPUs of `node` are healthy and pass `r`'s UUID and model constraints; `None`
+/// when `r` has no such constraint. The same rules as the engine's (case-insensitive
+/// substring for models), without allocating.
+fn allowed_gpus(node: &Node, r: &fgpu_driver::engine::Request) -> Option<usize> {
+    if r.model_include.is_empty() && r.model_exclude.is_empty() && r.uuid_pin.is_empty() {
+        return None;
+    }
+    let contains = |hay: &str, needle: &str| {
+        let (h, n) = (hay.as_bytes(), needle.as_bytes());
+        n.is_empty() || h.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))
+    };
+    Some(
+        node.gpus
+            .iter()
+            .filter(|g| {
+                g.healthy
+                    && (r.uuid_pin.is_empty() || r.uuid_pin.contains(&g.uuid))
+                    && (r.model_include.is_empty()
+                        || r.model_include.iter().any(|m| contains(&g.model, m)))
+                    && !r.model_exclude.iter().any(|m| contains(&g.model, m))
+            })
+            .count(),
+    )
+}
+
+fn why_not(node: &Node, c: &ContainerRequest) -> String {
+    let fit = node.gpus.iter().filter(|g| c.request.gpu_fits(g)).count();
+    why_not_counted(node, c, fit)
+}
+
+/// Why container `c` does not fit on `node`, where `fit` of its GPUs qualify.
+fn why_not_counted(node: &Node, c: &ContainerRequest, fit: usize) -> String {
+    let r = &c.request;
+    let each = match r.share {
+        GpuShare::Whole => "a whole idle GPU".to_owned(),
+        GpuShare::Fraction { milli } => format!("{}% of the memory", milli / 10),
+        GpuShare::Memory { bytes } => format!("{} MiB", bytes >> 20),
+    };
+    let cores = r
+        .cores
+        .map_or(String::new(), |c| format!(" and {c}% cores"));
+    let mut limits = Vec::new();
+    if !r.model_include.is_empty() {
+        limits.push(format!("model in {:?}", r.model_include));
+    }
+    if !r.model_exclude.is_empty() {
+        limits.push(format!("model not in {:?}", r.model_exclude));
+    }
+    if !r.uuid_pin.is_empty() {
+        limits.push(format!("UUID in {:?}", r.uuid_pin));
+    }
+    let limits = if limits.is_empty() {
+        String::new()
+    } else {
+        format!(", {}", limits.join(", "))
+    };
+    if fit >= r.gpus as usize && r.topology == Topology::SameNuma {
+        return format!(
+            "container {}: {fit} GPUs have {each}{cores} free, but no NUMA node has {} of them (nvidia.com/numa-bind)",
+            c.name, r.gpus
+        );
+    }
+    format!(
+        "container {}: needs {} GPU(s) with {each}{cores} free{limits}; {fit} of the node's {} GPUs qualify",
+        c.name,
+        r.gpus,
+        node.gpus.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fgpu_driver::engine::{Gpu, Request};
+
+    /// The allocation-free pre-check agrees with the engine on free GPUs.
+    #[test]
+    fn allowed_gpus_matches_the_engine() {
+        let mut gpus: Vec<Gpu> = ["NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA H100 80GB HBM3"]
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Gpu::new(format!("gpu-{i}"), *m, 1 << 34))
+            .collect();
+        gpus[2].healthy = false;
+        let node = Node::new("n", gpus);
+        let lists: [&[&str]; 5] = [&[], &["a100"], &["T4", "h100"], &["nvidia"], &["x"]];
+        for inc in lists {
+            for exc in lists {
+                for pin in [vec![], vec!["GPU-gpu-1".to_owned()]] {
+                    let mut r = Request::new(1, GpuShare::Memory { bytes: 1 });
+                    r.model_include = inc.iter().map(|s| (*s).to_owned()).collect();
+                    r.model_exclude = exc.iter().map(|s| (*s).to_owned()).collect();
+                    r.uuid_pin = pin.clone();
+                    let engine = node.gpus.iter().filter(|g| r.gpu_fits(g)).count();
+                    let ours = allowed_gpus(&node, &r).unwrap_or(2);
+                    assert_eq!(ours, engine, "{inc:?} {exc:?} {pin:?}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Benchmark of the extender (issue 9), as an ignored test printing figures:
+//!
+//! ```text
+//! CARGO_TARGET_DIR=... cargo test --release -p fgpu-controller --test extender_bench -- --ignored --nocapture
+//! ```
+//!
+//! 1. `/filter` + `/prioritize` latency (p50/p99) over HTTP on a local TCP socket, with a
+//!    5,000-node cache (8 GPUs each, mixed models, mixed usage rebuilt from pod
+//!    annotations) and all 5,000 names in the request; target p99 ≤ 10 ms.
+//! 2. Bind throughput, 200 pods onto 10 nodes, each API write taking 5 ms (in-memory
+//!    writer): optimistic reservations vs. a one-pod-per-node lock, in the same run.
+
+#[path = "extender_support.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fgpu_api::extender::{Node, Pod};
+use fgpu_controller::extender::pod::pod_request;
+use fgpu_controller::extender::{Extender, ExtenderConfig, MemoryCluster};
+use serde_json::json;
+use support::*;
+
+/// SplitMix64: a fixed, seeded sequence (no `rand` dependency needed).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// 5,000 nodes of 8 GPUs and the pods (with assignment annotations) that use them.
+fn cluster_5000() -> (Vec<Node>, Vec<Pod>) {
+    let models = [
+        ("NVIDIA A100-SXM4-80GB", 80),
+        ("NVIDIA H100 80GB HBM3", 80),
+        ("NVIDIA L40S", 48),
+        ("Tesla T4", 16),
+    ];
+    let mut rng = Rng(42);
+    let nodes: Vec<Node> = (0..5000)
+        .map(|i| {
+            let (model, gib) = match rng.below(10) {
+                0..=3 => models[0],
+                4..=6 => models[1],
+                7..=8 => models[2],
+                _ => models[3],
+            };
+            gpu_node(&format!("node-{i:04}"), 8, model, gib)
+        })
+        .collect();
+    // Fill through a scratch extender so the usage is what the engine would produce.
+    let scratch = Extender::new(ExtenderConfig::default());
+    scratch.sync(&nodes, &[], Instant::now());
+    let cfg = ExtenderConfig::default();
+    let mut pods = Vec::new();
+    for n in &nodes {
+        // 0 to 11 pods per node: idle, partly used and nearly full nodes.
+        for k in 0..rng.below(12) {
+            let name = format!("{}-p{k}", n.metadata.name);
+            let limits = match rng.below(4) {
+                0 => json!({"nvidia.com/gpu": "1"}),
+                1 => {
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": (2000 + rng.below(14000)).to_string(), "nvidia.com/gpucores": (10 * (1 + rng.below(5))).to_string()})
+                }
+                2 => json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "25"}),
+                _ => json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"}),
+            };
+            let mut pod = gpu_pod(&name, json!({}), limits);
+            let req = pod_request(&pod, &cfg.names, &cfg.driver, cfg.default_policy).unwrap();
+            if let Ok(a) = scratch.reserve(&n.metadata.name, &req) {
+                pod.metadata.annotations.insert(ASSIGNED.into(), a.render());
+                pod.spec
+                    .extra
+                    .insert("nodeName".into(), json!(n.metadata.name));
+                pod.extra["status"] = json!({"phase": "Running"});
+                pods.push(pod);
+            }
+        }
+    }
+    (nodes, pods)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --release -- --ignored --nocapture"]
+async fn filter_prioritize_latency_5000_nodes() {
+    let (nodes, pods) = cluster_5000();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "machine: {threads} CPUs, load average {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let ext = Arc::new(Extender::new(ExtenderConfig::default()));
+    let t = Instant::now();
+    let report = ext.sync(&nodes, &pods, Instant::now());
+    let sync_time = t.elapsed();
+    assert!(report.errors.is_empty(), "{:?}", &report.errors[..3]);
+    assert_eq!(report.nodes, 5000);
+    println!(
+        "cache: {} nodes, {} GPUs, {} pods with assignments; rebuild (sync) {:.1} ms",
+        report.nodes,
+        report.nodes * 8,
+        report.assigned_pods,
+        ms(sync_time)
+    );
+
+    let names: Vec<&str> = nodes.iter().map(|n| n.metadata.name.as_str()).collect();
+    let cases = [
+        (
+            "1 GPU x 10000 MiB, 30% cores (binpack)",
+            gpu_pod(
+                "bench",
+                json!({}),
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000", "nvidia.com/gpucores": "30"}),
+            ),
+        ),
+        (
+            "2 GPUs x 20000 MiB, numa-bind, A100|H100, spread",
+            gpu_pod(
+                "bench2",
+                json!({"nvidia.com/numa-bind": "true", "nvidia.com/use-gputype": "A100,H100", "hami.io/node-scheduler-policy": "spread"}),
+                json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "20000"}),
+            ),
+        ),
+    ];
+    let cluster = Arc::new(MemoryCluster::default());
+    let addr = start_server(ext.clone(), cluster).await;
+    let mut conn = Conn::open(addr).await;
+    for (what, pod) in cases {
+        let filter_body = serde_json::to_string(&filter_args(&pod, &names)).unwrap();
+        let mut filter_t = Vec::new();
+        let mut prio_t = Vec::new();
+        let mut both_t = Vec::new();
+        let mut handler_t = Vec::new();
+        let mut passed = 0;
+        for i in 0..220 {
+            let t0 = Instant::now();
+            let (status, body) = conn.post("/filter", &filter_body).await;
+            let t1 = Instant::now();
+            assert_eq!(status, 200);
+            let r: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let ok: Vec<&str> = r["NodeNames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            passed = ok.len();
+            let prio_body = serde_json::to_string(&filter_args(&pod, &ok)).unwrap();
+            let t2 = Instant::now();
+            let (status, _) = conn.post("/prioritize", &prio_body).await;
+            let t3 = Instant::now();
+            assert_eq!(status, 200);
+            // In process, the handler functions alone (no HTTP, no JSON).
+            let args = filter_args(&pod, &names);
+            let h0 = Instant::now();
+            let f = ext.filter(&args);
+            let _ = ext.prioritize(&filter_args(
+                &pod,
+                &f.node_names
+                    .as_ref()
+                    .unwrap()
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+            ));
+            let h1 = Instant::now();
+            if i >= 20 {
+                // The first 20 warm up.
+                filter_t.push(t1 - t0);
+                prio_t.push(t3 - t2);
+                both_t.push((t1 - t0) + (t3 - t2));
+                handler_t.push(h1 - h0);
+            }
+        }
+        for v in [&mut filter_t, &mut prio_t, &mut both_t, &mut handler_t] {
+            v.sort();
+        }
+        println!(
+            "{what}: {passed} of 5000 nodes feasible; request body {} KiB",
+            filter_body.len() / 1024
+        );
+        for (label, v) in [
+            ("  HTTP /filter             ", &filter_t),
+            ("  HTTP /prioritize         ", &prio_t),
+            ("  HTTP /filter + /prioritize", &both_t),
+            ("  handlers only (no HTTP)  ", &handler_t),
+        ] {
+            println!(
+                "{label}: min {:6.2} ms  p50 {:6.2} ms  p99 {:6.2} ms  (n={})",
+                ms(v[0]),
+                ms(percentile(v, 0.50)),
+                ms(percentile(v, 0.99)),
+                v.len()
+            );
+        }
+    }
+}
+
+/// Binds 200 pods onto 10 nodes at once; returns (seconds, successes).
+async fn bind_run(serialize: bool, latency: Duration) -> (f64, usize) {
+    let ext = Arc::new(Extender::new(ExtenderConfig {
+        serialize_node_binds: serialize,
+        ..ExtenderConfig::default()
+    }));
+    let nodes: Vec<Node> = (0..10)
+        .map(|i| gpu_node(&format!("n{i}"), 8, "NVIDIA A100-SXM4-80GB", 80))
+        .collect();
+    ext.sync(&nodes, &[], Instant::now());
+    let cluster = Arc::new(MemoryCluster::new(latency));
+    let pods: Vec<Pod> = (0..200)
+        .map(|i| {
+            gpu_pod(
+                &format!("b{i}"),
+                json!({}),
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000", "nvidia.com/gpucores": "10"}),
+            )
+        })
+        .collect();
+    for p in &pods {
+        cluster.add_pod(p.clone());
+    }
+    // The scheduler's filter call leaves the pod in the extender's cache, so bind need
+    // not read it back.
+    for p in &pods {
+        let _ = ext.filter(&filter_args(p, &["n0"]));
+    }
+    let t = Instant::now();
+    let tasks: Vec<_> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (ext, cluster) = (ext.clone(), cluster.clone());
+            let args = bind_args(p, &format!("n{}", i % 10));
+            tokio::spawn(async move { ext.bind(&args, &*cluster).await.error })
+        })
+        .collect();
+    let mut ok = 0;
+    for task in tasks {
+        if task.await.unwrap().is_empty() {
+            ok += 1;
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    // Never over-granted: the ledger refused nothing and every GPU is within capacity.
+    for n in 0..10 {
+        for (_, mem_free, cores_free) in ext.node_usage(&format!("n{n}")).unwrap() {
+            assert!(mem_free <= 80 * GIB && cores_free <= 100);
+        }
+    }
+    (secs, ok)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --release -- --ignored --nocapture"]
+async fn bind_throughput_optimistic_vs_node_lock() {
+    let latency = Duration::from_millis(5);
+    let (opt_s, opt_ok) = bind_run(false, latency).await;
+    let (lock_s, lock_ok) = bind_run(true, latency).await;
+    assert_eq!((opt_ok, lock_ok), (200, 200));
+    let opt = 200.0 / opt_s;
+    let lock = 200.0 / lock_s;
+    println!(
+        "bind 200 pods onto 10 nodes, 5 ms per API write (annotate + Binding = 2 writes per pod):"
+    );
+    println!(
+        "  optimistic reservations: {:8.1} ms total, {:8.0} pods/s",
+        opt_s * 1e3,
+        opt
+    );
+    println!(
+        "  one pod per node (lock): {:8.1} ms total, {:8.0} pods/s",
+        lock_s * 1e3,
+        lock
+    );
+    println!("  ratio optimistic / node lock: {:.1}x", opt / lock);
+}
