@@ -114,7 +114,12 @@ s0="$(metric sum)" c0="$(metric count)"; phases_before
 par_out="$(run 8 1)"
 par_plugin="$(metric_ms "$s0" "$c0")" par_phases="$(phases_ms)"
 get="$(get_ms)"
+# CPU time (user + system) of a process in ms, from /proc/<pid>/stat (clock ticks).
+cpu_ms() { awk -v hz="$(getconf CLK_TCK)" '{printf "%d", ($14 + $15) * 1000 / hz}' "/proc/$1/stat"; }
+apiserver_pid="$(awk '{print $1}' "$FGPU_CLUSTER_STATE/pids/kube-apiserver.pid" 2>/dev/null || true)"
+c0="$(cpu_ms "$plugin_pid")" a0="$( [ -n "$apiserver_pid" ] && cpu_ms "$apiserver_pid" || echo 0)"
 long1="$(run 8 "$rounds")"
+c1="$(cpu_ms "$plugin_pid")" a1="$( [ -n "$apiserver_pid" ] && cpu_ms "$apiserver_pid" || echo 0)"
 rss1="$(rss)"
 long2="$(run 8 "$rounds")"
 rss2="$(rss)"
@@ -133,6 +138,8 @@ echo "Mean prepare inside the plugin (its metric): sequential $seq_plugin ms, 8 
 echo "Mean per step (ms), sequential: $seq_phases."
 echo "Mean per step (ms), 8 in flight: $par_phases."
 echo "The claim GET alone (curl, keep-alive, 100 GETs): $get."
+cycles=$((claims * rounds))
+echo "CPU per prepare + unprepare cycle ($cycles cycles, 8 in flight): plugin $(awk -v c="$((c1 - c0))" -v n="$cycles" 'BEGIN{printf "%.2f", c/n}') ms, kube-apiserver $(awk -v c="$((a1 - a0))" -v n="$cycles" 'BEGIN{printf "%.2f", c/n}') ms; plugin environment: $(tr '\\0' '\\n' <"/proc/$plugin_pid/environ" | grep '^MALLOC_ARENA_MAX=' || echo 'MALLOC_ARENA_MAX unset')."
 echo
 echo "| plugin RSS (MiB) | at rest | after $((claims * rounds + 2 * claims)) cycles | after $((2 * claims * rounds + 2 * claims)) cycles |"
 echo "|---|---|---|---|"

@@ -21,6 +21,10 @@ root="$(cd "$(dirname "$0")/../../.." && pwd)"
 # the cargo target directory.
 t="${FGPU_E2E_BIN_DIR:-${CARGO_TARGET_DIR:-${FGPU_CACHE:-/var/cache/fgpu}/target}/debug}"
 libdir=/usr/lib/x86_64-linux-gnu
+# As deploy/kubelet-plugin/daemonset.yaml runs it: two malloc arenas, which keeps the
+# plugin's resident memory flat under concurrent prepares (glibc otherwise gives each of
+# its threads an arena of its own).
+export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"
 "$t/fgpu-kubelet-plugin" serve \
   --node "$NODE_NAME" --backend fake --fake-gpus "$root/deploy/fake/e2e-node.yaml" \
   --kubelet-registrar-directory-path "$KUBELET_REGISTRAR_DIR" \
