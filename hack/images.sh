@@ -6,14 +6,23 @@
 #                             (tests/images/fgpu-probe.c), and when built: the fake CUDA driver
 #                             + NVML (libfgpu_fake_cuda.so as libcuda.so.1 / libnvidia-ml.so.1)
 #                             and the shim /usr/lib/fgpu/libfgpu.so, from $CARGO_TARGET_DIR.
+#   fgpu.local/kubelet-plugin:dev only when fgpu-kubelet-plugin, libfgpu.so and the fake CUDA
+#                             driver are built: /usr/bin/fgpu-kubelet-plugin (stripped) + its
+#                             shared-library closure, /usr/lib/fgpu/libfgpu.so, the fake CUDA
+#                             driver /usr/lib/fgpu/fake/libfgpu_fake_cuda.so, the fake profile
+#                             /etc/fgpu/fake/e2e-node.yaml, busybox (sh, cp, ... for the
+#                             DaemonSet's init container); the image deploy/kubelet-plugin/
+#                             daemonset.yaml expects. Rebuilt only when an input is newer.
 #
-#   hack/images.sh build            write _out/images/{pause,workload}.tar
+#   hack/images.sh build            write _out/images/{pause,workload}.tar (+ kubelet-plugin.tar)
 #   hack/images.sh import           import them into the running cluster's containerd
+#   hack/images.sh plugin           (re)build kubelet-plugin.tar if stale and import it
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 IMAGES_DIR="$FGPU_ROOT/_out/images"
 PAUSE_IMAGE="fgpu.local/pause:3.10"
 WORKLOAD_IMAGE="fgpu.local/workload:dev"
+PLUGIN_IMAGE="fgpu.local/kubelet-plugin:dev"
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$FGPU_CACHE/target}"
 
 # Newest of debug/release for an artifact name; empty if neither exists.
@@ -81,7 +90,48 @@ build() {
   printf '%s\n' "fgpu workload image, built $(date -u +%FT%TZ)" "${have[@]}" >"$r/etc/fgpu-image"
   python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$WORKLOAD_IMAGE" "$IMAGES_DIR/workload.tar" --cmd /bin/sh
   [ ${#have[@]} -gt 0 ] && log "workload image holds: ${have[*]}"
-  return 0
+  build_plugin
+}
+
+# The kubelet plugin's image (deploy/kubelet-plugin/daemonset.yaml's layout). Returns 0 and
+# writes nothing when a binary is missing (a note says so) or the archive is up to date.
+build_plugin() {
+  local out="$IMAGES_DIR/kubelet-plugin.tar" bin shim fake profile="$FGPU_ROOT/deploy/fake/e2e-node.yaml"
+  bin="$(cargo_artifact fgpu-kubelet-plugin)"
+  shim="$(cargo_artifact libfgpu.so)"
+  fake="$(cargo_artifact libfgpu_fake_cuda.so)"
+  if [ -z "$bin" ] || [ -z "$shim" ] || [ -z "$fake" ]; then
+    log "NOTE: fgpu-kubelet-plugin, libfgpu.so or libfgpu_fake_cuda.so not built in $CARGO_TARGET_DIR/{debug,release}: no $PLUGIN_IMAGE image"
+    return 0
+  fi
+  local f stale=0
+  [ -f "$out" ] || stale=1
+  for f in "$bin" "$shim" "$fake" "$profile" "${BASH_SOURCE[0]}" "$FGPU_ROOT/tests/images/mkoci.py"; do
+    if [ "$f" -nt "$out" ]; then stale=1; fi
+  done
+  if [ $stale = 0 ]; then log "$PLUGIN_IMAGE is up to date ($out)"; return 0; fi
+  ensure_pkgs busybox-static binutils python3
+  mkdir -p "$IMAGES_DIR"
+  # (no RETURN trap: build's own is global and would be replaced)
+  local work; work="$(mktemp -d)"
+  local r="$work/plugin" a
+  mkdir -p "$r"/{bin,etc/fgpu/fake,tmp,proc,sys,dev,run,var/run,usr/bin,usr/lib/fgpu/fake}
+  chmod 1777 "$r/tmp"
+  cp /bin/busybox "$r/bin/busybox"
+  for a in sh cp mv mkdir ln cat ls rm grep sed echo test sleep; do ln -s busybox "$r/bin/$a"; done
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$r/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+  # debug builds carry ~200 MiB of debug info: strip it (the image stays ~45 MiB)
+  strip -o "$r/usr/bin/fgpu-kubelet-plugin" "$bin"
+  cp "$shim" "$r/usr/lib/fgpu/libfgpu.so"
+  cp "$fake" "$r/usr/lib/fgpu/fake/libfgpu_fake_cuda.so"
+  cp "$profile" "$r/etc/fgpu/fake/e2e-node.yaml"
+  copy_libs "$r" "$bin"
+  printf '%s\n' "fgpu kubelet-plugin image, built $(date -u +%FT%TZ)" "plugin from $bin" "shim from $shim" "fake CUDA from $fake" >"$r/etc/fgpu-image"
+  python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$PLUGIN_IMAGE" "$out" --entrypoint /usr/bin/fgpu-kubelet-plugin \
+    || { rm -rf "$work"; die "packing $PLUGIN_IMAGE failed"; }
+  rm -rf "$work"
+  log "kubelet-plugin image holds: plugin from $bin, shim from $shim, fake CUDA from $fake"
 }
 
 import() {
@@ -89,7 +139,8 @@ import() {
   local sock="$CLUSTER_STATE/containerd/containerd.sock"
   [ -S "$sock" ] || die "containerd is not running ($sock missing): run hack/cluster-up.sh"
   local img
-  for img in pause workload; do
+  for img in pause workload kubelet-plugin; do
+    if [ "$img" = kubelet-plugin ]; then [ -f "$IMAGES_DIR/$img.tar" ] || continue; fi # optional
     [ -f "$IMAGES_DIR/$img.tar" ] || die "$IMAGES_DIR/$img.tar missing: run hack/images.sh build"
     # --no-unpack would leave the snapshotter to unpack on first use; unpack now so failures show here
     "$ctr" --address "$sock" -n k8s.io images import --snapshotter "${FGPU_SNAPSHOTTER:-overlayfs}" "$IMAGES_DIR/$img.tar" >&2 \
@@ -104,5 +155,13 @@ case "${1:-build}" in
   build) build ;;
   import) import ;;
   all) build; import ;;
-  *) die "usage: $0 build|import|all" ;;
+  plugin) # build (if stale) and import only the kubelet plugin's image
+    build_plugin
+    [ -f "$IMAGES_DIR/kubelet-plugin.tar" ] || die "no $PLUGIN_IMAGE image (binaries missing, see above)"
+    sock="$CLUSTER_STATE/containerd/containerd.sock"
+    [ -S "$sock" ] || die "containerd is not running ($sock missing): run hack/cluster-up.sh"
+    "$(containerd_bindir)/ctr" --address "$sock" -n k8s.io images import --snapshotter "${FGPU_SNAPSHOTTER:-overlayfs}" \
+      "$IMAGES_DIR/kubelet-plugin.tar" >&2 || die "importing kubelet-plugin.tar into containerd failed"
+    ;;
+  *) die "usage: $0 build|import|all|plugin" ;;
 esac
