@@ -198,7 +198,8 @@ pub async fn negotiate(client: &kube::Client) -> Result<ApiVersion> {
     )
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
+/// The API client: from `--kubeconfig` when given, else in-cluster or `$KUBECONFIG`.
+pub(crate) async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)

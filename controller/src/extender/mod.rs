@@ -92,22 +92,6 @@ impl ExtenderArgs {
     }
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("--kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("--kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig and no in-cluster configuration")?,
-    };
-    kube::Client::try_from(config).context("building the API client")
-}
-
 /// Reads every node and every live pod and applies them to `ext`.
 pub async fn resync(client: &kube::Client, ext: &Extender) -> Result<SyncReport> {
     use k8s_openapi::api::core::v1::{Node, Pod};
@@ -165,7 +149,7 @@ async fn stopped() {
 /// The daemon's body, for callers that already run a Tokio runtime.
 pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     let config = args.config()?;
-    let client = client(args.kubeconfig.as_ref()).await?;
+    let client = crate::daemon::client(args.kubeconfig.as_ref()).await?;
     let ext = Arc::new(Extender::new(config));
     let report = resync(&client, &ext).await.context("first resync")?;
     tracing::info!(
