@@ -100,21 +100,21 @@ impl KubeClaimSource {
 
 impl ClaimSource for KubeClaimSource {
     async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, SourceError> {
+        use kube::Resource as _;
         let ar = resource(self.api, "ResourceClaim", "resourceclaims");
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &ar);
-        let object = api.get_opt(name).await.map_err(|e| {
-            SourceError(format!(
+        // The response is read straight into the plugin's claim model: no DynamicObject and
+        // no intermediate JSON tree on the path every prepare takes.
+        let request = kube::core::Request::new(DynamicObject::url_path(&ar, Some(namespace)))
+            .get(name, &kube::api::GetParams::default())
+            .map_err(|e| SourceError(format!("ResourceClaim {namespace}/{name}: {e}")))?;
+        match self.client.request::<ResourceClaim>(request).await {
+            Ok(claim) => Ok(Some(claim)),
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+            Err(e) => Err(SourceError(format!(
                 "GET {}/namespaces/{namespace}/resourceclaims/{name}: {e}",
                 self.api.api_version()
-            ))
-        })?;
-        object
-            .map(|o| {
-                serde_json::to_value(o)
-                    .and_then(serde_json::from_value)
-                    .map_err(|e| SourceError(format!("ResourceClaim {namespace}/{name}: {e}")))
-            })
-            .transpose()
+            ))),
+        }
     }
 }
 
