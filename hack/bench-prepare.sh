@@ -139,7 +139,7 @@ echo "Mean per step (ms), sequential: $seq_phases."
 echo "Mean per step (ms), 8 in flight: $par_phases."
 echo "The claim GET alone (curl, keep-alive, 100 GETs): $get."
 cycles=$((claims * rounds))
-echo "CPU per prepare + unprepare cycle ($cycles cycles, 8 in flight): plugin $(awk -v c="$((c1 - c0))" -v n="$cycles" 'BEGIN{printf "%.2f", c/n}') ms, kube-apiserver $(awk -v c="$((a1 - a0))" -v n="$cycles" 'BEGIN{printf "%.2f", c/n}') ms; plugin environment: $(tr '\\0' '\\n' <"/proc/$plugin_pid/environ" | grep '^MALLOC_ARENA_MAX=' || echo 'MALLOC_ARENA_MAX unset')."
+echo "CPU per prepare + unprepare cycle ($cycles cycles, 8 in flight): plugin $(awk -v c="$((c1 - c0))" -v n="$cycles" 'BEGIN{printf "%.2f", c/n}') ms, kube-apiserver $(awk -v c="$((a1 - a0))" -v n="$cycles" 'BEGIN{printf "%.2f", c/n}') ms; plugin environment: $(tr '\0' '\n' <"/proc/$plugin_pid/environ" | grep -a '^MALLOC_ARENA_MAX=' || echo 'MALLOC_ARENA_MAX unset')."
 echo
 echo "| plugin RSS (MiB) | at rest | after $((claims * rounds + 2 * claims)) cycles | after $((2 * claims * rounds + 2 * claims)) cycles |"
 echo "|---|---|---|---|"
