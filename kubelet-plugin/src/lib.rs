@@ -34,6 +34,7 @@ pub mod authority;
 pub mod checkpoint;
 pub mod claim;
 pub mod cluster;
+pub mod device_plugin;
 pub mod driver_files;
 pub mod edits;
 pub mod grant;

@@ -52,6 +52,10 @@ enum Command {
     /// Run the DRA kubelet plugin: register with the kubelet, prepare and unprepare claims,
     /// publish the node's ResourceSlice (library: `fgpu_kubelet_plugin::serve`).
     Serve(Box<serve_cmd::ServeArgs>),
+    /// Run the kubelet device plugin of the legacy path (clusters below 1.32, with
+    /// `fgpu-controller extender`): `nvidia.com/gpu` as N shares per GPU; Allocate writes the
+    /// same CDI spec and claim files as the DRA path.
+    DevicePlugin(Box<fgpu_kubelet_plugin::device_plugin::DevicePluginArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -143,6 +147,7 @@ fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Discover(args) => discover::run(&args),
         Command::Serve(args) => serve_cmd::run(*args),
+        Command::DevicePlugin(args) => fgpu_kubelet_plugin::device_plugin::run(*args),
     }
 }
 

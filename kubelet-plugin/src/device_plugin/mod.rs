@@ -1,0 +1,568 @@
+//! The legacy path's node side (clusters below 1.32, issue 9): a kubelet device plugin
+//! (`v1beta1`) for `nvidia.com/gpu`, the DRA path's prepare behind a second front end.
+//!
+//! * [`register`]: serves `<device-plugins dir>/fgpu.sock` (0600) and registers it with the
+//!   kubelet's `Registration` service on `kubelet.sock`, again after a kubelet restart.
+//! * [`service`]: `GetDevicePluginOptions`, `ListAndWatch` (`--split-count` virtual devices
+//!   `<GPU-uuid>::<k>` per GPU, with health, re-sent on change), `Allocate`.
+//! * [`pods`]: which pod and container an `Allocate` is for, from the extender's decision
+//!   annotation, through a [`pods::PodSource`].
+//! * [`container`]: a container's grant as a claim `<pod uid>-<container>` that
+//!   [`crate::prepare::Plugin::prepare`] prepares like any DRA claim: same CDI spec, state
+//!   directory, limits file, preload, checkpoint.
+//! * [`annotations`]: the node inventory (`<driver>/node-gpus`) and pod decision
+//!   (`<driver>/assigned-devices`) formats; [`node`]: the Node annotation writer.
+//!
+//! See `docs/device-plugin.md`.
+
+pub mod annotations;
+pub mod container;
+pub mod node;
+pub mod pods;
+pub mod register;
+pub mod service;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use fgpu_api::names::{DriverName, kubelet};
+use fgpu_driver::backend::{BackendKind, DeviceBackend, build_backend};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::checkpoint::ClaimRecord;
+use crate::edits::{ClaimRef, FileMount, NodeFiles};
+use crate::prepare::{MapClaimSource, Plugin, PluginConfig};
+use annotations::{PodAssignment, render_node_inventory};
+use node::NodeAnnotationWriter;
+use pods::{PodInfo, PodSource, container_claim_uid};
+use register::Endpoints;
+use service::{AllocateResponseMode, DevicePluginService, ServiceConfig, virtual_devices};
+
+/// Default resource name.
+pub const DEFAULT_RESOURCE_NAME: &str = "nvidia.com/gpu";
+/// Default socket file name in the device-plugins directory.
+pub const DEFAULT_SOCKET_NAME: &str = "fgpu.sock";
+/// Default number of virtual devices per GPU.
+pub const DEFAULT_SPLIT_COUNT: u32 = 10;
+
+/// The device plugin's settings.
+#[derive(Clone, Debug)]
+pub struct DevicePluginConfig {
+    /// The prepare settings shared with the DRA path (driver, node, state and CDI dirs,
+    /// files, boot id).
+    pub plugin: PluginConfig,
+    /// The kubelet's device-plugins directory (`kubelet.sock` and the plugin's socket).
+    pub dir: PathBuf,
+    /// The plugin's socket file name.
+    pub socket_name: String,
+    /// The resource registered.
+    pub resource_name: String,
+    /// Virtual devices per GPU.
+    pub split_count: u32,
+    /// What `Allocate` answers.
+    pub response: AllocateResponseMode,
+    /// How often GPU health is read (ListAndWatch re-sends on change).
+    pub health_interval: Duration,
+    /// How often `kubelet.sock` is checked for a kubelet restart.
+    pub kubelet_poll: Duration,
+    /// How often claims of gone pods are cleaned up and the Node annotation verified.
+    pub resync: Duration,
+}
+
+/// The running device plugin.
+pub struct Running {
+    registered: watch::Receiver<u64>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Counts the successful registrations with the kubelet.
+    pub fn registered(&self) -> watch::Receiver<u64> {
+        self.registered.clone()
+    }
+
+    /// Stops serving and removes the socket.
+    pub async fn shutdown(self) {
+        self.stop.send_replace(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Device-plugin claims (named `<pod>/<container>`) whose pod is gone, terminated, or no
+/// longer grants that container. DRA claims in the same checkpoint are never chosen.
+pub fn stale_claims(
+    records: &std::collections::BTreeMap<String, ClaimRecord>,
+    pods: &[PodInfo],
+    annotation: &str,
+) -> Vec<ClaimRef> {
+    let mut live = BTreeSet::new();
+    for p in pods.iter().filter(|p| !p.terminated()) {
+        let Some(a) = p
+            .annotations
+            .get(annotation)
+            .and_then(|v| PodAssignment::parse(&p.key(), annotation, v).ok())
+        else {
+            continue;
+        };
+        for c in a.containers {
+            live.insert(container_claim_uid(&p.uid, &c.name));
+        }
+    }
+    records
+        .iter()
+        .filter(|(uid, r)| r.name.contains('/') && !live.contains(*uid))
+        .map(|(uid, r)| ClaimRef {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            uid: uid.clone(),
+        })
+        .collect()
+}
+
+/// Starts the device plugin: opens the prepare state, serves and registers the socket,
+/// follows GPU health, and (with `writer`) publishes the node annotation. Fails only if the
+/// state cannot be opened or the GPUs cannot be read at start.
+pub async fn start<P: PodSource + Clone>(
+    cfg: DevicePluginConfig,
+    backend: Arc<dyn DeviceBackend>,
+    pods: P,
+    mut writer: Option<NodeAnnotationWriter>,
+) -> anyhow::Result<Running> {
+    let node = cfg.plugin.node_name.clone();
+    let driver = cfg.plugin.driver.clone();
+    let claims = Arc::new(MapClaimSource::default());
+    let (plugin, report) = Plugin::start(cfg.plugin.clone(), claims.clone(), backend.clone())
+        .context("cannot open the plugin state")?;
+    for e in &report.errors {
+        tracing::warn!(error = %e, "start");
+    }
+    let plugin = Arc::new(plugin);
+    let inventory = backend
+        .inventory(&node)
+        .context("cannot enumerate the GPUs")?;
+    let (devices_tx, devices_rx) = watch::channel(virtual_devices(&inventory, cfg.split_count));
+    let assignment = driver.pod_assignment_annotation();
+    let service = Arc::new(DevicePluginService::new(
+        ServiceConfig {
+            node: node.clone(),
+            assignment_annotation: assignment.clone(),
+            response: cfg.response,
+        },
+        plugin.clone(),
+        claims,
+        backend.clone(),
+        pods.clone(),
+        devices_rx,
+    ));
+    let (stop, stopped) = watch::channel(false);
+    let until = |rx: &watch::Receiver<bool>| {
+        let mut rx = rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let (registered_tx, registered) = watch::channel(0u64);
+    let ep = Endpoints {
+        dir: cfg.dir.clone(),
+        socket_name: cfg.socket_name.clone(),
+        resource: cfg.resource_name.clone(),
+        poll: cfg.kubelet_poll,
+    };
+    let mut tasks = vec![tokio::spawn(register::supervise(
+        ep,
+        service,
+        registered_tx,
+        until(&stopped),
+    ))];
+
+    // Health and inventory: ListAndWatch re-sends on change; the annotation follows.
+    let inventory_annotation = driver.node_inventory_annotation();
+    let (split, health_every, resync) = (cfg.split_count, cfg.health_interval, cfg.resync);
+    let mut stop_rx = stopped.clone();
+    let refresh_backend = backend.clone();
+    let refresh_node = node.clone();
+    tasks.push(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(health_every);
+        let mut last_verify = tokio::time::Instant::now();
+        let mut first = true;
+        loop {
+            tokio::select! {
+                _ = stop_rx.wait_for(|s| *s) => return,
+                _ = tick.tick() => {}
+            }
+            let inv = match refresh_backend.inventory(&refresh_node) {
+                Ok(inv) => inv,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the GPUs; keeping the last device list");
+                    continue;
+                }
+            };
+            let list = virtual_devices(&inv, split);
+            devices_tx.send_if_modified(|cur| {
+                let changed = *cur != list;
+                if changed {
+                    tracing::info!(devices = list.len(), "device list or health changed");
+                    *cur = list;
+                }
+                changed
+            });
+            if let Some(w) = writer.as_mut() {
+                let verify = first || last_verify.elapsed() >= resync;
+                match w.publish(&render_node_inventory(&inv), verify).await {
+                    Ok(true) => tracing::info!(annotation = %inventory_annotation, "node inventory published"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, annotation = %inventory_annotation, "cannot publish the node inventory"),
+                }
+                if verify {
+                    last_verify = tokio::time::Instant::now();
+                }
+                first = false;
+            }
+        }
+    }));
+
+    // Claims of pods that are gone.
+    let mut stop_rx = stopped.clone();
+    tasks.push(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(resync);
+        loop {
+            tokio::select! {
+                _ = stop_rx.wait_for(|s| *s) => return,
+                _ = tick.tick() => {}
+            }
+            // The records before the list: a container allocated after the list was taken
+            // must not look stale for want of its pod in it.
+            let records = plugin.claims();
+            let list = match pods.pods_on_node(&node).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cleanup skipped");
+                    continue;
+                }
+            };
+            for c in stale_claims(&records, &list, &assignment) {
+                match plugin.unprepare(&c).await {
+                    Ok(()) => tracing::info!(claim = %c.key(), uid = %c.uid, "removed the files of a gone container"),
+                    Err(e) => tracing::warn!(error = %e, "cleanup"),
+                }
+            }
+        }
+    }));
+    Ok(Running {
+        registered,
+        stop,
+        tasks,
+    })
+}
+
+/// How the device backend is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// NVML (real GPUs).
+    Nvml,
+    /// A fake profile (`--fake-gpus`).
+    Fake,
+}
+
+/// Flags of the device-plugin subcommand.
+#[derive(Debug, clap::Args)]
+pub struct DevicePluginArgs {
+    /// Kubernetes node name.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node: String,
+    /// Driver name (annotation prefix, CDI vendor).
+    #[arg(long, env = "FGPU_DRIVER_NAME", default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+    /// Device backend.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Nvml, env = "FGPU_BACKEND")]
+    pub backend: BackendChoice,
+    /// Fake GPU profile (with --backend fake).
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_if_eq("backend", "fake"),
+        env = "FGPU_FAKE_GPUS"
+    )]
+    pub fake_gpus: Option<PathBuf>,
+    /// The kubelet's device-plugins directory.
+    #[arg(long, value_name = "DIR", default_value = kubelet::DEVICE_PLUGIN_DIR)]
+    pub device_plugin_path: PathBuf,
+    /// The plugin's socket file name in that directory.
+    #[arg(long, default_value = DEFAULT_SOCKET_NAME)]
+    pub socket_name: String,
+    /// Extended resource registered with the kubelet.
+    #[arg(long, default_value = DEFAULT_RESOURCE_NAME, env = "FGPU_RESOURCE_NAME")]
+    pub resource_name: String,
+    /// Virtual devices advertised per GPU (at most this many containers per GPU).
+    #[arg(long, default_value_t = DEFAULT_SPLIT_COUNT, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub split_count: u32,
+    /// What Allocate answers: CDI device names, env/mounts/devices, or both.
+    #[arg(long, value_enum, default_value_t = AllocateResponseMode::Cdi)]
+    pub allocate_response: AllocateResponseMode,
+    /// Directory for the per-container CDI specs.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/run/cdi",
+        env = "CDI_ROOT"
+    )]
+    pub cdi_root: PathBuf,
+    /// The plugin's state (checkpoint, claims/<uid>/).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/fgpu",
+        env = "FGPU_STATE_DIR_ROOT"
+    )]
+    pub state_dir: PathBuf,
+    /// libfgpu.so on the host.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/lib/fgpu/lib/libfgpu.so",
+        env = "FGPU_SHIM_LIBRARY"
+    )]
+    pub shim_library: PathBuf,
+    /// A driver file to mount read-only, `HOST[:CONTAINER]` (repeat or comma-separate).
+    #[arg(
+        long = "driver-file",
+        value_name = "HOST[:CONTAINER]",
+        value_delimiter = ',',
+        env = "FGPU_DRIVER_FILES"
+    )]
+    pub driver_files: Vec<String>,
+    /// Host root for discovering the driver's files when no --driver-file is given.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/",
+        env = "FGPU_DRIVER_ROOT"
+    )]
+    pub driver_root: PathBuf,
+    /// Where the kernel publishes the boot id.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/proc/sys/kernel/random/boot_id"
+    )]
+    pub boot_id_file: PathBuf,
+    /// Seconds between GPU health reads.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub health_seconds: u64,
+    /// Seconds between cleanups of gone pods' files and Node annotation checks.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub resync_seconds: u64,
+    /// Async worker threads.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub worker_threads: u16,
+}
+
+fn file_mount(spec: &str) -> anyhow::Result<FileMount> {
+    let (host, container) = spec.split_once(':').unwrap_or((spec, spec));
+    let (host, container) = (PathBuf::from(host), PathBuf::from(container));
+    anyhow::ensure!(
+        host.is_absolute() && container.is_absolute(),
+        "--driver-file {spec:?}: paths must be absolute"
+    );
+    Ok(FileMount {
+        host_path: host,
+        container_path: container,
+    })
+}
+
+/// Runs the device plugin until SIGTERM or SIGINT.
+pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
+    let driver = DriverName::new(args.driver_name.as_str())
+        .map_err(|e| anyhow::anyhow!("--driver-name: {e}"))?;
+    let explicit = args
+        .driver_files
+        .iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| file_mount(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (driver_mounts, driver_hooks) =
+        if !explicit.is_empty() || args.backend == BackendChoice::Fake {
+            (explicit, Vec::new())
+        } else {
+            let mut dirs: Vec<PathBuf> = crate::driver_files::TOOLKIT_SPEC_DIRS
+                .iter()
+                .map(|d| args.driver_root.join(d.trim_start_matches('/')))
+                .collect();
+            dirs.push(args.cdi_root.clone());
+            let files = crate::driver_files::resolve(&dirs, &args.driver_root)?;
+            (files.mounts, files.hooks)
+        };
+    let backend: Arc<dyn DeviceBackend> = Arc::from(match args.backend {
+        BackendChoice::Fake => build_backend(
+            BackendKind::Fake,
+            args.fake_gpus.as_deref(),
+            Some(&args.node),
+        )?,
+        BackendChoice::Nvml => build_backend(BackendKind::Nvml, None, None)?,
+    });
+    let boot_id = std::fs::read_to_string(&args.boot_id_file)
+        .with_context(|| {
+            format!(
+                "cannot read the boot id from {}",
+                args.boot_id_file.display()
+            )
+        })?
+        .trim()
+        .to_owned();
+    let cfg = DevicePluginConfig {
+        plugin: PluginConfig {
+            driver: driver.clone(),
+            node_name: args.node.clone(),
+            state_root: args.state_dir,
+            cdi_dir: args.cdi_root,
+            files: NodeFiles {
+                shim_library: args.shim_library,
+                driver_mounts,
+                driver_hooks,
+            },
+            boot_id,
+            claim_get_timeout: crate::prepare::CLAIM_GET_TIMEOUT,
+            test_pause: None,
+        },
+        dir: args.device_plugin_path,
+        socket_name: args.socket_name,
+        resource_name: args.resource_name,
+        split_count: args.split_count,
+        response: args.allocate_response,
+        health_interval: Duration::from_secs(args.health_seconds),
+        kubelet_poll: Duration::from_secs(1),
+        resync: Duration::from_secs(args.resync_seconds),
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.worker_threads.into())
+        .max_blocking_threads(8)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .context("cannot configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
+        let writer = NodeAnnotationWriter::new(
+            client.clone(),
+            &args.node,
+            &driver.node_inventory_annotation(),
+        );
+        let running = start(cfg, backend, pods::KubePodSource::new(client), Some(writer)).await?;
+        shutdown_signal().await;
+        running.shutdown().await;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::PrepareState;
+
+    /// The flags as `main.rs` would mount them: a `device-plugin` subcommand.
+    #[test]
+    fn flags_parse_as_a_subcommand() {
+        use clap::{CommandFactory as _, Parser as _};
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: Command,
+        }
+        #[derive(clap::Subcommand)]
+        enum Command {
+            DevicePlugin(Box<DevicePluginArgs>),
+        }
+        Cli::command().debug_assert();
+        let Command::DevicePlugin(a) = Cli::try_parse_from([
+            "fgpu-kubelet-plugin",
+            "device-plugin",
+            "--node",
+            "n1",
+            "--split-count",
+            "4",
+            "--allocate-response",
+            "both",
+            "--resource-name",
+            "example.com/vgpu",
+        ])
+        .unwrap()
+        .command;
+        assert_eq!(a.node, "n1");
+        assert_eq!(a.split_count, 4);
+        assert_eq!(a.allocate_response, AllocateResponseMode::Both);
+        assert_eq!(a.resource_name, "example.com/vgpu");
+        assert_eq!(a.socket_name, DEFAULT_SOCKET_NAME);
+        assert_eq!(
+            a.device_plugin_path,
+            PathBuf::from(kubelet::DEVICE_PLUGIN_DIR)
+        );
+        assert!(
+            Cli::try_parse_from(["x", "device-plugin", "--node", "n", "--split-count", "0"])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn stale_claims_spare_dra_claims_and_live_containers() {
+        let ann = "gpu.fgpu.dev/assigned-devices";
+        let rec = |name: &str| ClaimRecord {
+            namespace: "ns".into(),
+            name: name.into(),
+            state: PrepareState::PrepareCompleted,
+            spec_file: "/x".into(),
+            claim_dir: "/y".into(),
+            devices: vec![],
+        };
+        let records = [
+            ("u1-main".to_owned(), rec("p1/main")),
+            ("u1-side".to_owned(), rec("p1/side")),
+            ("u2-main".to_owned(), rec("p2/main")),
+            ("dra-claim".to_owned(), rec("claim")),
+        ]
+        .into();
+        let decision = r#"{"node":"n","containers":[{"index":0,"name":"main","devices":[{"id":"gpu-0","uuid":"GPU-a","memoryBytes":1,"cores":0}]}]}"#;
+        let p1 = PodInfo {
+            namespace: "ns".into(),
+            name: "p1".into(),
+            uid: "u1".into(),
+            node_name: "n".into(),
+            phase: "Running".into(),
+            annotations: [(ann.to_owned(), decision.to_owned())].into(),
+            ..Default::default()
+        };
+        let mut p2 = p1.clone();
+        p2.name = "p2".into();
+        p2.uid = "u2".into();
+        p2.phase = "Succeeded".into();
+        let stale: Vec<String> = stale_claims(&records, &[p1, p2], ann)
+            .into_iter()
+            .map(|c| c.uid)
+            .collect();
+        assert_eq!(stale, ["u1-side", "u2-main"]);
+    }
+}

@@ -1,0 +1,49 @@
+//! Publishing the node's GPU inventory as the `<driver>/node-gpus` annotation.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+
+/// Writes the inventory annotation on the Node, only when its value differs.
+pub struct NodeAnnotationWriter {
+    api: kube::Api<Node>,
+    node: String,
+    annotation: String,
+    /// The value last written or read, to skip the GET when nothing changed here.
+    last: Option<String>,
+}
+
+impl NodeAnnotationWriter {
+    /// A writer for `annotation` on node `node`.
+    pub fn new(client: kube::Client, node: &str, annotation: &str) -> Self {
+        Self {
+            api: kube::Api::all(client),
+            node: node.to_owned(),
+            annotation: annotation.to_owned(),
+            last: None,
+        }
+    }
+
+    /// Makes the annotation `value`. Returns whether the Node was patched. With `verify`,
+    /// reads the Node even if this writer wrote `value` last (someone may have changed it).
+    pub async fn publish(&mut self, value: &str, verify: bool) -> Result<bool, kube::Error> {
+        if !verify && self.last.as_deref() == Some(value) {
+            return Ok(false);
+        }
+        let node = self.api.get(&self.node).await?;
+        let current = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&self.annotation));
+        if current.map(String::as_str) == Some(value) {
+            self.last = Some(value.to_owned());
+            return Ok(false);
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": {&self.annotation: value}}});
+        self.api
+            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        self.last = Some(value.to_owned());
+        Ok(true)
+    }
+}

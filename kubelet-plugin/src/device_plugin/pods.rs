@@ -1,0 +1,409 @@
+//! Which pod and container an `Allocate` is for.
+//!
+//! The kubelet's `Allocate` names only device ids, not the pod. The extender records its
+//! decision on the pod (`<driver>/assigned-devices`) before it creates the Binding, so every
+//! pod the kubelet can be admitting on this node already carries its grant. [`choose`] picks:
+//!
+//! 1. among the pods of this node ([`PodSource::pods_on_node`], a fresh list at each
+//!    `Allocate`: the API server answers it after the Binding the kubelet reacts to) that
+//!    are not terminated nor being deleted and carry a decision for this node;
+//! 2. their containers that are not yet *allocated* — a container is allocated once the
+//!    plugin has prepared its claim `<pod uid>-<container>` (recorded in the checkpoint, so
+//!    the record survives a restart of the plugin in the same boot), in `index` order (the
+//!    kubelet allocates containers in `spec.containers` order);
+//! 3. the first container of each pod, if it asks for as many GPUs as the `Allocate` has
+//!    device ids;
+//! 4. the pod bound first (PodScheduled's `lastTransitionTime`, else the creation time; then
+//!    the creation time, then `namespace/name`).
+//!
+//! Why the earliest bind and not the most recent: the kubelet admits pods one at a time in
+//! the order its watch delivers them (batches sorted by creation time), which is the order
+//! of the Bindings; a pod bound later cannot be admitted before an earlier one still
+//! waiting. With one pending pod per node (HAMi's lock) both rules agree.
+//!
+//! The race that remains: two pods bound within the same second to one node, both pending,
+//! whose next containers ask for the same number of GPUs, and whose order in the kubelet
+//! differs from their creation order. Then each may get the other's grant; both grants were
+//! accounted by the extender's ledger, so nothing is over-granted, but the quotas are
+//! swapped if they differ. HAMi avoids this by binding one pod per node at a time; fgpu
+//! accepts it as a rare, bounded misassignment (see `docs/device-plugin.md`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::annotations::{AssignmentError, ContainerAssignment, PodAssignment};
+
+/// What the device plugin reads of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `spec.nodeName`.
+    pub node_name: String,
+    /// `status.phase` (`Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`).
+    pub phase: String,
+    /// Whether `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// `metadata.creationTimestamp`, seconds since the epoch.
+    pub created: i64,
+    /// When the pod was bound: the PodScheduled condition's `lastTransitionTime`, seconds.
+    pub bound: Option<i64>,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl PodInfo {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Whether the pod has ended (its containers will not start again).
+    pub fn terminated(&self) -> bool {
+        self.phase == "Succeeded" || self.phase == "Failed"
+    }
+}
+
+/// The pods could not be listed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cannot list the pods of node {node}: {detail}")]
+pub struct PodSourceError {
+    /// The node.
+    pub node: String,
+    /// The cause.
+    pub detail: String,
+}
+
+/// Where pods come from: the API server in production, a list in tests.
+pub trait PodSource: Send + Sync + 'static {
+    /// Every pod whose `spec.nodeName` is `node`.
+    fn pods_on_node(
+        &self,
+        node: &str,
+    ) -> impl Future<Output = Result<Vec<PodInfo>, PodSourceError>> + Send;
+}
+
+/// A [`PodSource`] over an in-memory list.
+#[derive(Debug, Default)]
+pub struct MapPodSource {
+    pods: Mutex<BTreeMap<String, PodInfo>>,
+}
+
+impl MapPodSource {
+    /// Adds or replaces a pod (by its UID).
+    pub fn insert(&self, pod: PodInfo) {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(pod.uid.clone(), pod);
+    }
+
+    /// Removes a pod by UID.
+    pub fn remove(&self, uid: &str) {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
+    }
+}
+
+impl PodSource for MapPodSource {
+    async fn pods_on_node(&self, node: &str) -> Result<Vec<PodInfo>, PodSourceError> {
+        Ok(self
+            .pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter(|p| p.node_name == node)
+            .cloned()
+            .collect())
+    }
+}
+
+impl<T: PodSource> PodSource for Arc<T> {
+    fn pods_on_node(
+        &self,
+        node: &str,
+    ) -> impl Future<Output = Result<Vec<PodInfo>, PodSourceError>> + Send {
+        (**self).pods_on_node(node)
+    }
+}
+
+/// The claim UID of one container of a pod: `<pod uid>-<container name>` (letters, digits
+/// and `-` when the pod UID is a UUID and the container name a DNS label). It names the
+/// claim's CDI spec, its CDI devices and its state directory.
+pub fn container_claim_uid(pod_uid: &str, container: &str) -> String {
+    format!("{pod_uid}-{container}")
+}
+
+/// The pod and container an `Allocate` serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Choice {
+    /// The pod.
+    pub pod: PodInfo,
+    /// The container's grant.
+    pub container: ContainerAssignment,
+}
+
+/// No pod matched; says what was seen.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no pod on node {node} waits for a container with {devices} GPU(s) (pods with a decision: {candidates}; already allocated: {allocated}){}",
+    if problems.is_empty() { String::new() } else { format!("; unusable decisions: {}", problems.join("; ")) }
+)]
+pub struct NoMatch {
+    /// The node.
+    pub node: String,
+    /// Device ids in the request.
+    pub devices: usize,
+    /// Pods with a decision for this node that still wait for a container.
+    pub candidates: usize,
+    /// Pods whose every GPU container is allocated.
+    pub allocated: usize,
+    /// Decisions that could not be read (each naming the pod and the field).
+    pub problems: Vec<String>,
+}
+
+/// Picks the pod and container for an `Allocate` of `devices` device ids on `node` (see the
+/// module documentation). `allocated` holds the claim UIDs already prepared.
+pub fn choose(
+    pods: &[PodInfo],
+    node: &str,
+    annotation: &str,
+    allocated: &BTreeSet<String>,
+    devices: usize,
+) -> Result<Choice, NoMatch> {
+    let mut problems = Vec::new();
+    let (mut candidates, mut done) = (0, 0);
+    let mut best: Option<(&PodInfo, ContainerAssignment)> = None;
+    let order = |p: &PodInfo| (p.bound.unwrap_or(p.created), p.created, p.key());
+    for pod in pods {
+        if pod.node_name != node || pod.terminated() || pod.deleting {
+            continue;
+        }
+        let Some(value) = pod.annotations.get(annotation) else {
+            continue;
+        };
+        let a = match PodAssignment::parse(&pod.key(), annotation, value) {
+            Ok(a) => a,
+            Err(e) => {
+                problems.push(e.to_string());
+                continue;
+            }
+        };
+        if a.node != node {
+            problems.push(
+                AssignmentError {
+                    pod: pod.key(),
+                    annotation: annotation.to_owned(),
+                    problem: format!("node: {:?}, but the pod is bound to {node}", a.node),
+                }
+                .to_string(),
+            );
+            continue;
+        }
+        let mut containers = a.containers;
+        containers.sort_by_key(|c| c.index);
+        let Some(next) = containers
+            .into_iter()
+            .find(|c| !allocated.contains(&container_claim_uid(&pod.uid, &c.name)))
+        else {
+            done += 1;
+            continue;
+        };
+        candidates += 1;
+        if next.devices.len() != devices {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(b, _)| order(pod) < order(b)) {
+            best = Some((pod, next));
+        }
+    }
+    best.map(|(pod, container)| Choice {
+        pod: pod.clone(),
+        container,
+    })
+    .ok_or(NoMatch {
+        node: node.to_owned(),
+        devices,
+        candidates,
+        allocated: done,
+        problems,
+    })
+}
+
+/// [`PodSource`] through the API server: `GET pods?fieldSelector=spec.nodeName=<node>`.
+#[derive(Clone)]
+pub struct KubePodSource {
+    client: kube::Client,
+}
+
+impl KubePodSource {
+    /// A source using `client`.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+}
+
+/// The parts of a pod the device plugin reads.
+pub fn pod_info(pod: &k8s_openapi::api::core::v1::Pod) -> PodInfo {
+    let m = &pod.metadata;
+    let status = pod.status.as_ref();
+    PodInfo {
+        namespace: m.namespace.clone().unwrap_or_default(),
+        name: m.name.clone().unwrap_or_default(),
+        uid: m.uid.clone().unwrap_or_default(),
+        node_name: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+        phase: status.and_then(|s| s.phase.clone()).unwrap_or_default(),
+        deleting: m.deletion_timestamp.is_some(),
+        created: m.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second()),
+        bound: status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+            })
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0.as_second()),
+        annotations: m.annotations.clone().unwrap_or_default(),
+    }
+}
+
+impl PodSource for KubePodSource {
+    async fn pods_on_node(&self, node: &str) -> Result<Vec<PodInfo>, PodSourceError> {
+        use k8s_openapi::api::core::v1::Pod;
+        let api: kube::Api<Pod> = kube::Api::all(self.client.clone());
+        let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let list = api.list(&lp).await.map_err(|e| PodSourceError {
+            node: node.to_owned(),
+            detail: e.to_string(),
+        })?;
+        Ok(list.items.iter().map(pod_info).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ANN: &str = "gpu.fgpu.dev/assigned-devices";
+
+    fn pod(name: &str, bound: i64, decision: &str) -> PodInfo {
+        PodInfo {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            node_name: "n1".into(),
+            phase: "Pending".into(),
+            created: 100,
+            bound: Some(bound),
+            annotations: [(ANN.to_owned(), decision.to_owned())].into(),
+            ..Default::default()
+        }
+    }
+
+    fn decision(containers: &[(&str, usize)]) -> String {
+        let cs: Vec<String> = containers
+            .iter()
+            .enumerate()
+            .map(|(i, (name, n))| {
+                let devs: Vec<String> = (0..*n)
+                    .map(|d| {
+                        format!(
+                            r#"{{"id":"gpu-{d}","uuid":"GPU-{d}","memoryBytes":1024,"cores":10}}"#
+                        )
+                    })
+                    .collect();
+                format!(
+                    r#"{{"index":{i},"name":"{name}","devices":[{}]}}"#,
+                    devs.join(",")
+                )
+            })
+            .collect();
+        format!(r#"{{"node":"n1","containers":[{}]}}"#, cs.join(","))
+    }
+
+    fn pick(
+        pods: &[PodInfo],
+        allocated: &[&str],
+        devices: usize,
+    ) -> Result<(String, String), NoMatch> {
+        let allocated = allocated.iter().map(|s| (*s).to_owned()).collect();
+        choose(pods, "n1", ANN, &allocated, devices).map(|c| (c.pod.name, c.container.name))
+    }
+
+    #[test]
+    fn earliest_bound_pending_pod_and_its_next_container() {
+        let pods = vec![
+            pod("late", 20, &decision(&[("a", 1)])),
+            pod("early", 10, &decision(&[("x", 1), ("y", 2)])),
+        ];
+        assert_eq!(pick(&pods, &[], 1).unwrap(), ("early".into(), "x".into()));
+        // x done: early's next container wants 2, so a 1-GPU request is late's.
+        assert_eq!(
+            pick(&pods, &["uid-early-x"], 1).unwrap(),
+            ("late".into(), "a".into())
+        );
+        assert_eq!(
+            pick(&pods, &["uid-early-x"], 2).unwrap(),
+            ("early".into(), "y".into())
+        );
+        let e = pick(&pods, &["uid-early-x", "uid-early-y", "uid-late-a"], 1).unwrap_err();
+        assert_eq!((e.candidates, e.allocated), (0, 2));
+    }
+
+    #[test]
+    fn ties_and_fallbacks() {
+        // Same bind second: creation time, then the name.
+        let mut a = pod("a", 10, &decision(&[("c", 1)]));
+        let mut b = pod("b", 10, &decision(&[("c", 1)]));
+        assert_eq!(pick(&[b.clone(), a.clone()], &[], 1).unwrap().0, "a");
+        b.created = 50;
+        assert_eq!(pick(&[a.clone(), b.clone()], &[], 1).unwrap().0, "b");
+        // No PodScheduled condition: the creation time stands in for the bind.
+        a.bound = None;
+        a.created = 5;
+        assert_eq!(pick(&[b.clone(), a.clone()], &[], 1).unwrap().0, "a");
+    }
+
+    #[test]
+    fn skipped_pods() {
+        let ok = pod("ok", 30, &decision(&[("c", 1)]));
+        let mut done = pod("done", 1, &decision(&[("c", 1)]));
+        done.phase = "Succeeded".into();
+        let mut gone = pod("gone", 1, &decision(&[("c", 1)]));
+        gone.deleting = true;
+        let mut elsewhere = pod("elsewhere", 1, &decision(&[("c", 1)]));
+        elsewhere.node_name = "n2".into();
+        let mut plain = pod("plain", 1, "");
+        plain.annotations.clear();
+        let other_node = pod(
+            "moved",
+            1,
+            &decision(&[("c", 1)]).replace(r#""node":"n1""#, r#""node":"n9""#),
+        );
+        let broken = pod("broken", 1, r#"{"node":"n1","containers":[{"index":0}]}"#);
+        let pods = vec![done, gone, elsewhere, plain, other_node, broken, ok];
+        assert_eq!(pick(&pods, &[], 1).unwrap().0, "ok");
+        let e = pick(&pods, &["uid-ok-c"], 1).unwrap_err();
+        assert_eq!(e.problems.len(), 2, "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("pod ns/moved: annotation gpu.fgpu.dev/assigned-devices: node: \"n9\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("pod ns/broken: annotation gpu.fgpu.dev/assigned-devices: missing field"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,348 @@
+//! The kubelet's device manager's view of the device plugin: a fake kubelet `Registration`
+//! server on a unix socket receives the registration; a client calls `ListAndWatch` and
+//! `Allocate` on the plugin's socket for a pod from the in-memory pod source.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fgpu_api::names::DriverName;
+use fgpu_api::proto::deviceplugin::v1beta1 as dp;
+use fgpu_driver::backend::{DeviceBackend, FakeBackend};
+use fgpu_kubelet_plugin::device_plugin::pods::{MapPodSource, PodInfo};
+use fgpu_kubelet_plugin::device_plugin::service::AllocateResponseMode;
+use fgpu_kubelet_plugin::device_plugin::{DevicePluginConfig, start};
+use fgpu_kubelet_plugin::edits::{FileMount, NodeFiles, device_name};
+use fgpu_kubelet_plugin::prepare::PluginConfig;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnixListenerStream;
+
+const PROFILE: &str = r#"
+nodes:
+  - name: node-a
+    deviceRoot: DEVROOT
+    gpus:
+      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff
+        productName: NVIDIA H100 80GB HBM3
+        memory: 80Gi
+        smCount: 132
+        computeCapability: "9.0"
+        pciBusID: "0000:19:00.0"
+      - uuid: GPU-63367e56-cdb4-4537-be42-f7abdf387237
+        productName: NVIDIA H100 80GB HBM3
+        memory: 80Gi
+        smCount: 132
+        computeCapability: "9.0"
+        pciBusID: "0000:9a:00.0"
+"#;
+const GPU_B: &str = "GPU-63367e56-cdb4-4537-be42-f7abdf387237";
+const POD_UID: &str = "3b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e11";
+const GI: u64 = 1 << 30;
+
+/// The kubelet's `Registration` service: forwards each request.
+struct FakeKubelet(mpsc::UnboundedSender<dp::RegisterRequest>);
+
+#[tonic::async_trait]
+impl dp::registration_server::Registration for FakeKubelet {
+    async fn register(
+        &self,
+        request: tonic::Request<dp::RegisterRequest>,
+    ) -> Result<tonic::Response<dp::Empty>, tonic::Status> {
+        let _ = self.0.send(request.into_inner());
+        Ok(tonic::Response::new(dp::Empty {}))
+    }
+}
+
+/// Serves a fake kubelet on `path` until the returned sender is dropped or fired.
+fn fake_kubelet(
+    path: &Path,
+    tx: mpsc::UnboundedSender<dp::RegisterRequest>,
+) -> tokio::sync::oneshot::Sender<()> {
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(dp::registration_server::RegistrationServer::new(
+                FakeKubelet(tx),
+            ))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                let _ = stopped.await;
+            }),
+    );
+    stop
+}
+
+fn pod(decision: &str) -> PodInfo {
+    PodInfo {
+        namespace: "ml".into(),
+        name: "train-0".into(),
+        uid: POD_UID.into(),
+        node_name: "node-a".into(),
+        phase: "Pending".into(),
+        created: 1_700_000_000,
+        bound: Some(1_700_000_005),
+        annotations: [(
+            "gpu.fgpu.dev/assigned-devices".to_owned(),
+            decision.to_owned(),
+        )]
+        .into(),
+        ..Default::default()
+    }
+}
+
+async fn recv<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("no registration within 10 s")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_lists_and_allocates() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let profile = root.join("profile.yaml");
+    std::fs::write(
+        &profile,
+        PROFILE.replace("DEVROOT", root.join("dev").to_str().unwrap()),
+    )
+    .unwrap();
+    let backend = Arc::new(FakeBackend::open(&profile, Some("node-a")).unwrap());
+    let inventory = backend.inventory("node-a").unwrap();
+    let gpu_b = inventory.gpus.iter().find(|g| g.uuid == GPU_B).unwrap();
+    let dp_dir = root.join("device-plugins");
+    std::fs::create_dir_all(&dp_dir).unwrap();
+
+    let (reg_tx, mut reg_rx) = mpsc::unbounded_channel();
+    let kubelet = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx.clone());
+
+    let pods = Arc::new(MapPodSource::default());
+    pods.insert(pod(&format!(
+        r#"{{"node":"node-a","containers":[{{"index":0,"name":"main","devices":[{{"id":"{}","uuid":"{GPU_B}","memoryBytes":{},"cores":30}}]}}]}}"#,
+        device_name(gpu_b),
+        10 * GI
+    )));
+    let cfg = DevicePluginConfig {
+        plugin: PluginConfig {
+            driver: DriverName::default(),
+            node_name: "node-a".into(),
+            state_root: root.join("state"),
+            cdi_dir: root.join("cdi"),
+            files: NodeFiles {
+                shim_library: root.join("lib/libfgpu.so"),
+                driver_mounts: vec![FileMount::same(root.join("fake-cuda/libcuda.so.1"))],
+                driver_hooks: vec![],
+            },
+            boot_id: "boot-1".into(),
+            claim_get_timeout: Duration::from_secs(5),
+            test_pause: None,
+        },
+        dir: dp_dir.clone(),
+        socket_name: "fgpu.sock".into(),
+        resource_name: "nvidia.com/gpu".into(),
+        split_count: 10,
+        response: AllocateResponseMode::Both,
+        health_interval: Duration::from_millis(200),
+        kubelet_poll: Duration::from_millis(100),
+        resync: Duration::from_millis(200),
+    };
+    let running = start(cfg, backend.clone(), pods.clone(), None)
+        .await
+        .unwrap();
+
+    // Registration.
+    let r = recv(&mut reg_rx).await;
+    assert_eq!(r.version, "v1beta1");
+    assert_eq!(r.endpoint, "fgpu.sock");
+    assert_eq!(r.resource_name, "nvidia.com/gpu");
+    let opts = r.options.unwrap();
+    assert!(!opts.pre_start_required && !opts.get_preferred_allocation_available);
+    let sock = dp_dir.join("fgpu.sock");
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    // ListAndWatch: 10 virtual devices per GPU, healthy, with NUMA where known.
+    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", sock.display()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = dp::device_plugin_client::DevicePluginClient::new(channel);
+    let mut stream = client
+        .list_and_watch(dp::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.devices.len(), 20);
+    assert!(first.devices.iter().all(|d| d.health == "Healthy"));
+    let mut ids: Vec<&str> = first.devices.iter().map(|d| d.id.as_str()).collect();
+    ids.sort_unstable();
+    assert!(ids.contains(&format!("{GPU_B}::0").as_str()));
+    assert!(ids.contains(&format!("{GPU_B}::9").as_str()));
+    assert!(!ids.contains(&format!("{GPU_B}::10").as_str()));
+
+    // Allocate: the kubelet's device ids are virtual; the pod's decision says which GPU.
+    let resp = client
+        .allocate(dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: vec!["GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff::4".into()],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.container_responses.len(), 1);
+    let c = &resp.container_responses[0];
+    let claim_uid = format!("{POD_UID}-main");
+    let cdi: Vec<&str> = c.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        cdi,
+        [format!(
+            "gpu.fgpu.dev/claim={claim_uid}-{}",
+            device_name(gpu_b)
+        )]
+    );
+    let spec = root.join(format!("cdi/gpu.fgpu.dev-claim_{claim_uid}.json"));
+    let spec_text = std::fs::read_to_string(&spec).unwrap();
+    assert!(spec_text.contains(&format!("{claim_uid}-{}", device_name(gpu_b))));
+    let limits = root.join(format!("state/claims/{claim_uid}/limits"));
+    let limits_text = std::fs::read_to_string(&limits).unwrap();
+    assert!(
+        limits_text
+            .lines()
+            .any(|l| l == format!("FGPU_MEMORY_LIMIT={}", 10 * GI)),
+        "{limits_text}"
+    );
+    assert!(
+        limits_text.lines().any(|l| l == "FGPU_CORE_LIMIT=30"),
+        "{limits_text}"
+    );
+    assert!(
+        root.join(format!("state/claims/{claim_uid}/state"))
+            .is_dir()
+    );
+    // The legacy answer mirrors the spec.
+    assert_eq!(
+        c.envs.get("FGPU_MEMORY_LIMIT").map(String::as_str),
+        Some((10 * GI).to_string().as_str())
+    );
+    assert!(
+        c.mounts
+            .iter()
+            .any(|m| m.container_path == "/etc/fgpu/limits"
+                && m.host_path == limits.to_str().unwrap()
+                && m.read_only)
+    );
+    assert!(
+        c.devices
+            .iter()
+            .any(|d| d.container_path == format!("/dev/nvidia{}", gpu_b.minor))
+    );
+
+    // The pod has no container left to allocate: a clear refusal, and the daemon serves on.
+    let e = client
+        .allocate(dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: vec![format!("{GPU_B}::1")],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("no pod on node node-a"),
+        "{}",
+        e.message()
+    );
+
+    // A broken decision on another pod names the pod and the field.
+    let mut bad = pod(
+        r#"{"node":"node-a","containers":[{"index":0,"name":"x","devices":[{"id":"gpu-0","uuid":"GPU-x","memoryBytes":0,"cores":0}]}]}"#,
+    );
+    bad.name = "broken".into();
+    bad.uid = "0b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e12".into();
+    pods.insert(bad);
+    let e = client
+        .allocate(dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: vec![format!("{GPU_B}::2")],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().contains(
+            "pod ml/broken: annotation gpu.fgpu.dev/assigned-devices: containers[0].devices[0].memoryBytes: 0"
+        ),
+        "{}",
+        e.message()
+    );
+    let opts = client
+        .get_device_plugin_options(dp::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!opts.get_preferred_allocation_available);
+
+    // Health: the GPU turns unhealthy; the open stream gets the new list.
+    let tmp = root.join("profile.yaml.tmp");
+    std::fs::write(
+        &tmp,
+        PROFILE
+            .replace("DEVROOT", root.join("dev").to_str().unwrap())
+            .replace(
+                "        pciBusID: \"0000:9a:00.0\"\n",
+                "        pciBusID: \"0000:9a:00.0\"\n        unhealthy: XID 79\n",
+            ),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, &profile).unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("no new device list within 5 s")
+        .unwrap()
+        .unwrap();
+    let bad: Vec<&str> = next
+        .devices
+        .iter()
+        .filter(|d| d.health == "Unhealthy")
+        .map(|d| d.id.as_str())
+        .collect();
+    assert_eq!(bad.len(), 10, "{bad:?}");
+    assert!(bad.iter().all(|id| id.starts_with(GPU_B)), "{bad:?}");
+
+    // Kubelet restart: kubelet.sock is recreated and the plugin's socket removed; the plugin
+    // serves again and registers again.
+    let _ = kubelet.send(());
+    std::fs::remove_file(&sock).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let _kubelet2 = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx);
+    let r = recv(&mut reg_rx).await;
+    assert_eq!(r.endpoint, "fgpu.sock");
+    assert!(sock.exists());
+    let mut registered = running.registered();
+    tokio::time::timeout(Duration::from_secs(5), registered.wait_for(|n| *n >= 2))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(stream);
+
+    // The pod goes away: its container's files are removed at the next resync.
+    pods.remove(POD_UID);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while spec.exists() || limits.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "files of a gone pod stay"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    running.shutdown().await;
+    assert!(!sock.exists());
+}
