@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod assignment;
 pub mod config;
 pub mod extender;
 pub mod names;

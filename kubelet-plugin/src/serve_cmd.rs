@@ -210,28 +210,16 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let client = kube::Client::try_default()
             .await
             .context("cannot configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
-        serve(cfg, client, Arc::from(backend), shutdown_signal()).await?;
+        serve(
+            cfg,
+            client,
+            Arc::from(backend),
+            fgpu_kubelet_plugin::serve::shutdown_signal(),
+        )
+        .await?;
         tracing::info!("stopped");
         Ok(())
     })
-}
-
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-    tracing::info!("shutting down");
 }
 
 #[cfg(test)]

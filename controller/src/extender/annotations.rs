@@ -1,74 +1,15 @@
-//! The two annotations of the extender path, their JSON formats and strict parsing.
-//!
-//! * Node, written by the node plugin: [`DriverName::node_inventory_annotation`]
-//!   (`gpu.fgpu.dev/node-gpus`), a JSON array of [`NodeGpu`]:
-//!
-//!   ```json
-//!   [{"id": "gpu-0", "uuid": "GPU-6c8e...", "model": "NVIDIA A100-SXM4-80GB",
-//!     "memoryBytes": 85899345920, "cores": 100, "numa": 0, "healthy": true}]
-//!   ```
-//!
-//! * Pod, written by the extender at bind, read by the device plugin's `Allocate`:
-//!   [`DriverName::pod_assignment_annotation`] (`gpu.fgpu.dev/assigned-devices`), a
-//!   [`PodAssignment`]:
-//!
-//!   ```json
-//!   {"node": "node-a", "containers": [{"index": 0, "name": "main", "devices": [
-//!     {"id": "gpu-0", "uuid": "GPU-6c8e...", "memoryBytes": 10737418240, "cores": 30}]}]}
-//!   ```
-//!
-//! Both are read strictly (unknown fields refused) so that a typo on either side shows up as
-//! an error naming the object and the field, not as a silently ignored value.
-//!
-//! [`DriverName::node_inventory_annotation`]: fgpu_api::names::DriverName::node_inventory_annotation
-//! [`DriverName::pod_assignment_annotation`]: fgpu_api::names::DriverName::pod_assignment_annotation
+//! The extender's side of the legacy path's two annotations. Their formats and strict
+//! parsing live in [`fgpu_api::assignment`] (the device plugin reads and writes the same
+//! types); here they meet the engine: a node's inventory becomes an engine [`Node`], a pod's
+//! assignment becomes ledger [`Grant`]s.
 
 use fgpu_driver::engine::{Gpu, Node};
 use fgpu_driver::ledger::{DeviceGrant, Grant};
-use serde::{Deserialize, Serialize};
 
-/// One GPU as the node plugin publishes it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NodeGpu {
-    /// Device name on the node (`gpu-0`); unique within the node.
-    pub id: String,
-    /// The GPU's UUID (`GPU-...`).
-    pub uuid: String,
-    /// Product name as NVML reports it (`NVIDIA A100-SXM4-80GB`).
-    pub model: String,
-    /// Device memory in bytes.
-    pub memory_bytes: u64,
-    /// Compute capacity in percent of the SMs; 100 when absent.
-    #[serde(default = "hundred")]
-    pub cores: u32,
-    /// NUMA node, where known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub numa: Option<u32>,
-    /// PCIe root, where known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pcie_root: Option<String>,
-    /// Health; true when absent.
-    #[serde(default = "yes")]
-    pub healthy: bool,
-}
-
-fn hundred() -> u32 {
-    100
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// A node annotation that cannot be used; names the node and the annotation.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("node {node}: annotation {annotation}: {problem}")]
-pub struct NodeAnnotationError {
-    pub node: String,
-    pub annotation: String,
-    pub problem: String,
-}
+pub use fgpu_api::assignment::{
+    AssignedDevice, ContainerAssignment, NodeAnnotationError, NodeGpu, PodAnnotationError,
+    PodAssignment,
+};
 
 /// Reads the inventory annotation `value` of node `node` into an engine node with every
 /// GPU free (the ledger applies the grants).
@@ -77,54 +18,24 @@ pub fn parse_node_inventory(
     annotation: &str,
     value: &str,
 ) -> Result<Node, NodeAnnotationError> {
-    let err = |problem: String| NodeAnnotationError {
-        node: node.to_owned(),
-        annotation: annotation.to_owned(),
-        problem,
-    };
-    let gpus: Vec<NodeGpu> = serde_json::from_str(value).map_err(|e| {
-        err(format!(
-            "{e}; expected a JSON array of {{id, uuid, model, memoryBytes, cores, numa, healthy}}"
-        ))
-    })?;
-    let mut out = Vec::with_capacity(gpus.len());
-    for (i, g) in gpus.into_iter().enumerate() {
-        let at = |field: &str, problem: &str| err(format!("[{i}].{field}: {problem}"));
-        if g.id.is_empty() {
-            return Err(at("id", "empty; give the device name, such as gpu-0"));
-        }
-        if out.iter().any(|o: &Gpu| o.id == g.id) {
-            return Err(at("id", &format!("{:?} appears twice", g.id)));
-        }
-        if g.uuid.is_empty() {
-            return Err(at(
-                "uuid",
-                "empty; give the GPU's UUID, such as GPU-6c8e...",
-            ));
-        }
-        if g.memory_bytes == 0 {
-            return Err(at("memoryBytes", "0; give the device memory in bytes"));
-        }
-        if g.cores == 0 || g.cores > 100 {
-            return Err(at(
-                "cores",
-                &format!("{}; a percent of the SMs, 1 to 100", g.cores),
-            ));
-        }
-        let mut gpu = Gpu::new(g.id, g.model, g.memory_bytes);
-        gpu.uuid = g.uuid;
-        gpu.cores_total = g.cores;
-        gpu.cores_free = g.cores;
-        gpu.numa = g.numa;
-        gpu.pcie_root = g.pcie_root;
-        gpu.healthy = g.healthy;
-        out.push(gpu);
-    }
-    Ok(Node::new(node, out))
+    let gpus = fgpu_api::assignment::parse_node_gpus(node, annotation, value)?
+        .into_iter()
+        .map(|g| {
+            let mut gpu = Gpu::new(g.id, g.model, g.memory_bytes);
+            gpu.uuid = g.uuid;
+            gpu.cores_total = g.cores;
+            gpu.cores_free = g.cores;
+            gpu.numa = g.numa;
+            gpu.pcie_root = g.pcie_root;
+            gpu.healthy = g.healthy;
+            gpu
+        })
+        .collect();
+    Ok(Node::new(node, gpus))
 }
 
-/// Writes an engine node's GPUs in the inventory annotation's format (for the node side and
-/// for tests).
+/// Writes an engine node's GPUs in the inventory annotation's format (for tests and tools;
+/// the device plugin writes the real one).
 pub fn render_node_inventory(node: &Node) -> String {
     let gpus: Vec<NodeGpu> = node
         .gpus
@@ -140,123 +51,31 @@ pub fn render_node_inventory(node: &Node) -> String {
             healthy: g.healthy,
         })
         .collect();
-    serde_json::to_string(&gpus).expect("serialisable")
+    fgpu_api::assignment::render_node_gpus(&gpus)
 }
 
-/// The extender's decision for one pod: its node, and per container asking for GPUs the
-/// devices with the memory and cores granted on each.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PodAssignment {
-    /// The node the pod is bound to.
-    pub node: String,
-    /// Containers with GPUs, in `spec.containers` order.
-    pub containers: Vec<ContainerAssignment>,
-}
-
-/// One container's devices.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ContainerAssignment {
-    /// Index in `spec.containers`.
-    pub index: usize,
-    /// The container's name.
-    pub name: String,
-    pub devices: Vec<AssignedDevice>,
-}
-
-/// One GPU given to a container.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AssignedDevice {
-    /// Device name on the node (`gpu-0`).
-    pub id: String,
-    /// The GPU's UUID.
-    pub uuid: String,
-    /// Device memory granted, in bytes.
-    pub memory_bytes: u64,
-    /// Percent of the SMs granted (0: no core quota).
-    pub cores: u32,
-}
-
-/// A pod annotation that cannot be used; names the pod and the annotation.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("pod {pod}: annotation {annotation}: {problem}")]
-pub struct PodAnnotationError {
-    /// `namespace/name`.
-    pub pod: String,
-    pub annotation: String,
-    pub problem: String,
-}
-
-impl PodAssignment {
-    /// Reads the assignment annotation `value` of pod `pod` (`namespace/name`).
-    pub fn parse(pod: &str, annotation: &str, value: &str) -> Result<Self, PodAnnotationError> {
-        let err = |problem: String| PodAnnotationError {
-            pod: pod.to_owned(),
-            annotation: annotation.to_owned(),
-            problem,
-        };
-        let a: PodAssignment = serde_json::from_str(value).map_err(|e| {
-            err(format!(
-                "{e}; expected {{\"node\": ..., \"containers\": [{{\"index\", \"name\", \"devices\": [{{\"id\", \"uuid\", \"memoryBytes\", \"cores\"}}]}}]}}"
-            ))
-        })?;
-        if a.node.is_empty() {
-            return Err(err("node: empty".into()));
-        }
-        for (i, c) in a.containers.iter().enumerate() {
-            if a.containers[..i]
+/// The ledger grants of an assignment, one per container, keyed by
+/// [`grant_id`]`(pod_uid, container name)`.
+pub fn grants(assignment: &PodAssignment, pod_uid: &str) -> Vec<Grant> {
+    assignment
+        .containers
+        .iter()
+        .map(|c| Grant {
+            id: grant_id(pod_uid, &c.name),
+            node: assignment.node.clone(),
+            cpu_milli: 0,
+            memory_mib: 0,
+            devices: c
+                .devices
                 .iter()
-                .any(|o| o.index == c.index || o.name == c.name)
-            {
-                return Err(err(format!(
-                    "containers[{i}]: container {:?} (index {}) appears twice",
-                    c.name, c.index
-                )));
-            }
-            if c.devices.is_empty() {
-                return Err(err(format!("containers[{i}].devices: empty")));
-            }
-            for (j, d) in c.devices.iter().enumerate() {
-                if c.devices[..j].iter().any(|o| o.id == d.id) {
-                    return Err(err(format!(
-                        "containers[{i}].devices[{j}].id: {:?} appears twice",
-                        d.id
-                    )));
-                }
-            }
-        }
-        Ok(a)
-    }
-
-    /// The JSON to store in the annotation.
-    pub fn render(&self) -> String {
-        serde_json::to_string(self).expect("serialisable")
-    }
-
-    /// The ledger grants of this assignment, one per container, keyed by
-    /// [`grant_id`]`(pod_uid, container name)`.
-    pub fn grants(&self, pod_uid: &str) -> Vec<Grant> {
-        self.containers
-            .iter()
-            .map(|c| Grant {
-                id: grant_id(pod_uid, &c.name),
-                node: self.node.clone(),
-                cpu_milli: 0,
-                memory_mib: 0,
-                devices: c
-                    .devices
-                    .iter()
-                    .map(|d| DeviceGrant {
-                        gpu: d.id.clone(),
-                        memory: d.memory_bytes,
-                        cores: d.cores,
-                    })
-                    .collect(),
-            })
-            .collect()
-    }
+                .map(|d| DeviceGrant {
+                    gpu: d.id.clone(),
+                    memory: d.memory_bytes,
+                    cores: d.cores,
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// Ledger grant id of one container of a pod: `<pod uid>/<container name>`.
@@ -348,7 +167,7 @@ mod tests {
             r#"{"node":"node-a","containers":[{"index":1,"name":"main","devices":[{"id":"gpu-0","uuid":"GPU-a","memoryBytes":1073741824,"cores":30}]}]}"#
         );
         assert_eq!(PodAssignment::parse("ns/p", "x", &text).unwrap(), a);
-        let g = a.grants("uid-1");
+        let g = grants(&a, "uid-1");
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].id, "uid-1/main");
         assert_eq!(g[0].node, "node-a");

@@ -191,7 +191,7 @@ impl Extender {
                         pod.metadata.uid.clone()
                     };
                     report.assigned_pods += 1;
-                    let grants = a.grants(&uid);
+                    let grants = super::annotations::grants(&a, &uid);
                     by_node
                         .entry(a.node.clone())
                         .or_default()

@@ -457,26 +457,11 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
             &driver.node_inventory_annotation(),
         );
         let running = start(cfg, backend, pods::KubePodSource::new(client), Some(writer)).await?;
-        shutdown_signal().await;
+        crate::serve::shutdown_signal().await;
         running.shutdown().await;
         tracing::info!("stopped");
         Ok(())
     })
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 #[cfg(test)]
