@@ -242,9 +242,74 @@ pub fn resolve(spec_dirs: &[PathBuf], driver_root: &Path) -> Result<DriverFiles,
     Ok(files)
 }
 
+/// One `--driver-file` value, `HOST[:CONTAINER]` (the container path defaults to the host
+/// path); both must be absolute. The error says what was given and what is expected.
+pub fn parse_driver_file(spec: &str) -> Result<FileMount, String> {
+    let (host, container) = spec.split_once(':').unwrap_or((spec, spec));
+    let (host, container) = (PathBuf::from(host), PathBuf::from(container));
+    if !host.is_absolute() || !container.is_absolute() {
+        return Err(format!(
+            "--driver-file {spec:?}: paths must be absolute, e.g. /usr/lib/x86_64-linux-gnu/libcuda.so.1 or /opt/fake/libcuda.so.1:/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+        ));
+    }
+    Ok(FileMount {
+        host_path: host,
+        container_path: container,
+    })
+}
+
+/// The driver files every claim's containers get, as both front ends (DRA `serve` and the
+/// device plugin) choose them: the `explicit` `--driver-file`s when any are given, or none
+/// besides them for the fake backend (its CUDA libraries are given explicitly); otherwise the
+/// NVIDIA container toolkit's spec in its directories under `driver_root` or in `cdi_root`,
+/// else discovery below `driver_root`.
+pub fn for_node(
+    explicit: Vec<FileMount>,
+    fake_backend: bool,
+    driver_root: &Path,
+    cdi_root: &Path,
+) -> Result<(Vec<FileMount>, Vec<HookEdit>), ToolkitSpecError> {
+    if !explicit.is_empty() || fake_backend {
+        return Ok((explicit, Vec::new()));
+    }
+    let mut spec_dirs: Vec<PathBuf> = TOOLKIT_SPEC_DIRS
+        .iter()
+        .map(|d| driver_root.join(d.trim_start_matches('/')))
+        .collect();
+    spec_dirs.push(cdi_root.to_owned());
+    let files = resolve(&spec_dirs, driver_root)?;
+    tracing::info!(origin = %files.origin, mounts = files.mounts.len(), hooks = files.hooks.len(), "driver files for containers");
+    Ok((files.mounts, files.hooks))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn explicit_files_win_and_the_fake_backend_uses_only_those() {
+        // A driver root with no toolkit spec and no libraries: nothing may be read from it.
+        let root = Path::new("/nonexistent-fgpu-driver-root");
+        let given =
+            vec![parse_driver_file("/opt/fake/libcuda.so.1:/usr/lib/libcuda.so.1").unwrap()];
+        assert_eq!(
+            for_node(given.clone(), false, root, root).unwrap(),
+            (given.clone(), vec![])
+        );
+        assert_eq!(
+            for_node(given.clone(), true, root, root).unwrap(),
+            (given, vec![])
+        );
+        assert_eq!(
+            for_node(vec![], true, root, root).unwrap(),
+            (vec![], vec![])
+        );
+        assert!(
+            parse_driver_file("libcuda.so.1")
+                .unwrap_err()
+                .contains("paths must be absolute")
+        );
+    }
 
     const TOOLKIT: &str = r#"
 cdiVersion: 0.5.0

@@ -128,18 +128,7 @@ pub(crate) struct ServeArgs {
 }
 
 fn file_mount(spec: &str) -> anyhow::Result<FileMount> {
-    let (host, container) = spec.split_once(':').unwrap_or((spec, spec));
-    let (host, container) = (PathBuf::from(host), PathBuf::from(container));
-    if !host.is_absolute() || !container.is_absolute() {
-        return Err(BadInput(format!(
-            "--driver-file {spec:?}: paths must be absolute, e.g. /usr/lib/x86_64-linux-gnu/libcuda.so.1 or /opt/fake/libcuda.so.1:/usr/lib/x86_64-linux-gnu/libcuda.so.1"
-        ))
-        .into());
-    }
-    Ok(FileMount {
-        host_path: host,
-        container_path: container,
-    })
+    driver_files::parse_driver_file(spec).map_err(|e| BadInput(e).into())
 }
 
 /// Runs `serve` until SIGTERM / SIGINT, or until the kubelet refuses the registration.
@@ -155,21 +144,12 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         .filter(|s| !s.is_empty())
         .map(|s| file_mount(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    // Explicit files win; the fake backend uses only those (the fake CUDA libraries).
-    let (driver_mounts, driver_hooks) = if !explicit.is_empty()
-        || args.gpus.backend == Backend::Fake
-    {
-        (explicit, Vec::new())
-    } else {
-        let mut spec_dirs: Vec<PathBuf> = driver_files::TOOLKIT_SPEC_DIRS
-            .iter()
-            .map(|d| args.driver_root.join(d.trim_start_matches('/')))
-            .collect();
-        spec_dirs.push(args.cdi_root.clone());
-        let files = driver_files::resolve(&spec_dirs, &args.driver_root)?;
-        tracing::info!(origin = %files.origin, mounts = files.mounts.len(), hooks = files.hooks.len(), "driver files for containers");
-        (files.mounts, files.hooks)
-    };
+    let (driver_mounts, driver_hooks) = driver_files::for_node(
+        explicit,
+        args.gpus.backend == Backend::Fake,
+        &args.driver_root,
+        &args.cdi_root,
+    )?;
     let backend = match args.gpus.backend {
         Backend::Fake => build_backend(
             BackendKind::Fake,
@@ -196,15 +176,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         metrics_addr: Some(args.metrics_address),
         test_pause: args.test_pause_prepare_seconds.map(Duration::from_secs),
     };
-    // Both of rustls' providers are compiled in (kube asks for ring, the CDI crate's
-    // jsonschema for aws-lc-rs); rustls then refuses to pick one and the first TLS client
-    // panics. Choose ring, as kube is configured. An error means one is installed already.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.worker_threads.into())
-        .max_blocking_threads(8)
-        .enable_all()
-        .build()
+    let runtime = fgpu_kubelet_plugin::serve::runtime(args.worker_threads)
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let client = kube::Client::try_default()

@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::checkpoint::ClaimRecord;
-use crate::edits::{ClaimRef, FileMount, NodeFiles};
+use crate::edits::{ClaimRef, NodeFiles};
 use crate::prepare::{MapClaimSource, Plugin, PluginConfig};
 use annotations::{PodAssignment, render_node_inventory};
 use node::NodeAnnotationWriter;
@@ -364,19 +364,6 @@ pub struct DevicePluginArgs {
     pub worker_threads: u16,
 }
 
-fn file_mount(spec: &str) -> anyhow::Result<FileMount> {
-    let (host, container) = spec.split_once(':').unwrap_or((spec, spec));
-    let (host, container) = (PathBuf::from(host), PathBuf::from(container));
-    anyhow::ensure!(
-        host.is_absolute() && container.is_absolute(),
-        "--driver-file {spec:?}: paths must be absolute"
-    );
-    Ok(FileMount {
-        host_path: host,
-        container_path: container,
-    })
-}
-
 /// Runs the device plugin until SIGTERM or SIGINT.
 pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
     let driver = DriverName::new(args.driver_name.as_str())
@@ -385,20 +372,14 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         .driver_files
         .iter()
         .filter(|s| !s.is_empty())
-        .map(|s| file_mount(s))
+        .map(|s| crate::driver_files::parse_driver_file(s).map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let (driver_mounts, driver_hooks) =
-        if !explicit.is_empty() || args.backend == BackendChoice::Fake {
-            (explicit, Vec::new())
-        } else {
-            let mut dirs: Vec<PathBuf> = crate::driver_files::TOOLKIT_SPEC_DIRS
-                .iter()
-                .map(|d| args.driver_root.join(d.trim_start_matches('/')))
-                .collect();
-            dirs.push(args.cdi_root.clone());
-            let files = crate::driver_files::resolve(&dirs, &args.driver_root)?;
-            (files.mounts, files.hooks)
-        };
+    let (driver_mounts, driver_hooks) = crate::driver_files::for_node(
+        explicit,
+        args.backend == BackendChoice::Fake,
+        &args.driver_root,
+        &args.cdi_root,
+    )?;
     let backend: Arc<dyn DeviceBackend> = Arc::from(match args.backend {
         BackendChoice::Fake => build_backend(
             BackendKind::Fake,
@@ -407,15 +388,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         )?,
         BackendChoice::Nvml => build_backend(BackendKind::Nvml, None, None)?,
     });
-    let boot_id = std::fs::read_to_string(&args.boot_id_file)
-        .with_context(|| {
-            format!(
-                "cannot read the boot id from {}",
-                args.boot_id_file.display()
-            )
-        })?
-        .trim()
-        .to_owned();
+    let boot_id = crate::checkpoint::read_boot_id(&args.boot_id_file)?;
     let cfg = DevicePluginConfig {
         plugin: PluginConfig {
             driver: driver.clone(),
@@ -440,13 +413,8 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         kubelet_poll: Duration::from_secs(1),
         resync: Duration::from_secs(args.resync_seconds),
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.worker_threads.into())
-        .max_blocking_threads(8)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime =
+        crate::serve::runtime(args.worker_threads).context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let client = kube::Client::try_default()
             .await
