@@ -18,24 +18,8 @@ use fgpu_kubelet_plugin::prepare::PluginConfig;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnixListenerStream;
 
-const PROFILE: &str = r#"
-nodes:
-  - name: node-a
-    deviceRoot: DEVROOT
-    gpus:
-      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff
-        productName: NVIDIA H100 80GB HBM3
-        memory: 80Gi
-        smCount: 132
-        computeCapability: "9.0"
-        pciBusID: "0000:19:00.0"
-      - uuid: GPU-63367e56-cdb4-4537-be42-f7abdf387237
-        productName: NVIDIA H100 80GB HBM3
-        memory: 80Gi
-        smCount: 132
-        computeCapability: "9.0"
-        pciBusID: "0000:9a:00.0"
-"#;
+/// A fake node with two H100s; `DEVROOT` is replaced by the test's device directory.
+const PROFILE: &str = include_str!("fixtures/node-a-2xh100.yaml");
 const GPU_B: &str = "GPU-63367e56-cdb4-4537-be42-f7abdf387237";
 const POD_UID: &str = "3b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e11";
 const GI: u64 = 1 << 30;

@@ -16,24 +16,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tonic::transport::{Channel, Endpoint, Uri};
 
-const PROFILE: &str = r#"
-nodes:
-  - name: node-a
-    deviceRoot: DEVROOT
-    gpus:
-      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff
-        productName: NVIDIA H100 80GB HBM3
-        memory: 80Gi
-        smCount: 132
-        computeCapability: "9.0"
-        pciBusID: "0000:19:00.0"
-      - uuid: GPU-63367e56-cdb4-4537-be42-f7abdf387237
-        productName: NVIDIA H100 80GB HBM3
-        memory: 80Gi
-        smCount: 132
-        computeCapability: "9.0"
-        pciBusID: "0000:9a:00.0"
-"#;
+/// A fake node with two H100s; `DEVROOT` is replaced by the test's device directory.
+const PROFILE: &str = include_str!("fixtures/node-a-2xh100.yaml");
 
 async fn channel(path: &Path) -> Channel {
     let path = path.to_owned();
