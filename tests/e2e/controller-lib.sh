@@ -14,6 +14,9 @@
 #                        clientConfig.url https://$CONTROLLER_WEBHOOK_ADDR/..., the CA of
 #                        $work/pki, failurePolicy Fail, only the namespace $E2E_NS
 #   controller_cleanup <rc>  webhooks deleted, controller stopped, log tail on failure
+#   render <file>        a scenario manifest with __RAPI__ (the served resource.k8s.io version,
+#                        $api), __REQ__ (a request of the shared class in that version's
+#                        shape), __NS__ and __IMAGE__ filled in
 # shellcheck disable=SC2034 # used by the scripts that source this file
 CONTROLLER_WEBHOOK_ADDR="${FGPU_E2E_WEBHOOK_ADDR:-127.0.0.1:19443}"
 CONTROLLER_METRICS_ADDR="${FGPU_E2E_CONTROLLER_METRICS:-127.0.0.1:19500}"
@@ -70,4 +73,10 @@ controller_cleanup() {
       say "$(basename "$f") (last 60 lines):"; tail -60 "$f" | sed 's/^/      /' >&2
     done
   fi
+}
+# shellcheck disable=SC2154 # $api: set by the scenario (dra_api_version)
+render() {
+  local req='exactly: {deviceClassName: shared.gpu.fgpu.dev}'
+  [ "$api" = v1 ] || req='deviceClassName: shared.gpu.fgpu.dev'
+  sed -e "s#__RAPI__#$api#g" -e "s#__REQ__#$req#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$1"
 }

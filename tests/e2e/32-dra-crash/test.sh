@@ -16,7 +16,6 @@ api="$(dra_api_version)"
 [ "$api" != none ] || skip "Kubernetes $K8S_VERSION: no usable DRA before 1.32"
 source "$E2E_DIR/../plugin-lib.sh"
 root="$E2E_DIR/../../.."
-classes() { sed "s#^apiVersion: resource.k8s.io/v1\$#apiVersion: resource.k8s.io/$api#" "$root/deploy/deviceclasses.yaml"; }
 
 cleanup() {
   local rc=$?

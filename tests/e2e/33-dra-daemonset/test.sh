@@ -32,7 +32,6 @@ SEL=app.kubernetes.io/component=kubelet-plugin
 METRICS_PORT="${FGPU_E2E_DS_METRICS_PORT:-19433}"
 REG_SOCK="$KUBELET_REGISTRAR_DIR/$DRIVER-reg.sock"
 STATE=/var/lib/fgpu   # the DaemonSet's state dir on the host (the real default)
-classes() { sed "s#^apiVersion: resource.k8s.io/v1\$#apiVersion: resource.k8s.io/$api#" "$root/deploy/deviceclasses.yaml"; }
 plugin_pod() { kubectl -n "$SYS_NS" get pods -l "$SEL" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
 plugin_log() { kubectl -n "$SYS_NS" logs -l "$SEL" -c plugin --tail=-1 2>/dev/null || true; }
 # grep the plugin pod's log (from a file: no SIGPIPE under pipefail)

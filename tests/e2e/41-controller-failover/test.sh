@@ -19,10 +19,6 @@ source "$E2E_DIR/../controller-lib.sh"
 plugin_setup 41
 controller_setup
 slice=$PLUGIN_SLICE
-req='exactly: {deviceClassName: shared.gpu.fgpu.dev}'
-[ "$api" = v1 ] || req='deviceClassName: shared.gpu.fgpu.dev'
-render() { sed -e "s#__RAPI__#$api#g" -e "s#__REQ__#$req#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$1"; }
-classes() { sed "s#^apiVersion: resource.k8s.io/v1\$#apiVersion: resource.k8s.io/$api#" "$E2E_DIR/../../../deploy/deviceclasses.yaml"; }
 pid_a="" pid_b=""
 
 cleanup() {

@@ -19,9 +19,6 @@ source "$E2E_DIR/../controller-lib.sh"
 plugin_setup 42
 controller_setup
 slice=$PLUGIN_SLICE
-req='exactly: {deviceClassName: shared.gpu.fgpu.dev}'
-[ "$api" = v1 ] || req='deviceClassName: shared.gpu.fgpu.dev'
-render() { sed -e "s#__RAPI__#$api#g" -e "s#__REQ__#$req#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$1"; }
 # The shared class as controller mode wants it where kube-scheduler cannot share: a selector
 # no device matches, so that the scheduler never allocates a shared claim itself (it would
 # take a whole device, racing the controller's retry after it cleared an allocation). The
