@@ -128,6 +128,13 @@ pub struct RunArgs {
     /// Seconds between passes when nothing changes.
     #[arg(long, default_value_t = 30)]
     pub resync: u64,
+    /// Milliseconds an allocation of this controller must have been seen before its pod's
+    /// gate is lifted. In that time a grant kube-scheduler decided concurrently (it shares
+    /// no lock with the controller) lands, and the controller gives way if the two
+    /// over-book a GPU. 0 lifts gates at once (safe only where no other allocator writes
+    /// shares of this driver's devices).
+    #[arg(long, default_value_t = 3000)]
+    pub settle_ms: u64,
     /// Leader election: allocate only while holding the Lease `fgpu-controller` in this
     /// namespace (every replica serves the webhooks). Without it, run one replica.
     #[arg(long)]
@@ -298,6 +305,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             default_policy,
         };
         let mut ctl = Controller::new(shared.clone(), settings, args.mode);
+        ctl.settle = Duration::from_millis(args.settle_ms);
         let resync = Duration::from_secs(args.resync.max(1));
         let Some(ns) = &args.leader_election_namespace else {
             return tokio::select! {
@@ -436,6 +444,12 @@ struct Controller {
     allocated_on: HashMap<String, String>,
     /// Claims whose allocation kube-scheduler cleared (claim UID →).
     retries: HashMap<String, Retry>,
+    /// When each allocated claim was first seen allocated (claim UID →).
+    seen_allocated: HashMap<String, Instant>,
+    /// How long an allocation must have been seen before its pod is ungated.
+    settle: Duration,
+    /// The earliest moment an unsettled allocation settles (a pass is due then).
+    next_settle: Option<Instant>,
 }
 
 fn to_values(store: &Store<DynamicObject>) -> Vec<Value> {
@@ -469,6 +483,9 @@ impl Controller {
             told: HashMap::new(),
             allocated_on: HashMap::new(),
             retries: HashMap::new(),
+            seen_allocated: HashMap::new(),
+            settle: Duration::from_secs(3),
+            next_settle: None,
         }
     }
 
@@ -530,6 +547,7 @@ impl Controller {
                 .values()
                 .filter(|r| r.next > now)
                 .map(|r| r.next - now)
+                .chain(self.next_settle.map(|t| t.saturating_duration_since(now)))
                 .min()
                 .map_or(resync, |d| d.min(resync));
             tokio::select! {
@@ -626,6 +644,28 @@ impl Controller {
             )
             .await;
         }
+        // Settling: how long each allocation has been seen.
+        let now = Instant::now();
+        let mut unsettled = std::collections::BTreeSet::new();
+        let mut allocated = std::collections::HashSet::new();
+        self.next_settle = None;
+        for c in &claims {
+            let Some(uid) = c["metadata"]["uid"].as_str() else {
+                continue;
+            };
+            if !c["status"]["allocation"].is_object() {
+                continue;
+            }
+            allocated.insert(uid);
+            let seen = *self.seen_allocated.entry(uid.to_owned()).or_insert(now);
+            let settles = seen + self.settle;
+            if settles > now {
+                unsettled.insert(uid.to_owned());
+                self.next_settle = Some(self.next_settle.map_or(settles, |t| t.min(settles)));
+            }
+        }
+        self.seen_allocated
+            .retain(|uid, _| allocated.contains(uid.as_str()));
         let avoid: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = self
             .retries
             .iter()
@@ -636,6 +676,7 @@ impl Controller {
             pods: &pods,
             slices: &slices,
             avoid: &avoid,
+            unsettled: &unsettled,
         };
         let plan = reconcile::plan(snap, &self.settings, mode == Mode::Controller);
         for e in &plan.slice_errors {
@@ -645,6 +686,7 @@ impl Controller {
             tracing::warn!("{e}");
         }
         self.shared.metrics.gpus.set(plan.gpus as i64);
+        self.shared.metrics.fragmentation.set(plan.fragmentation);
         self.shared.metrics.set_usage(&plan.usage);
         let pending = plan
             .actions
@@ -782,6 +824,41 @@ impl Controller {
                     }
                 }
             }
+            Action::Revoke {
+                claim,
+                pod,
+                message,
+            } => {
+                let id = ObjectId::of(&claim);
+                self.shared.metrics.failure("revoked");
+                match self.deallocate(claim).await {
+                    Ok(_) => {
+                        // Not a clearing by kube-scheduler: no backoff, no node to avoid.
+                        self.allocated_on.remove(&id.uid);
+                        self.seen_allocated.remove(&id.uid);
+                        tracing::warn!(claim = %id.key(), pod = %pod.key(), "revoked: {message}");
+                        self.tell(
+                            &id,
+                            "ResourceClaim",
+                            EventType::Warning,
+                            "AllocationRevoked",
+                            &message,
+                        )
+                        .await;
+                        if !pod.name.is_empty() {
+                            let m = format!("claim {}: {message}", id.name);
+                            self.tell(&pod, "Pod", EventType::Warning, "GpuAllocationRevoked", &m)
+                                .await;
+                        }
+                        true
+                    }
+                    Err(e) if conflict(&e) => false,
+                    Err(e) => {
+                        tracing::warn!(claim = %id.key(), "revocation failed (retried next pass): {e}");
+                        false
+                    }
+                }
+            }
             Action::Release {
                 claim,
                 deallocate,
@@ -852,6 +929,26 @@ impl Controller {
         Ok(())
     }
 
+    /// Clears the claim's allocation (a status replace, conditional on the resource version
+    /// it was read at); returns the claim as stored.
+    async fn deallocate(&mut self, claim: Value) -> Result<Value, kube::Error> {
+        let id = ObjectId::of(&claim);
+        let mut current = claim;
+        if let Some(st) = current["status"].as_object_mut() {
+            st.remove("allocation");
+            st.remove("devices");
+        }
+        let obj: DynamicObject =
+            serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
+        let o = self
+            .claims(&id.namespace)
+            .replace_status(&id.name, &PostParams::default(), &obj)
+            .await?;
+        let stored = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
+        self.overlay.put(stored.clone());
+        Ok(stored)
+    }
+
     /// Clears the allocation (when `deallocate`), then removes the finalizer.
     async fn release(&mut self, claim: Value, deallocate: bool) -> Result<(), kube::Error> {
         let id = ObjectId::of(&claim);
@@ -859,17 +956,7 @@ impl Controller {
         let finalizer = self.settings.driver.finalizer();
         let mut current = claim;
         if deallocate {
-            if let Some(st) = current["status"].as_object_mut() {
-                st.remove("allocation");
-                st.remove("devices");
-            }
-            let obj: DynamicObject =
-                serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
-            let o = api
-                .replace_status(&id.name, &PostParams::default(), &obj)
-                .await?;
-            current = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
-            self.overlay.put(current.clone());
+            current = self.deallocate(current).await?;
         }
         let finalizers: Vec<Value> = current["metadata"]["finalizers"]
             .as_array()

@@ -7,6 +7,8 @@
 //! * `fgpu_controller_allocation_duration_seconds` (finalizer + status write),
 //!   `fgpu_controller_reconcile_duration_seconds` (one pass);
 //! * `fgpu_controller_gpus` in the inventory;
+//! * `fgpu_controller_fragmentation_ratio`: the share of the free GPU capacity the mix of
+//!   shares now granted could not use (FGD's measure, [`crate::reconcile::fragmentation`]);
 //! * per GPU (`node`, `gpu`): `fgpu_controller_gpu_memory_bytes`,
 //!   `fgpu_controller_gpu_granted_memory_bytes`, `fgpu_controller_gpu_granted_cores`
 //!   (percent), from the ledger after the last pass.
@@ -33,6 +35,7 @@ pub struct Metrics {
     pub allocation_seconds: Histogram,
     pub pass_seconds: Histogram,
     pub gpus: Gauge,
+    pub fragmentation: Gauge<f64, std::sync::atomic::AtomicU64>,
     gpu_memory: Family<Labels, Gauge>,
     gpu_granted_memory: Family<Labels, Gauge>,
     gpu_granted_cores: Family<Labels, Gauge>,
@@ -90,6 +93,12 @@ impl Metrics {
             "GPUs in the inventory (this driver's ResourceSlices)",
             gpus.clone(),
         );
+        let fragmentation = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "fragmentation_ratio",
+            "Share (0-1) of the free GPU capacity that the mix of shares now granted could not use",
+            fragmentation.clone(),
+        );
         let gpu_memory = Family::<Labels, Gauge>::default();
         registry.register(
             "gpu_memory_bytes",
@@ -118,6 +127,7 @@ impl Metrics {
             allocation_seconds,
             pass_seconds,
             gpus,
+            fragmentation,
             gpu_memory,
             gpu_granted_memory,
             gpu_granted_cores,

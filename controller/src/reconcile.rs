@@ -6,7 +6,14 @@
 //! The rules, in the order [`plan`] applies them:
 //!
 //! 1. **Ledger**: the inventory from this driver's ResourceSlices, every allocated claim
-//!    (this controller's and kube-scheduler's) granted in it ([`crate::usage::rebuild`]).
+//!    (this controller's and kube-scheduler's) granted in it ([`crate::usage::rebuild`]),
+//!    committed claims first. A claim is *tentative* while it carries this controller's
+//!    finalizer, is not reserved, and every live pod using it still carries the gate
+//!    (nothing has used the allocation yet); every other allocated claim is committed.
+//!    Tentative claims are granted after, oldest allocation first; one that no longer fits
+//!    (kube-scheduler granted the same capacity in the same moment: the two allocators
+//!    share no lock) is revoked ([`Action::Revoke`]): its allocation is cleared and a later
+//!    pass places it again. Its pod stays gated meanwhile.
 //! 2. **Release**: a claim carrying this controller's finalizer whose `status.reservedFor`
 //!    is empty and that no live pod (not `Succeeded`/`Failed`) references is released: its
 //!    allocation is cleared (unless the claim is being deleted) and the finalizer removed.
@@ -19,9 +26,14 @@
 //!    on one node (the node of its claims already allocated). A claim that does not fit
 //!    yields [`Action::Pending`] with the best candidate; a claim that cannot be read yields
 //!    [`Action::Rejected`].
-//! 4. **Ungate**: a gated pod whose claims of the shared class all exist and are allocated
-//!    (before this pass) loses the gate; kube-scheduler then places it on the allocation's
-//!    node. A pod whose template claims are not created yet keeps its gate.
+//! 4. **Ungate**: a gated pod whose claims of the shared class all exist, are allocated
+//!    (before this pass), have *settled* (their allocation is older than the daemon's
+//!    settle time, [`Snapshot::unsettled`]) and still fit (rule 1) loses the gate;
+//!    kube-scheduler then places it on the allocation's node. Settling covers the other
+//!    direction of the race: a grant kube-scheduler had decided but not yet written when
+//!    this controller wrote its own lands within that time, and rule 1 then revokes the
+//!    controller's claim, not the scheduler's. A pod whose template claims are not created
+//!    yet keeps its gate.
 //! 5. **Retry**: a pod without the gate and not yet bound to a node, with a claim of the
 //!    shared class that carries this controller's finalizer but no allocation, lost that
 //!    allocation to kube-scheduler (it clears allocations when the pod fits nowhere,
@@ -58,10 +70,13 @@ pub struct Snapshot<'a> {
     /// Per claim UID, nodes not to allocate it on again: kube-scheduler cleared its
     /// allocation there (the pod fit nowhere). Ignored when it would leave no node.
     pub avoid: &'a BTreeMap<String, BTreeSet<String>>,
+    /// Claim UIDs whose allocation is younger than the settle time: their pods keep the
+    /// gate for now.
+    pub unsettled: &'a BTreeSet<String>,
 }
 
 /// A pod or a claim, as Events and writes name it.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ObjectId {
     pub namespace: String,
     pub name: String,
@@ -118,6 +133,14 @@ pub enum Action {
     },
     /// Remove the scheduling gate from the pod (the remaining gates are `keep`).
     Ungate { pod: ObjectId, keep: Vec<Value> },
+    /// Clear the allocation of a tentative claim that no longer fits (conditional on the
+    /// claim's resource version); the finalizer stays and a later pass places it again.
+    Revoke {
+        /// The claim as read.
+        claim: Value,
+        pod: ObjectId,
+        message: String,
+    },
     /// Clear the claim's allocation (when `deallocate`) and remove the finalizer.
     Release {
         claim: Value,
@@ -141,6 +164,58 @@ pub struct Plan {
     pub gpus: usize,
     /// The inventory with every grant counted, those of this plan's allocations included.
     pub usage: Inventory,
+    /// The share (0–1) of the free GPU capacity that the mix of shares now granted could
+    /// not use ([`fragmentation`]).
+    pub fragmentation: f64,
+}
+
+/// FGD's fragmentation measure (`fgpu_driver::engine::frag`) over the whole inventory, as a
+/// share of its free GPU capacity: the expected workload is the mix of the grants in the
+/// ledger (GPUs per claim; per GPU the larger of its memory and core share), so the figure
+/// says how much of what is free the claims seen so far could not use. 0 with nothing free
+/// or nothing granted.
+pub fn fragmentation(ledger: &fgpu_driver::ledger::Ledger) -> f64 {
+    use fgpu_driver::engine::frag::node_frag;
+    use fgpu_driver::engine::{Weighting, Workload};
+    let inv = ledger.inventory();
+    let gpu = |node: &str, id: &str| {
+        inv.node_index(node)
+            .and_then(|n| inv.nodes[n].gpus.iter().find(|g| g.id == id))
+    };
+    let kinds = ledger.grants().filter_map(|g| {
+        let milli = g
+            .devices
+            .iter()
+            .filter_map(|d| {
+                let t = gpu(&g.node, &d.gpu)?;
+                let share = |used: u64, total: u64| {
+                    (u128::from(used) * 1000).div_ceil(u128::from(total.max(1))) as u32
+                };
+                Some(
+                    share(d.memory, t.memory_total)
+                        .max(share(u64::from(d.cores), u64::from(t.cores_total))),
+                )
+            })
+            .max()?;
+        Some((0, 0, g.devices.len() as u32, milli.min(1000)))
+    });
+    let workload = Workload::from_pods(kinds, 1.0, Weighting::Count);
+    let free: u64 = inv
+        .nodes
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .filter(|g| g.healthy)
+        .map(|g| u64::from(g.free_milli()))
+        .sum();
+    if free == 0 || workload.types.is_empty() {
+        return 0.0;
+    }
+    let frag: f64 = inv
+        .nodes
+        .iter()
+        .map(|n| node_frag(n, &workload, false))
+        .sum();
+    (frag / free as f64).clamp(0.0, 1.0)
 }
 
 /// Whether any of this driver's slices publishes a device with `allowMultipleAllocations`
@@ -188,6 +263,12 @@ pub fn is_gated(pod: &Value, gate: &str) -> bool {
     pod["spec"]["schedulingGates"]
         .as_array()
         .is_some_and(|g| g.iter().any(|e| e["name"].as_str() == Some(gate)))
+}
+
+fn is_reserved(claim: &Value) -> bool {
+    claim["status"]["reservedFor"]
+        .as_array()
+        .is_some_and(|r| !r.is_empty())
 }
 
 fn is_allocated(claim: &Value) -> bool {
@@ -285,18 +366,75 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
     let inv = inventory::from_slices(driver, snap.slices);
     let consumable = consumable(driver, snap.slices);
     let gpus = inv.inventory.nodes.iter().map(|n| n.gpus.len()).sum();
-    let usage = usage::rebuild(driver, inv.inventory, snap.claims);
-    let mut ledger = usage.ledger;
-    let mut actions = Vec::new();
-
     // Claims by namespace/name.
     let claims: BTreeMap<String, &Value> = snap.claims.iter().map(|c| (object_key(c), c)).collect();
-    // Claim keys referenced by live pods.
-    let mut referenced: BTreeSet<String> = BTreeSet::new();
+    // Claim keys referenced by live pods → whether every one of those pods is gated.
+    let mut referenced: BTreeMap<String, bool> = BTreeMap::new();
     for pod in snap.pods.iter().filter(|p| pod_is_live(p)) {
         let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+        let gated = is_gated(pod, &gate);
         for n in pod_claim_names(pod).into_iter().flatten() {
-            referenced.insert(format!("{ns}/{n}"));
+            *referenced.entry(format!("{ns}/{n}")).or_insert(true) &= gated;
+        }
+    }
+
+    // 1. Ledger: committed claims first, then tentative ones, oldest allocation first.
+    let is_tentative = |key: &str, c: &Value| {
+        allocate
+            && has_finalizer(c, &finalizer)
+            && is_allocated(c)
+            && !is_deleting(c)
+            && !is_reserved(c)
+            && referenced.get(key) == Some(&true)
+    };
+    type Keyed<'c> = Vec<(&'c String, &'c Value)>;
+    let (mut tentative, committed): (Keyed, Keyed) = claims
+        .iter()
+        .map(|(k, c)| (k, *c))
+        .partition(|(k, c)| is_tentative(k, c));
+    let usage = usage::rebuild(driver, inv.inventory, committed.iter().map(|(_, c)| *c));
+    let mut ledger = usage.ledger;
+    let mut usage_errors = usage.errors;
+    let mut actions = Vec::new();
+    tentative.sort_by_key(|(k, c)| {
+        (
+            c["status"]["allocation"]["allocationTimestamp"]
+                .as_str()
+                .unwrap_or_default(),
+            *k,
+        )
+    });
+    let mut revoked: BTreeSet<String> = BTreeSet::new();
+    for (key, claim) in tentative {
+        let granted = usage::claim_grant(claim, driver, ledger.inventory())
+            .map(|g| g.map(|g| ledger.grant(g)));
+        match granted {
+            Ok(None | Some(Ok(()))) => {}
+            Err(e) => usage_errors.push(e),
+            Ok(Some(Err(e))) => {
+                revoked.insert(key.clone());
+                let pod = snap
+                    .pods
+                    .iter()
+                    .filter(|p| pod_is_live(p))
+                    .find(|p| {
+                        let ns = p["metadata"]["namespace"].as_str().unwrap_or_default();
+                        pod_claim_names(p)
+                            .iter()
+                            .flatten()
+                            .any(|n| format!("{ns}/{n}") == **key)
+                    })
+                    .map(ObjectId::of)
+                    .unwrap_or_default();
+                let node = allocated_node(claim).unwrap_or("?");
+                actions.push(Action::Revoke {
+                    claim: claim.clone(),
+                    pod,
+                    message: format!(
+                        "the allocation on node {node} no longer fits beside claims another allocator granted at the same time ({e}); allocating again"
+                    ),
+                });
+            }
         }
     }
 
@@ -305,10 +443,7 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
         if !has_finalizer(claim, &finalizer) {
             continue;
         }
-        let reserved = claim["status"]["reservedFor"]
-            .as_array()
-            .is_some_and(|r| !r.is_empty());
-        if reserved || referenced.contains(key) {
+        if is_reserved(claim) || referenced.contains_key(key) {
             continue;
         }
         let deallocate = is_allocated(claim) && !is_deleting(claim);
@@ -376,10 +511,22 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
         if waiting && allocate && !retry {
             continue;
         }
+        if shared.iter().any(|c| revoked.contains(&object_key(c))) {
+            continue; // placed again once the revocation is written
+        }
         if retry && shared.iter().all(|c| is_allocated(c)) {
             continue;
         }
         if !retry && (!allocate || shared.iter().all(|c| is_allocated(c))) {
+            let settling = allocate
+                && shared.iter().any(|c| {
+                    c["metadata"]["uid"]
+                        .as_str()
+                        .is_some_and(|u| snap.unsettled.contains(u))
+                });
+            if settling {
+                continue; // ungated once the allocations have settled
+            }
             let keep = pod["spec"]["schedulingGates"]
                 .as_array()
                 .into_iter()
@@ -485,9 +632,10 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
     Plan {
         actions,
         slice_errors: inv.errors,
-        usage_errors: usage.errors,
+        usage_errors,
         consumable,
         gpus,
+        fragmentation: fragmentation(&ledger),
         usage: ledger.inventory().clone(),
     }
 }
@@ -587,6 +735,7 @@ mod tests {
                 pods,
                 slices,
                 avoid: &BTreeMap::new(),
+                unsettled: &BTreeSet::new(),
             },
             &settings(),
             true,
@@ -607,6 +756,11 @@ mod tests {
                 Action::Pending { claim, .. } => format!("pending {}", claim.name),
                 Action::Rejected { claim, .. } => format!("rejected {}", claim.name),
                 Action::Ungate { pod, .. } => format!("ungate {}", pod.name),
+                Action::Revoke { claim, pod, .. } => format!(
+                    "revoke {} of {}",
+                    claim["metadata"]["name"].as_str().unwrap(),
+                    pod.name
+                ),
                 Action::Release {
                     claim, deallocate, ..
                 } => format!(
@@ -834,6 +988,7 @@ mod tests {
                 pods: &pods,
                 slices: &slices,
                 avoid: &BTreeMap::new(),
+                unsettled: &BTreeSet::new(),
             },
             &settings(),
             false,
@@ -877,6 +1032,7 @@ mod tests {
                 pods,
                 slices,
                 avoid,
+                unsettled: const { &BTreeSet::new() },
             }
         }
         let p = plan(snap(&claims, &pods, &slices, &avoid), &settings(), true);
@@ -900,6 +1056,108 @@ mod tests {
         // Not in capacity mode.
         let p = plan(snap(&claims, &pods, &slices, &avoid), &settings(), false);
         assert_eq!(kinds(&p), Vec::<String>::new());
+    }
+
+    /// `allocated`, with consumed capacity as kube-scheduler writes it and no finalizer
+    /// (kube-scheduler's), or with the finalizer (the controller's).
+    fn shared_grant(name: &str, gib: u64, cores: u32, ours: bool, at: &str) -> Value {
+        let mut c = allocated(name, gib, "gpu-0");
+        let r = &mut c["status"]["allocation"]["devices"]["results"][0];
+        r["consumedCapacity"] = json!({"memory": format!("{gib}Gi"), "cores": cores.to_string()});
+        r["shareID"] = json!(format!("share-{name}"));
+        c["status"]["allocation"]["allocationTimestamp"] = json!(at);
+        if !ours {
+            c["metadata"]["finalizers"] = json!([]);
+        }
+        c
+    }
+
+    #[test]
+    fn a_tentative_claim_over_booked_by_the_scheduler_is_revoked_not_ungated() {
+        // One 16Gi GPU. The scheduler's claim s (8Gi, pod already bound) and ours, a and b
+        // (6Gi each, pods still gated), were written in the same moment: 20Gi of 16.
+        let mut s = shared_grant("s", 8, 10, false, "2026-01-01T00:00:05Z");
+        s["status"]["reservedFor"] = json!([{"resource": "pods", "name": "ps", "uid": "u"}]);
+        let claims = [
+            // b is listed first but was allocated later: a keeps its place.
+            shared_grant("b", 6, 10, true, "2026-01-01T00:00:02Z"),
+            shared_grant("a", 6, 10, true, "2026-01-01T00:00:01Z"),
+            s,
+        ];
+        let mut ps = pod("ps", "2026-01-01T00:00:00Z", false, &[("g", Some("s"))]);
+        ps["spec"]["nodeName"] = json!("node-a");
+        let pods = [
+            ps,
+            pod("pa", "2026-01-01T00:00:01Z", true, &[("g", Some("a"))]),
+            pod("pb", "2026-01-01T00:00:02Z", true, &[("g", Some("b"))]),
+        ];
+        let p = run(&claims, &pods, &[slice(&[16], true)]);
+        assert_eq!(kinds(&p), ["revoke b of pb", "ungate pa"]);
+        let Action::Revoke { message, .. } = &p.actions[0] else {
+            unreachable!()
+        };
+        assert!(
+            message.contains("on node node-a no longer fits"),
+            "{message}"
+        );
+        // The ledger keeps the committed claim and the tentative one that fits.
+        let gpu = &p.usage.nodes[0].gpus[0];
+        assert_eq!(gpu.memory_total - gpu.memory_free, 14 << 30);
+
+        // Once a's pod is ungated, a is committed even though it is not reserved yet.
+        let mut pods = pods;
+        pods[1] = pod("pa", "2026-01-01T00:00:01Z", false, &[("g", Some("a"))]);
+        let p = run(&claims, &pods, &[slice(&[16], true)]);
+        assert_eq!(kinds(&p), ["revoke b of pb"]);
+        // Without the scheduler's claim nothing is revoked and both pods go.
+        let p = run(&claims[..2], &pods[1..], &[slice(&[16], true)]);
+        assert_eq!(kinds(&p), ["ungate pb"]);
+    }
+
+    #[test]
+    fn unsettled_allocations_keep_the_gate() {
+        let claims = [
+            shared_grant("a", 4, 10, true, "2026-01-01T00:00:01Z"),
+            shared_grant("b", 4, 10, true, "2026-01-01T00:00:01Z"),
+        ];
+        let pods = [
+            pod("pa", "2026-01-01T00:00:01Z", true, &[("g", Some("a"))]),
+            pod("pb", "2026-01-01T00:00:02Z", true, &[("g", Some("b"))]),
+        ];
+        let slices = [slice(&[16], true)];
+        let unsettled = BTreeSet::from(["uid-b".to_owned()]);
+        let snap = Snapshot {
+            claims: &claims,
+            pods: &pods,
+            slices: &slices,
+            avoid: &BTreeMap::new(),
+            unsettled: &unsettled,
+        };
+        assert_eq!(kinds(&plan(snap, &settings(), true)), ["ungate pa"]);
+        // Capacity mode: kube-scheduler allocated; nothing to wait for.
+        assert_eq!(
+            kinds(&plan(snap, &settings(), false)),
+            ["ungate pa", "ungate pb"]
+        );
+    }
+
+    #[test]
+    fn fragmentation_is_the_free_capacity_the_granted_mix_cannot_use() {
+        let pods = [
+            pod("pa", "2026-01-01T00:00:01Z", false, &[("g", Some("a"))]),
+            pod("pb", "2026-01-01T00:00:02Z", false, &[("g", Some("b"))]),
+        ];
+        // 10Gi shares on two 16Gi GPUs, one each: 6Gi free on each, and a 10Gi share fits
+        // on neither — all of the free capacity is fragmented.
+        let spread = [allocated("a", 10, "gpu-0"), allocated("b", 10, "gpu-1")];
+        let p = run(&spread, &pods, &[slice(&[16, 16], false)]);
+        assert!((p.fragmentation - 1.0).abs() < 1e-9, "{}", p.fragmentation);
+        // 4Gi shares packed on gpu-0: 8Gi left there and all of gpu-1 are usable.
+        let packed = [allocated("a", 4, "gpu-0"), allocated("b", 4, "gpu-0")];
+        let p = run(&packed, &pods, &[slice(&[16, 16], false)]);
+        assert!(p.fragmentation.abs() < 1e-9, "{}", p.fragmentation);
+        // Nothing granted: nothing to measure against.
+        assert_eq!(run(&[], &[], &[slice(&[16], false)]).fragmentation, 0.0);
     }
 
     #[test]
