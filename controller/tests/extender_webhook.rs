@@ -288,3 +288,33 @@ async fn empty_inventory_admits_with_warnings_then_checks() {
     );
     assert!(msg.contains("known models: \"Tesla T4\""), "{msg}");
 }
+
+/// The manifests in `deploy/extender/` agree with the flags' defaults: the scheduler
+/// profile is the webhook's scheduler name, and the four resources are the extender's
+/// managed resources and the webhook's match condition.
+#[test]
+fn deploy_manifests_agree_with_the_defaults() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/extender");
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    let scheduler = read("scheduler.yaml");
+    let webhook = read("webhook.yaml");
+    let extender = read("extender.yaml");
+    let name = fgpu_controller::extender::webhook::DEFAULT_SCHEDULER_NAME;
+    assert!(scheduler.contains(&format!("- schedulerName: {name}\n")));
+    assert!(extender.contains(&format!("--scheduler-name={name}\n")));
+    let names = fgpu_api::names::LegacyResourceNames::default();
+    for r in [
+        &names.gpu,
+        &names.memory,
+        &names.memory_percentage,
+        &names.cores,
+    ] {
+        assert!(
+            scheduler.contains(&format!("{{name: {r}, ignoredByScheduler: true}}")),
+            "{r}"
+        );
+        assert!(webhook.contains(&format!("'{r}'")), "{r}");
+    }
+    assert!(webhook.contains("path: /mutate-pods"));
+    assert!(extender.contains("--webhook-addr=0.0.0.0:9443"));
+}
