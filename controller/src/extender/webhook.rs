@@ -6,7 +6,8 @@
 //! "Admission webhook".
 //!
 //! A pod *asks for GPUs* when any container or init container names one of the four
-//! managed resources (limits or requests). Other pods are admitted with no patch.
+//! managed resources (limits or requests). Other pods, and mirror pods, are admitted with
+//! no patch.
 //!
 //! Mutations (one JSON patch):
 //!
@@ -24,7 +25,8 @@
 //!   and the assignment annotation the device plugin reads carries bytes.
 //!
 //! Refusals (each names the pod, the container and the field or annotation; all problems
-//! of a pod are listed): quantities that are not whole numbers, a GPU count of 0 with
+//! of a pod are listed): `spec.nodeName` preset (no scheduler would choose its GPUs),
+//! privileged containers asking for GPUs (they see every GPU; as HAMi), quantities that are not whole numbers, a GPU count of 0 with
 //! memory or cores, more than 32 GPUs, `gpumem` 0 or above the largest GPU the extender
 //! knows, percentage or cores above 100 (percentage 0), GPU resources on init containers,
 //! policy annotations other than `binpack`/`spread`, model names in
@@ -50,6 +52,9 @@ pub const KUBE_DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// Pod annotation (HAMi): comma-separated GPU UUIDs the pod must not use.
 pub const ANNOTATION_NOUSE_GPU_UUID: &str = "nvidia.com/nouse-gpuuuid";
+
+/// Pod annotation the kubelet puts on mirror pods (of static pods).
+pub const ANNOTATION_MIRROR_POD: &str = "kubernetes.io/config.mirror";
 
 /// How the webhook mutates and checks pods.
 #[derive(Clone, Debug)]
@@ -247,6 +252,13 @@ pub fn admit_pod(pod: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Decisi
             warnings: vec![],
         };
     }
+    // A mirror pod reflects a static pod the kubelet already runs; nothing to place.
+    if m["annotations"][ANNOTATION_MIRROR_POD].is_string() {
+        return Decision::Allow {
+            patch: vec![],
+            warnings: vec![],
+        };
+    }
     let mut warnings = Vec::new();
     let current = pod["spec"]["schedulerName"].as_str().unwrap_or("");
     if !current.is_empty() && current != KUBE_DEFAULT_SCHEDULER && current != cfg.scheduler_name {
@@ -262,6 +274,21 @@ pub fn admit_pod(pod: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Decisi
     let mut problems: Vec<String> = Vec::new();
     let mut patch: Vec<Value> = Vec::new();
     let mut mutated = pod.clone();
+    if let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+        problems.push(format!(
+            "spec.nodeName: {node:?} is set, so no scheduler places the pod and its GPUs are never chosen; remove it (pin the node with a nodeSelector on kubernetes.io/hostname instead)"
+        ));
+    }
+    for (section, list) in [("containers", containers), ("initContainers", inits)] {
+        for (i, c) in list.iter().enumerate() {
+            if asks(c) && c["securityContext"]["privileged"] == true {
+                problems.push(format!(
+                    "container {:?} (spec.{section}[{i}]): securityContext.privileged: a privileged container sees every GPU of the node, so its GPU quota cannot be enforced; drop privileged or the GPU resources",
+                    c["name"].as_str().unwrap_or("")
+                ));
+            }
+        }
+    }
     if current != cfg.scheduler_name {
         let op = if pod["spec"].get("schedulerName").is_some() {
             "replace"
@@ -876,6 +903,41 @@ mod tests {
             panic!()
         };
         assert!(m.ends_with("use a whole number"), "{m}");
+    }
+
+    #[test]
+    fn node_name_privileged_and_mirror_pods() {
+        let mut p = pod(
+            json!({}),
+            json!([{"name": "main", "image": "x", "securityContext": {"privileged": true},
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+        );
+        p["spec"]["nodeName"] = json!("node-a");
+        let Decision::Deny(m) = admit(&p) else {
+            panic!()
+        };
+        assert!(m.contains("spec.nodeName: \"node-a\" is set"), "{m}");
+        assert!(
+            m.contains("container \"main\" (spec.containers[0]): securityContext.privileged:"),
+            "{m}"
+        );
+        p["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "abc"});
+        assert_eq!(
+            admit(&p),
+            Decision::Allow {
+                patch: vec![],
+                warnings: vec![]
+            }
+        );
+        // Privileged containers without GPU resources are not our business.
+        let p = pod(
+            json!({}),
+            json!([
+                {"name": "side", "image": "x", "securityContext": {"privileged": true}},
+                ctr("main", json!({"nvidia.com/gpu": "1"}))
+            ]),
+        );
+        assert!(matches!(admit(&p), Decision::Allow { .. }));
     }
 
     #[test]
