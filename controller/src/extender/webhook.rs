@@ -325,11 +325,11 @@ pub fn admit_pod(pod: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Decisi
                 let Some(v) = map.get(n.as_str()) else {
                     continue;
                 };
-                match value_text(v).map(|t| (fgpu_api::quantity::parse_u64(&t), t)) {
-                    Some((Ok(x), _)) => {
+                match value_text(v).as_deref().map(fgpu_api::quantity::parse_u64) {
+                    Some(Ok(x)) => {
                         val.insert(n.as_str(), x);
                     }
-                    Some((Err(e), _)) => problems.push(format!(
+                    Some(Err(e)) => problems.push(format!(
                         "{at}: resources.{section}[{n:?}]: {e}; use a whole number"
                     )),
                     None => problems.push(format!(
@@ -1052,6 +1052,28 @@ mod tests {
         assert_eq!(r["response"]["allowed"], false);
         let msg = r["response"]["status"]["message"].as_str().unwrap();
         assert!(msg.starts_with("fgpu: pod team/p: "), "{msg}");
+        // A ReplicaSet's pod: generateName, no name yet; mutated, and named in denials.
+        let gen_pod = |ann: Value| {
+            json!({"metadata": {"generateName": "train-", "annotations": ann},
+                "spec": {"containers": [ctr("c", json!({"nvidia.com/gpucores": "10"}))]}})
+        };
+        let r = review(
+            &json!({"request": {"uid": "u4", "operation": "CREATE", "namespace": "team", "object": gen_pod(json!({}))}}),
+            &cfg,
+            &inv,
+        )
+        .unwrap();
+        assert_eq!(r["response"]["allowed"], true, "{r}");
+        assert_eq!(r["response"]["patchType"], "JSONPatch");
+        let r = review(
+            &json!({"request": {"uid": "u5", "operation": "CREATE", "namespace": "team",
+                "object": gen_pod(json!({"nvidia.com/numa-bind": "maybe"}))}}),
+            &cfg,
+            &inv,
+        )
+        .unwrap();
+        let msg = r["response"]["status"]["message"].as_str().unwrap();
+        assert!(msg.starts_with("fgpu: pod team/train-: "), "{msg}");
         // UPDATE and other kinds: allowed, no patch.
         let r = review(
             &json!({"request": {"uid": "u3", "operation": "UPDATE", "object": p}}),
