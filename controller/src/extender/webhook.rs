@@ -338,7 +338,14 @@ pub fn admit_pod(pod: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Decisi
                 }
             }
         }
-        let field = |n: &str| format!("{at}: resources.limits[{n:?}]");
+        let field = |n: &str| {
+            let section = if c["resources"]["limits"].get(n).is_some() {
+                "limits"
+            } else {
+                "requests"
+            };
+            format!("{at}: resources.{section}[{n:?}]")
+        };
         let count = val.get(names.gpu.as_str()).copied();
         let mem = val.get(names.memory.as_str()).copied();
         let pct = val.get(names.memory_percentage.as_str()).copied();
@@ -865,6 +872,11 @@ mod tests {
                 json!({}),
                 one(json!({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "1000"})),
                 "container \"main\" (spec.containers[0]): resources.limits[\"nvidia.com/gpu\"]: 0 while GPU memory or cores are asked for",
+            ),
+            (
+                json!({}),
+                json!([{"name": "main", "image": "x", "resources": {"requests": {"nvidia.com/gpucores": "101"}}}]),
+                "container \"main\" (spec.containers[0]): resources.requests[\"nvidia.com/gpucores\"]: 101 is above the maximum 100",
             ),
             (
                 json!({}),
