@@ -1,4 +1,4 @@
-//! The extender's HTTP server (hyper 1, HTTP/1.1, plain): `POST /filter`, `/prioritize`,
+//! The extender's HTTP servers (hyper 1, HTTP/1.1). Plain: `POST /filter`, `/prioritize`,
 //! `/bind` (the last path segment is the verb, so any `urlPrefix` path works) and
 //! `GET /healthz`.
 //!
@@ -6,6 +6,9 @@
 //! extender cannot read is answered 200 with `Error` set (filter, bind) or 400
 //! (prioritize, whose errors the scheduler ignores). Nothing a client sends stops the
 //! server.
+//!
+//! TLS (optional, [`serve_webhook`]): the admission webhook, `POST /mutate-pods`, and
+//! `GET /healthz`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -148,5 +151,109 @@ pub async fn handle<W: ClusterWriter>(
                 format!("/bind: the body is not an ExtenderBindingArgs: {e}"),
             ),
         },
+    }
+}
+
+/// Largest AdmissionReview accepted (a Pod is at most about 1.5 MiB in etcd).
+pub const MAX_REVIEW_BODY: usize = 8 << 20;
+
+/// Serves the admission webhook over TLS on `listener` until the task is dropped:
+/// `POST /mutate-pods` (an `AdmissionReview` of a Pod, [`super::webhook::review`]) and
+/// `GET /healthz`. The checks read the GPU inventory `ext` has cached. A body that is not
+/// a review is answered 400; a failed TLS handshake drops only that connection.
+pub async fn serve_webhook(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    ext: Arc<Extender>,
+    cfg: Arc<super::webhook::WebhookConfig>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("accept: {e}");
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let ext = ext.clone();
+        let cfg = cfg.clone();
+        tokio::spawn(async move {
+            let stream = match acceptor.accept(stream).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(%peer, "webhook TLS handshake: {e}");
+                    return;
+                }
+            };
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let ext = ext.clone();
+                let cfg = cfg.clone();
+                async move { Ok::<_, Infallible>(handle_webhook(req, &ext, &cfg).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// Answers one webhook request.
+pub async fn handle_webhook(
+    req: Request<Incoming>,
+    ext: &Extender,
+    cfg: &super::webhook::WebhookConfig,
+) -> Response<Full<Bytes>> {
+    let path = req.uri().path().trim_end_matches('/').to_owned();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok"),
+        (&Method::POST, "/mutate-pods") => {}
+        (_, "/mutate-pods") => {
+            return text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "/mutate-pods takes POST with an AdmissionReview",
+            );
+        }
+        _ => {
+            return text(
+                StatusCode::NOT_FOUND,
+                "not found; the webhook serves POST /mutate-pods and GET /healthz",
+            );
+        }
+    }
+    let body = match Limited::new(req.into_body(), MAX_REVIEW_BODY)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("/mutate-pods: reading the body: {e}"),
+            );
+        }
+    };
+    let review: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("/mutate-pods: the body is not an AdmissionReview (JSON): {e}"),
+            );
+        }
+    };
+    let inv = ext.gpu_inventory();
+    match super::webhook::review(&review, cfg, &inv) {
+        Ok(answer) => {
+            let r = &answer["response"];
+            if r["allowed"] == false {
+                tracing::info!("webhook denied: {}", r["status"]["message"]);
+            } else if r["patch"].is_string() {
+                tracing::debug!(uid = %r["uid"], "webhook mutated a pod");
+            }
+            json(&answer)
+        }
+        Err(e) => text(StatusCode::BAD_REQUEST, format!("/mutate-pods: {e}")),
     }
 }

@@ -11,17 +11,19 @@
 //!   pods), and the verbs. Bind reserves under a per-node mutex, then writes with no lock
 //!   held (optimistic; no node lock).
 //! * [`writer`]: the [`ClusterWriter`] trait, an in-memory cluster and the kube-rs one.
-//! * [`http`]: the hyper server.
+//! * [`webhook`]: the mutating admission webhook for pods asking for the legacy
+//!   resources (scheduler name, defaults, admission-time refusals).
+//! * [`http`]: the hyper servers (the extender over HTTP; the webhook over HTTPS).
 //!
 //! [`run`] is the daemon (`fgpu-controller extender`): resync from the API server every
-//! few seconds, serve the extender. Wire it in `main.rs` as
-//! `Extender(fgpu_controller::extender::ExtenderArgs)` and
-//! `Command::Extender(args) => fgpu_controller::extender::run(args)`.
+//! few seconds, serve the extender (plain HTTP) and, with `--webhook-addr`, the admission
+//! webhook (HTTPS).
 
 pub mod annotations;
 pub mod http;
 pub mod pod;
 pub mod state;
+pub mod webhook;
 pub mod writer;
 
 use std::net::SocketAddr;
@@ -70,9 +72,50 @@ pub struct ExtenderArgs {
     /// Kubeconfig (in-cluster configuration when absent).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Address to serve the mutating admission webhook on (HTTPS, `POST /mutate-pods`);
+    /// needs --tls-cert and --tls-key. No webhook when absent.
+    #[arg(long)]
+    pub webhook_addr: Option<SocketAddr>,
+    /// PEM certificate (chain) of the webhook's HTTPS server.
+    #[arg(long, requires = "webhook_addr")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the webhook's HTTPS server.
+    #[arg(long, requires = "webhook_addr")]
+    pub tls_key: Option<PathBuf>,
+    /// `spec.schedulerName` the webhook gives pods asking for the GPU resources (pods with
+    /// no scheduler name or `default-scheduler`); the profile name of the kube-scheduler
+    /// that calls this extender.
+    #[arg(long, default_value = webhook::DEFAULT_SCHEDULER_NAME)]
+    pub scheduler_name: String,
+    /// MiB per GPU the webhook adds to containers that ask for GPUs but name neither
+    /// memory nor a memory percentage; 0: none added, such containers get each GPU's whole
+    /// memory (HAMi's `defaultMemory`).
+    #[arg(long, default_value_t = 0)]
+    pub default_gpumem: u64,
+    /// Percent of the SMs the webhook adds to containers that ask for GPUs but name no
+    /// cores (0-100); 0: none added (no core quota; HAMi's `defaultCores`).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub default_gpucores: u64,
 }
 
 impl ExtenderArgs {
+    /// The webhook's configuration; errors name the flag.
+    pub fn webhook_config(&self) -> Result<webhook::WebhookConfig> {
+        let ext = self.config()?;
+        anyhow::ensure!(
+            !self.scheduler_name.trim().is_empty(),
+            "--scheduler-name: empty; name the profile of the scheduler that calls the extender"
+        );
+        Ok(webhook::WebhookConfig {
+            scheduler_name: self.scheduler_name.clone(),
+            names: ext.names,
+            default_memory_mib: self.default_gpumem,
+            default_cores: self.default_gpucores,
+            driver: ext.driver,
+            default_policy: ext.default_policy,
+        })
+    }
+
     /// The extender's configuration; errors name the flag.
     pub fn config(&self) -> Result<ExtenderConfig> {
         let driver = DriverName::new(self.driver_name.clone()).context("--driver-name")?;
@@ -149,6 +192,15 @@ async fn stopped() {
 /// The daemon's body, for callers that already run a Tokio runtime.
 pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     let config = args.config()?;
+    let webhook = match (&args.webhook_addr, &args.tls_cert, &args.tls_key) {
+        (Some(addr), Some(c), Some(k)) => Some((
+            *addr,
+            crate::server::tls_config(c, k)?,
+            Arc::new(args.webhook_config()?),
+        )),
+        (Some(_), _, _) => anyhow::bail!("--webhook-addr needs --tls-cert and --tls-key"),
+        _ => None,
+    };
     let client = crate::daemon::client(args.kubeconfig.as_ref()).await?;
     let ext = Arc::new(Extender::new(config));
     let report = resync(&client, &ext).await.context("first resync")?;
@@ -166,6 +218,16 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     tracing::info!(addr = %args.listen, "scheduler extender");
     let writer = Arc::new(KubeCluster::new(client.clone()));
     let server = tokio::spawn(http::serve(listener, ext.clone(), writer));
+    let webhook_server = match webhook {
+        Some((addr, tls, cfg)) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--webhook-addr {addr}"))?;
+            tracing::info!(%addr, scheduler = %cfg.scheduler_name, "admission webhook (HTTPS)");
+            Some(tokio::spawn(http::serve_webhook(l, tls, ext.clone(), cfg)))
+        }
+        None => None,
+    };
     let period = Duration::from_secs(args.resync_seconds.max(1));
     let mut last_errors = report.errors;
     let stop = stopped();
@@ -188,6 +250,9 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
         }
     }
     server.abort();
+    if let Some(w) = webhook_server {
+        w.abort();
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -723,6 +723,30 @@ impl Extender {
         Ok(())
     }
 
+    /// The GPUs of every node in the cache (models, UUIDs, largest memory), for the
+    /// admission webhook's checks.
+    pub fn gpu_inventory(&self) -> super::webhook::GpuInventory {
+        let slots: Vec<Arc<NodeSlot>> = self
+            .nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let mut inv = super::webhook::GpuInventory::default();
+        for slot in slots {
+            let st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if st.capacity.gpus.is_empty() {
+                continue;
+            }
+            inv.nodes += 1;
+            for g in &st.capacity.gpus {
+                inv.add_gpu(&g.model, &g.uuid, g.memory_total);
+            }
+        }
+        inv
+    }
+
     /// Free memory and cores per GPU of `node` (for tests and debugging).
     pub fn node_usage(&self, node: &str) -> Option<Vec<(String, u64, u32)>> {
         let slot = self.slot(node)?;
