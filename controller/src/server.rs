@@ -118,34 +118,50 @@ pub async fn spawn_webhooks(
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("--webhook-addr {addr}"))?;
-    let acceptor = TlsAcceptor::from(tls);
     tracing::info!(%addr, "admission webhooks (HTTPS)");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, peer)) = listener.accept().await else {
-                continue;
-            };
-            let acceptor = acceptor.clone();
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let stream = match acceptor.accept(stream).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::debug!(%peer, "TLS handshake: {e}");
-                        return;
-                    }
-                };
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let shared = shared.clone();
-                    async move { Ok::<_, Infallible>(webhook(req, &shared).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
+    tokio::spawn(serve_tls(listener, tls, move |req| {
+        let shared = shared.clone();
+        async move { webhook(req, &shared).await }
+    }));
     Ok(())
+}
+
+/// Accepts TLS connections on `listener` until the task is dropped, and answers each
+/// request of each connection (HTTP/1.1) with `handle`. A failed handshake drops only that
+/// connection.
+pub async fn serve_tls<H, F>(listener: TcpListener, tls: Arc<rustls::ServerConfig>, handle: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("accept: {e}");
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let stream = match acceptor.accept(stream).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(%peer, "TLS handshake: {e}");
+                    return;
+                }
+            };
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let reply = handle(req);
+                async move { Ok::<_, Infallible>(reply.await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
 }
 
 async fn webhook(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {

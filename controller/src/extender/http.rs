@@ -167,36 +167,12 @@ pub async fn serve_webhook(
     ext: Arc<Extender>,
     cfg: Arc<super::webhook::WebhookConfig>,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!("accept: {e}");
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
+    crate::server::serve_tls(listener, tls, move |req| {
         let ext = ext.clone();
         let cfg = cfg.clone();
-        tokio::spawn(async move {
-            let stream = match acceptor.accept(stream).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::debug!(%peer, "webhook TLS handshake: {e}");
-                    return;
-                }
-            };
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let ext = ext.clone();
-                let cfg = cfg.clone();
-                async move { Ok::<_, Infallible>(handle_webhook(req, &ext, &cfg).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+        async move { handle_webhook(req, &ext, &cfg).await }
+    })
+    .await;
 }
 
 /// Answers one webhook request.
