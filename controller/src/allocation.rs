@@ -2,7 +2,8 @@
 //! stands for.
 //!
 //! What kube-scheduler would write (reference `dra.md` §4): one result per chosen GPU
-//! (`request`, `driver`, `pool` = node, `device`), the claim's `spec.devices.config` copied
+//! (`request`, `driver`, `pool` = node, `device`), the class's `spec.config` copied with
+//! `source: FromClass` (for the request), the claim's `spec.devices.config` copied
 //! with `source: FromClaim`, then one more `FromClaim` entry of this driver with the
 //! granted memory and cores (it comes last, so it wins on the node side), and the node
 //! selector `matchFields metadata.name In [node]`. With consumable capacity each result also
@@ -69,17 +70,21 @@ pub fn build(
             r
         })
         .collect();
-    let mut config: Vec<Value> = pending
-        .claim_config
-        .iter()
-        .map(|e| {
-            let mut c = json!({"source": "FromClaim", "requests": e["requests"].as_array().cloned().unwrap_or_default()});
-            if !e["opaque"].is_null() {
-                c["opaque"] = e["opaque"].clone();
-            }
-            c
-        })
-        .collect();
+    let class = pending.class_config.iter().map(|e| {
+        let mut c = json!({"source": "FromClass", "requests": [pending.request_name]});
+        if !e["opaque"].is_null() {
+            c["opaque"] = e["opaque"].clone();
+        }
+        c
+    });
+    let claim = pending.claim_config.iter().map(|e| {
+        let mut c = json!({"source": "FromClaim", "requests": e["requests"].as_array().cloned().unwrap_or_default()});
+        if !e["opaque"].is_null() {
+            c["opaque"] = e["opaque"].clone();
+        }
+        c
+    });
+    let mut config: Vec<Value> = class.chain(claim).collect();
     // Every device of one claim gets the same share (the engine places `count` equal
     // shares), so one entry carries it. Whole GPUs may differ in size: their entry leaves
     // memory unset, which reads as "all of the device's memory".
@@ -145,6 +150,43 @@ mod tests {
             Policy::BINPACK,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn class_config_is_copied_from_class_and_counts_in_the_ledger() {
+        let class = json!({"metadata": {"name": "shared.gpu.fgpu.dev"}, "spec": {"config": [
+            {"opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "cores": 25}}}]}});
+        let c = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "shared.gpu.fgpu.dev",
+                "capacity": {"requests": {"memory": "3Gi"}}}}]}}
+        });
+        let p = crate::request::from_claim_in_class(
+            &c,
+            Some(&class),
+            &Default::default(),
+            "ns/p",
+            &DriverName::default(),
+            Policy::BINPACK,
+        )
+        .unwrap();
+        let placement = Placement {
+            node: 0,
+            gpus: vec![0],
+            score: 0.0,
+        };
+        let a = build(DRIVER, &inventory(), &p, &placement, false);
+        let config = a.allocation["devices"]["config"].as_array().unwrap();
+        assert_eq!(config[0]["source"], "FromClass");
+        assert_eq!(config[0]["requests"], json!(["gpu"]));
+        assert_eq!(config[0]["opaque"]["parameters"]["cores"], 25);
+        let mut claim = c.clone();
+        claim["status"]["allocation"] = a.allocation.clone();
+        let g = claim_grant(&claim, DRIVER, &inventory()).unwrap().unwrap();
+        assert_eq!((g.devices[0].memory, g.devices[0].cores), (3 << 30, 25));
     }
 
     #[test]

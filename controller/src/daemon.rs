@@ -428,6 +428,10 @@ fn backoff(attempts: u32) -> Duration {
     }
 }
 
+/// How long a read of the shared DeviceClass is used before it is read again (classes
+/// change rarely; a change reaches allocations within this time).
+const CLASS_REFRESH: Duration = Duration::from_secs(30);
+
 struct Controller {
     shared: Arc<Shared>,
     settings: Settings,
@@ -450,6 +454,8 @@ struct Controller {
     settle: Duration,
     /// The earliest moment an unsettled allocation settles (a pass is due then).
     next_settle: Option<Instant>,
+    /// The shared DeviceClass as last read (None: it does not exist), and when.
+    class: Option<(Instant, Option<Value>)>,
 }
 
 fn to_values(store: &Store<DynamicObject>) -> Vec<Value> {
@@ -486,7 +492,30 @@ impl Controller {
             seen_allocated: HashMap::new(),
             settle: Duration::from_secs(3),
             next_settle: None,
+            class: None,
         }
+    }
+
+    /// The shared DeviceClass, read again when the last read is older than
+    /// [`CLASS_REFRESH`]; a failed read keeps the last copy.
+    async fn device_class(&mut self) -> Option<Value> {
+        if let Some((at, class)) = &self.class
+            && at.elapsed() < CLASS_REFRESH
+        {
+            return class.clone();
+        }
+        let ar = api_resource(self.shared.api, "DeviceClass", "deviceclasses");
+        let api: Api<DynamicObject> = Api::all_with(self.shared.client.clone(), &ar);
+        let name = self.settings.driver.shared_class();
+        let read = match api.get_opt(&name).await {
+            Ok(o) => o.and_then(|o| serde_json::to_value(o).ok()),
+            Err(e) => {
+                tracing::warn!(class = %name, "reading the DeviceClass failed (its config is left out until it can be read): {e}");
+                self.class.as_ref().and_then(|(_, c)| c.clone())
+            }
+        };
+        self.class = Some((Instant::now(), read.clone()));
+        read
     }
 
     fn claims(&self, namespace: &str) -> Api<DynamicObject> {
@@ -671,7 +700,13 @@ impl Controller {
             .iter()
             .map(|(uid, r)| (uid.clone(), r.avoid.clone()))
             .collect();
+        let class = if mode == Mode::Controller {
+            self.device_class().await
+        } else {
+            None
+        };
         let snap = Snapshot {
+            class: class.as_ref(),
             claims: &claims,
             pods: &pods,
             slices: &slices,

@@ -3,7 +3,7 @@
 //! * `fgpu_controller_mode_info{mode,reason}` 1 for the mode in force;
 //! * `fgpu_controller_claims_allocated_total`, `fgpu_controller_claims_pending`;
 //! * `fgpu_controller_allocation_failures_total{reason}` (`no_fit`, `rejected`,
-//!   `conflict`, `api`);
+//!   `conflict`, `api`, `cleared`, `revoked`);
 //! * `fgpu_controller_allocation_duration_seconds` (finalizer + status write),
 //!   `fgpu_controller_reconcile_duration_seconds` (one pass);
 //! * `fgpu_controller_gpus` in the inventory;

@@ -73,6 +73,9 @@ pub struct Snapshot<'a> {
     /// Claim UIDs whose allocation is younger than the settle time: their pods keep the
     /// gate for now.
     pub unsettled: &'a BTreeSet<String>,
+    /// The shared DeviceClass, when it exists: its configuration is copied into every
+    /// allocation (`FromClass`) and counts before the claim's.
+    pub class: Option<&'a Value>,
 }
 
 /// A pod or a claim, as Events and writes name it.
@@ -548,8 +551,9 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
             if !planned.insert(claim_id.key()) {
                 continue; // shared by an earlier pod of this pass
             }
-            let pending = match request::from_claim(
+            let pending = match request::from_claim_in_class(
                 claim,
+                snap.class,
                 &annotations(pod),
                 &pod_id.key(),
                 &settings.driver,
@@ -736,6 +740,7 @@ mod tests {
                 slices,
                 avoid: &BTreeMap::new(),
                 unsettled: &BTreeSet::new(),
+                class: None,
             },
             &settings(),
             true,
@@ -989,6 +994,7 @@ mod tests {
                 slices: &slices,
                 avoid: &BTreeMap::new(),
                 unsettled: &BTreeSet::new(),
+                class: None,
             },
             &settings(),
             false,
@@ -1033,6 +1039,7 @@ mod tests {
                 slices,
                 avoid,
                 unsettled: const { &BTreeSet::new() },
+                class: None,
             }
         }
         let p = plan(snap(&claims, &pods, &slices, &avoid), &settings(), true);
@@ -1132,6 +1139,7 @@ mod tests {
             slices: &slices,
             avoid: &BTreeMap::new(),
             unsettled: &unsettled,
+            class: None,
         };
         assert_eq!(kinds(&plan(snap, &settings(), true)), ["ungate pa"]);
         // Capacity mode: kube-scheduler allocated; nothing to wait for.

@@ -5,8 +5,10 @@
 //! (`shared.<driver>`), in `ExactCount` mode (`count`, default 1), without CEL selectors,
 //! admin access or `firstAvailable`. What each GPU gives (per field, later wins):
 //!
-//! 1. this driver's `GpuShareConfig`s in `spec.devices.config` that apply to the request;
-//! 2. the request's `capacity.requests` (`memory`, `cores`), which the scheduler would
+//! 1. this driver's `GpuShareConfig`s in the DeviceClass's `spec.config` (they apply to
+//!    every request of the class);
+//! 2. this driver's `GpuShareConfig`s in `spec.devices.config` that apply to the request;
+//! 3. the request's `capacity.requests` (`memory`, `cores`), which the scheduler would
 //!    honour too.
 //!
 //! Memory becomes [`GpuShare::Memory`]; without memory the request takes whole GPUs
@@ -55,12 +57,34 @@ pub struct PendingClaim {
     pub config: GpuShareConfig,
     /// The claim's `spec.devices.config` entries, to copy into the allocation.
     pub claim_config: Vec<Value>,
+    /// The class's `spec.config` entries, to copy into the allocation (`FromClass`).
+    pub class_config: Vec<Value>,
 }
 
 /// Reads `claim` (any served version) for `driver`, with the annotations of the pod that
-/// uses it; `default_policy` applies where the pod says nothing.
+/// uses it; `default_policy` applies where the pod says nothing. No class configuration.
 pub fn from_claim(
     claim: &Value,
+    pod_annotations: &BTreeMap<String, String>,
+    pod_key: &str,
+    driver: &DriverName,
+    default_policy: Policy,
+) -> Result<PendingClaim, RequestError> {
+    from_claim_in_class(
+        claim,
+        None,
+        pod_annotations,
+        pod_key,
+        driver,
+        default_policy,
+    )
+}
+
+/// [`from_claim`], with `device_class` (the shared DeviceClass as read, when it exists): its
+/// configuration comes before the claim's.
+pub fn from_claim_in_class(
+    claim: &Value,
+    device_class: Option<&Value>,
     pod_annotations: &BTreeMap<String, String>,
     pod_key: &str,
     driver: &DriverName,
@@ -144,32 +168,61 @@ pub fn from_claim(
 
     let mut config = GpuShareConfig::default();
     let mut claim_config = Vec::new();
-    if let Some(entries) = claim["spec"]["devices"]["config"].as_array() {
-        for (i, e) in entries.iter().enumerate() {
+    let mut class_config = Vec::new();
+    let class_name = device_class
+        .and_then(|c| c["metadata"]["name"].as_str())
+        .unwrap_or_default();
+    let class_entries = device_class
+        .and_then(|c| c["spec"]["config"].as_array())
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, e)| (true, i, e));
+    let claim_entries = claim["spec"]["devices"]["config"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, e)| (false, i, e));
+    for (from_class, i, e) in class_entries.chain(claim_entries) {
+        if from_class {
+            class_config.push(e.clone());
+        } else {
             claim_config.push(e.clone());
-            if e["opaque"]["driver"].as_str() != Some(driver.as_str()) {
-                continue;
-            }
+        }
+        if e["opaque"]["driver"].as_str() != Some(driver.as_str()) {
+            continue;
+        }
+        let c = if from_class {
+            let path = format!("spec.config[{i}].opaque.parameters");
+            GpuShareConfig::from_value(&e["opaque"]["parameters"], &path).map_err(|e| {
+                RequestError {
+                    object: format!("DeviceClass {class_name}"),
+                    path: e.path,
+                    problem: e.problem.to_string(),
+                }
+            })?
+        } else {
             let path = format!("spec.devices.config[{i}].opaque.parameters");
-            let c = GpuShareConfig::from_value(&e["opaque"]["parameters"], &path)
-                .map_err(|e| err(&e.path, e.problem.to_string()))?;
-            let applies = e["requests"]
-                .as_array()
-                .is_none_or(|r| r.is_empty() || r.iter().any(|q| q == name));
-            if applies {
-                let present = |f: &str| {
-                    e["opaque"]["parameters"]
-                        .get(f)
-                        .is_some_and(|v| !v.is_null())
-                };
-                config.memory = c.memory.or(config.memory);
-                config.cores = c.cores.or(config.cores);
-                if present("priority") {
-                    config.priority = c.priority;
-                }
-                if present("oversubscribe") {
-                    config.oversubscribe = c.oversubscribe;
-                }
+            GpuShareConfig::from_value(&e["opaque"]["parameters"], &path)
+                .map_err(|e| err(&e.path, e.problem.to_string()))?
+        };
+        let applies = e["requests"]
+            .as_array()
+            .is_none_or(|r| r.is_empty() || r.iter().any(|q| q == name));
+        if applies {
+            let present = |f: &str| {
+                e["opaque"]["parameters"]
+                    .get(f)
+                    .is_some_and(|v| !v.is_null())
+            };
+            config.memory = c.memory.or(config.memory);
+            config.cores = c.cores.or(config.cores);
+            if present("priority") {
+                config.priority = c.priority;
+            }
+            if present("oversubscribe") {
+                config.oversubscribe = c.oversubscribe;
             }
         }
     }
@@ -263,6 +316,7 @@ pub fn from_claim(
         policy,
         config,
         claim_config,
+        class_config,
     })
 }
 
@@ -301,6 +355,47 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         from_claim(c, &ann, "ns/pod", &DriverName::default(), Policy::FRAGAWARE)
+    }
+
+    #[test]
+    fn class_config_comes_first_and_the_claim_wins() {
+        let class = json!({"metadata": {"name": "shared.gpu.fgpu.dev"}, "spec": {"config": [
+            ours(Value::Null, json!({"memory": "2Gi", "cores": 20, "priority": "low"})),
+            {"opaque": {"driver": "net.example.com", "parameters": {"mtu": 9000}}}]}});
+        let c = claim(
+            exactly(json!({})),
+            json!([ours(json!(["gpu"]), json!({"memory": "6Gi"}))]),
+        );
+        let p = from_claim_in_class(
+            &c,
+            Some(&class),
+            &BTreeMap::new(),
+            "ns/pod",
+            &DriverName::default(),
+            Policy::BINPACK,
+        )
+        .unwrap();
+        // Memory from the claim, cores and priority from the class.
+        assert_eq!(p.request.share, GpuShare::Memory { bytes: 6 << 30 });
+        assert_eq!(p.request.cores, Some(20));
+        assert_eq!(p.config.priority, fgpu_api::config::Priority::Low);
+        assert_eq!(p.class_config.len(), 2, "every class entry is copied");
+        assert_eq!(p.claim_config.len(), 1);
+
+        // A bad class entry names the class and the field.
+        let bad = json!({"metadata": {"name": "shared.gpu.fgpu.dev"}, "spec": {"config": [
+            ours(Value::Null, json!({"cores": 140}))]}});
+        let e = from_claim_in_class(
+            &c,
+            Some(&bad),
+            &BTreeMap::new(),
+            "ns/pod",
+            &DriverName::default(),
+            Policy::BINPACK,
+        )
+        .unwrap_err();
+        assert_eq!(e.object, "DeviceClass shared.gpu.fgpu.dev");
+        assert_eq!(e.path, "spec.config[0].opaque.parameters.cores");
     }
 
     #[test]
