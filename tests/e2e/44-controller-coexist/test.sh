@@ -131,11 +131,13 @@ t0=$SECONDS
 manifest | python3 -c 'import sys; print("\n---\n".join(d for d in sys.stdin.read().split("\n---\n") if "kind: Pod" in d))' | kubectl apply -f - >/dev/null
 say "created $PER_SIDE pods in $NS_C (gated, controller) and $PER_SIDE in $NS_S (kube-scheduler), ${MEM_GI}Gi + $CORES cores each"
 
-# claims_table: ns name device memory cores shareID finalizers (one line per allocated result)
+# claims_table: ns|name|devices|memory|cores|shareIDs|finalizers, one line per claim ('|'
+# between fields: an unallocated claim still carries the controller's finalizer when its
+# allocation was revoked)
 claims_table() {
   local ns
   for ns in "$NS_C" "$NS_S"; do
-    kubectl -n "$ns" get resourceclaims -o jsonpath='{range .items[*]}{.metadata.namespace} {.metadata.name} {.status.allocation.devices.results[*].device} {.status.allocation.devices.results[*].consumedCapacity.memory} {.status.allocation.devices.results[*].consumedCapacity.cores} {.status.allocation.devices.results[*].shareID} {.metadata.finalizers[*]}{"\n"}{end}'
+    kubectl -n "$ns" get resourceclaims -o jsonpath='{range .items[*]}{.metadata.namespace}|{.metadata.name}|{.status.allocation.devices.results[*].device}|{.status.allocation.devices.results[*].consumedCapacity.memory}|{.status.allocation.devices.results[*].consumedCapacity.cores}|{.status.allocation.devices.results[*].shareID}|{.metadata.finalizers[*]}{"\n"}{end}'
   done
 }
 # check_sums: per GPU sum of consumedCapacity <= capacity, one result per allocated claim
@@ -155,15 +157,18 @@ for l in os.environ["CAPACITY"].split("\n"):
 use = {n: [0, 0, 0, 0] for n in cap}  # memory, cores, claims by controller, by scheduler
 bad = []
 for l in sys.stdin:
-    f = l.split()
-    if len(f) < 3: continue   # not allocated
-    ns, name, dev = f[0], f[1], f[2]
-    if len(f) < 7 or f[2] not in cap:
-        bad.append(f"{ns}/{name}: unexpected allocation {f[2:]}")
+    f = l.rstrip("\n").split("|")
+    if len(f) != 7:
+        if l.strip(): bad.append(f"cannot read claims table line {l!r}")
         continue
-    mem, cores, share, fins = f[3], f[4], f[5], f[6:]
-    if any(x in cap for x in (mem, cores, share)):
-        bad.append(f"{ns}/{name}: several results {f[2:]}"); continue
+    ns, name = f[0], f[1]
+    devs, mems, coress, shares, fins = (x.split() for x in f[2:])
+    if not devs: continue   # not allocated
+    if len(devs) != 1 or len(mems) != 1 or len(coress) != 1 or len(shares) != 1:
+        bad.append(f"{ns}/{name}: not one result with consumedCapacity and shareID {f[2:]}"); continue
+    dev, mem, cores, share = devs[0], mems[0], coress[0], shares[0]
+    if dev not in cap:
+        bad.append(f"{ns}/{name}: unexpected device {dev}"); continue
     if not re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", share):
         bad.append(f"{ns}/{name}: no shareID {f[2:]}"); continue
     use[dev][0] += q(mem); use[dev][1] += q(cores)
