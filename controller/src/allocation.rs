@@ -14,7 +14,7 @@
 use fgpu_api::names::capacity;
 use fgpu_api::quantity::format_u64;
 use fgpu_driver::engine::{GpuShare, Inventory, Placement};
-use fgpu_driver::ledger::Grant;
+use fgpu_driver::ledger::{DeviceGrant, Grant};
 use serde_json::{Value, json};
 
 use crate::ApiVersion;
@@ -50,10 +50,29 @@ pub fn build(
     consumable: bool,
 ) -> Allocation {
     let grant = Grant::from_placement(pending.id.clone(), inventory, &pending.request, placement);
-    let results: Vec<Value> = grant
-        .devices
-        .iter()
-        .map(|d| {
+    let (allocation, devices) = assemble(driver, &[(pending, grant.clone())], consumable);
+    debug_assert_eq!(devices, grant.devices);
+    Allocation { allocation, grant }
+}
+
+/// The allocation of a claim whose requests were placed one by one: `parts` pairs each
+/// request (in the claim's order) with its grant, all on one node. Results follow the
+/// requests; the configuration is every request's class entries, the claim's entries once,
+/// then one granted entry per request. Returns `status.allocation` and the devices of all
+/// parts (the claim's grant). `parts` must not be empty.
+pub fn assemble(
+    driver: &str,
+    parts: &[(&PendingClaim, Grant)],
+    consumable: bool,
+) -> (Value, Vec<DeviceGrant>) {
+    let node = parts
+        .first()
+        .map(|(_, g)| g.node.clone())
+        .unwrap_or_default();
+    let mut results = Vec::new();
+    let mut devices = Vec::new();
+    for (pending, grant) in parts {
+        for d in &grant.devices {
             let mut r = json!({
                 "request": pending.request_name,
                 "driver": driver,
@@ -67,28 +86,38 @@ pub fn build(
                     capacity::CORES: d.cores.to_string(),
                 });
             }
-            r
-        })
-        .collect();
-    let class = pending.class_config.iter().map(|e| {
-        let mut c = json!({"source": "FromClass", "requests": [pending.request_name]});
+            results.push(r);
+            devices.push(d.clone());
+        }
+    }
+    let copy = |e: &Value, source: &str, requests: Value| {
+        let mut c = json!({"source": source, "requests": requests});
         if !e["opaque"].is_null() {
             c["opaque"] = e["opaque"].clone();
         }
         c
-    });
-    let claim = pending.claim_config.iter().map(|e| {
-        let mut c = json!({"source": "FromClaim", "requests": e["requests"].as_array().cloned().unwrap_or_default()});
-        if !e["opaque"].is_null() {
-            c["opaque"] = e["opaque"].clone();
-        }
-        c
-    });
-    let mut config: Vec<Value> = class.chain(claim).collect();
-    // Every device of one claim gets the same share (the engine places `count` equal
-    // shares), so one entry carries it. Whole GPUs may differ in size: their entry leaves
-    // memory unset, which reads as "all of the device's memory".
-    if let Some(d) = grant.devices.first() {
+    };
+    let mut config: Vec<Value> = Vec::new();
+    for (pending, _) in parts {
+        config.extend(
+            pending
+                .class_config
+                .iter()
+                .map(|e| copy(e, "FromClass", json!([pending.request_name]))),
+        );
+    }
+    let claim_config = parts.first().map(|(p, _)| p.claim_config.as_slice());
+    config.extend(claim_config.unwrap_or_default().iter().map(|e| {
+        let requests = json!(e["requests"].as_array().cloned().unwrap_or_default());
+        copy(e, "FromClaim", requests)
+    }));
+    // Every device of one request gets the same share (the engine places `count` equal
+    // shares), so one entry per request carries it. Whole GPUs may differ in size: their
+    // entry leaves memory unset, which reads as "all of the device's memory".
+    for (pending, grant) in parts {
+        let Some(d) = grant.devices.first() else {
+            continue;
+        };
         let mut granted = pending.config.clone();
         granted.memory = match pending.request.share {
             GpuShare::Whole => None,
@@ -106,9 +135,9 @@ pub fn build(
     let allocation = json!({
         "devices": {"results": results, "config": config},
         "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [grant.node]}]}]},
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
     });
-    Allocation { allocation, grant }
+    (allocation, devices)
 }
 
 #[cfg(test)]

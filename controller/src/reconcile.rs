@@ -46,6 +46,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use fgpu_api::names::DriverName;
 use fgpu_driver::engine::{self, Inventory, Policy, ScoreContext};
+use fgpu_driver::ledger::{Grant, Ledger};
 use serde_json::Value;
 
 use crate::allocation::{self, Allocation};
@@ -551,7 +552,7 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
             if !planned.insert(claim_id.key()) {
                 continue; // shared by an earlier pod of this pass
             }
-            let pending = match request::from_claim_in_class(
+            let pendings = match request::requests_in_class(
                 claim,
                 snap.class,
                 &annotations(pod),
@@ -565,64 +566,39 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
                     break;
                 }
             };
-            let inv_now = match (&node, snap.avoid.get(&claim_id.uid)) {
-                (Some(n), _) => restrict(ledger.inventory(), n),
-                (None, Some(avoid)) => {
-                    let away = Inventory {
-                        nodes: ledger
-                            .inventory()
-                            .nodes
-                            .iter()
-                            .filter(|n| !avoid.contains(&n.name))
-                            .cloned()
-                            .collect(),
+            match place_claim(
+                &mut ledger,
+                &pendings,
+                node.as_deref(),
+                snap.avoid.get(&claim_id.uid),
+            ) {
+                Ok(parts) => {
+                    let (allocation, devices) = allocation::assemble(driver, &parts, consumable);
+                    let grant = Grant {
+                        id: usage::grant_id(claim),
+                        node: parts[0].1.node.clone(),
+                        cpu_milli: 0,
+                        memory_mib: 0,
+                        devices,
                     };
-                    if away.nodes.is_empty() {
-                        ledger.inventory().clone()
-                    } else {
-                        away
-                    }
-                }
-                (None, None) => ledger.inventory().clone(),
-            };
-            let ctx = ScoreContext {
-                workload: None,
-                max_spec: inv_now.max_spec(),
-            };
-            match engine::choose(&inv_now, &pending.request, pending.policy, &ctx, 0) {
-                Ok(p) => {
-                    let a = allocation::build(driver, &inv_now, &pending, &p, consumable);
-                    if let Err(e) = ledger.grant(a.grant.clone()) {
-                        // The engine and the ledger disagree: report, write nothing.
-                        actions.push(Action::Pending {
-                            claim: claim_id,
-                            pod: pod_id.clone(),
-                            message: format!("internal: the ledger refused the placement: {e}"),
-                        });
-                        break;
-                    }
-                    node = Some(a.grant.node.clone());
+                    node = Some(grant.node.clone());
                     actions.push(Action::Allocate {
                         claim: claim.clone(),
                         pod: pod_id.clone(),
-                        message: explain::allocated(&a.grant),
-                        allocation: a,
+                        message: explain::allocated(&grant),
+                        allocation: Allocation { allocation, grant },
                         retry,
                     });
                 }
-                Err(engine::NoFit::Invalid(why)) => {
+                Err(NotPlaced::Rejected(message)) => {
                     actions.push(Action::Rejected {
                         claim: claim_id,
                         pod: pod_id.clone(),
-                        message: format!("not allocated: {why}"),
+                        message,
                     });
                     break;
                 }
-                Err(engine::NoFit::Insufficient { .. }) => {
-                    let mut message = explain::pending(&inv_now, &pending.request);
-                    if let Some(n) = &node {
-                        message.push_str(&format!(" (the pod's other claims are on node {n})"));
-                    }
+                Err(NotPlaced::Pending(message)) => {
                     actions.push(Action::Pending {
                         claim: claim_id,
                         pod: pod_id.clone(),
@@ -642,6 +618,118 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
         fragmentation: fragmentation(&ledger),
         usage: ledger.inventory().clone(),
     }
+}
+
+/// Why [`place_claim`] placed nothing.
+enum NotPlaced {
+    /// The claim can never be placed as written.
+    Rejected(String),
+    /// Nothing fits now.
+    Pending(String),
+}
+
+/// Places every request of one claim (`pendings`, in order) on one node — `node` when the
+/// pod's other claims are there, else away from `avoid` where possible — each request on
+/// GPUs the claim's earlier requests did not take. On success the ledger holds the claim's
+/// grant under its id and the parts are returned; on failure the ledger is as before.
+fn place_claim<'p>(
+    ledger: &mut Ledger,
+    pendings: &'p [request::PendingClaim],
+    node: Option<&str>,
+    avoid: Option<&BTreeSet<String>>,
+) -> Result<Vec<(&'p request::PendingClaim, Grant)>, NotPlaced> {
+    let mut parts: Vec<(&request::PendingClaim, Grant)> = Vec::new();
+    let mut node = node.map(str::to_owned);
+    let outcome = (|| {
+        for pending in pendings {
+            let mut inv_now = match (&node, avoid) {
+                (Some(n), _) => restrict(ledger.inventory(), n),
+                (None, Some(avoid)) => {
+                    let away = Inventory {
+                        nodes: ledger
+                            .inventory()
+                            .nodes
+                            .iter()
+                            .filter(|n| !avoid.contains(&n.name))
+                            .cloned()
+                            .collect(),
+                    };
+                    if away.nodes.is_empty() {
+                        ledger.inventory().clone()
+                    } else {
+                        away
+                    }
+                }
+                (None, None) => ledger.inventory().clone(),
+            };
+            // A claim takes a GPU once (the node side names devices per claim and GPU).
+            for n in &mut inv_now.nodes {
+                n.gpus.retain(|g| {
+                    !parts
+                        .iter()
+                        .any(|(_, p)| p.node == n.name && p.devices.iter().any(|d| d.gpu == g.id))
+                });
+            }
+            let ctx = ScoreContext {
+                workload: None,
+                max_spec: inv_now.max_spec(),
+            };
+            let which = if pendings.len() > 1 {
+                format!("request {}: ", pending.request_name)
+            } else {
+                String::new()
+            };
+            match engine::choose(&inv_now, &pending.request, pending.policy, &ctx, 0) {
+                Ok(p) => {
+                    let id = format!("{}#{}", pending.id, pending.request_name);
+                    let part = Grant::from_placement(id, &inv_now, &pending.request, &p);
+                    if let Err(e) = ledger.grant(part.clone()) {
+                        // The engine and the ledger disagree: report, write nothing.
+                        return Err(NotPlaced::Pending(format!(
+                            "internal: the ledger refused the placement: {e}"
+                        )));
+                    }
+                    node = Some(part.node.clone());
+                    parts.push((pending, part));
+                }
+                Err(engine::NoFit::Invalid(why)) => {
+                    return Err(NotPlaced::Rejected(format!("not allocated: {which}{why}")));
+                }
+                Err(engine::NoFit::Insufficient { .. }) => {
+                    let mut message =
+                        format!("{which}{}", explain::pending(&inv_now, &pending.request));
+                    match (&node, parts.is_empty()) {
+                        (Some(n), true) => {
+                            message.push_str(&format!(" (the pod's other claims are on node {n})"))
+                        }
+                        (Some(n), false) => message
+                            .push_str(&format!(" (the claim's other requests are on node {n})")),
+                        (None, _) => {}
+                    }
+                    return Err(NotPlaced::Pending(message));
+                }
+            }
+        }
+        Ok(())
+    })();
+    // The parts leave the ledger either way; on success the whole claim goes back in.
+    for (_, part) in &parts {
+        let _ = ledger.release(&part.id);
+    }
+    outcome?;
+    let grant = Grant {
+        id: pendings.first().map(|p| p.id.clone()).unwrap_or_default(),
+        node: node.unwrap_or_default(),
+        cpu_milli: 0,
+        memory_mib: 0,
+        devices: parts.iter().flat_map(|(_, p)| p.devices.clone()).collect(),
+    };
+    if let Err(e) = ledger.grant(grant) {
+        return Err(NotPlaced::Pending(format!(
+            "internal: the ledger refused the placement: {e}"
+        )));
+    }
+    Ok(parts)
 }
 
 fn rejected(claim: ObjectId, pod: ObjectId, e: &RequestError) -> Action {
@@ -1147,6 +1235,71 @@ mod tests {
             kinds(&plan(snap, &settings(), false)),
             ["ungate pa", "ungate pb"]
         );
+    }
+
+    /// `claim` with a second request `extra` of `gib`.
+    fn two_requests(name: &str, gib: u64, extra: u64) -> Value {
+        let mut c = claim(name, gib);
+        c["spec"]["devices"]["requests"][0]["name"] = json!("first");
+        c["spec"]["devices"]["config"][0]["requests"] = json!(["first"]);
+        c["spec"]["devices"]["requests"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "second", "exactly": {
+                "deviceClassName": "shared.gpu.fgpu.dev",
+                "capacity": {"requests": {"memory": format!("{extra}Gi")}}}}));
+        c
+    }
+
+    #[test]
+    fn a_claim_with_two_requests_takes_two_gpus_on_one_node() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        // Binpack would put both 4Gi requests on gpu-0; a claim takes a GPU once.
+        let p = run(
+            &[two_requests("c", 4, 4)],
+            &pods,
+            &[slice(&[16, 16], false)],
+        );
+        let Action::Allocate { allocation, .. } = &p.actions[0] else {
+            panic!("{:?}", kinds(&p))
+        };
+        let results = allocation.allocation["devices"]["results"]
+            .as_array()
+            .unwrap();
+        let got: Vec<(&str, &str)> = results
+            .iter()
+            .map(|r| {
+                (
+                    r["request"].as_str().unwrap(),
+                    r["device"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(got, [("first", "gpu-0"), ("second", "gpu-1")]);
+        assert_eq!(allocation.grant.id, "uid-c");
+        assert_eq!(allocation.grant.devices.len(), 2);
+        // The written allocation reads back as the same grant.
+        let mut written = two_requests("c", 4, 4);
+        written["status"]["allocation"] = allocation.allocation.clone();
+        let inv = inventory::from_slices("gpu.fgpu.dev", &[slice(&[16, 16], false)]).inventory;
+        let g = usage::claim_grant(&written, "gpu.fgpu.dev", &inv)
+            .unwrap()
+            .unwrap();
+        let mem: Vec<u64> = g.devices.iter().map(|d| d.memory).collect();
+        assert_eq!(mem, [4 << 30, 4 << 30]);
+
+        // One GPU: the second request has nowhere to go; nothing is granted.
+        let p = run(&[two_requests("c", 4, 4)], &pods, &[slice(&[16], false)]);
+        assert_eq!(kinds(&p), ["pending c"]);
+        let Action::Pending { message, .. } = &p.actions[0] else {
+            unreachable!()
+        };
+        assert!(message.starts_with("request second: "), "{message}");
+        assert!(
+            message.ends_with("(the claim's other requests are on node node-a)"),
+            "{message}"
+        );
+        assert_eq!(p.usage.nodes[0].gpus[0].memory_free, 16 << 30);
     }
 
     #[test]

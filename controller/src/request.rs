@@ -1,9 +1,10 @@
 //! A pending claim of the shared class, with its pod's annotations → the engine's
 //! [`Request`] and [`Policy`].
 //!
-//! The controller allocates claims with exactly one device request, of the shared class
-//! (`shared.<driver>`), in `ExactCount` mode (`count`, default 1), without CEL selectors,
-//! admin access or `firstAvailable`. What each GPU gives (per field, later wins):
+//! The controller allocates claims whose device requests (one or more; [`requests_in_class`]
+//! gives one [`PendingClaim`] per request) are all of the shared class (`shared.<driver>`),
+//! in `ExactCount` mode (`count`, default 1), without CEL selectors, admin access or
+//! `firstAvailable`. What each GPU of a request gives (per field, later wins):
 //!
 //! 1. this driver's `GpuShareConfig`s in the DeviceClass's `spec.config` (they apply to
 //!    every request of the class);
@@ -80,10 +81,85 @@ pub fn from_claim(
     )
 }
 
-/// [`from_claim`], with `device_class` (the shared DeviceClass as read, when it exists): its
-/// configuration comes before the claim's.
+/// [`from_claim`], with `device_class` (the shared DeviceClass as read, when it exists):
+/// its configuration comes before the claim's. The claim must have exactly one request.
 pub fn from_claim_in_class(
     claim: &Value,
+    device_class: Option<&Value>,
+    pod_annotations: &BTreeMap<String, String>,
+    pod_key: &str,
+    driver: &DriverName,
+    default_policy: Policy,
+) -> Result<PendingClaim, RequestError> {
+    let mut all = requests_in_class(
+        claim,
+        device_class,
+        pod_annotations,
+        pod_key,
+        driver,
+        default_policy,
+    )?;
+    if all.len() != 1 {
+        return Err(RequestError {
+            object: format!("claim {}", object_key(claim)),
+            path: "spec.devices.requests".into(),
+            problem: format!("{} requests; exactly one is expected here", all.len()),
+        });
+    }
+    Ok(all.remove(0))
+}
+
+/// One [`PendingClaim`] per device request of `claim`, in order (every one must be of the
+/// shared class), with `device_class`'s configuration before the claim's.
+pub fn requests_in_class(
+    claim: &Value,
+    device_class: Option<&Value>,
+    pod_annotations: &BTreeMap<String, String>,
+    pod_key: &str,
+    driver: &DriverName,
+    default_policy: Policy,
+) -> Result<Vec<PendingClaim>, RequestError> {
+    let requests = claim["spec"]["devices"]["requests"]
+        .as_array()
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| RequestError {
+            object: format!("claim {}", object_key(claim)),
+            path: "spec.devices.requests".into(),
+            problem: "missing; the claim requests no device".into(),
+        })?;
+    let mut names = std::collections::BTreeSet::new();
+    requests
+        .iter()
+        .enumerate()
+        .map(|(i, req)| {
+            let p = read_request(
+                claim,
+                i,
+                req,
+                device_class,
+                pod_annotations,
+                pod_key,
+                driver,
+                default_policy,
+            )?;
+            if !names.insert(p.request_name.clone()) {
+                return Err(RequestError {
+                    object: format!("claim {}", p.key),
+                    path: format!("spec.devices.requests[{i}].name"),
+                    problem: format!("{:?} names two requests", p.request_name),
+                });
+            }
+            Ok(p)
+        })
+        .collect()
+}
+
+/// Request `index` (`req`) of `claim`.
+#[allow(clippy::too_many_arguments)]
+fn read_request(
+    claim: &Value,
+    index: usize,
+    req: &Value,
     device_class: Option<&Value>,
     pod_annotations: &BTreeMap<String, String>,
     pod_key: &str,
@@ -96,37 +172,21 @@ pub fn from_claim_in_class(
         path: path.to_owned(),
         problem,
     };
-    let requests = claim["spec"]["devices"]["requests"]
-        .as_array()
-        .ok_or_else(|| {
-            err(
-                "spec.devices.requests",
-                "missing; the claim requests no device".into(),
-            )
-        })?;
-    let [req] = requests.as_slice() else {
-        return Err(err(
-            "spec.devices.requests",
-            format!(
-                "{} requests; the controller allocates claims with exactly one",
-                requests.len()
-            ),
-        ));
-    };
+    let req_path = format!("spec.devices.requests[{index}]");
     let name = req["name"]
         .as_str()
-        .ok_or_else(|| err("spec.devices.requests[0].name", "missing".into()))?;
+        .ok_or_else(|| err(&format!("{req_path}.name"), "missing".into()))?;
     if !req["firstAvailable"].is_null() {
         return Err(err(
-            "spec.devices.requests[0].firstAvailable",
+            &format!("{req_path}.firstAvailable"),
             "prioritized alternatives are not supported by the controller; use exactly".into(),
         ));
     }
     // v1/v1beta2: fields under `exactly`; v1beta1: directly in the request.
     let (exact, base) = if req["exactly"].is_object() {
-        (&req["exactly"], "spec.devices.requests[0].exactly")
+        (&req["exactly"], format!("{req_path}.exactly"))
     } else {
-        (req, "spec.devices.requests[0]")
+        (req, req_path.clone())
     };
     let at = |f: &str| format!("{base}.{f}");
     let class = driver.shared_class();
@@ -358,6 +418,65 @@ mod tests {
     }
 
     #[test]
+    fn each_request_of_a_claim_gets_its_own_config() {
+        let mut a = exactly(json!({"capacity": {"requests": {"memory": "8Gi"}}}));
+        a["name"] = json!("a");
+        let mut b = exactly(json!({"count": 2}));
+        b["name"] = json!("b");
+        let c = claim(
+            a,
+            json!([ours(json!(["b"]), json!({"memory": "3Gi", "cores": 5}))]),
+        );
+        let mut c = c;
+        c["spec"]["devices"]["requests"]
+            .as_array_mut()
+            .unwrap()
+            .push(b);
+        let all = requests_in_class(
+            &c,
+            None,
+            &BTreeMap::new(),
+            "ns/pod",
+            &DriverName::default(),
+            Policy::BINPACK,
+        )
+        .unwrap();
+        let got: Vec<_> = all
+            .iter()
+            .map(|p| {
+                (
+                    p.request_name.as_str(),
+                    p.request.gpus,
+                    p.request.share,
+                    p.request.cores,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", 1, GpuShare::Memory { bytes: 8 << 30 }, None),
+                ("b", 2, GpuShare::Memory { bytes: 3 << 30 }, Some(5)),
+            ]
+        );
+        // The single-request reader refuses it, naming the field.
+        let e = read(&c, &[]).unwrap_err();
+        assert_eq!(e.path, "spec.devices.requests");
+        // A bad second request names its index.
+        c["spec"]["devices"]["requests"][1]["exactly"]["allocationMode"] = json!("All");
+        let e = requests_in_class(
+            &c,
+            None,
+            &BTreeMap::new(),
+            "ns/pod",
+            &DriverName::default(),
+            Policy::BINPACK,
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "spec.devices.requests[1].exactly.allocationMode");
+    }
+
+    #[test]
     fn class_config_comes_first_and_the_claim_wins() {
         let class = json!({"metadata": {"name": "shared.gpu.fgpu.dev"}, "spec": {"config": [
             ours(Value::Null, json!({"memory": "2Gi", "cores": 20, "priority": "low"})),
@@ -514,7 +633,11 @@ mod tests {
         let two = json!({"apiVersion": "resource.k8s.io/v1", "metadata": {"name": "c", "namespace": "ns"},
             "spec": {"devices": {"requests": [exactly(json!({})), exactly(json!({}))]}}});
         let cases: Vec<(&str, Value, &str)> = vec![
-            ("two requests", two, "spec.devices.requests"),
+            (
+                "two requests, one name",
+                two,
+                "spec.devices.requests[1].name",
+            ),
             (
                 "other class",
                 claim(
