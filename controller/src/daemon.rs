@@ -216,6 +216,12 @@ pub(crate) async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client>
     kube::Client::try_from(config).context("building the API client")
 }
 
+/// Objects per page of a reflector's list (kube-rs lists 500): a page is held whole, as
+/// untrimmed `Value`s, while its objects are trimmed and stored, and the three reflectors
+/// list at once. 500 slices of 8 devices are 44 MiB that way, 100 are 9 MiB; measured at
+/// 1,000 nodes × 2,000 claims, 100 lowered the controller's peak VmRSS from 232 to 164 MiB.
+const LIST_PAGE: u32 = 100;
+
 /// Starts a reflector; returns its store. Every stored event wakes `wake`.
 ///
 /// Before an object is stored it is trimmed to what the controller reads (`slim`, see
@@ -237,7 +243,8 @@ fn reflect(
         slim::pack(&mut o);
         o
     };
-    let events = watcher(api, watcher::Config::default()).try_filter_map(move |ev| {
+    let config = watcher::Config::default().page_size(LIST_PAGE);
+    let events = watcher(api, config).try_filter_map(move |ev| {
         let in_store = |o: &DynamicObject| {
             stored
                 .get(&ObjectRef::from_obj_with(o, ar.clone()))
