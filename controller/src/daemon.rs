@@ -238,7 +238,7 @@ fn reflect(
     let writer = reflector::store::Writer::new(ar.clone());
     let reader = writer.as_reader();
     let stored = reader.clone();
-    let slim = move |mut o: DynamicObject| {
+    let trimmed = move |mut o: DynamicObject| {
         trim(&mut o);
         slim::pack(&mut o);
         o
@@ -251,8 +251,8 @@ fn reflect(
                 .is_some()
         };
         let ev = match ev {
-            watcher::Event::Apply(o) if keep(&o) => Some(watcher::Event::Apply(slim(o))),
-            watcher::Event::InitApply(o) if keep(&o) => Some(watcher::Event::InitApply(slim(o))),
+            watcher::Event::Apply(o) if keep(&o) => Some(watcher::Event::Apply(trimmed(o))),
+            watcher::Event::InitApply(o) if keep(&o) => Some(watcher::Event::InitApply(trimmed(o))),
             // No longer of interest (a pod lost the gate): forget it.
             watcher::Event::Apply(o) | watcher::Event::Delete(o) if in_store(&o) => {
                 Some(watcher::Event::Delete(o))
