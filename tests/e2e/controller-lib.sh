@@ -33,7 +33,7 @@ controller_setup() {
   "$E2E_LIB_DIR/../../hack/webhook-certs.sh" "$work/pki" "IP:${CONTROLLER_WEBHOOK_ADDR%:*}" >&2
 }
 start_controller() {
-  RUST_LOG="${FGPU_E2E_CONTROLLER_LOG:-info}" "$work/bin/fgpu-controller" run \
+  MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}" RUST_LOG="${FGPU_E2E_CONTROLLER_LOG:-info}" "$work/bin/fgpu-controller" run \
     --kubeconfig "$KUBECONFIG" \
     --webhook-addr "$CONTROLLER_WEBHOOK_ADDR" --tls-cert "$work/pki/tls.crt" --tls-key "$work/pki/tls.key" \
     --metrics-addr "$CONTROLLER_METRICS_ADDR" --resync 5 "$@" \
