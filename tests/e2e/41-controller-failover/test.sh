@@ -108,5 +108,8 @@ per_gpu="$(claims | awk '{n[$2]++} END {for (g in n) printf "%s=%d ", g, n[g]}')
 say "claims per GPU: $per_gpu"
 claims | awk '{n[$2]++} END {for (g in n) if (n[g] * 3 * 1024 > 81559) { print g " over-granted: " n[g] " x 3Gi"; exit 1 }}' >&2 || fail "a GPU is over-granted"
 say "ok: no GPU grants more than 81559Mi"
-gates="$(kubectl -n "$E2E_NS" get pods -o jsonpath='{range .items[*]}{.spec.schedulingGates[*].name}{"\n"}{end}' | sort | uniq -c | sed 's/^ *//')"
-assert_eq "scheduling gates left on the 50 pods" "50 e2e.fgpu.dev/hold" "$gates"
+# The controller lifts a gate once the pod's allocation has settled (--settle-ms, 3 s).
+pod_gates() { kubectl -n "$E2E_NS" get pods -o jsonpath='{range .items[*]}{.spec.schedulingGates[*].name}{"\n"}{end}' | sort | uniq -c | sed 's/^ *//'; }
+only_hold_left() { [ "$(pod_gates)" = "50 e2e.fgpu.dev/hold" ]; }
+wait_until 60 "the controller's gate lifted from the 50 pods" only_hold_left
+assert_eq "scheduling gates left on the 50 pods" "50 e2e.fgpu.dev/hold" "$(pod_gates)"
