@@ -355,12 +355,18 @@ impl<S: ClaimSource> Plugin<S> {
         let file = CheckpointFile::new(cfg.run_root.join(CHECKPOINT_FILE));
         // A plugin that kept everything in the state directory left its checkpoint there:
         // it is read once (its claims keep their directories there until unprepared) and
-        // then lives in the run directory.
+        // then lives in the run directory. Where both exist (an older plugin ran again after
+        // this one), the newer file is the state.
         let legacy = legacy_checkpoint(&cfg);
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         let migrated_from = legacy
             .as_ref()
-            .filter(|l| !file.path().exists() && l.path().exists())
-            .map(|l| l.path().to_owned());
+            .map(|l| l.path())
+            .filter(|l| match (modified(l), modified(file.path())) {
+                (Some(old), Some(new)) => old > new,
+                (old, _) => old.is_some(),
+            })
+            .map(Path::to_owned);
         let (checkpoint, note) = match &migrated_from {
             Some(path) => CheckpointFile::new(path).load(&cfg.boot_id)?,
             None => file.load(&cfg.boot_id)?,
@@ -1128,6 +1134,24 @@ mod tests {
         let (plugin, report) = env.start("b1");
         assert_eq!(report.migrated_from, None);
         assert!(plugin.claims().is_empty());
+        drop(plugin);
+
+        // An older plugin ran again (its checkpoint is newer): its state wins.
+        let cp = CheckpointFile::new(state.join(CHECKPOINT_FILE));
+        let mut old = Checkpoint::new("b1");
+        old.claims.insert("uid-old".into(), ClaimRecord::default());
+        cp.save(&old).unwrap();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(10);
+        std::fs::File::options()
+            .write(true)
+            .open(cp.path())
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let (plugin, report) = env.start("b1");
+        assert_eq!(report.migrated_from, Some(cp.path().to_owned()));
+        assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-old"]);
+        assert!(!cp.path().exists());
     }
 
     #[tokio::test]
