@@ -6,7 +6,8 @@
 #   hack/bench-prepare.sh [CLAIMS] [ROUNDS]      defaults 100 claims, 10 rounds
 #
 # What it does: starts fgpu-kubelet-plugin serve as a host process (as tests/e2e/30-dra-quota
-# does: fake backend, deploy/fake/e2e-node.yaml), creates CLAIMS ResourceClaims of
+# does: fake backend, deploy/fake/e2e-node.yaml; its --run-dir and the CDI specs on the
+# cluster's tmpfs, $FGPU_CLUSTER_RUN, as /run is on a real node), creates CLAIMS ResourceClaims of
 # shared.gpu.fgpu.dev in a scratch namespace and writes each one's allocation itself through
 # the status subresource (result on gpu-0 or gpu-1 alternately, a GpuShareConfig of 512Mi; no
 # scheduler, no pod: the plugin only GETs the claim). Then the example dra_call calls the

@@ -141,6 +141,17 @@ EOF
 }
 
 # ---------------------------------------------------------------------------------------
+# Per-boot node files on a tmpfs, as /run is on a real node (here /run is a directory of the
+# root file system, ext4 mounted with `discard`, where creating a file costs the kernel
+# more than the rest of a DRA prepare): $S/run, with the CDI spec dir of the host-process
+# plugin ($S/run/cdi, read by containerd) and the plugins' run dirs (tests/e2e/plugin-lib.sh).
+# cluster-down unmounts it with everything else under $S.
+run_tmpfs() {
+  mkdir -p "$S/run"
+  mountpoint -q "$S/run" || mount -t tmpfs -o mode=0755,size=256m fgpu-cluster-run "$S/run"
+  mkdir -p "$S/run/cdi"
+}
+
 start_etcd() {
   mkdir -p "$S/etcd"
   start_bg etcd "$(etcd_bin)" --name fgpu --data-dir "$S/etcd" \
@@ -272,7 +283,7 @@ state = "$CTRD_DIR/state"
   # for sandboxes): "failed to update /proc/self/oom_score_adj: Permission denied"
   restrict_oom_score_adj = true
   enable_cdi = true
-  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi", "$S/run/cdi"]
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -367,7 +378,8 @@ export KUBELET_ROOT_DIR=$KUBELET_ROOT
 export KUBELET_REGISTRAR_DIR=$KUBELET_ROOT/plugins_registry
 export KUBELET_PLUGINS_DIR=$KUBELET_ROOT/plugins
 export KUBELET_DEVICE_PLUGINS_DIR=$KUBELET_ROOT/device-plugins
-export CDI_SPEC_DIR=/var/run/cdi
+export CDI_SPEC_DIR=$S/run/cdi
+export FGPU_CLUSTER_RUN=$S/run
 export CONTAINERD_ADDRESS=$CTRD_SOCK
 export FGPU_CLUSTER_STATE=$S
 export FGPU_CLUSTER_LOGS=$CLUSTER_LOGS
@@ -385,6 +397,7 @@ main() {
   [ "${FGPU_SKIP_IMAGE_BUILD:-0}" = 1 ] && [ -f "$FGPU_ROOT/_out/images/workload.tar" ] \
     || "$FGPU_ROOT/hack/images.sh" build
   pki
+  run_tmpfs
   write_env
   start_etcd
   start_apiserver

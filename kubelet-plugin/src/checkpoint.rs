@@ -1,12 +1,12 @@
 //! The crash-safe record of prepared claims.
 //!
-//! One JSON file (`<state dir>/checkpoint.json`):
+//! One JSON file (`<run dir>/checkpoint.json`, normally `/run/fgpu/checkpoint.json`):
 //!
 //! ```json
 //! {"version": 1, "bootId": "…", "claims": {"<claim uid>": {
 //!     "namespace": "ns", "name": "c", "state": "PrepareCompleted",
 //!     "specFile": "/var/run/cdi/gpu.fgpu.dev-claim_<uid>.json",
-//!     "claimDir": "/var/lib/fgpu/claims/<uid>",
+//!     "claimDir": "/run/fgpu/claims/<uid>",
 //!     "devices": [{"requestNames": ["gpu"], "poolName": "n1", "deviceName": "gpu-0",
 //!                  "shareId": "…", "cdiDeviceIds": ["gpu.fgpu.dev/claim=<uid>-gpu-0-…"],
 //!                  "gpuUuid": "GPU-…", "memoryBytes": 10737418240, "cores": 30}]}}}
@@ -474,7 +474,7 @@ mod tests {
             name: "c".into(),
             state,
             spec_file: "/var/run/cdi/x.json".into(),
-            claim_dir: "/var/lib/fgpu/claims/u1".into(),
+            claim_dir: "/run/fgpu/claims/u1".into(),
             devices: vec![PreparedDevice {
                 request_names: vec!["gpu".into()],
                 pool_name: "n1".into(),

@@ -98,7 +98,8 @@ pub struct NodeFiles {
 /// Host paths of one claim's files.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimPaths {
-    /// `<state root>/claims/<uid>` (0700): holds the state directory and the limits file.
+    /// `<run root>/claims/<uid>` (0700): holds the state directory and the limits file.
+    /// Per boot, so on the run root (a tmpfs on real nodes: `/run/fgpu`).
     pub claim_dir: PathBuf,
     /// `<claim dir>/state` (0700), mounted at [`STATE_DIR_CONTAINER`].
     pub state_dir: PathBuf,
@@ -116,9 +117,16 @@ pub struct ClaimPaths {
 }
 
 impl ClaimPaths {
-    /// The paths of claim `uid` under the plugin's `state_root` and the CDI directory.
-    pub fn new(state_root: &Path, cdi_dir: &Path, driver: &DriverName, uid: &str) -> Self {
-        let claim_dir = state_root.join("claims").join(uid);
+    /// The paths of claim `uid`: its directory under the plugin's `run_root`, the node-wide
+    /// files under `state_root`, its spec in the CDI directory.
+    pub fn new(
+        state_root: &Path,
+        run_root: &Path,
+        cdi_dir: &Path,
+        driver: &DriverName,
+        uid: &str,
+    ) -> Self {
+        let claim_dir = claims_dir(run_root).join(uid);
         Self {
             state_dir: claim_dir.join("state"),
             limits_file: claim_dir.join("limits"),
@@ -133,6 +141,12 @@ impl ClaimPaths {
 /// The content of the preload file: the shim at its path in containers.
 pub fn preload_content() -> String {
     format!("{SHIM_CONTAINER_PATH}\n")
+}
+
+/// The directory of the claims' directories under `root` (the run root; the state root
+/// before the run root existed).
+pub fn claims_dir(root: &Path) -> PathBuf {
+    root.join("claims")
 }
 
 /// The node's shared GPU directory under the plugin's `state_root`.
@@ -568,6 +582,7 @@ pub(crate) mod tests {
     fn paths() -> ClaimPaths {
         ClaimPaths::new(
             Path::new("/var/lib/fgpu"),
+            Path::new("/run/fgpu"),
             Path::new("/var/run/cdi"),
             &DriverName::default(),
             "0a1b-uid",
@@ -810,12 +825,12 @@ pub(crate) mod tests {
                     "ro,nosuid,nodev,bind"
                 ),
                 m(
-                    "/var/lib/fgpu/claims/0a1b-uid/limits",
+                    "/run/fgpu/claims/0a1b-uid/limits",
                     "/etc/fgpu/limits",
                     "ro,nosuid,nodev,bind"
                 ),
                 m(
-                    "/var/lib/fgpu/claims/0a1b-uid/state",
+                    "/run/fgpu/claims/0a1b-uid/state",
                     "/run/fgpu",
                     "rw,nosuid,nodev,noexec,bind"
                 ),

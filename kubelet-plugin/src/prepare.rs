@@ -14,8 +14,14 @@
 //!    [`Durability::Atomic`]), on the blocking pool;
 //! 5. records `PrepareCompleted` with the devices (fsynced).
 //!
-//! The node-wide preload file (`<state root>/ld.so.preload`, naming the shim) is written by
-//! [`Plugin::start`]; every claim mounts it.
+//! Where the files are: the checkpoint and the claim directories under the run root
+//! (`/run/fgpu`, a tmpfs on real nodes: per boot like everything they describe, and a
+//! prepare there costs no disk I/O — on a disk, creating the files and the fsync were most
+//! of a prepare's time); the CDI spec in the CDI directory the runtime reads; the node-wide
+//! files under the state root (`/var/lib/fgpu`): the preload file (`ld.so.preload`, naming
+//! the shim), written by [`Plugin::start`] and mounted by every claim, and the shared GPU
+//! directory. A checkpoint left in the state root by an older plugin is moved to the run
+//! root on start; its claims' directories stay where they are until unprepared.
 //!
 //! [`Plugin::unprepare`] removes the spec, the claim directory and the checkpoint entry;
 //! it succeeds for a claim it does not know. [`Plugin::cleanup_stale`] unprepares claims
@@ -31,6 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fgpu_api::names::DriverName;
 use fgpu_driver::backend::DeviceBackend;
+use fgpu_driver::device::NodeInventory;
 
 use crate::checkpoint::{
     CHECKPOINT_FILE, Checkpoint, CheckpointError, CheckpointFile, ClaimRecord, Durability, Journal,
@@ -40,6 +47,9 @@ use crate::claim::ResourceClaim;
 use crate::edits::{self, ClaimPaths, ClaimRef, EditsError, NodeFiles};
 use crate::grant::{self, GrantError};
 use crate::metrics::{Metrics, Operation, Phase};
+
+/// The default run root ([`PluginConfig::run_root`]): on a tmpfs on most distributions.
+pub const DEFAULT_RUN_DIR: &str = "/run/fgpu";
 
 /// How long prepare waits for the claim by default (the kubelet gives a whole call 45 s).
 pub const CLAIM_GET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -106,8 +116,13 @@ pub struct PluginConfig {
     pub driver: DriverName,
     /// This node's name (= the pool name).
     pub node_name: String,
-    /// The plugin's own directory: `checkpoint.json` and `claims/<uid>/`.
+    /// The plugin's node-wide files, written at start: `ld.so.preload` and `gpus/`
+    /// (`/var/lib/fgpu`).
     pub state_root: PathBuf,
+    /// The plugin's per-boot files, written by every prepare: `checkpoint.json` and
+    /// `claims/<uid>/` (`/run/fgpu`, a tmpfs on real nodes: nothing of it outlives the boot,
+    /// and a prepare costs no disk I/O there).
+    pub run_root: PathBuf,
     /// Where CDI specs go (`/var/run/cdi`).
     pub cdi_dir: PathBuf,
     /// Files every claim's containers get.
@@ -222,6 +237,9 @@ impl PrepareError {
 pub struct StartReport {
     /// What loading the checkpoint found (missing, corrupt, other boot).
     pub note: Option<LoadNote>,
+    /// The checkpoint was read from here (the state directory, where plugins before the run
+    /// directory kept it) and moved to the run directory.
+    pub migrated_from: Option<PathBuf>,
     /// Files removed that no checkpoint entry accounted for.
     pub removed_orphans: Vec<PathBuf>,
     /// Problems while removing leftovers (the plugin still starts).
@@ -245,6 +263,11 @@ pub struct Plugin<S> {
     journal: Journal,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     metrics: Metrics,
+    /// The node's GPUs as last read from the backend. What a prepare needs of them (device
+    /// name, UUID, PCI bus, memory) does not change while the node is up, so prepares reuse
+    /// it (NVML is not asked on every prepare) and read the backend again only for a device
+    /// it does not list; [`Plugin::set_inventory`] refreshes it.
+    inventory: Mutex<Option<Arc<NodeInventory>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -278,6 +301,12 @@ fn create_shared_dir(path: &Path) -> io::Result<()> {
     )
 }
 
+/// The checkpoint where plugins before the run directory kept it, if that is elsewhere.
+fn legacy_checkpoint(cfg: &PluginConfig) -> Option<CheckpointFile> {
+    (cfg.state_root != cfg.run_root)
+        .then(|| CheckpointFile::new(cfg.state_root.join(CHECKPOINT_FILE)))
+}
+
 fn remove_if_present(path: &Path, dir: bool) -> io::Result<bool> {
     let r = if dir {
         std::fs::remove_dir_all(path)
@@ -308,6 +337,8 @@ impl<S: ClaimSource> Plugin<S> {
         };
         create_private_dir(&cfg.state_root)
             .map_err(|e| io(&cfg.state_root, "create the state directory", e))?;
+        create_private_dir(&cfg.run_root)
+            .map_err(|e| io(&cfg.run_root, "create the run directory", e))?;
         std::fs::create_dir_all(&cfg.cdi_dir)
             .map_err(|e| io(&cfg.cdi_dir, "create the CDI directory", e))?;
         let gpu_dir = crate::edits::gpu_dir(&cfg.state_root);
@@ -321,9 +352,32 @@ impl<S: ClaimSource> Plugin<S> {
             Durability::Atomic,
         )
         .map_err(|(op, source)| io(&preload, op, source))?;
-        let file = CheckpointFile::new(cfg.state_root.join(CHECKPOINT_FILE));
-        let (checkpoint, note) = file.load(&cfg.boot_id)?;
+        let file = CheckpointFile::new(cfg.run_root.join(CHECKPOINT_FILE));
+        // A plugin that kept everything in the state directory left its checkpoint there:
+        // it is read once (its claims keep their directories there until unprepared) and
+        // then lives in the run directory. Where both exist (an older plugin ran again after
+        // this one), the newer file is the state.
+        let legacy = legacy_checkpoint(&cfg);
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let migrated_from = legacy
+            .as_ref()
+            .map(|l| l.path())
+            .filter(|l| match (modified(l), modified(file.path())) {
+                (Some(old), Some(new)) => old > new,
+                (old, _) => old.is_some(),
+            })
+            .map(Path::to_owned);
+        let (checkpoint, note) = match &migrated_from {
+            Some(path) => CheckpointFile::new(path).load(&cfg.boot_id)?,
+            None => file.load(&cfg.boot_id)?,
+        };
         file.save(&checkpoint)?;
+        if let Some(legacy) = &legacy {
+            // Written to the run directory above (or by an earlier start): the old file is
+            // stale from now on.
+            remove_if_present(legacy.path(), false)
+                .map_err(|e| io(legacy.path(), "remove the old checkpoint", e))?;
+        }
         let metrics = Metrics::new();
         metrics.set_claims(&checkpoint.claims);
         let plugin = Self {
@@ -333,9 +387,11 @@ impl<S: ClaimSource> Plugin<S> {
             journal: Journal::new(file, checkpoint),
             locks: Mutex::new(HashMap::new()),
             metrics,
+            inventory: Mutex::new(None),
         };
         let mut report = StartReport {
             note,
+            migrated_from,
             ..StartReport::default()
         };
         plugin.remove_orphans(&mut report);
@@ -352,6 +408,34 @@ impl<S: ClaimSource> Plugin<S> {
         &self.metrics
     }
 
+    /// Replaces the GPUs that prepares use (the caller read them from the backend, e.g.
+    /// to publish the ResourceSlice).
+    pub fn set_inventory(&self, inventory: NodeInventory) {
+        *lock(&self.inventory) = Some(Arc::new(inventory));
+    }
+
+    /// The node's GPUs: the last reading unless `fresh`, else the backend's now; says
+    /// whether it was the last reading.
+    fn inventory(
+        &self,
+        claim: &ClaimRef,
+        fresh: bool,
+    ) -> Result<(Arc<NodeInventory>, bool), PrepareError> {
+        if !fresh && let Some(inv) = lock(&self.inventory).clone() {
+            return Ok((inv, true));
+        }
+        let inv =
+            self.backend
+                .inventory(&self.cfg.node_name)
+                .map_err(|e| PrepareError::Backend {
+                    claim: claim.key(),
+                    detail: e.to_string(),
+                })?;
+        let inv = Arc::new(inv);
+        *lock(&self.inventory) = Some(inv.clone());
+        Ok((inv, false))
+    }
+
     /// A copy of the checkpoint's claims.
     pub fn claims(&self) -> std::collections::BTreeMap<String, ClaimRecord> {
         self.journal.read(|cp| cp.claims.clone())
@@ -360,25 +444,48 @@ impl<S: ClaimSource> Plugin<S> {
     fn paths(&self, uid: &str) -> ClaimPaths {
         ClaimPaths::new(
             &self.cfg.state_root,
+            &self.cfg.run_root,
             &self.cfg.cdi_dir,
             &self.cfg.driver,
             uid,
         )
     }
 
+    /// The directories that hold claims' directories: the run root's, and the state root's
+    /// where claims prepared before the run root existed may still be.
+    fn claims_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = vec![edits::claims_dir(&self.cfg.run_root)];
+        if self.cfg.state_root != self.cfg.run_root {
+            dirs.push(edits::claims_dir(&self.cfg.state_root));
+        }
+        dirs
+    }
+
+    /// Everything of claim `uid` to remove on unprepare: its CDI spec, its directory, and
+    /// its directory under the state root (claims prepared before the run root existed).
+    /// Derived from the UID, never taken from the checkpoint, so that a damaged checkpoint
+    /// cannot point the removal elsewhere.
+    fn removable(&self, uid: &str) -> Vec<(PathBuf, bool)> {
+        let paths = self.paths(uid);
+        let mut v = vec![(paths.spec_file, false)];
+        v.extend(self.claims_dirs().into_iter().map(|d| (d.join(uid), true)));
+        v
+    }
+
     /// Removes claim directories and this driver's CDI specs that no entry accounts for
     /// (left by a crash before the entry was written, or by a previous boot).
     fn remove_orphans(&self, report: &mut StartReport) {
         let known = self.claims();
-        let claims_dir = self.cfg.state_root.join("claims");
         let spec_prefix = self.cfg.driver.cdi_spec_file_name("");
         let spec_prefix = spec_prefix.trim_end_matches(".json");
         let mut candidates = Vec::new();
-        if let Ok(entries) = std::fs::read_dir(&claims_dir) {
-            for e in entries.flatten() {
-                let uid = e.file_name().to_string_lossy().into_owned();
-                if !known.contains_key(&uid) {
-                    candidates.push((e.path(), true));
+        for claims_dir in self.claims_dirs() {
+            if let Ok(entries) = std::fs::read_dir(&claims_dir) {
+                for e in entries.flatten() {
+                    let uid = e.file_name().to_string_lossy().into_owned();
+                    if !known.contains_key(&uid) {
+                        candidates.push((e.path(), true));
+                    }
                 }
             }
         }
@@ -473,14 +580,14 @@ impl<S: ClaimSource> Plugin<S> {
             });
         }
         let resolved = grant::resolve(&object, self.cfg.driver.as_str())?;
-        let inventory =
-            self.backend
-                .inventory(&self.cfg.node_name)
-                .map_err(|e| PrepareError::Backend {
-                    claim: claim.key(),
-                    detail: e.to_string(),
-                })?;
-        let planned = edits::plan(claim, &resolved, &inventory)?;
+        let (inventory, cached) = self.inventory(claim, false)?;
+        let planned = match edits::plan(claim, &resolved, &inventory) {
+            // A device the last reading did not list: read the backend again.
+            Err(EditsError::UnknownDevice { .. }) if cached => {
+                edits::plan(claim, &resolved, &self.inventory(claim, true)?.0)?
+            }
+            r => r?,
+        };
         let paths = self.paths(&claim.uid);
         let built = edits::build(&self.cfg.driver, claim, &planned, &self.cfg.files, &paths)?;
         let spec_json = built.spec.to_json().map_err(|source| EditsError::Cdi {
@@ -575,9 +682,7 @@ impl<S: ClaimSource> Plugin<S> {
     }
 
     async fn unprepare_locked(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
-        // Paths are derived from the UID, never taken from the file, so a damaged
-        // checkpoint cannot point the removal elsewhere.
-        let paths = self.paths(&claim.uid);
+        let paths = self.removable(&claim.uid);
         let key = claim.key();
         tokio::task::spawn_blocking(move || remove_claim_files(&key, &paths))
             .await
@@ -696,13 +801,13 @@ impl ClaimFiles {
     }
 }
 
-/// Removes a claim's CDI spec and directory (absent ones are fine).
-fn remove_claim_files(claim: &str, paths: &ClaimPaths) -> Result<(), PrepareError> {
-    for (path, dir) in [(&paths.spec_file, false), (&paths.claim_dir, true)] {
-        remove_if_present(path, dir).map_err(|source| PrepareError::Io {
+/// Removes a claim's files and directories, `(path, is a directory)` (absent ones are fine).
+fn remove_claim_files(claim: &str, paths: &[(PathBuf, bool)]) -> Result<(), PrepareError> {
+    for (path, dir) in paths {
+        remove_if_present(path, *dir).map_err(|source| PrepareError::Io {
             claim: claim.to_owned(),
             op: "remove",
-            path: path.to_owned(),
+            path: path.clone(),
             source,
         })?;
     }
@@ -751,6 +856,7 @@ mod tests {
                 driver: DriverName::default(),
                 node_name: "n1".into(),
                 state_root: self.dir.path().join("state"),
+                run_root: self.dir.path().join("run"),
                 cdi_dir: self.dir.path().join("cdi"),
                 files: NodeFiles {
                     shim_library: "/opt/fgpu/libfgpu.so".into(),
@@ -772,7 +878,7 @@ mod tests {
                 .join(format!("gpu.fgpu.dev-claim_{uid}.json"))
         }
         fn claim_dir(&self, uid: &str) -> PathBuf {
-            self.dir.path().join("state/claims").join(uid)
+            self.dir.path().join("run/claims").join(uid)
         }
         fn add(&self, name: &str, uid: &str, device: &str) -> ClaimRef {
             self.source.insert(
@@ -980,7 +1086,7 @@ mod tests {
         assert!(env.spec_path("uid-1").exists());
         drop(plugin);
 
-        std::fs::write(env.dir.path().join("state/checkpoint.json"), b"not json").unwrap();
+        std::fs::write(env.dir.path().join("run/checkpoint.json"), b"not json").unwrap();
         let (plugin, report) = env.start("b1");
         assert!(
             matches!(report.note, Some(LoadNote::Corrupt { .. })),
@@ -991,6 +1097,90 @@ mod tests {
         assert!(!env.spec_path("uid-1").exists());
         assert!(plugin.claims().is_empty());
         plugin.prepare(&c).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_in_the_state_dir_moves_to_the_run_dir() {
+        let env = Env::new();
+        let c = env.add("c", "uid-1", "gpu-0");
+        let state = env.dir.path().join("state");
+        // An older plugin: everything under the state directory.
+        let devices = {
+            let cfg = PluginConfig {
+                run_root: state.clone(),
+                ..env.cfg("b1")
+            };
+            let (plugin, _) = Plugin::start(cfg, env.source.clone(), env.backend.clone()).unwrap();
+            plugin.prepare(&c).await.unwrap()
+        };
+        let old_dir = state.join("claims/uid-1");
+        assert!(old_dir.join("limits").exists());
+        create_private_dir(&state.join("claims/uid-orphan")).unwrap();
+
+        let (plugin, report) = env.start("b1");
+        assert_eq!(report.note, None);
+        assert_eq!(report.migrated_from, Some(state.join(CHECKPOINT_FILE)));
+        assert_eq!(report.removed_orphans, [state.join("claims/uid-orphan")]);
+        assert!(!state.join(CHECKPOINT_FILE).exists());
+        assert!(env.dir.path().join("run").join(CHECKPOINT_FILE).exists());
+        // The claim is still prepared, its files where they were.
+        env.source.remove("ns", "c");
+        assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
+        assert!(old_dir.exists());
+        plugin.unprepare(&c).await.unwrap();
+        assert!(!old_dir.exists());
+        assert!(!env.spec_path("uid-1").exists());
+        drop(plugin);
+        let (plugin, report) = env.start("b1");
+        assert_eq!(report.migrated_from, None);
+        assert!(plugin.claims().is_empty());
+        drop(plugin);
+
+        // An older plugin ran again (its checkpoint is newer): its state wins.
+        let cp = CheckpointFile::new(state.join(CHECKPOINT_FILE));
+        let mut old = Checkpoint::new("b1");
+        old.claims.insert("uid-old".into(), ClaimRecord::default());
+        cp.save(&old).unwrap();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(10);
+        std::fs::File::options()
+            .write(true)
+            .open(cp.path())
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let (plugin, report) = env.start("b1");
+        assert_eq!(report.migrated_from, Some(cp.path().to_owned()));
+        assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-old"]);
+        assert!(!cp.path().exists());
+    }
+
+    #[tokio::test]
+    async fn a_gpu_the_last_reading_missed_is_read_again() {
+        let env = Env::new();
+        let (plugin, _) = env.start("b1");
+        plugin
+            .prepare(&env.add("a", "uid-a", "gpu-0"))
+            .await
+            .unwrap();
+        // Prepares use the last reading; a device it lacks makes them read the backend.
+        lock(&env.backend.0).push(gpu(2, "0000:3b:00.0"));
+        let devices = plugin
+            .prepare(&env.add("b", "uid-b", "gpu-2"))
+            .await
+            .unwrap();
+        assert_eq!(devices[0].device_name, "gpu-2");
+        // What the backend no longer lists stays usable until the next reading.
+        lock(&env.backend.0).clear();
+        plugin
+            .prepare(&env.add("c", "uid-c", "gpu-1"))
+            .await
+            .unwrap();
+        plugin.set_inventory(NodeInventory::new("n1", vec![]));
+        let e = plugin
+            .prepare(&env.add("d", "uid-d", "gpu-1"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), "unknown_device", "{e}");
     }
 
     #[tokio::test]

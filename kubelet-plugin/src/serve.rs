@@ -40,8 +40,10 @@ pub struct ServeConfig {
     pub plugins_dir: PathBuf,
     /// CDI spec directory (`/var/run/cdi`).
     pub cdi_dir: PathBuf,
-    /// The plugin's state directory (checkpoint, claim directories).
+    /// The plugin's node-wide files (preload file, shared GPU directory).
     pub state_dir: PathBuf,
+    /// The plugin's per-boot files (checkpoint, claim directories); a tmpfs on real nodes.
+    pub run_dir: PathBuf,
     /// Files every claim's containers get.
     pub files: NodeFiles,
     /// Where the boot id is read (`/proc/sys/kernel/random/boot_id`).
@@ -98,6 +100,7 @@ pub async fn run(
             driver: cfg.driver.clone(),
             node_name: cfg.node_name.clone(),
             state_root: cfg.state_dir.clone(),
+            run_root: cfg.run_dir.clone(),
             cdi_dir: cfg.cdi_dir.clone(),
             files: cfg.files.clone(),
             boot_id,
@@ -197,20 +200,23 @@ async fn resync<S: crate::prepare::ClaimSource>(
         tracing::warn!(error = %e, "stale-claim cleanup");
     }
     match backend.inventory(node) {
-        Ok(inventory) => match publisher.publish(&inventory).await {
-            Ok(p) if p.written => {
-                tracing::info!(
-                    generation = p.generation,
-                    consumable = p.consumable,
-                    devices = inventory.gpus.len(),
-                    "published the ResourceSlice"
-                );
+        Ok(inventory) => {
+            plugin.set_inventory(inventory.clone());
+            match publisher.publish(&inventory).await {
+                Ok(p) if p.written => {
+                    tracing::info!(
+                        generation = p.generation,
+                        consumable = p.consumable,
+                        devices = inventory.gpus.len(),
+                        "published the ResourceSlice"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot publish the ResourceSlice; retrying later")
+                }
             }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot publish the ResourceSlice; retrying later")
-            }
-        },
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot list the GPUs; the ResourceSlice is not updated")
         }

@@ -45,7 +45,7 @@ pub(crate) struct ServeArgs {
     )]
     cdi_root: PathBuf,
 
-    /// The plugin's state: checkpoint.json and claims/<uid>/ (state dir, limits, preload).
+    /// The plugin's node-wide files: ld.so.preload and gpus/ (claims' task priorities).
     #[arg(
         long,
         value_name = "DIR",
@@ -53,6 +53,18 @@ pub(crate) struct ServeArgs {
         env = "FGPU_STATE_DIR_ROOT"
     )]
     state_dir: PathBuf,
+
+    /// The plugin's per-boot files, written by every prepare: checkpoint.json and
+    /// claims/<uid>/ (state dir, limits). Should be on a tmpfs (/run is on most
+    /// distributions): a prepare there costs no disk I/O, and nothing in it outlives a reboot
+    /// (the boot id discards it anyway).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = fgpu_kubelet_plugin::prepare::DEFAULT_RUN_DIR,
+        env = "FGPU_RUN_DIR"
+    )]
+    run_dir: PathBuf,
 
     /// libfgpu.so on the host, mounted read-only into every claim's containers.
     #[arg(
@@ -165,6 +177,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         plugins_dir: args.kubelet_plugins_directory_path,
         cdi_dir: args.cdi_root,
         state_dir: args.state_dir,
+        run_dir: args.run_dir,
         files: NodeFiles {
             shim_library: args.shim_library,
             driver_mounts,

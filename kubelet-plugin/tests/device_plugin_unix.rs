@@ -113,6 +113,7 @@ async fn registers_lists_and_allocates() {
             driver: DriverName::default(),
             node_name: "node-a".into(),
             state_root: root.join("state"),
+            run_root: root.join("run"),
             cdi_dir: root.join("cdi"),
             files: NodeFiles {
                 shim_library: root.join("lib/libfgpu.so"),
@@ -194,7 +195,7 @@ async fn registers_lists_and_allocates() {
     let spec = root.join(format!("cdi/gpu.fgpu.dev-claim_{claim_uid}.json"));
     let spec_text = std::fs::read_to_string(&spec).unwrap();
     assert!(spec_text.contains(&format!("{claim_uid}-{}", device_name(gpu_b))));
-    let limits = root.join(format!("state/claims/{claim_uid}/limits"));
+    let limits = root.join(format!("run/claims/{claim_uid}/limits"));
     let limits_text = std::fs::read_to_string(&limits).unwrap();
     assert!(
         limits_text
@@ -206,10 +207,7 @@ async fn registers_lists_and_allocates() {
         limits_text.lines().any(|l| l == "FGPU_CORE_LIMIT=30"),
         "{limits_text}"
     );
-    assert!(
-        root.join(format!("state/claims/{claim_uid}/state"))
-            .is_dir()
-    );
+    assert!(root.join(format!("run/claims/{claim_uid}/state")).is_dir());
     // The legacy answer mirrors the spec.
     assert_eq!(
         c.envs.get("FGPU_MEMORY_LIMIT").map(String::as_str),

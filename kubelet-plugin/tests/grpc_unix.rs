@@ -98,6 +98,7 @@ impl Setup {
             driver: DriverName::default(),
             node_name: "node-a".into(),
             state_root: dir.path().join("state"),
+            run_root: dir.path().join("run"),
             cdi_dir: dir.path().join("cdi"),
             files: NodeFiles {
                 shim_library: dir.path().join("lib/libfgpu.so"),
@@ -295,7 +296,7 @@ async fn v1_prepare_unprepare_with_per_claim_errors() {
     assert_eq!(un.claims.len(), 2);
     assert!(un.claims.values().all(|r| r.error.is_empty()), "{un:?}");
     assert!(!s.spec("uid-share").exists());
-    assert!(!s.dir.path().join("state/claims/uid-share").exists());
+    assert!(!s.dir.path().join("run/claims/uid-share").exists());
 
     // An empty call (a liveness probe) gets an empty answer.
     let empty = client
@@ -335,8 +336,7 @@ async fn v1beta1_prepare_unprepare() {
             cdi_device_ids: vec!["gpu.fgpu.dev/claim=uid-quota-gpu-1".into()],
         }]
     );
-    let limits =
-        std::fs::read_to_string(s.dir.path().join("state/claims/uid-quota/limits")).unwrap();
+    let limits = std::fs::read_to_string(s.dir.path().join("run/claims/uid-quota/limits")).unwrap();
     assert!(
         limits.contains("FGPU_MEMORY_LIMIT=4294967296\n"),
         "{limits}"

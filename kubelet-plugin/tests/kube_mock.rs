@@ -314,8 +314,8 @@ mod serve_loop {
         )
         .unwrap();
         // A corrupt checkpoint from an earlier run: moved aside and reported as an Event.
-        std::fs::create_dir_all(dir.path().join("state")).unwrap();
-        std::fs::write(dir.path().join("state/checkpoint.json"), b"{garbage").unwrap();
+        std::fs::create_dir_all(dir.path().join("run")).unwrap();
+        std::fs::write(dir.path().join("run/checkpoint.json"), b"{garbage").unwrap();
         let boot_id = dir.path().join("boot_id");
         std::fs::write(&boot_id, "boot-1\n").unwrap();
         let s = server(vec!["v1", "v1beta1"], false);
@@ -334,6 +334,7 @@ mod serve_loop {
             plugins_dir: dir.path().join("plugins"),
             cdi_dir: dir.path().join("cdi"),
             state_dir: dir.path().join("state"),
+            run_dir: dir.path().join("run"),
             files: NodeFiles {
                 shim_library: dir.path().join("libfgpu.so"),
                 driver_mounts: vec![],
@@ -378,7 +379,7 @@ mod serve_loop {
                     .contains("checkpoint.json.corrupt-1")
             );
         }
-        assert!(dir.path().join("state/checkpoint.json.corrupt-1").exists());
+        assert!(dir.path().join("run/checkpoint.json.corrupt-1").exists());
 
         let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(&dra_sock).await);
         let resp = dra
@@ -403,7 +404,7 @@ mod serve_loop {
         // The claim is deleted behind the kubelet's back: the periodic cleanup removes it.
         s.lock().unwrap().objects.remove(CLAIM);
         eventually("the stale claim's spec to go", || !spec.exists()).await;
-        assert!(!dir.path().join("state/claims/uid-c").exists());
+        assert!(!dir.path().join("run/claims/uid-c").exists());
 
         // The kubelet refuses the registration: the loop stops with that reason.
         let mut registration =

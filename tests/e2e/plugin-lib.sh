@@ -6,7 +6,10 @@
 #   plugin_setup <tag>  build this checkout's plugin and dra_call (no-op when up to date), copy
 #                       them and the libraries into a fresh work dir ($work, bins in $work/bin,
 #                       exported as FGPU_E2E_BIN_DIR, so a build elsewhere cannot swap them);
-#                       FGPU_E2E_PROFILE=release takes the release build (the bench does)
+#                       FGPU_E2E_PROFILE=release takes the release build (the bench does);
+#                       the plugin's run dir ($run_dir: checkpoint.json, claims/<uid>/) on the
+#                       cluster's tmpfs ($FGPU_CLUSTER_RUN, hack/cluster-up.sh), as /run/fgpu
+#                       is on a real node, else $work/run; exported as FGPU_E2E_RUN_DIR
 #   start_plugin        start it ($plugin_pid, log $work/plugin.log)
 #   stop_plugin         SIGTERM, then SIGKILL after 10 s — only the pid this scenario started
 #   wait_registered <n> until the log says "registered with the kubelet" n times
@@ -18,6 +21,7 @@ PLUGIN_SLICE="$NODE_NAME-$PLUGIN_DRIVER"
 PLUGIN_DRA_SOCK="$KUBELET_PLUGINS_DIR/$PLUGIN_DRIVER/dra.sock"
 plugin_pid=""
 work=""
+run_dir=""
 
 plugin_setup() {
   local target f profile="${FGPU_E2E_PROFILE:-debug}" flags=()
@@ -32,6 +36,9 @@ plugin_setup() {
     cp "$target/$f" "$work/bin/"
   done
   export FGPU_E2E_BIN_DIR="$work/bin"
+  run_dir="$work/run"
+  [ -z "${FGPU_CLUSTER_RUN:-}" ] || run_dir="$FGPU_CLUSTER_RUN/plugin-${work##*/}"
+  export FGPU_E2E_RUN_DIR="$run_dir"
   # shellcheck disable=SC2034 # for the sourcing script
   dra_call="$work/bin/dra_call"
 }
@@ -58,5 +65,6 @@ plugin_cleanup() {
   if [ "$rc" -ne 0 ] && [ -n "$work" ]; then
     say "plugin log (last 40 lines):"; tail -40 "$work/plugin.log" 2>/dev/null | sed 's/^/      /' >&2
   fi
+  [ -z "$run_dir" ] || rm -rf "$run_dir"
   [ -z "$work" ] || rm -rf "$work"
 }

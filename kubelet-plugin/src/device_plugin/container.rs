@@ -162,7 +162,13 @@ mod tests {
         assert_eq!(r.key(), "ml/train/main");
         let resolved = crate::grant::resolve(&claim, driver.as_str()).unwrap();
         let planned = plan(&r, &resolved, &inv).unwrap();
-        let paths = ClaimPaths::new(Path::new("/s"), Path::new("/cdi"), &driver, &r.uid);
+        let paths = ClaimPaths::new(
+            Path::new("/s"),
+            Path::new("/r"),
+            Path::new("/cdi"),
+            &driver,
+            &r.uid,
+        );
         let files = NodeFiles {
             shim_library: "/lib/libfgpu.so".into(),
             driver_mounts: vec![FileMount::same("/usr/lib/libcuda.so.1")],
@@ -205,7 +211,7 @@ mod tests {
         );
         assert_eq!(
             paths.limits_file,
-            Path::new("/s/claims/6f1c2d3e-0000-4000-8000-000000000001-main/limits")
+            Path::new("/r/claims/6f1c2d3e-0000-4000-8000-000000000001-main/limits")
         );
     }
 

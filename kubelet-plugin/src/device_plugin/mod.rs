@@ -314,7 +314,7 @@ pub struct DevicePluginArgs {
         env = "CDI_ROOT"
     )]
     pub cdi_root: PathBuf,
-    /// The plugin's state (checkpoint, claims/<uid>/).
+    /// The plugin's node-wide files (ld.so.preload, gpus/).
     #[arg(
         long,
         value_name = "DIR",
@@ -322,6 +322,14 @@ pub struct DevicePluginArgs {
         env = "FGPU_STATE_DIR_ROOT"
     )]
     pub state_dir: PathBuf,
+    /// The plugin's per-boot files (checkpoint.json, claims/<uid>/); best on a tmpfs.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = crate::prepare::DEFAULT_RUN_DIR,
+        env = "FGPU_RUN_DIR"
+    )]
+    pub run_dir: PathBuf,
     /// libfgpu.so on the host.
     #[arg(
         long,
@@ -394,6 +402,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
             driver: driver.clone(),
             node_name: args.node.clone(),
             state_root: args.state_dir,
+            run_root: args.run_dir,
             cdi_dir: args.cdi_root,
             files: NodeFiles {
                 shim_library: args.shim_library,

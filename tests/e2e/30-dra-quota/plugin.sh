@@ -29,7 +29,7 @@ export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"
   --node "$NODE_NAME" --backend fake --fake-gpus "$root/deploy/fake/e2e-node.yaml" \
   --kubelet-registrar-directory-path "$KUBELET_REGISTRAR_DIR" \
   --kubelet-plugins-directory-path "$KUBELET_PLUGINS_DIR" \
-  --cdi-root "$CDI_SPEC_DIR" --state-dir "$work/state" \
+  --cdi-root "$CDI_SPEC_DIR" --state-dir "$work/state" --run-dir "${FGPU_E2E_RUN_DIR:-$work/run}" \
   --shim-library "$t/libfgpu.so" \
   --driver-file "$t/libfgpu_fake_cuda.so:$libdir/libcuda.so.1" \
   --driver-file "$t/libfgpu_fake_cuda.so:$libdir/libnvidia-ml.so.1" \

@@ -117,6 +117,6 @@ kubectl -n "$E2E_NS" delete pod quota-4g quota-8g --wait=true --timeout=60s >&2
 wait_until 60 "claims deleted with their pods" sh -c "[ -z \"\$(kubectl -n $E2E_NS get resourceclaims -o name)\" ]"
 wait_until 30 "CDI specs removed" sh -c "[ ! -e $spec4 ] && [ ! -e $spec8 ]"
 say "ok: CDI specs removed after the pods were deleted"
-left="$(ls "$work/state/claims" 2>/dev/null; ls "$CDI_SPEC_DIR" | grep "^$driver-" || true)"
+left="$(ls "$run_dir/claims" 2>/dev/null; ls "$CDI_SPEC_DIR" | grep "^$driver-" || true)"
 assert_eq "leftover claim dirs and CDI specs" "" "$left"
-assert_eq "checkpoint claims" "{}" "$(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["claims"]))' "$work/state/checkpoint.json")"
+assert_eq "checkpoint claims" "{}" "$(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["claims"]))' "$run_dir/checkpoint.json")"

@@ -156,5 +156,5 @@ say "ok: the third whole-GPU claim stays pending ($(jp pod/whole-3 '{.status.con
 # --- delete the pods: the kubelet unprepares
 kubectl -n "$E2E_NS" delete pod whole-1 whole-2 whole-3 --wait=true --timeout=60s >&2
 wait_until 30 "CDI specs removed" sh -c "[ ! -e $spec1 ] && [ ! -e $spec2 ]"
-left="$(ls "$work/state/claims" 2>/dev/null; ls "$CDI_SPEC_DIR" | grep "^$PLUGIN_DRIVER-" || true)"
+left="$(ls "$run_dir/claims" 2>/dev/null; ls "$CDI_SPEC_DIR" | grep "^$PLUGIN_DRIVER-" || true)"
 assert_eq "leftover claim dirs and CDI specs" "" "$left"

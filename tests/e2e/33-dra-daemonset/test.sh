@@ -19,7 +19,7 @@
 # listing, other namespaces' events); deleting the pod unprepares (CDI spec gone); deleting
 # the DaemonSet removes the registration socket. Clean-up removes the DaemonSet, the RBAC
 # objects, the namespace (when this test created it), the slice, the classes and the host's
-# /var/lib/fgpu (when this test created it).
+# /var/lib/fgpu and /run/fgpu (each when this test created it).
 source "$(dirname "$0")/../lib.sh"
 api="$(dra_api_version)"
 [ "$api" != none ] || skip "Kubernetes $K8S_VERSION: no usable DRA before 1.32"
@@ -32,13 +32,15 @@ SEL=app.kubernetes.io/component=kubelet-plugin
 METRICS_PORT="${FGPU_E2E_DS_METRICS_PORT:-19433}"
 REG_SOCK="$KUBELET_REGISTRAR_DIR/$DRIVER-reg.sock"
 STATE=/var/lib/fgpu   # the DaemonSet's state dir on the host (the real default)
+RUN=/run/fgpu         # its run dir: checkpoint and claim directories (the real default)
+CDI=/var/run/cdi      # its CDI spec dir (the real default; containerd reads it)
 plugin_pod() { kubectl -n "$SYS_NS" get pods -l "$SEL" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
 plugin_log() { kubectl -n "$SYS_NS" logs -l "$SEL" -c plugin --tail=-1 2>/dev/null || true; }
 # grep the plugin pod's log (from a file: no SIGPIPE under pipefail)
 plog="$(mktemp /tmp/fgpu-e2e-33-log.XXXXXX)"
 plugin_grep() { plugin_log | sed 's/\x1b\[[0-9;]*m//g' >"$plog"; grep "$@" "$plog" || true; }
 
-owned=0 ns_created=0 state_created=0 devdir_created=0 rendered=""
+owned=0 ns_created=0 state_created=0 run_created=0 devdir_created=0 rendered=""
 cleanup() {
   local rc=$?
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
@@ -63,6 +65,7 @@ cleanup() {
   rm -f "$REG_SOCK" "$KUBELET_PLUGINS_DIR/$DRIVER/dra.sock"
   rmdir "$KUBELET_PLUGINS_DIR/$DRIVER" 2>/dev/null || true
   [ $state_created = 0 ] || rm -rf "$STATE"
+  [ $run_created = 0 ] || rm -rf "$RUN"
   [ $devdir_created = 0 ] || rm -rf /run/fgpu-e2e
   [ -z "$rendered" ] || rm -f "$rendered"
   exit "$rc"
@@ -76,6 +79,7 @@ if kubectl get "resourceslices.$api.resource.k8s.io" "$SLICE" >/dev/null 2>&1; t
 fi
 kubectl get namespace "$SYS_NS" >/dev/null 2>&1 || ns_created=1
 [ -e "$STATE" ] || state_created=1
+[ -e "$RUN" ] || run_created=1
 if ss -Hltn "sport = :$METRICS_PORT" 2>/dev/null | grep -q .; then fail "port $METRICS_PORT is in use (set FGPU_E2E_DS_METRICS_PORT)"; fi
 owned=1
 
@@ -175,10 +179,10 @@ line="$(plugin_grep 'prepared claim' | grep "$uid" | head -1 || true)"
 want_grpc=v1; [ "$K8S_MINOR" -ge 34 ] || want_grpc=v1beta1
 assert_eq "DRA gRPC of the kubelet's prepare (pod log)" "$want_grpc" \
   "$(sed -n 's/.*"grpc":"\([a-z0-9]*\)".*/\1/p; s/.*grpc="\{0,1\}\([a-z0-9]*\).*/\1/p' <<<"$line" | head -1)"
-spec="$CDI_SPEC_DIR/$DRIVER-claim_$uid.json"
+spec="$CDI/$DRIVER-claim_$uid.json"
 [ -f "$spec" ] || fail "no CDI spec $spec on the host"
-[ -d "$STATE/claims/$uid" ] || fail "no claim directory $STATE/claims/$uid on the host"
-say "ok: the pod wrote $spec and $STATE/claims/$uid on the host"
+[ -d "$RUN/claims/$uid" ] || fail "no claim directory $RUN/claims/$uid on the host"
+say "ok: the pod wrote $spec and $RUN/claims/$uid on the host"
 rss="$(kubectl -n "$SYS_NS" exec "$pod" -c plugin -- sed -n 's/^VmRSS:[[:space:]]*//p' /proc/1/status)"
 say "plugin RSS: $rss (memory limit $(kubectl -n "$SYS_NS" get pod "$pod" -o jsonpath='{.spec.containers[0].resources.limits.memory}'))"
 
@@ -209,7 +213,7 @@ done
 kubectl -n "$E2E_NS" delete pod whole --wait=true --timeout=60s >&2
 wait_until 30 "CDI spec removed by the pod" sh -c "[ ! -e $spec ]"
 wait_until 30 "the pod logged the unprepare" sh -c "kubectl -n $SYS_NS logs $pod -c plugin | grep 'unprepared claim' | grep -q $uid"
-[ ! -e "$STATE/claims/$uid" ] || fail "$STATE/claims/$uid left after unprepare"
+[ ! -e "$RUN/claims/$uid" ] || fail "$RUN/claims/$uid left after unprepare"
 say "ok: unprepared by the pod (CDI spec and claim dir gone)"
 kubectl -n "$E2E_NS" delete resourceclaim whole --wait=true --timeout=30s >&2
 kubectl -n "$SYS_NS" delete daemonset fgpu-kubelet-plugin --wait=true --timeout=60s >&2
