@@ -33,6 +33,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::annotations::{AssignmentError, ContainerAssignment, PodAssignment};
+use super::podresources::KubeletPods;
 
 /// What the device plugin reads of a pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -148,6 +149,9 @@ pub struct Choice {
     pub pod: PodInfo,
     /// The container's grant.
     pub container: ContainerAssignment,
+    /// Whether the kubelet's pod resources view singled this pod out (it is the one being
+    /// admitted); `false`: chosen by the earliest-bind rule alone.
+    pub kubelet_confirmed: bool,
 }
 
 /// No pod matched; says what was seen.
@@ -178,9 +182,25 @@ pub fn choose(
     allocated: &BTreeSet<String>,
     devices: usize,
 ) -> Result<Choice, NoMatch> {
+    choose_with(pods, node, annotation, allocated, devices, None)
+}
+
+/// [`choose`], narrowed by the kubelet's own view when there is one: among the matching
+/// containers, those the kubelet shows waiting for devices (the pod it is admitting, see
+/// [`super::podresources`]) win over the earliest-bind order. When none of them is waiting
+/// (the view is stale or the kubelet is older), the earliest-bind rule decides alone.
+pub fn choose_with(
+    pods: &[PodInfo],
+    node: &str,
+    annotation: &str,
+    allocated: &BTreeSet<String>,
+    devices: usize,
+    kubelet: Option<&KubeletPods>,
+) -> Result<Choice, NoMatch> {
     let mut problems = Vec::new();
     let (mut candidates, mut done) = (0, 0);
     let mut best: Option<(&PodInfo, ContainerAssignment)> = None;
+    let mut best_waiting: Option<(&PodInfo, ContainerAssignment)> = None;
     let order = |p: &PodInfo| (p.bound.unwrap_or(p.created), p.created, p.key());
     for pod in pods {
         if pod.node_name != node || pod.terminated() || pod.deleting {
@@ -220,21 +240,32 @@ pub fn choose(
         if next.devices.len() != devices {
             continue;
         }
+        if kubelet.is_some_and(|k| k.waiting(&pod.key(), &next.name))
+            && best_waiting
+                .as_ref()
+                .is_none_or(|(b, _)| order(pod) < order(b))
+        {
+            best_waiting = Some((pod, next.clone()));
+        }
         if best.as_ref().is_none_or(|(b, _)| order(pod) < order(b)) {
             best = Some((pod, next));
         }
     }
-    best.map(|(pod, container)| Choice {
-        pod: pod.clone(),
-        container,
-    })
-    .ok_or(NoMatch {
-        node: node.to_owned(),
-        devices,
-        candidates,
-        allocated: done,
-        problems,
-    })
+    let kubelet_confirmed = best_waiting.is_some();
+    best_waiting
+        .or(best)
+        .map(|(pod, container)| Choice {
+            pod: pod.clone(),
+            container,
+            kubelet_confirmed,
+        })
+        .ok_or(NoMatch {
+            node: node.to_owned(),
+            devices,
+            candidates,
+            allocated: done,
+            problems,
+        })
 }
 
 /// [`PodSource`] through the API server: `GET pods?fieldSelector=spec.nodeName=<node>`.
@@ -359,6 +390,67 @@ mod tests {
         );
         let e = pick(&pods, &["uid-early-x", "uid-early-y", "uid-late-a"], 1).unwrap_err();
         assert_eq!((e.candidates, e.allocated), (0, 2));
+    }
+
+    /// Four pods bound in the same second, each asking for one GPU: the earliest-bind rule
+    /// alone picks "a" for every Allocate; the kubelet's view picks the pod it is admitting.
+    #[test]
+    fn the_kubelets_view_names_the_pod_being_admitted() {
+        use super::super::podresources::KubeletPods;
+        use fgpu_api::proto::podresources::v1 as pr;
+        let pods: Vec<PodInfo> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|n| pod(n, 10, &decision(&[("main", 1)])))
+            .collect();
+        let allocated = BTreeSet::new();
+        // The kubelet admitted "c" already, is admitting "b", has not reached "a" and "d".
+        let view = |entries: &[(&str, bool)]| {
+            KubeletPods::from_response(
+                &pr::ListPodResourcesResponse {
+                    pod_resources: entries
+                        .iter()
+                        .map(|(name, has)| pr::PodResources {
+                            name: (*name).into(),
+                            namespace: "ns".into(),
+                            containers: vec![pr::ContainerResources {
+                                name: "main".into(),
+                                devices: if *has {
+                                    vec![pr::ContainerDevices {
+                                        resource_name: "nvidia.com/gpu".into(),
+                                        device_ids: vec!["GPU-0::1".into()],
+                                    }]
+                                } else {
+                                    vec![]
+                                },
+                            }],
+                        })
+                        .collect(),
+                },
+                "nvidia.com/gpu",
+            )
+        };
+        let k = view(&[("c", true), ("b", false)]);
+        let mut pods_left = pods.clone();
+        pods_left.retain(|p| p.name != "c");
+        let c = choose_with(&pods_left, "n1", ANN, &allocated, 1, Some(&k)).unwrap();
+        assert_eq!((c.pod.name.as_str(), c.kubelet_confirmed), ("b", true));
+        // Without the view: the earliest bind, then the name.
+        let c = choose_with(&pods_left, "n1", ANN, &allocated, 1, None).unwrap();
+        assert_eq!((c.pod.name.as_str(), c.kubelet_confirmed), ("a", false));
+        // A view that shows no waiting candidate (stale, or an older kubelet): the rule.
+        let c = choose_with(
+            &pods_left,
+            "n1",
+            ANN,
+            &allocated,
+            1,
+            Some(&view(&[("c", true)])),
+        )
+        .unwrap();
+        assert_eq!((c.pod.name.as_str(), c.kubelet_confirmed), ("a", false));
+        // A waiting pod whose next container asks for another count is not taken.
+        let c = choose_with(&pods_left, "n1", ANN, &allocated, 2, Some(&k));
+        assert!(c.is_err());
     }
 
     #[test]
