@@ -859,17 +859,19 @@ fn why_not(node: &Node, c: &ContainerRequest) -> String {
     why_not_counted(node, c, fit)
 }
 
-/// Why container `c` does not fit on `node`, where `fit` of its GPUs qualify.
+/// Why container `c` does not fit on `node`, where `fit` of its GPUs qualify. No `%` in
+/// the text: kube-scheduler passes an extender's reason through a format string, so a `%`
+/// comes out mangled in the pod's FailedScheduling event ("50%!c(MISSING)ores").
 fn why_not_counted(node: &Node, c: &ContainerRequest, fit: usize) -> String {
     let r = &c.request;
     let each = match r.share {
         GpuShare::Whole => "a whole idle GPU".to_owned(),
-        GpuShare::Fraction { milli } => format!("{}% of the memory", milli / 10),
+        GpuShare::Fraction { milli } => format!("{} percent of the memory", milli / 10),
         GpuShare::Memory { bytes } => format!("{} MiB", bytes >> 20),
     };
     let cores = r
         .cores
-        .map_or(String::new(), |c| format!(" and {c}% cores"));
+        .map_or(String::new(), |c| format!(" and {c} percent of the cores"));
     let mut limits = Vec::new();
     if !r.model_include.is_empty() {
         limits.push(format!("model in {:?}", r.model_include));
@@ -903,6 +905,29 @@ fn why_not_counted(node: &Node, c: &ContainerRequest, fit: usize) -> String {
 mod tests {
     use super::*;
     use fgpu_driver::engine::{Gpu, Request};
+
+    /// FailedNodes reasons reach the pod's event through a format string: no `%`.
+    #[test]
+    fn reasons_have_no_percent_sign() {
+        let node = Node::new(
+            "n",
+            vec![Gpu::new("gpu-0", "NVIDIA H100 80GB HBM3", 1 << 30)],
+        );
+        let mut r = Request::new(1, GpuShare::Fraction { milli: 500 });
+        r.cores = Some(50);
+        r.model_include = vec!["T4".into()];
+        let c = ContainerRequest {
+            index: 0,
+            name: "main".into(),
+            request: r,
+        };
+        let why = why_not(&node, &c);
+        assert!(!why.contains('%'), "{why}");
+        assert!(
+            why.contains("50 percent of the memory and 50 percent of the cores free"),
+            "{why}"
+        );
+    }
 
     /// The allocation-free pre-check agrees with the engine on free GPUs.
     #[test]
