@@ -12,6 +12,8 @@
 //!   held (optimistic; no node lock).
 //! * [`writer`]: the [`ClusterWriter`] trait, an in-memory cluster and the kube-rs one.
 //! * [`http`]: the hyper server.
+//! * [`watch`]: wakes the resync when a pod with a decision goes or a node's inventory
+//!   changes (between the periodic lists).
 //!
 //! [`run`] is the daemon (`fgpu-controller extender`): resync from the API server every
 //! few seconds, serve the extender. Wire it in `main.rs` as
@@ -22,6 +24,7 @@ pub mod annotations;
 pub mod http;
 pub mod pod;
 pub mod state;
+pub mod watch;
 pub mod writer;
 
 use std::net::SocketAddr;
@@ -168,11 +171,22 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     let server = tokio::spawn(http::serve(listener, ext.clone(), writer));
     let period = Duration::from_secs(args.resync_seconds.max(1));
     let mut last_errors = report.errors;
+    // Resync at once when capacity is given back or changes, not only every period.
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let watch = tokio::spawn(watch::wake_on_changes(
+        client.clone(),
+        ext.config().driver.pod_assignment_annotation(),
+        ext.config().driver.node_inventory_annotation(),
+        wake.clone(),
+    ));
     let stop = stopped();
     tokio::pin!(stop);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
+            // A short pause gathers the events of one change (a deleted pod is updated,
+            // then deleted) into one list.
+            _ = wake.notified() => tokio::time::sleep(Duration::from_millis(100)).await,
             _ = &mut stop => break,
         }
         match resync(&client, &ext).await {
@@ -188,6 +202,7 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
         }
     }
     server.abort();
+    watch.abort();
     tracing::info!("stopped");
     Ok(())
 }
