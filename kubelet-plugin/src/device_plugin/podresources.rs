@@ -87,10 +87,11 @@ pub async fn list(socket: &Path, resource: &str) -> Result<KubeletPods, String> 
 mod tests {
     use super::*;
 
-    /// A response: (namespace/name, [(container, [(resource, ids)])]).
-    pub(crate) fn response(
-        pods: &[(&str, &[(&str, &[(&str, &[&str])])])],
-    ) -> pr::ListPodResourcesResponse {
+    /// (container, [(resource, device ids)]).
+    type Container<'a> = (&'a str, &'a [(&'a str, &'a [&'a str])]);
+
+    /// A response: (namespace/name, containers).
+    fn response(pods: &[(&str, &[Container])]) -> pr::ListPodResourcesResponse {
         pr::ListPodResourcesResponse {
             pod_resources: pods
                 .iter()
