@@ -13,20 +13,17 @@
 //!    kubelet allocates containers in `spec.containers` order);
 //! 3. the first container of each pod, if it asks for as many GPUs as the `Allocate` has
 //!    device ids;
-//! 4. the pod bound first (PodScheduled's `lastTransitionTime`, else the creation time; then
-//!    the creation time, then `namespace/name`).
+//! 4. the pod the kubelet is admitting, when the kubelet's pod resources view is at hand
+//!    ([`choose_with`], [`super::podresources`]);
+//! 5. else the pod bound first (PodScheduled's `lastTransitionTime`, else the creation
+//!    time; then the creation time, then `namespace/name`).
 //!
-//! Why the earliest bind and not the most recent: the kubelet admits pods one at a time in
-//! the order its watch delivers them (batches sorted by creation time), which is the order
-//! of the Bindings; a pod bound later cannot be admitted before an earlier one still
-//! waiting. With one pending pod per node (HAMi's lock) both rules agree.
-//!
-//! The race that remains: two pods bound within the same second to one node, both pending,
-//! whose next containers ask for the same number of GPUs, and whose order in the kubelet
-//! differs from their creation order. Then each may get the other's grant; both grants were
-//! accounted by the extender's ledger, so nothing is over-granted, but the quotas are
-//! swapped if they differ. HAMi avoids this by binding one pod per node at a time; fgpu
-//! accepts it as a rare, bounded misassignment (see `docs/device-plugin.md`).
+//! The earliest-bind rule alone is a guess: the kubelet admits a batch of pods sorted by
+//! creation time (one-second resolution, ties in no defined order), so two pods bound to
+//! one node within the same second whose next containers ask for the same number of GPUs
+//! can get each other's grants — seen on a real kubelet with four pods
+//! (`tests/e2e/52-legacy-burst`). The kubelet's view removes the guess; the rule remains
+//! the fallback (see `docs/device-plugin.md`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
