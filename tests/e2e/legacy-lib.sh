@@ -72,14 +72,27 @@ legacy_stop() {
   rm -f "$(legacy_pidfile "$name")"
 }
 
+# own_build <dest dir> <binary> <cargo build args...>: build, then copy the binary. The cargo
+# target directory is shared with other checkouts, and target/<profile>/<binary> is whichever
+# checkout built last: build again after the copy and compare, so a copy taken just after
+# another checkout's build replaced ours is noticed and taken again.
+own_build() {
+  local dest="$1" bin="$2" i; shift 2
+  local target="${CARGO_TARGET_DIR:-${FGPU_CACHE:-/var/cache/fgpu}/target}/${FGPU_E2E_PROFILE:-debug}"
+  for i in 1 2 3; do
+    (cd "$E2E_LIB_DIR/../.." && cargo build -q "$@") >&2 || fail "cargo build $* failed"
+    if [ "$i" -gt 1 ] && cmp -s "$target/$bin" "$dest/$bin"; then return 0; fi
+    cp "$target/$bin" "$dest/$bin"
+  done
+  fail "$target/$bin keeps changing under us (another checkout building the same binary)"
+}
+
 legacy_setup() {
-  local target profile="${FGPU_E2E_PROFILE:-debug}" flags=() n
+  local flags=() n
   plugin_setup "$1"
-  target="${CARGO_TARGET_DIR:-${FGPU_CACHE:-/var/cache/fgpu}/target}/$profile"
-  [ "$profile" = debug ] || flags=(--profile "$profile")
-  (cd "$E2E_LIB_DIR/../.." && cargo build -q "${flags[@]}" -p fgpu-controller --bin fgpu-controller) >&2 \
-    || fail "cargo build -p fgpu-controller failed"
-  cp "$target/fgpu-controller" "$work/bin/"
+  [ "${FGPU_E2E_PROFILE:-debug}" = debug ] || flags=(--profile "$FGPU_E2E_PROFILE")
+  own_build "$work/bin" fgpu-kubelet-plugin "${flags[@]}" -p fgpu-kubelet-plugin --bin fgpu-kubelet-plugin
+  own_build "$work/bin" fgpu-controller "${flags[@]}" -p fgpu-controller --bin fgpu-controller
   # Stand-ins for the fake GPUs' device nodes (the profile's deviceRoot), as plugin.sh makes.
   mkdir -p /run/fgpu-e2e/dev
   for n in nvidia0 nvidia1 nvidiactl nvidia-uvm nvidia-uvm-tools; do
