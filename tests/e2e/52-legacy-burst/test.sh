@@ -31,6 +31,7 @@ say "8 pods bound $((SECONDS - t0))s after the 20 were created"
 # Give the scheduler time to try the rest (and to bind too many, were it able to).
 wait_until 60 "12 pods reported FailedScheduling" sh -c \
   "[ \"\$(kubectl -n $E2E_NS get events --field-selector reason=FailedScheduling -o jsonpath='{range .items[*]}{.involvedObject.name}{\"\\n\"}{end}' | sort -u | wc -l)\" -ge 12 ]"
+say "12 pods reported FailedScheduling $((SECONDS - t0))s after the 20 were created"
 sleep 5
 assert_eq "pods bound" 8 "$(nbound)"
 
@@ -81,6 +82,7 @@ say "one FailedScheduling: $(kubectl -n "$E2E_NS" get events --field-selector re
 # The real node's pods run, each with its own decision's GPU and grant.
 real="$(kubectl -n "$E2E_NS" get pods -o jsonpath="{range .items[?(@.spec.nodeName==\"$NODE_NAME\")]}{.metadata.name}{\" \"}{end}")"
 assert_eq "pods on $NODE_NAME" 4 "$(wc -w <<<"$real")"
+t0=$SECONDS
 for p in $real; do
   wait_until 120 "pod $p Running" jp_eq "pod/$p" '{.status.phase}' Running
   g="$(decision_field "$p" 'd["containers"][0]["devices"][0]["id"]')"
@@ -88,6 +90,7 @@ for p in $real; do
   assert_eq "$p: device node and limits (decision: $g)" "/dev/nvidia${g#gpu-} FGPU_MEMORY_LIMIT=$((40000 << 20)) FGPU_CORE_LIMIT=50 " "$got"
 done
 
+say "the 4 pods on $NODE_NAME checked $((SECONDS - t0))s after the first check began"
 # Each Allocate named the pod the kubelet was admitting (its pod resources API), not a guess.
 assert_eq "allocations confirmed by the kubelet's pod resources view" 4 \
   "$(grep -c 'kubelet_confirmed=true' "$work/device-plugin.log" || true)"
@@ -96,6 +99,8 @@ assert_eq "allocations confirmed by the kubelet's pod resources view" 4 \
 gone="$(kubectl -n "$E2E_NS" get pods -o jsonpath="{range .items[?(@.spec.nodeName==\"fgpu-kwok-52\")]}{.metadata.name}{\" \"}{end}" | cut -d' ' -f1-2)"
 # shellcheck disable=SC2086 # two names
 kubectl -n "$E2E_NS" delete pod $gone --grace-period=0 --force >&2 2>/dev/null || true
+t0=$SECONDS
 wait_until 90 "8 pods bound again" sh -c "[ \"\$(kubectl -n $E2E_NS get pods -o jsonpath='{range .items[*]}{.spec.nodeName}{\"\\n\"}{end}' | grep -c .)\" -ge 8 ]"
+say "two pending pods bound $((SECONDS - t0))s after two bound ones were deleted"
 sleep 5
 assert_eq "pods bound after deleting two" 8 "$(nbound)"
