@@ -175,6 +175,7 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     let wake = Arc::new(tokio::sync::Notify::new());
     let watch = tokio::spawn(watch::wake_on_changes(
         client.clone(),
+        ext.clone(),
         ext.config().driver.pod_assignment_annotation(),
         ext.config().driver.node_inventory_annotation(),
         wake.clone(),

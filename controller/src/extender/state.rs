@@ -615,6 +615,40 @@ impl Extender {
         })
     }
 
+    /// Gives back at once the grants of a pod that is gone (deleted, or finished), given
+    /// its UID and its decision annotation's value, without waiting for the next list: the
+    /// watch calls it as soon as it sees the pod go, so that kube-scheduler's immediate retry
+    /// of a pending pod finds the capacity free. Returns how many grants were released. The
+    /// next [`Extender::sync`] agrees (it skips gone and finished pods).
+    pub fn release_gone_pod(&self, uid: &str, decision: &str) -> usize {
+        let ann = self.config.driver.pod_assignment_annotation();
+        let Ok(a) = PodAssignment::parse(uid, &ann, decision) else {
+            return 0;
+        };
+        let Some(slot) = self.slot(&a.node) else {
+            return 0;
+        };
+        let mut guard = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = &mut *guard;
+        let mut released = 0;
+        if let Some(r) = st.inflight.remove(uid)
+            && let Ok(l) = st.ledger.as_mut()
+        {
+            for g in r.grants {
+                released += usize::from(l.release(&g.id).is_ok());
+            }
+        }
+        if let Ok(l) = st.ledger.as_mut() {
+            for c in &a.containers {
+                released += usize::from(l.release(&grant_id(uid, &c.name)).is_ok());
+            }
+        }
+        if released > 0 {
+            st.generation += 1;
+        }
+        released
+    }
+
     /// Gives back the reservation of pod `uid` on `node`.
     pub fn unreserve(&self, node: &str, uid: &str) {
         let Some(slot) = self.slot(node) else { return };

@@ -54,11 +54,36 @@ pub fn inventory_changed(
     before != value
 }
 
+/// The UID and decision of a pod that is gone for good (deleted, or finished): its grants
+/// can be given back at once. `None` for a pod still running (being deleted gracefully
+/// included) or without a decision.
+pub fn gone_with_decision<'a>(
+    pod: &'a Pod,
+    ann: &str,
+    deleted: bool,
+) -> Option<(&'a str, &'a str)> {
+    let finished = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+    if !(deleted || finished) {
+        return None;
+    }
+    let uid = pod.metadata.uid.as_deref()?;
+    let decision = pod.metadata.annotations.as_ref()?.get(ann)?;
+    Some((uid, decision.as_str()))
+}
+
 /// Watches pods and nodes and calls `wake.notify_one()` on every change that gives back or
-/// adds GPU capacity (the initial listing counts as none). Runs until the task is dropped;
-/// watch errors are retried with kube-rs's default backoff.
+/// adds GPU capacity (the initial listing counts as none). A pod with a decision that is
+/// deleted or finished has its grants released in `ext` at once, before the resync: both
+/// kube-scheduler and this watch see the deletion at about the same moment, and the
+/// scheduler's immediate retry of a pending pod must find the capacity free. Runs until the
+/// task is dropped; watch errors are retried with kube-rs's default backoff.
 pub async fn wake_on_changes(
     client: kube::Client,
+    ext: Arc<super::Extender>,
     pod_ann: String,
     node_ann: String,
     wake: Arc<Notify>,
@@ -69,15 +94,20 @@ pub async fn wake_on_changes(
     let pods = async move {
         let mut s = std::pin::pin!(kube::runtime::WatchStreamExt::default_backoff(pods));
         while let Some(ev) = s.next().await {
-            match ev {
-                Ok(Event::Apply(p)) if pod_frees_capacity(&p, &pod_ann, false) => {
-                    pod_wake.notify_one()
+            let (p, deleted) = match ev {
+                Ok(Event::Apply(p)) => (p, false),
+                Ok(Event::Delete(p)) => (p, true),
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::debug!("pod watch: {e}");
+                    continue;
                 }
-                Ok(Event::Delete(p)) if pod_frees_capacity(&p, &pod_ann, true) => {
-                    pod_wake.notify_one()
-                }
-                Ok(_) => {}
-                Err(e) => tracing::debug!("pod watch: {e}"),
+            };
+            if let Some((uid, decision)) = gone_with_decision(&p, &pod_ann, deleted) {
+                ext.release_gone_pod(uid, decision);
+            }
+            if pod_frees_capacity(&p, &pod_ann, deleted) {
+                pod_wake.notify_one();
             }
         }
     };
@@ -138,6 +168,20 @@ mod tests {
         assert!(pod_frees_capacity(&deleting, ANN, false));
         assert!(!pod_frees_capacity(&pod(true, "Running"), ANN, false));
         assert!(!pod_frees_capacity(&pod(false, "Succeeded"), ANN, true));
+    }
+
+    #[test]
+    fn gone_pods_with_a_decision() {
+        let mut p = pod(true, "Running");
+        p.metadata.uid = Some("u1".into());
+        assert_eq!(gone_with_decision(&p, ANN, true), Some(("u1", "{}")));
+        assert_eq!(gone_with_decision(&p, ANN, false), None, "still running");
+        let mut done = pod(true, "Succeeded");
+        done.metadata.uid = Some("u2".into());
+        assert_eq!(gone_with_decision(&done, ANN, false), Some(("u2", "{}")));
+        let mut plain = pod(false, "Failed");
+        plain.metadata.uid = Some("u3".into());
+        assert_eq!(gone_with_decision(&plain, ANN, true), None, "no decision");
     }
 
     #[test]
