@@ -15,6 +15,7 @@ const PROTOS: &[&str] = &[
     "dra-health/v1/api.proto",
     "pluginregistration/v1/api.proto",
     "deviceplugin/v1beta1/api.proto",
+    "podresources/v1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

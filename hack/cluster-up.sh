@@ -331,6 +331,9 @@ serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+# the disk is shared with other builds: a moment of disk pressure must not taint the node for
+# the default 5 minutes
+evictionPressureTransitionPeriod: ${FGPU_EVICTION_PRESSURE_TRANSITION:-30s}
 $(kubelet_cgroup_settings)
 $extra
 $(gates_yaml)

@@ -44,7 +44,9 @@ pub mod drahealth {
         v1alpha1 => "v1alpha1"
     );
     generated!(
-        /// Package `v1` (kubelet 1.37+), advertised as `v1.DRAResourceHealth`.
+        /// Package `v1` (kubelet 1.37+), advertised as `v1.DRAResourceHealth`. The pod
+        /// resources API is package `v1` too, so its types are generated into this module
+        /// as well; use them through [`podresources::v1`](crate::proto::podresources::v1).
         v1 => "v1"
     );
 }
@@ -62,4 +64,19 @@ pub mod deviceplugin {
         /// (served by the plugin), including `cdi_devices` in `ContainerAllocateResponse`.
         v1beta1 => "v1beta1"
     );
+}
+
+/// Pod resources API (package `v1`): the kubelet's `PodResourcesLister` on
+/// `/var/lib/kubelet/pod-resources/kubelet.sock`, which pods it knows and which devices it
+/// gave their containers. The device plugin reads it in `Allocate` to learn which pod the
+/// kubelet is admitting. Generated into [`drahealth::v1`] (same proto package), named here.
+pub mod podresources {
+    /// Package `v1`: `PodResourcesLister.List` and its messages.
+    pub mod v1 {
+        pub use crate::proto::drahealth::v1::{
+            ContainerDevices, ContainerResources, ListPodResourcesRequest,
+            ListPodResourcesResponse, PodResources, pod_resources_lister_client,
+            pod_resources_lister_server,
+        };
+    }
 }

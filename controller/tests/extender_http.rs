@@ -65,7 +65,7 @@ async fn filter_prioritize_bind_over_tcp() {
         r["FailedNodes"]["node-t4"]
             .as_str()
             .unwrap()
-            .contains("container ubuntu-container: needs 1 GPU(s) with 3000 MiB and 30% cores free, model in [\"A100\"]"),
+            .contains("container ubuntu-container: needs 1 GPU(s) with 3000 MiB and 30 percent of the cores free, model in [\"A100\"]"),
         "{r}"
     );
     assert!(

@@ -310,6 +310,35 @@ async fn failed_binding_gives_everything_back() {
     );
 }
 
+/// A pod the watch sees deleted gives its grants back at once, before any list.
+#[tokio::test]
+async fn a_gone_pod_releases_its_grants_at_once() {
+    let ext = extender();
+    let cluster = MemoryCluster::default();
+    ext.sync(&[gpu_node("n", 1, "A100", 80)], &[], Instant::now());
+    let p = hami_pod("p", json!({}), 60 * 1024, 60);
+    assert_eq!(bind(&ext, &cluster, &p, "n").await, "");
+    let q = hami_pod("q", json!({}), 60 * 1024, 60);
+    assert!(
+        bind(&ext, &cluster, &q, "n")
+            .await
+            .contains("needs 1 GPU(s)")
+    );
+    let bound = cluster
+        .pods()
+        .into_iter()
+        .find(|x| x.metadata.name == "p")
+        .unwrap();
+    let decision = bound.metadata.annotations.get(ASSIGNED).unwrap();
+    assert_eq!(ext.release_gone_pod(&bound.metadata.uid, decision), 1);
+    assert!(ext.node_grants("n").is_empty());
+    assert_eq!(bind(&ext, &cluster, &q, "n").await, "", "q fits now");
+    // Twice, or with a decision that cannot be read: nothing more happens.
+    assert_eq!(ext.release_gone_pod(&bound.metadata.uid, decision), 0);
+    assert_eq!(ext.release_gone_pod("x", "not json"), 0);
+    assert_eq!(ext.node_grants("n").len(), 1, "q's grant stays");
+}
+
 /// The test: 20 pods bound at once to 2 nodes that hold exactly 8 of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_binds_never_over_grant() {

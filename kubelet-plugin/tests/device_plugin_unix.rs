@@ -132,6 +132,7 @@ async fn registers_lists_and_allocates() {
         health_interval: Duration::from_millis(200),
         kubelet_poll: Duration::from_millis(100),
         resync: Duration::from_millis(200),
+        pod_resources_socket: None,
     };
     let running = start(cfg, backend.clone(), pods.clone(), None)
         .await

@@ -14,6 +14,8 @@
 //! * [`webhook`]: the mutating admission webhook for pods asking for the legacy
 //!   resources (scheduler name, defaults, admission-time refusals).
 //! * [`http`]: the hyper servers (the extender over HTTP; the webhook over HTTPS).
+//! * [`watch`]: wakes the resync when a pod with a decision goes or a node's inventory
+//!   changes (between the periodic lists).
 //!
 //! [`run`] is the daemon (`fgpu-controller extender`): resync from the API server every
 //! few seconds, serve the extender (plain HTTP) and, with `--webhook-addr`, the admission
@@ -23,6 +25,7 @@ pub mod annotations;
 pub mod http;
 pub mod pod;
 pub mod state;
+pub mod watch;
 pub mod webhook;
 pub mod writer;
 
@@ -230,11 +233,23 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     };
     let period = Duration::from_secs(args.resync_seconds.max(1));
     let mut last_errors = report.errors;
+    // Resync at once when capacity is given back or changes, not only every period.
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let watch = tokio::spawn(watch::wake_on_changes(
+        client.clone(),
+        ext.clone(),
+        ext.config().driver.pod_assignment_annotation(),
+        ext.config().driver.node_inventory_annotation(),
+        wake.clone(),
+    ));
     let stop = stopped();
     tokio::pin!(stop);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
+            // A short pause gathers the events of one change (a deleted pod is updated,
+            // then deleted) into one list.
+            _ = wake.notified() => tokio::time::sleep(Duration::from_millis(100)).await,
             _ = &mut stop => break,
         }
         match resync(&client, &ext).await {
@@ -253,6 +268,7 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     if let Some(w) = webhook_server {
         w.abort();
     }
+    watch.abort();
     tracing::info!("stopped");
     Ok(())
 }

@@ -615,6 +615,40 @@ impl Extender {
         })
     }
 
+    /// Gives back at once the grants of a pod that is gone (deleted, or finished), given
+    /// its UID and its decision annotation's value, without waiting for the next list: the
+    /// watch calls it as soon as it sees the pod go, so that kube-scheduler's immediate retry
+    /// of a pending pod finds the capacity free. Returns how many grants were released. The
+    /// next [`Extender::sync`] agrees (it skips gone and finished pods).
+    pub fn release_gone_pod(&self, uid: &str, decision: &str) -> usize {
+        let ann = self.config.driver.pod_assignment_annotation();
+        let Ok(a) = PodAssignment::parse(uid, &ann, decision) else {
+            return 0;
+        };
+        let Some(slot) = self.slot(&a.node) else {
+            return 0;
+        };
+        let mut guard = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = &mut *guard;
+        let mut released = 0;
+        if let Some(r) = st.inflight.remove(uid)
+            && let Ok(l) = st.ledger.as_mut()
+        {
+            for g in r.grants {
+                released += usize::from(l.release(&g.id).is_ok());
+            }
+        }
+        if let Ok(l) = st.ledger.as_mut() {
+            for c in &a.containers {
+                released += usize::from(l.release(&grant_id(uid, &c.name)).is_ok());
+            }
+        }
+        if released > 0 {
+            st.generation += 1;
+        }
+        released
+    }
+
     /// Gives back the reservation of pod `uid` on `node`.
     pub fn unreserve(&self, node: &str, uid: &str) {
         let Some(slot) = self.slot(node) else { return };
@@ -883,17 +917,19 @@ fn why_not(node: &Node, c: &ContainerRequest) -> String {
     why_not_counted(node, c, fit)
 }
 
-/// Why container `c` does not fit on `node`, where `fit` of its GPUs qualify.
+/// Why container `c` does not fit on `node`, where `fit` of its GPUs qualify. No `%` in
+/// the text: kube-scheduler passes an extender's reason through a format string, so a `%`
+/// comes out mangled in the pod's FailedScheduling event ("50%!c(MISSING)ores").
 fn why_not_counted(node: &Node, c: &ContainerRequest, fit: usize) -> String {
     let r = &c.request;
     let each = match r.share {
         GpuShare::Whole => "a whole idle GPU".to_owned(),
-        GpuShare::Fraction { milli } => format!("{}% of the memory", milli / 10),
+        GpuShare::Fraction { milli } => format!("{} percent of the memory", milli / 10),
         GpuShare::Memory { bytes } => format!("{} MiB", bytes >> 20),
     };
     let cores = r
         .cores
-        .map_or(String::new(), |c| format!(" and {c}% cores"));
+        .map_or(String::new(), |c| format!(" and {c} percent of the cores"));
     let mut limits = Vec::new();
     if !r.model_include.is_empty() {
         limits.push(format!("model in {:?}", r.model_include));
@@ -927,6 +963,29 @@ fn why_not_counted(node: &Node, c: &ContainerRequest, fit: usize) -> String {
 mod tests {
     use super::*;
     use fgpu_driver::engine::{Gpu, Request};
+
+    /// FailedNodes reasons reach the pod's event through a format string: no `%`.
+    #[test]
+    fn reasons_have_no_percent_sign() {
+        let node = Node::new(
+            "n",
+            vec![Gpu::new("gpu-0", "NVIDIA H100 80GB HBM3", 1 << 30)],
+        );
+        let mut r = Request::new(1, GpuShare::Fraction { milli: 500 });
+        r.cores = Some(50);
+        r.model_include = vec!["T4".into()];
+        let c = ContainerRequest {
+            index: 0,
+            name: "main".into(),
+            request: r,
+        };
+        let why = why_not(&node, &c);
+        assert!(!why.contains('%'), "{why}");
+        assert!(
+            why.contains("50 percent of the memory and 50 percent of the cores free"),
+            "{why}"
+        );
+    }
 
     /// The allocation-free pre-check agrees with the engine on free GPUs.
     #[test]

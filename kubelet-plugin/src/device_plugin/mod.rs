@@ -18,6 +18,7 @@
 pub mod annotations;
 pub mod container;
 pub mod node;
+pub mod podresources;
 pub mod pods;
 pub mod register;
 pub mod service;
@@ -71,6 +72,8 @@ pub struct DevicePluginConfig {
     pub kubelet_poll: Duration,
     /// How often claims of gone pods are cleaned up and the Node annotation verified.
     pub resync: Duration,
+    /// The kubelet's pod resources socket (which pod `Allocate` serves); `None`: not read.
+    pub pod_resources_socket: Option<PathBuf>,
 }
 
 /// The running device plugin.
@@ -154,6 +157,8 @@ pub async fn start<P: PodSource + Clone>(
             node: node.clone(),
             assignment_annotation: assignment.clone(),
             response: cfg.response,
+            pod_resources_socket: cfg.pod_resources_socket.clone(),
+            resource_name: cfg.resource_name.clone(),
         },
         plugin.clone(),
         claims,
@@ -370,6 +375,10 @@ pub struct DevicePluginArgs {
     /// Async worker threads.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub worker_threads: u16,
+    /// The kubelet's pod resources socket, read at each Allocate to learn which pod the
+    /// kubelet is admitting; empty: not read (the earliest bind decides).
+    #[arg(long, value_name = "FILE", default_value = podresources::DEFAULT_SOCKET)]
+    pub pod_resources_socket: PathBuf,
 }
 
 /// Runs the device plugin until SIGTERM or SIGINT.
@@ -421,6 +430,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         health_interval: Duration::from_secs(args.health_seconds),
         kubelet_poll: Duration::from_secs(1),
         resync: Duration::from_secs(args.resync_seconds),
+        pod_resources_socket: Some(args.pod_resources_socket).filter(|p| !p.as_os_str().is_empty()),
     };
     let runtime =
         crate::serve::runtime(args.worker_threads).context("cannot start the async runtime")?;

@@ -13,26 +13,24 @@
 //!    kubelet allocates containers in `spec.containers` order);
 //! 3. the first container of each pod, if it asks for as many GPUs as the `Allocate` has
 //!    device ids;
-//! 4. the pod bound first (PodScheduled's `lastTransitionTime`, else the creation time; then
-//!    the creation time, then `namespace/name`).
+//! 4. the pod the kubelet is admitting, when the kubelet's pod resources view is at hand
+//!    ([`choose_with`], [`super::podresources`]);
+//! 5. else the pod bound first (PodScheduled's `lastTransitionTime`, else the creation
+//!    time; then the creation time, then `namespace/name`).
 //!
-//! Why the earliest bind and not the most recent: the kubelet admits pods one at a time in
-//! the order its watch delivers them (batches sorted by creation time), which is the order
-//! of the Bindings; a pod bound later cannot be admitted before an earlier one still
-//! waiting. With one pending pod per node (HAMi's lock) both rules agree.
-//!
-//! The race that remains: two pods bound within the same second to one node, both pending,
-//! whose next containers ask for the same number of GPUs, and whose order in the kubelet
-//! differs from their creation order. Then each may get the other's grant; both grants were
-//! accounted by the extender's ledger, so nothing is over-granted, but the quotas are
-//! swapped if they differ. HAMi avoids this by binding one pod per node at a time; fgpu
-//! accepts it as a rare, bounded misassignment (see `docs/device-plugin.md`).
+//! The earliest-bind rule alone is a guess: the kubelet admits a batch of pods sorted by
+//! creation time (one-second resolution, ties in no defined order), so two pods bound to
+//! one node within the same second whose next containers ask for the same number of GPUs
+//! can get each other's grants — seen on a real kubelet with four pods
+//! (`tests/e2e/52-legacy-burst`). The kubelet's view removes the guess; the rule remains
+//! the fallback (see `docs/device-plugin.md`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::annotations::{AssignmentError, ContainerAssignment, PodAssignment};
+use super::podresources::KubeletPods;
 
 /// What the device plugin reads of a pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -148,6 +146,9 @@ pub struct Choice {
     pub pod: PodInfo,
     /// The container's grant.
     pub container: ContainerAssignment,
+    /// Whether the kubelet's pod resources view singled this pod out (it is the one being
+    /// admitted); `false`: chosen by the earliest-bind rule alone.
+    pub kubelet_confirmed: bool,
 }
 
 /// No pod matched; says what was seen.
@@ -178,9 +179,25 @@ pub fn choose(
     allocated: &BTreeSet<String>,
     devices: usize,
 ) -> Result<Choice, NoMatch> {
+    choose_with(pods, node, annotation, allocated, devices, None)
+}
+
+/// [`choose`], narrowed by the kubelet's own view when there is one: among the matching
+/// containers, those the kubelet shows waiting for devices (the pod it is admitting, see
+/// [`super::podresources`]) win over the earliest-bind order. When none of them is waiting
+/// (the view is stale or the kubelet is older), the earliest-bind rule decides alone.
+pub fn choose_with(
+    pods: &[PodInfo],
+    node: &str,
+    annotation: &str,
+    allocated: &BTreeSet<String>,
+    devices: usize,
+    kubelet: Option<&KubeletPods>,
+) -> Result<Choice, NoMatch> {
     let mut problems = Vec::new();
     let (mut candidates, mut done) = (0, 0);
     let mut best: Option<(&PodInfo, ContainerAssignment)> = None;
+    let mut best_waiting: Option<(&PodInfo, ContainerAssignment)> = None;
     let order = |p: &PodInfo| (p.bound.unwrap_or(p.created), p.created, p.key());
     for pod in pods {
         if pod.node_name != node || pod.terminated() || pod.deleting {
@@ -220,21 +237,32 @@ pub fn choose(
         if next.devices.len() != devices {
             continue;
         }
+        if kubelet.is_some_and(|k| k.waiting(&pod.key(), &next.name))
+            && best_waiting
+                .as_ref()
+                .is_none_or(|(b, _)| order(pod) < order(b))
+        {
+            best_waiting = Some((pod, next.clone()));
+        }
         if best.as_ref().is_none_or(|(b, _)| order(pod) < order(b)) {
             best = Some((pod, next));
         }
     }
-    best.map(|(pod, container)| Choice {
-        pod: pod.clone(),
-        container,
-    })
-    .ok_or(NoMatch {
-        node: node.to_owned(),
-        devices,
-        candidates,
-        allocated: done,
-        problems,
-    })
+    let kubelet_confirmed = best_waiting.is_some();
+    best_waiting
+        .or(best)
+        .map(|(pod, container)| Choice {
+            pod: pod.clone(),
+            container,
+            kubelet_confirmed,
+        })
+        .ok_or(NoMatch {
+            node: node.to_owned(),
+            devices,
+            candidates,
+            allocated: done,
+            problems,
+        })
 }
 
 /// [`PodSource`] through the API server: `GET pods?fieldSelector=spec.nodeName=<node>`.
@@ -359,6 +387,67 @@ mod tests {
         );
         let e = pick(&pods, &["uid-early-x", "uid-early-y", "uid-late-a"], 1).unwrap_err();
         assert_eq!((e.candidates, e.allocated), (0, 2));
+    }
+
+    /// Four pods bound in the same second, each asking for one GPU: the earliest-bind rule
+    /// alone picks "a" for every Allocate; the kubelet's view picks the pod it is admitting.
+    #[test]
+    fn the_kubelets_view_names_the_pod_being_admitted() {
+        use super::super::podresources::KubeletPods;
+        use fgpu_api::proto::podresources::v1 as pr;
+        let pods: Vec<PodInfo> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|n| pod(n, 10, &decision(&[("main", 1)])))
+            .collect();
+        let allocated = BTreeSet::new();
+        // The kubelet admitted "c" already, is admitting "b", has not reached "a" and "d".
+        let view = |entries: &[(&str, bool)]| {
+            KubeletPods::from_response(
+                &pr::ListPodResourcesResponse {
+                    pod_resources: entries
+                        .iter()
+                        .map(|(name, has)| pr::PodResources {
+                            name: (*name).into(),
+                            namespace: "ns".into(),
+                            containers: vec![pr::ContainerResources {
+                                name: "main".into(),
+                                devices: if *has {
+                                    vec![pr::ContainerDevices {
+                                        resource_name: "nvidia.com/gpu".into(),
+                                        device_ids: vec!["GPU-0::1".into()],
+                                    }]
+                                } else {
+                                    vec![]
+                                },
+                            }],
+                        })
+                        .collect(),
+                },
+                "nvidia.com/gpu",
+            )
+        };
+        let k = view(&[("c", true), ("b", false)]);
+        let mut pods_left = pods.clone();
+        pods_left.retain(|p| p.name != "c");
+        let c = choose_with(&pods_left, "n1", ANN, &allocated, 1, Some(&k)).unwrap();
+        assert_eq!((c.pod.name.as_str(), c.kubelet_confirmed), ("b", true));
+        // Without the view: the earliest bind, then the name.
+        let c = choose_with(&pods_left, "n1", ANN, &allocated, 1, None).unwrap();
+        assert_eq!((c.pod.name.as_str(), c.kubelet_confirmed), ("a", false));
+        // A view that shows no waiting candidate (stale, or an older kubelet): the rule.
+        let c = choose_with(
+            &pods_left,
+            "n1",
+            ANN,
+            &allocated,
+            1,
+            Some(&view(&[("c", true)])),
+        )
+        .unwrap();
+        assert_eq!((c.pod.name.as_str(), c.kubelet_confirmed), ("a", false));
+        // A waiting pod whose next container asks for another count is not taken.
+        let c = choose_with(&pods_left, "n1", ANN, &allocated, 2, Some(&k));
+        assert!(c.is_err());
     }
 
     #[test]

@@ -13,7 +13,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::container::container_claim;
-use super::pods::{PodSource, choose};
+use super::podresources;
+use super::pods::{PodSource, choose_with};
 use crate::checkpoint::PrepareState;
 use crate::prepare::{MapClaimSource, Plugin};
 
@@ -40,6 +41,11 @@ pub struct ServiceConfig {
     pub assignment_annotation: String,
     /// What `Allocate` answers.
     pub response: AllocateResponseMode,
+    /// The kubelet's pod resources socket, read at each `Allocate` to learn which pod is
+    /// being admitted ([`super::podresources`]); `None`: the earliest-bind rule alone.
+    pub pod_resources_socket: Option<std::path::PathBuf>,
+    /// The resource registered (the devices the pod resources view is about).
+    pub resource_name: String,
 }
 
 /// The virtual devices advertised for `inventory`: `split` per GPU, `<uuid>::<k>`, with the
@@ -127,14 +133,29 @@ impl<P: PodSource> DevicePluginService<P> {
             .pods_on_node(node)
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
-        let choice = choose(
+        let kubelet = match &self.cfg.pod_resources_socket {
+            Some(socket) => match podresources::list(socket, &self.cfg.resource_name).await {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read which pod the kubelet admits; choosing by the earliest bind");
+                    None
+                }
+            },
+            None => None,
+        };
+        let choice = choose_with(
             &pods,
             node,
             &self.cfg.assignment_annotation,
             &self.allocated(),
             n,
+            kubelet.as_ref(),
         )
         .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        if kubelet.is_some() && !choice.kubelet_confirmed {
+            tracing::warn!(pod = %choice.pod.key(), container = %choice.container.name,
+                "the kubelet shows no waiting pod among the candidates; chose by the earliest bind");
+        }
         let inventory = self
             .backend
             .inventory(node)
@@ -158,7 +179,8 @@ impl<P: PodSource> DevicePluginService<P> {
             .flat_map(|d| d.cdi_device_ids.iter().cloned())
             .collect();
         tracing::info!(pod = %choice.pod.key(), container = %choice.container.name,
-            kubelet_devices = ?request.devices_ids, cdi = ?ids, "allocated");
+            kubelet_devices = ?request.devices_ids, cdi = ?ids,
+            kubelet_confirmed = choice.kubelet_confirmed, "allocated");
         if self.cfg.response != AllocateResponseMode::Legacy {
             resp.cdi_devices = ids.into_iter().map(|name| dp::CdiDevice { name }).collect();
         }
