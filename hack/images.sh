@@ -20,7 +20,9 @@
 #                             runAsNonRoot can check it), entrypoint the binary. The image
 #                             deploy/controller/controller.yaml's __IMAGE__ stands for in the
 #                             e2e harness (tests/e2e/45-controller-deployment). Rebuilt only
-#                             when an input is newer.
+#                             when an input is newer. FGPU_CONTROLLER_BIN=<file> packs that
+#                             binary instead of the newest of debug/release (which, with a
+#                             target dir shared by several checkouts, may be another's).
 #
 #   hack/images.sh build            write _out/images/{pause,workload}.tar (+ kubelet-plugin.tar,
 #                                   controller.tar)
@@ -150,8 +152,8 @@ build_plugin() {
 # writes nothing when the binary is missing (a note says so) or the archive is up to date.
 build_controller() {
   local out="$IMAGES_DIR/controller.tar" bin
-  bin="$(cargo_artifact fgpu-controller)"
-  if [ -z "$bin" ]; then
+  bin="${FGPU_CONTROLLER_BIN:-$(cargo_artifact fgpu-controller)}"
+  if [ -z "$bin" ] || [ ! -f "$bin" ]; then
     log "NOTE: fgpu-controller not built in $CARGO_TARGET_DIR/{debug,release}: no $CONTROLLER_IMAGE image"
     return 0
   fi

@@ -89,8 +89,11 @@ owned=1
 plugin_setup 45
 controller_setup # builds fgpu-controller; $work/pki for IP:127.0.0.1
 t0=$SECONDS
-out="$("$root/hack/images.sh" controller 2>&1)" || { tail -5 <<<"$out" >&2; fail "hack/images.sh controller failed"; }
+# this checkout's build, as controller_setup copied it (the newest of the shared target dir's
+# debug/release binaries may be another checkout's)
+out="$(FGPU_CONTROLLER_BIN="$work/bin/fgpu-controller" "$root/hack/images.sh" controller 2>&1)" || { tail -5 <<<"$out" >&2; fail "hack/images.sh controller failed"; }
 grep -E 'controller image holds|is up to date' <<<"$out" | sed 's/^/      /' >&2 || true
+grep -qF "controller from $work/bin/fgpu-controller" <<<"$out" || fail "the image was not packed from $work/bin/fgpu-controller"
 say "image $IMAGE ready in $((SECONDS - t0))s"
 
 classes | kubectl apply -f - >&2
@@ -104,7 +107,8 @@ say "Kubernetes $K8S_VERSION, resource.k8s.io/$api, consumable capacity: ${consu
 
 # --- RBAC, TLS Secret, Deployment
 kubectl apply -f "$root/deploy/controller/rbac.yaml" >&2
-kubectl -n "$SYS_NS" create secret tls fgpu-controller-tls --cert="$work/pki/tls.crt" --key="$work/pki/tls.key" >&2
+kubectl -n "$SYS_NS" create secret tls fgpu-controller-tls --cert="$work/pki/tls.crt" --key="$work/pki/tls.key" \
+  --dry-run=client -o yaml | kubectl apply -f - >&2
 apiserver_host="$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')"
 apiserver_port="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}' | sed -n 's#.*:\([0-9]*\)/*$#\1#p')"
 if [ -z "$apiserver_host" ] || [ -z "$apiserver_port" ]; then
