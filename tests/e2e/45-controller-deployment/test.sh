@@ -106,7 +106,9 @@ mode=auto want_mode=controller
 say "Kubernetes $K8S_VERSION, resource.k8s.io/$api, consumable capacity: ${consumable:-false}, --mode=$mode"
 
 # --- RBAC, TLS Secret, Deployment
-kubectl apply -f "$root/deploy/controller/rbac.yaml" >&2
+# FGPU_E2E_45_RBAC=<file>: apply that instead of rbac.yaml (an experiment: with a right taken
+# out, the scenario must fail)
+kubectl apply -f "${FGPU_E2E_45_RBAC:-$root/deploy/controller/rbac.yaml}" >&2
 kubectl -n "$SYS_NS" create secret tls fgpu-controller-tls --cert="$work/pki/tls.crt" --key="$work/pki/tls.key" \
   --dry-run=client -o yaml | kubectl apply -f - >&2
 apiserver_host="$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')"
