@@ -13,16 +13,29 @@
 #                             /etc/fgpu/fake/e2e-node.yaml, busybox (sh, cp, ... for the
 #                             DaemonSet's init container); the image deploy/kubelet-plugin/
 #                             daemonset.yaml expects. Rebuilt only when an input is newer.
+#   fgpu.local/controller:dev only when fgpu-controller is built: /usr/local/bin/fgpu-controller
+#                             (stripped) + its shared-library closure (libc, libm, libgcc_s,
+#                             the loader; TLS is rustls, so no OpenSSL), /etc/passwd with
+#                             nonroot; nothing else (no shell). User 65532:65532 (so
+#                             runAsNonRoot can check it), entrypoint the binary. The image
+#                             deploy/controller/controller.yaml's __IMAGE__ stands for in the
+#                             e2e harness (tests/e2e/45-controller-deployment). Rebuilt only
+#                             when an input is newer. FGPU_CONTROLLER_BIN=<file> packs that
+#                             binary instead of the newest of debug/release (which, with a
+#                             target dir shared by several checkouts, may be another's).
 #
-#   hack/images.sh build            write _out/images/{pause,workload}.tar (+ kubelet-plugin.tar)
+#   hack/images.sh build            write _out/images/{pause,workload}.tar (+ kubelet-plugin.tar,
+#                                   controller.tar)
 #   hack/images.sh import           import them into the running cluster's containerd
 #   hack/images.sh plugin           (re)build kubelet-plugin.tar if stale and import it
+#   hack/images.sh controller       (re)build controller.tar if stale and import it
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 IMAGES_DIR="$FGPU_ROOT/_out/images"
 PAUSE_IMAGE="fgpu.local/pause:3.10"
 WORKLOAD_IMAGE="fgpu.local/workload:dev"
 PLUGIN_IMAGE="fgpu.local/kubelet-plugin:dev"
+CONTROLLER_IMAGE="fgpu.local/controller:dev"
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$FGPU_CACHE/target}"
 
 # Newest of debug/release for an artifact name; empty if neither exists.
@@ -91,6 +104,7 @@ build() {
   python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$WORKLOAD_IMAGE" "$IMAGES_DIR/workload.tar" --cmd /bin/sh
   [ ${#have[@]} -gt 0 ] && log "workload image holds: ${have[*]}"
   build_plugin
+  build_controller
 }
 
 # The kubelet plugin's image (deploy/kubelet-plugin/daemonset.yaml's layout). Returns 0 and
@@ -134,17 +148,58 @@ build_plugin() {
   log "kubelet-plugin image holds: plugin from $bin, shim from $shim, fake CUDA from $fake"
 }
 
+# The controller's image (deploy/controller/controller.yaml). Like build_plugin: returns 0 and
+# writes nothing when the binary is missing (a note says so) or the archive is up to date.
+build_controller() {
+  local out="$IMAGES_DIR/controller.tar" bin
+  bin="${FGPU_CONTROLLER_BIN:-$(cargo_artifact fgpu-controller)}"
+  if [ -z "$bin" ] || [ ! -f "$bin" ]; then
+    log "NOTE: fgpu-controller not built in $CARGO_TARGET_DIR/{debug,release}: no $CONTROLLER_IMAGE image"
+    return 0
+  fi
+  local f stale=0
+  [ -f "$out" ] || stale=1
+  for f in "$bin" "${BASH_SOURCE[0]}" "$FGPU_ROOT/tests/images/mkoci.py"; do
+    if [ "$f" -nt "$out" ]; then stale=1; fi
+  done
+  if [ $stale = 0 ]; then log "$CONTROLLER_IMAGE is up to date ($out)"; return 0; fi
+  ensure_pkgs binutils python3
+  mkdir -p "$IMAGES_DIR"
+  local work; work="$(mktemp -d)"
+  local r="$work/controller"
+  mkdir -p "$r"/{etc,tmp,proc,sys,dev,usr/local/bin}
+  chmod 1777 "$r/tmp"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$r/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$r/etc/group"
+  # a debug build is ~250 MiB, nearly all debug info: stripped ~33 MiB (a release one ~15 MiB)
+  strip -o "$r/usr/local/bin/fgpu-controller" "$bin"
+  copy_libs "$r" "$bin"
+  printf '%s\n' "fgpu controller image, built $(date -u +%FT%TZ)" "controller from $bin" >"$r/etc/fgpu-image"
+  python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$CONTROLLER_IMAGE" "$out" \
+    --entrypoint /usr/local/bin/fgpu-controller --user 65532:65532 \
+    || { rm -rf "$work"; die "packing $CONTROLLER_IMAGE failed"; }
+  rm -rf "$work"
+  log "controller image holds: controller from $bin ($(du -k "$out" | cut -f1) KiB archive)"
+}
+
+# import_one <name>: _out/images/<name>.tar into the running cluster's containerd
+import_one() {
+  local sock="$CLUSTER_STATE/containerd/containerd.sock"
+  [ -S "$sock" ] || die "containerd is not running ($sock missing): run hack/cluster-up.sh"
+  # --no-unpack would leave the snapshotter to unpack on first use; unpack now so failures show here
+  "$(containerd_bindir)/ctr" --address "$sock" -n k8s.io images import --snapshotter "${FGPU_SNAPSHOTTER:-overlayfs}" \
+    "$IMAGES_DIR/$1.tar" >&2 || die "importing $1.tar into containerd failed"
+}
+
 import() {
   local ctr; ctr="$(containerd_bindir)/ctr"
   local sock="$CLUSTER_STATE/containerd/containerd.sock"
   [ -S "$sock" ] || die "containerd is not running ($sock missing): run hack/cluster-up.sh"
   local img
-  for img in pause workload kubelet-plugin; do
-    if [ "$img" = kubelet-plugin ]; then [ -f "$IMAGES_DIR/$img.tar" ] || continue; fi # optional
+  for img in pause workload kubelet-plugin controller; do
+    case $img in kubelet-plugin|controller) [ -f "$IMAGES_DIR/$img.tar" ] || continue ;; esac # optional
     [ -f "$IMAGES_DIR/$img.tar" ] || die "$IMAGES_DIR/$img.tar missing: run hack/images.sh build"
-    # --no-unpack would leave the snapshotter to unpack on first use; unpack now so failures show here
-    "$ctr" --address "$sock" -n k8s.io images import --snapshotter "${FGPU_SNAPSHOTTER:-overlayfs}" "$IMAGES_DIR/$img.tar" >&2 \
-      || die "importing $img.tar into containerd failed"
+    import_one "$img"
   done
   # kubelet's image GC must not remove the sandbox image
   "$ctr" --address "$sock" -n k8s.io images label "$PAUSE_IMAGE" io.cri-containerd.pinned=pinned >/dev/null
@@ -158,10 +213,12 @@ case "${1:-build}" in
   plugin) # build (if stale) and import only the kubelet plugin's image
     build_plugin
     [ -f "$IMAGES_DIR/kubelet-plugin.tar" ] || die "no $PLUGIN_IMAGE image (binaries missing, see above)"
-    sock="$CLUSTER_STATE/containerd/containerd.sock"
-    [ -S "$sock" ] || die "containerd is not running ($sock missing): run hack/cluster-up.sh"
-    "$(containerd_bindir)/ctr" --address "$sock" -n k8s.io images import --snapshotter "${FGPU_SNAPSHOTTER:-overlayfs}" \
-      "$IMAGES_DIR/kubelet-plugin.tar" >&2 || die "importing kubelet-plugin.tar into containerd failed"
+    import_one kubelet-plugin
     ;;
-  *) die "usage: $0 build|import|all|plugin" ;;
+  controller) # build (if stale) and import only the controller's image
+    build_controller
+    [ -f "$IMAGES_DIR/controller.tar" ] || die "no $CONTROLLER_IMAGE image (fgpu-controller not built, see above)"
+    import_one controller
+    ;;
+  *) die "usage: $0 build|import|all|plugin|controller" ;;
 esac

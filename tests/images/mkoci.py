@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a single-layer OCI image archive (OCI image layout in a tar) from a root directory.
 
-    mkoci.py ROOTFS IMAGE_REF OUT.tar [--entrypoint /pause] [--cmd sh ...]
+    mkoci.py ROOTFS IMAGE_REF OUT.tar [--entrypoint /pause] [--cmd sh ...] [--user UID:GID]
 
 Used by hack/images.sh: no registry and no image builder are available on these machines,
 so the images the local cluster needs are assembled here and imported with
@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--entrypoint", nargs="*", default=None)
     ap.add_argument("--cmd", nargs="*", default=None)
     ap.add_argument("--env", action="append", default=[])
+    ap.add_argument("--user", default=None, help="the config's User, numeric (runAsNonRoot can check it)")
     a = ap.parse_args()
 
     layer = layer_tar(a.rootfs)
@@ -73,6 +74,8 @@ def main():
         config["config"]["Entrypoint"] = a.entrypoint
     if a.cmd:
         config["config"]["Cmd"] = a.cmd
+    if a.user:
+        config["config"]["User"] = a.user
     tag = a.ref.rsplit(":", 1)[1] if ":" in a.ref.rsplit("/", 1)[-1] else "latest"
     tmp = a.out + ".tmp"
     with tarfile.open(tmp, "w") as tar:
