@@ -19,7 +19,8 @@
 #   legacy_stop <name> [signal]  stop one of the above (extender, device-plugin, scheduler,
 #                          kwok) by the pid recorded when it was started (TERM, KILL after 10 s;
 #                          or the signal given, e.g. KILL)
-#   legacy_apply <file>    apply a manifest of HAMi pods (see the function)
+#   legacy_apply <file>    apply a manifest of HAMi pods as they are (the webhook sets the
+#                          scheduler; see the function)
 #   decision <pod>         the pod's decision annotation (JSON), empty when none
 #   legacy_cleanup <rc>    pods deleted, kwok node and node annotation removed, every process
 #                          stopped, logs printed on failure, $work removed
@@ -31,6 +32,15 @@
 # shellcheck disable=SC2034 # used by the scripts that source this file
 LEGACY_SCHEDULER_NAME=fgpu-scheduler
 LEGACY_EXTENDER_ADDR="${FGPU_E2E_EXTENDER_ADDR:-127.0.0.1:18888}"
+# The extender's mutating webhook (HTTPS, same process), registered by URL for the
+# scenario's namespace from deploy/extender/webhook.yaml. A scenario sets LEGACY_WEBHOOK=0
+# before legacy_up to go without it (legacy_apply then sets spec.schedulerName itself):
+# 53 restarts the extender, and with the webhook's failurePolicy Fail a pod created while
+# it is down is refused (by design, docs/extender.md); 51 adds kwok nodes mid-way whose GPU
+# models the webhook would check against an inventory a resync behind.
+LEGACY_WEBHOOK_ADDR="${FGPU_E2E_LEGACY_WEBHOOK_ADDR:-127.0.0.1:18443}"
+LEGACY_WEBHOOK="${LEGACY_WEBHOOK:-1}"
+legacy_webhook_file=""
 LEGACY_SCHEDULER_PORT="${FGPU_E2E_SCHEDULER_PORT:-10269}"
 LEGACY_INVENTORY_ANN=gpu.fgpu.dev/node-gpus
 LEGACY_DECISION_ANN=gpu.fgpu.dev/assigned-devices
@@ -99,6 +109,7 @@ legacy_setup() {
     [ -c "/run/fgpu-e2e/dev/$n" ] || mknod -m 0666 "/run/fgpu-e2e/dev/$n" c 1 3
   done
   legacy_scheduler_config >"$work/scheduler.yaml"
+  "$E2E_LIB_DIR/../../hack/webhook-certs.sh" "$work/pki" "IP:${LEGACY_WEBHOOK_ADDR%:*}" >&2
 }
 
 # The second scheduler's configuration: one profile, fgpu-scheduler, with the extender.
@@ -139,9 +150,27 @@ EOF
 
 # shellcheck disable=SC2120 # extra flags are optional
 start_extender() {
+  local hook=()
+  [ "$LEGACY_WEBHOOK" != 1 ] || hook=(--webhook-addr "$LEGACY_WEBHOOK_ADDR" \
+    --tls-cert "$work/pki/tls.crt" --tls-key "$work/pki/tls.key" --scheduler-name "$LEGACY_SCHEDULER_NAME")
   legacy_start extender env RUST_LOG="${FGPU_E2E_EXTENDER_LOG:-info}" "$work/bin/fgpu-controller" extender \
-    --listen "$LEGACY_EXTENDER_ADDR" --kubeconfig "$KUBECONFIG" --resync-seconds 2 "$@"
+    --listen "$LEGACY_EXTENDER_ADDR" --kubeconfig "$KUBECONFIG" --resync-seconds 2 "${hook[@]}" "$@"
   wait_until 30 "extender /healthz" curl -sf "http://$LEGACY_EXTENDER_ADDR/healthz"
+  [ "$LEGACY_WEBHOOK" != 1 ] \
+    || wait_until 30 "extender webhook /healthz" curl -sfk "https://$LEGACY_WEBHOOK_ADDR/healthz"
+}
+
+# deploy/extender/webhook.yaml as a cluster admin applies it, but by URL (no Service here)
+# and for the scenario's namespace only.
+register_legacy_webhook() {
+  legacy_webhook_file="$work/legacy-webhook.yaml"
+  sed -e "s#service: {namespace: fgpu-system, name: fgpu-extender, path: \([^,]*\), port: 443}#url: https://$LEGACY_WEBHOOK_ADDR\1#" \
+      -e "s#__CA_BUNDLE__#$(cat "$work/pki/ca.b64")#" \
+      -e "s#operator: NotIn, values: \[kube-system, fgpu-system\]#operator: In, values: [$E2E_NS]#" \
+      "$E2E_LIB_DIR/../../deploy/extender/webhook.yaml" >"$legacy_webhook_file"
+  grep -q "url: https://$LEGACY_WEBHOOK_ADDR/mutate-pods" "$legacy_webhook_file" || fail "rendering $legacy_webhook_file"
+  grep -q "values: \[$E2E_NS\]" "$legacy_webhook_file" || fail "rendering $legacy_webhook_file (namespace)"
+  kubectl apply -f "$legacy_webhook_file" >&2
 }
 
 # Registrations in the device plugin's log so far.
@@ -181,6 +210,11 @@ legacy_up() {
   wait_until 60 "node $NODE_NAME allocatable nvidia.com/gpu = 20" \
     sh -c "[ \"\$(kubectl get node $NODE_NAME -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')\" = 20 ]"
   wait_until 30 "node inventory annotation published" inventory_published "$NODE_NAME"
+  if [ "$LEGACY_WEBHOOK" = 1 ]; then
+    register_legacy_webhook
+    # Let the extender's resync see the inventory the webhook checks GPU sizes against.
+    sleep 3
+  fi
 }
 inventory_published() { [ -n "$(node_inventory "$1")" ]; }
 
@@ -212,12 +246,15 @@ EOF
   wait_until 60 "kwok node $name Ready" jp_eq "node/$name" '{.status.conditions[?(@.type=="Ready")].status}' True ""
 }
 
-# legacy_apply <file>: apply HAMi pod specs as HAMi documents them, with only
-# spec.schedulerName added (and __NS__/__IMAGE__ filled in). This is the one place that
-# stands in for fgpu's mutating webhook (schedulerName + defaults, being written in
-# `fgpu-controller extender`); once it is registered by the harness, drop the schedulerName
-# here and let the webhook set it.
+# legacy_apply <file>: apply HAMi pod specs as HAMi documents them (__NS__/__IMAGE__ filled
+# in). With the webhook (LEGACY_WEBHOOK=1) nothing else is changed: the webhook gives them
+# spec.schedulerName fgpu-scheduler and its defaults. Without it, this adds only
+# spec.schedulerName, standing in for the webhook.
 legacy_apply() {
+  if [ "$LEGACY_WEBHOOK" = 1 ]; then
+    sed -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$1" | kubectl apply -f - >&2
+    return
+  fi
   sed -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$1" \
     | kubectl create --dry-run=client -o json -f - \
     | python3 -c '
@@ -249,6 +286,7 @@ wait_probe() { wait_until "${2:-120}" "pod $1 ran its probe" sh -c "kubectl -n $
 
 legacy_cleanup() {
   local rc="$1" n f
+  [ -z "$legacy_webhook_file" ] || kubectl delete -f "$legacy_webhook_file" --ignore-not-found >/dev/null 2>&1 || true
   kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 \
     || kubectl -n "$E2E_NS" delete pods --all --force --grace-period=0 >/dev/null 2>&1 || true
   for n in "${LEGACY_KWOK_NODES[@]}"; do kubectl delete node "$n" --ignore-not-found >/dev/null 2>&1 || true; done

@@ -18,6 +18,7 @@ source "$E2E_DIR/../plugin-lib.sh"
 source "$E2E_DIR/../legacy-lib.sh"
 trap 'legacy_cleanup $?' EXIT
 legacy_setup 53
+LEGACY_WEBHOOK=0   # see legacy-lib.sh
 legacy_up
 H100=GPU-e2e1e9ac-0000-4000-8000-000000000000 A100=GPU-e2e1e9ac-0000-4000-8000-000000000001
 pod() { # pod <name> <MiB> [annotations]
