@@ -417,6 +417,16 @@ mod tests {
         from_claim(c, &ann, "ns/pod", &DriverName::default(), Policy::FRAGAWARE)
     }
 
+    fn read_all(c: &Value, class: Option<&Value>) -> Result<Vec<PendingClaim>, RequestError> {
+        let d = DriverName::default();
+        requests_in_class(c, class, &BTreeMap::new(), "ns/pod", &d, Policy::BINPACK)
+    }
+
+    fn read_one(c: &Value, class: Option<&Value>) -> Result<PendingClaim, RequestError> {
+        let d = DriverName::default();
+        from_claim_in_class(c, class, &BTreeMap::new(), "ns/pod", &d, Policy::BINPACK)
+    }
+
     #[test]
     fn each_request_of_a_claim_gets_its_own_config() {
         let mut a = exactly(json!({"capacity": {"requests": {"memory": "8Gi"}}}));
@@ -432,15 +442,7 @@ mod tests {
             .as_array_mut()
             .unwrap()
             .push(b);
-        let all = requests_in_class(
-            &c,
-            None,
-            &BTreeMap::new(),
-            "ns/pod",
-            &DriverName::default(),
-            Policy::BINPACK,
-        )
-        .unwrap();
+        let all = read_all(&c, None).unwrap();
         let got: Vec<_> = all
             .iter()
             .map(|p| {
@@ -464,15 +466,7 @@ mod tests {
         assert_eq!(e.path, "spec.devices.requests");
         // A bad second request names its index.
         c["spec"]["devices"]["requests"][1]["exactly"]["allocationMode"] = json!("All");
-        let e = requests_in_class(
-            &c,
-            None,
-            &BTreeMap::new(),
-            "ns/pod",
-            &DriverName::default(),
-            Policy::BINPACK,
-        )
-        .unwrap_err();
+        let e = read_all(&c, None).unwrap_err();
         assert_eq!(e.path, "spec.devices.requests[1].exactly.allocationMode");
     }
 
@@ -485,15 +479,7 @@ mod tests {
             exactly(json!({})),
             json!([ours(json!(["gpu"]), json!({"memory": "6Gi"}))]),
         );
-        let p = from_claim_in_class(
-            &c,
-            Some(&class),
-            &BTreeMap::new(),
-            "ns/pod",
-            &DriverName::default(),
-            Policy::BINPACK,
-        )
-        .unwrap();
+        let p = read_one(&c, Some(&class)).unwrap();
         // Memory from the claim, cores and priority from the class.
         assert_eq!(p.request.share, GpuShare::Memory { bytes: 6 << 30 });
         assert_eq!(p.request.cores, Some(20));
@@ -504,15 +490,7 @@ mod tests {
         // A bad class entry names the class and the field.
         let bad = json!({"metadata": {"name": "shared.gpu.fgpu.dev"}, "spec": {"config": [
             ours(Value::Null, json!({"cores": 140}))]}});
-        let e = from_claim_in_class(
-            &c,
-            Some(&bad),
-            &BTreeMap::new(),
-            "ns/pod",
-            &DriverName::default(),
-            Policy::BINPACK,
-        )
-        .unwrap_err();
+        let e = read_one(&c, Some(&bad)).unwrap_err();
         assert_eq!(e.object, "DeviceClass shared.gpu.fgpu.dev");
         assert_eq!(e.path, "spec.config[0].opaque.parameters.cores");
     }
