@@ -193,7 +193,7 @@ mod tests {
                 "deviceClassName": "shared.gpu.fgpu.dev",
                 "capacity": {"requests": {"memory": "3Gi"}}}}]}}
         });
-        let p = crate::request::from_claim_in_class(
+        let p = crate::request::requests_in_class(
             &c,
             Some(&class),
             &Default::default(),
@@ -201,7 +201,8 @@ mod tests {
             &DriverName::default(),
             Policy::BINPACK,
         )
-        .unwrap();
+        .unwrap()
+        .remove(0);
         let placement = Placement {
             node: 0,
             gpus: vec![0],

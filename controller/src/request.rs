@@ -62,8 +62,9 @@ pub struct PendingClaim {
     pub class_config: Vec<Value>,
 }
 
-/// Reads `claim` (any served version) for `driver`, with the annotations of the pod that
-/// uses it; `default_policy` applies where the pod says nothing. No class configuration.
+/// Reads `claim` (any served version, exactly one request) for `driver`, with the
+/// annotations of the pod that uses it; `default_policy` applies where the pod says nothing.
+/// No class configuration ([`requests_in_class`] takes one).
 pub fn from_claim(
     claim: &Value,
     pod_annotations: &BTreeMap<String, String>,
@@ -71,29 +72,9 @@ pub fn from_claim(
     driver: &DriverName,
     default_policy: Policy,
 ) -> Result<PendingClaim, RequestError> {
-    from_claim_in_class(
-        claim,
-        None,
-        pod_annotations,
-        pod_key,
-        driver,
-        default_policy,
-    )
-}
-
-/// [`from_claim`], with `device_class` (the shared DeviceClass as read, when it exists):
-/// its configuration comes before the claim's. The claim must have exactly one request.
-pub fn from_claim_in_class(
-    claim: &Value,
-    device_class: Option<&Value>,
-    pod_annotations: &BTreeMap<String, String>,
-    pod_key: &str,
-    driver: &DriverName,
-    default_policy: Policy,
-) -> Result<PendingClaim, RequestError> {
     let mut all = requests_in_class(
         claim,
-        device_class,
+        None,
         pod_annotations,
         pod_key,
         driver,
@@ -423,8 +404,7 @@ mod tests {
     }
 
     fn read_one(c: &Value, class: Option<&Value>) -> Result<PendingClaim, RequestError> {
-        let d = DriverName::default();
-        from_claim_in_class(c, class, &BTreeMap::new(), "ns/pod", &d, Policy::BINPACK)
+        read_all(c, class).map(|mut all| all.remove(0))
     }
 
     #[test]
