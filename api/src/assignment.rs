@@ -303,4 +303,47 @@ mod tests {
         );
         assert!(PodAssignment::parse("ns/p", "a", r#"{"node":""}"#).is_err());
     }
+
+    #[test]
+    fn pod_assignment_errors_name_pod_annotation_and_field() {
+        let ann = "gpu.fgpu.dev/assigned-devices";
+        let ok = r#"{"node":"n1","containers":[{"index":1,"name":"main","devices":[{"id":"gpu-0","uuid":"GPU-a","memoryBytes":1073741824,"cores":30}]}]}"#;
+        let a = PodAssignment::parse("ns/p", ann, ok).unwrap();
+        assert_eq!(a.containers[0].devices[0].memory_bytes, 1 << 30);
+        let cases = [
+            ("nope", "expected ident"),
+            ("{", "EOF while parsing"),
+            (
+                r#"{"node":"n1","containers":[],"x":1}"#,
+                "unknown field `x`",
+            ),
+            (r#"{"node":"","containers":[]}"#, "node: empty"),
+            (
+                r#"{"node":"n","containers":[{"index":0,"name":"a","devices":[]}]}"#,
+                "containers[0].devices: empty",
+            ),
+            (
+                r#"{"node":"n","containers":[{"index":0,"name":"a","devices":[{"id":"g","uuid":"u","memoryBytes":0,"cores":0}]}]}"#,
+                "containers[0].devices[0].memoryBytes: 0",
+            ),
+            (
+                r#"{"node":"n","containers":[{"index":0,"name":"a","devices":[{"id":"g","uuid":"u","memoryBytes":1,"cores":101}]}]}"#,
+                "containers[0].devices[0].cores: 101 is above 100",
+            ),
+            (
+                r#"{"node":"n","containers":[{"index":0,"name":"a","devices":[{"id":"g","uuid":"u","memoryBytes":1,"cores":0},{"id":"g","uuid":"u","memoryBytes":1,"cores":0}]}]}"#,
+                "containers[0].devices[1].id: \"g\" appears twice",
+            ),
+        ];
+        for (v, want) in cases {
+            let e = PodAssignment::parse("ml/train-0", ann, v)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("pod ml/train-0: annotation gpu.fgpu.dev/assigned-devices: "),
+                "{e}"
+            );
+            assert!(e.contains(want), "{v}: {e}");
+        }
+    }
 }

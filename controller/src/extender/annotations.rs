@@ -174,31 +174,4 @@ mod tests {
         assert_eq!(g[0].devices[0].memory, 1 << 30);
         assert_eq!(g[0].devices[0].cores, 30);
     }
-
-    #[test]
-    fn assignment_errors_name_pod() {
-        let ann = "gpu.fgpu.dev/assigned-devices";
-        let cases = [
-            ("nope", "expected ident"),
-            (r#"{"node":"","containers":[]}"#, "node: empty"),
-            (
-                r#"{"node":"n","containers":[{"index":0,"name":"a","devices":[]}]}"#,
-                "containers[0].devices: empty",
-            ),
-            (
-                r#"{"node":"n","containers":[{"index":0,"name":"a","devices":[{"id":"g","uuid":"u","memoryBytes":1,"cores":0},{"id":"g","uuid":"u","memoryBytes":1,"cores":0}]}]}"#,
-                "containers[0].devices[1].id: \"g\" appears twice",
-            ),
-        ];
-        for (v, want) in cases {
-            let e = PodAssignment::parse("ml/train-0", ann, v)
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.starts_with("pod ml/train-0: annotation gpu.fgpu.dev/assigned-devices: "),
-                "{e}"
-            );
-            assert!(e.contains(want), "{v}: {e}");
-        }
-    }
 }
