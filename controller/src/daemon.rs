@@ -114,15 +114,8 @@ pub struct RunArgs {
     /// The shared DeviceClass the controller allocates; must be `shared.<driver>`.
     #[arg(long)]
     pub class: Option<String>,
-    /// Webhooks (HTTPS): /mutate-pods, /validate-claims. Needs --tls-cert and --tls-key.
-    #[arg(long)]
-    pub webhook_addr: Option<SocketAddr>,
-    /// PEM certificate chain of the webhook server.
-    #[arg(long, requires = "webhook_addr")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of the webhook server.
-    #[arg(long, requires = "webhook_addr")]
-    pub tls_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub webhook: crate::server::WebhookArgs,
     /// Plain HTTP: /metrics, /healthz, /readyz.
     #[arg(long, default_value = "127.0.0.1:19500")]
     pub metrics_addr: SocketAddr,
@@ -305,11 +298,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         .default_policy
         .parse()
         .map_err(|e| anyhow::anyhow!("--default-policy: {e}"))?;
-    let tls = match (&args.webhook_addr, &args.tls_cert, &args.tls_key) {
-        (Some(addr), Some(c), Some(k)) => Some((*addr, crate::server::tls_config(c, k)?)),
-        (Some(_), _, _) => bail!("--webhook-addr needs --tls-cert and --tls-key"),
-        _ => None,
-    };
+    let tls = args.webhook.tls()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -109,6 +109,33 @@ pub async fn spawn_plain(addr: SocketAddr, shared: Arc<Shared>) -> Result<()> {
     Ok(())
 }
 
+/// The webhook server's flags, shared by `run` and `extender`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WebhookArgs {
+    /// Address to serve the admission webhooks on (HTTPS; `run`: /mutate-pods and
+    /// /validate-claims, `extender`: /mutate-pods); needs --tls-cert and --tls-key. No
+    /// webhook when absent.
+    #[arg(long)]
+    pub webhook_addr: Option<SocketAddr>,
+    /// PEM certificate (chain) of the webhook server.
+    #[arg(long, requires = "webhook_addr")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of the webhook server.
+    #[arg(long, requires = "webhook_addr")]
+    pub tls_key: Option<std::path::PathBuf>,
+}
+
+impl WebhookArgs {
+    /// The address and TLS configuration to serve on; `None` without --webhook-addr.
+    pub fn tls(&self) -> Result<Option<(SocketAddr, Arc<rustls::ServerConfig>)>> {
+        match (&self.webhook_addr, &self.tls_cert, &self.tls_key) {
+            (Some(addr), Some(c), Some(k)) => Ok(Some((*addr, tls_config(c, k)?))),
+            (Some(_), _, _) => anyhow::bail!("--webhook-addr needs --tls-cert and --tls-key"),
+            _ => Ok(None),
+        }
+    }
+}
+
 /// Serves the webhooks over TLS on `addr`.
 pub async fn spawn_webhooks(
     addr: SocketAddr,

@@ -75,16 +75,8 @@ pub struct ExtenderArgs {
     /// Kubeconfig (in-cluster configuration when absent).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// Address to serve the mutating admission webhook on (HTTPS, `POST /mutate-pods`);
-    /// needs --tls-cert and --tls-key. No webhook when absent.
-    #[arg(long)]
-    pub webhook_addr: Option<SocketAddr>,
-    /// PEM certificate (chain) of the webhook's HTTPS server.
-    #[arg(long, requires = "webhook_addr")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of the webhook's HTTPS server.
-    #[arg(long, requires = "webhook_addr")]
-    pub tls_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub webhook: crate::server::WebhookArgs,
     /// `spec.schedulerName` the webhook gives pods asking for the GPU resources (pods with
     /// no scheduler name or `default-scheduler`); the profile name of the kube-scheduler
     /// that calls this extender.
@@ -195,14 +187,9 @@ async fn stopped() {
 /// The daemon's body, for callers that already run a Tokio runtime.
 pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     let config = args.config()?;
-    let webhook = match (&args.webhook_addr, &args.tls_cert, &args.tls_key) {
-        (Some(addr), Some(c), Some(k)) => Some((
-            *addr,
-            crate::server::tls_config(c, k)?,
-            Arc::new(args.webhook_config()?),
-        )),
-        (Some(_), _, _) => anyhow::bail!("--webhook-addr needs --tls-cert and --tls-key"),
-        _ => None,
+    let webhook = match args.webhook.tls()? {
+        Some((addr, tls)) => Some((addr, tls, Arc::new(args.webhook_config()?))),
+        None => None,
     };
     let client = crate::daemon::client(args.kubeconfig.as_ref()).await?;
     let ext = Arc::new(Extender::new(config));
