@@ -49,3 +49,36 @@ delete_tmpl() {
   sed -e "s#__NODE_NAME__#$NODE_NAME#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$1" \
     | kubectl delete --ignore-not-found --wait=false -f - >&2 || true
 }
+
+# whole_gpu_probe <name> <step MiB>: a ResourceClaim <name> of the whole-GPU class and a pod
+# <name> whose container runs fgpu-probe (allocating <step MiB> at a time) against it.
+whole_gpu_probe() {
+  local name="$1" step="$2" api req
+  api="$(dra_api_version)"
+  if [ "$api" = v1 ]; then req="      exactly: {deviceClassName: gpu.fgpu.dev}"
+  else req="      deviceClassName: gpu.fgpu.dev"; fi
+  kubectl apply -f - >&2 <<YAML
+apiVersion: resource.k8s.io/$api
+kind: ResourceClaim
+metadata: {name: $name, namespace: $E2E_NS}
+spec:
+  devices:
+    requests:
+    - name: gpu
+$req
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $name, namespace: $E2E_NS}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: gpu, resourceClaimName: $name}]
+  containers:
+  - name: probe
+    image: $FGPU_WORKLOAD_IMAGE
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "/usr/local/bin/fgpu-probe --step-mib $step --max-gib 100; echo probe_done; exec sleep 3600"]
+    resources: {claims: [{name: gpu}]}
+YAML
+}

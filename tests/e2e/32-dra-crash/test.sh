@@ -34,32 +34,7 @@ FGPU_TEST_PAUSE_PREPARE_SECONDS=600 start_plugin
 wait_registered 1
 wait_until 30 "ResourceSlice $PLUGIN_SLICE published" kubectl get "resourceslices.$api.resource.k8s.io" "$PLUGIN_SLICE"
 
-if [ "$api" = v1 ]; then req="      exactly: {deviceClassName: gpu.fgpu.dev}"
-else req="      deviceClassName: gpu.fgpu.dev"; fi
-kubectl apply -f - >&2 <<YAML
-apiVersion: resource.k8s.io/$api
-kind: ResourceClaim
-metadata: {name: crash, namespace: $E2E_NS}
-spec:
-  devices:
-    requests:
-    - name: gpu
-$req
----
-apiVersion: v1
-kind: Pod
-metadata: {name: crash, namespace: $E2E_NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimName: crash}]
-  containers:
-  - name: probe
-    image: $FGPU_WORKLOAD_IMAGE
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "/usr/local/bin/fgpu-probe --step-mib 1024 --max-gib 100; echo probe_done; exec sleep 3600"]
-    resources: {claims: [{name: gpu}]}
-YAML
+whole_gpu_probe crash 1024
 
 c="resourceclaims.$api.resource.k8s.io"
 wait_until 90 "the plugin paused inside the claim's prepare" grep -q 'test pause' "$work/plugin.log"

@@ -140,31 +140,7 @@ say "ok: /healthz on :$METRICS_PORT (liveness probe target)"
 
 # --- one whole-GPU claim, prepared by the pod
 mem_mi="$(sed -n 's/^ *memory: *\([0-9]*\)Mi$/\1/p' "$root/deploy/fake/e2e-node.yaml" | head -1)"
-if [ "$api" = v1 ]; then req="      exactly: {deviceClassName: gpu.fgpu.dev}"; else req="      deviceClassName: gpu.fgpu.dev"; fi
-kubectl apply -f - >&2 <<YAML
-apiVersion: resource.k8s.io/$api
-kind: ResourceClaim
-metadata: {name: whole, namespace: $E2E_NS}
-spec:
-  devices:
-    requests:
-    - name: gpu
-$req
----
-apiVersion: v1
-kind: Pod
-metadata: {name: whole, namespace: $E2E_NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimName: whole}]
-  containers:
-  - name: probe
-    image: $FGPU_WORKLOAD_IMAGE
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "/usr/local/bin/fgpu-probe --step-mib 4096 --max-gib 100; echo probe_done; exec sleep 3600"]
-    resources: {claims: [{name: gpu}]}
-YAML
+whole_gpu_probe whole 4096
 wait_until 120 "pod whole ran its probe" sh -c "kubectl -n $E2E_NS logs whole 2>/dev/null | grep -q probe_done"
 kubectl -n "$E2E_NS" logs whole | sed 's/^/      whole: /' >&2
 field() { kubectl -n "$E2E_NS" logs whole | sed -n "s/^$1=//p"; }
