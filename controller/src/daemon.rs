@@ -37,8 +37,9 @@ use fgpu_api::names::DriverName;
 use fgpu_driver::engine::Policy;
 
 use crate::ApiVersion;
+use crate::cache::{Overlay, ViewCache};
 use crate::metrics::Metrics;
-use crate::reconcile::{self, Action, ObjectId, Settings, Snapshot};
+use crate::reconcile::{self, Action, ObjectId, Settings, Views};
 use crate::slim;
 
 /// The API group of DRA.
@@ -390,68 +391,6 @@ async fn shutdown() {
     }
 }
 
-/// Objects this process wrote, until the watch delivers them (by UID): trimmed like the
-/// reflectors' copies ([`slim::written`]) and kept as JSON text, as the stores keep theirs.
-#[derive(Default)]
-struct Overlay(HashMap<String, Written>);
-
-/// One object in the [`Overlay`].
-struct Written {
-    /// `metadata.resourceVersion` as written.
-    version: Value,
-    /// The whole object.
-    text: String,
-}
-
-fn rv(obj: &Value) -> Option<u64> {
-    version(&obj["metadata"]["resourceVersion"])
-}
-
-fn version(v: &Value) -> Option<u64> {
-    v.as_str()?.parse().ok()
-}
-
-impl Overlay {
-    fn put(&mut self, mut obj: Value) {
-        slim::written(&mut obj);
-        if let Some(uid) = obj["metadata"]["uid"].as_str()
-            && let Ok(text) = serde_json::to_string(&obj)
-        {
-            let version = obj["metadata"]["resourceVersion"].clone();
-            self.0.insert(uid.to_owned(), Written { version, text });
-        }
-    }
-    /// `objects` with the newer written versions laid over; drops what the watch caught up
-    /// with. Resource versions are opaque to clients but etcd's are integers; where one is
-    /// not, the written object is used until the watch shows the same version.
-    fn apply(&mut self, objects: Vec<Value>, uids: &mut Vec<String>) -> Vec<Value> {
-        objects
-            .into_iter()
-            .map(|o| {
-                let Some(uid) = o["metadata"]["uid"].as_str() else {
-                    return o;
-                };
-                uids.push(uid.to_owned());
-                match self.0.get(uid) {
-                    Some(w) => {
-                        let caught_up = match (rv(&o), version(&w.version)) {
-                            (Some(a), Some(b)) => a >= b,
-                            _ => o["metadata"]["resourceVersion"] == w.version,
-                        };
-                        if caught_up {
-                            self.0.remove(uid);
-                            o
-                        } else {
-                            serde_json::from_str(&w.text).unwrap_or(o)
-                        }
-                    }
-                    None => o,
-                }
-            })
-            .collect()
-    }
-}
-
 /// A claim whose allocation kube-scheduler cleared.
 struct Retry {
     /// Nodes it was allocated on and cleared from.
@@ -471,6 +410,11 @@ fn backoff(attempts: u32) -> Duration {
     }
 }
 
+/// At most this many allocations are planned in one pass ([`Views::max_allocations`]):
+/// each waits in memory, allocation and all, until its turn to be written. The pass after
+/// takes the next ones at once.
+const MAX_ALLOCATIONS_PER_PASS: usize = 128;
+
 /// How long a read of the shared DeviceClass is used before it is read again (classes
 /// change rarely; a change reaches allocations within this time).
 const CLASS_REFRESH: Duration = Duration::from_secs(30);
@@ -484,6 +428,8 @@ struct Controller {
     recorder: Recorder,
     claims_ar: ApiResource,
     overlay: Overlay,
+    /// The views of the stored objects and the inventory, kept between passes.
+    views: ViewCache,
     /// Last Event message per (object UID, reason), so a waiting claim is told once per
     /// change, not once per pass.
     told: HashMap<(String, &'static str), String>,
@@ -499,15 +445,6 @@ struct Controller {
     next_settle: Option<Instant>,
     /// The shared DeviceClass as last read (None: it does not exist), and when.
     class: Option<(Instant, Option<Value>)>,
-}
-
-/// The stored objects as `Value`s ([`slim::unpack`]), a fresh copy each pass.
-fn to_values(store: &Store<DynamicObject>) -> Vec<Value> {
-    store
-        .state()
-        .iter()
-        .filter_map(|o| slim::unpack(o))
-        .collect()
 }
 
 fn conflict(e: &kube::Error) -> bool {
@@ -530,6 +467,7 @@ impl Controller {
             configured,
             decided: None,
             overlay: Overlay::default(),
+            views: ViewCache::default(),
             told: HashMap::new(),
             allocated_on: HashMap::new(),
             retries: HashMap::new(),
@@ -648,15 +586,14 @@ impl Controller {
         pods: &Store<DynamicObject>,
         slices: &Store<DynamicObject>,
     ) -> bool {
-        let mut uids = Vec::new();
-        let claims = self.overlay.apply(to_values(claims), &mut uids);
-        let pods = self.overlay.apply(to_values(pods), &mut uids);
-        let slices = to_values(slices);
-        // Forget written objects the stores no longer hold (deleted).
-        let live: std::collections::HashSet<String> = uids.into_iter().collect();
-        self.overlay.0.retain(|uid, _| live.contains(uid));
-
-        let consumable = reconcile::consumable(self.settings.driver.as_str(), &slices);
+        self.views.refresh(
+            &self.settings.driver,
+            claims.state(),
+            pods.state(),
+            &slices.state(),
+            &mut self.overlay,
+        );
+        let consumable = self.views.consumable;
         let mode = match self.configured {
             Mode::Auto if consumable => Mode::Capacity,
             Mode::Auto => Mode::Controller,
@@ -680,15 +617,11 @@ impl Controller {
 
         // Allocations kube-scheduler cleared since the last pass: our finalizer, no
         // allocation, and this process had allocated the claim.
-        let finalizer = self.settings.driver.finalizer();
         let mut cleared = Vec::new();
-        for c in &claims {
-            let id = ObjectId::of(c);
-            let ours = c["metadata"]["finalizers"]
-                .as_array()
-                .is_some_and(|f| f.iter().any(|e| e.as_str() == Some(finalizer.as_str())));
-            if ours
-                && !c["status"]["allocation"].is_object()
+        for c in self.views.claims() {
+            let id = &c.id;
+            if c.ours
+                && !c.allocated
                 && let Some(node) = self.allocated_on.remove(&id.uid)
             {
                 let r = self.retries.entry(id.uid.clone()).or_insert(Retry {
@@ -700,12 +633,14 @@ impl Controller {
                 r.attempts += 1;
                 let wait = backoff(r.attempts);
                 r.next = Instant::now() + wait;
-                cleared.push((id, node, wait));
+                cleared.push((id.clone(), node, wait));
             }
         }
-        let present: std::collections::HashSet<&str> = claims
+        let present: std::collections::HashSet<String> = self
+            .views
+            .claims()
             .iter()
-            .filter_map(|c| c["metadata"]["uid"].as_str())
+            .map(|c| c.id.uid.clone())
             .collect();
         self.retries.retain(|uid, _| present.contains(uid.as_str()));
         self.allocated_on
@@ -731,11 +666,9 @@ impl Controller {
         let mut unsettled = std::collections::BTreeSet::new();
         let mut allocated = std::collections::HashSet::new();
         self.next_settle = None;
-        for c in &claims {
-            let Some(uid) = c["metadata"]["uid"].as_str() else {
-                continue;
-            };
-            if !c["status"]["allocation"].is_object() {
+        for c in self.views.claims() {
+            let uid = c.id.uid.as_str();
+            if !c.allocated {
                 continue;
             }
             allocated.insert(uid);
@@ -758,15 +691,23 @@ impl Controller {
         } else {
             None
         };
-        let snap = Snapshot {
-            class: class.as_ref(),
-            claims: &claims,
-            pods: &pods,
-            slices: &slices,
-            avoid: &avoid,
-            unsettled: &unsettled,
+        let plan = {
+            let claim_views = self.views.claims();
+            let pod_views = self.views.pods();
+            let whole = |id: &ObjectId| self.views.whole_claim(&self.overlay, id);
+            let views = Views {
+                claims: &claim_views,
+                pods: &pod_views,
+                inventory: &self.views.inventory,
+                consumable,
+                claim: &whole,
+                avoid: &avoid,
+                unsettled: &unsettled,
+                class: class.as_ref(),
+                max_allocations: MAX_ALLOCATIONS_PER_PASS,
+            };
+            reconcile::plan_views(views, &self.settings, mode == Mode::Controller)
         };
-        let plan = reconcile::plan(snap, &self.settings, mode == Mode::Controller);
         for e in &plan.slice_errors {
             tracing::warn!("{e}");
         }
@@ -798,7 +739,7 @@ impl Controller {
                 message,
                 retry,
             } => {
-                let id = ObjectId::of(&claim);
+                let id = claim;
                 if retry
                     && self
                         .retries
@@ -807,6 +748,9 @@ impl Controller {
                 {
                     return false; // backing off
                 }
+                let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
+                    return false; // changed since planned: the next pass
+                };
                 let node = allocation.grant.node.clone();
                 let started = Instant::now();
                 match self.allocate(claim, &allocation.allocation).await {
@@ -917,7 +861,10 @@ impl Controller {
                 pod,
                 message,
             } => {
-                let id = ObjectId::of(&claim);
+                let id = claim;
+                let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
+                    return false; // changed since planned: the next pass
+                };
                 self.shared.metrics.failure("revoked");
                 match self.deallocate(claim).await {
                     Ok(_) => {
@@ -952,7 +899,10 @@ impl Controller {
                 deallocate,
                 reason,
             } => {
-                let id = ObjectId::of(&claim);
+                let id = claim;
+                let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
+                    return false; // changed since planned: the next pass
+                };
                 match self.release(claim, deallocate).await {
                     Ok(()) => {
                         tracing::info!(claim = %id.key(), deallocated = deallocate, "released: {reason}");
@@ -1120,26 +1070,5 @@ mod tests {
         let s = |n| backoff(n).as_secs();
         assert_eq!([s(1), s(2), s(3), s(10), s(100)], [0, 1, 2, 256, 256]);
         assert!(backoff(u32::MAX) <= Duration::from_secs(300));
-    }
-
-    #[test]
-    fn overlay_until_the_watch_catches_up() {
-        let obj =
-            |rv: &str, v: i64| json!({"metadata": {"uid": "u", "resourceVersion": rv}, "v": v});
-        let mut o = Overlay::default();
-        o.put(obj("10", 1));
-        let mut uids = Vec::new();
-        assert_eq!(
-            o.apply(vec![obj("9", 0)], &mut uids)[0]["v"],
-            1,
-            "store behind: the written object"
-        );
-        assert_eq!(
-            o.apply(vec![obj("11", 2)], &mut uids)[0]["v"],
-            2,
-            "store caught up"
-        );
-        assert!(o.0.is_empty());
-        assert_eq!(uids, ["u", "u"]);
     }
 }

@@ -12,6 +12,7 @@
 //! A malformed slice is left out whole and reported with the slice's name and the field;
 //! the other slices are still used.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use fgpu_api::names::{attr, capacity};
@@ -42,14 +43,16 @@ pub struct SliceInventory {
 }
 
 /// Reads every slice of `driver` among `slices` (any objects; other drivers' are skipped).
-pub fn from_slices<'a>(
+/// Takes them one at a time, owned or borrowed.
+pub fn from_slices<S: Borrow<Value>>(
     driver: &str,
-    slices: impl IntoIterator<Item = &'a Value>,
+    slices: impl IntoIterator<Item = S>,
 ) -> SliceInventory {
     // pool → (generation, node name, GPUs of the slices of that generation)
     let mut pools: BTreeMap<String, (i64, String, Vec<Gpu>)> = BTreeMap::new();
     let mut errors = Vec::new();
     for slice in slices {
+        let slice = slice.borrow();
         let spec = &slice["spec"];
         if spec["driver"].as_str() != Some(driver) {
             continue;

@@ -22,6 +22,7 @@
 
 pub mod admission;
 pub mod allocation;
+pub mod cache;
 pub mod daemon;
 pub mod explain;
 pub mod extender;
@@ -33,6 +34,7 @@ pub mod request;
 pub mod server;
 pub mod slim;
 pub mod usage;
+pub mod view;
 
 /// The `resource.k8s.io` versions the controller reads and writes, newest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

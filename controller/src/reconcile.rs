@@ -52,7 +52,8 @@ use serde_json::Value;
 use crate::allocation::{self, Allocation};
 use crate::request::{self, RequestError};
 use crate::usage::{self, UsageError};
-use crate::{explain, inventory, object_key};
+use crate::view::{ClaimView, PodView};
+use crate::{explain, inventory};
 
 /// What the controller is configured with.
 #[derive(Clone, Debug)]
@@ -77,6 +78,31 @@ pub struct Snapshot<'a> {
     /// The shared DeviceClass, when it exists: its configuration is copied into every
     /// allocation (`FromClass`) and counts before the claim's.
     pub class: Option<&'a Value>,
+}
+
+/// The objects one pass looks at, as the daemon keeps them: views of every claim and
+/// pod ([`crate::view`]), the inventory read from the slices, and a way to read one claim
+/// whole.
+#[derive(Clone, Copy)]
+pub struct Views<'a> {
+    pub claims: &'a [&'a ClaimView],
+    pub pods: &'a [&'a PodView],
+    /// This driver's slices read ([`inventory::from_slices`]).
+    pub inventory: &'a inventory::SliceInventory,
+    /// [`consumable`] over the same slices.
+    pub consumable: bool,
+    /// The claim `id` names, whole, at the resource version `id` names; `None` when it is
+    /// gone or has changed since (the pass then skips it).
+    pub claim: &'a dyn Fn(&ObjectId) -> Option<Value>,
+    /// As [`Snapshot::avoid`].
+    pub avoid: &'a BTreeMap<String, BTreeSet<String>>,
+    /// As [`Snapshot::unsettled`].
+    pub unsettled: &'a BTreeSet<String>,
+    /// As [`Snapshot::class`].
+    pub class: Option<&'a Value>,
+    /// At most this many [`Action::Allocate`] in one plan (each carries an allocation
+    /// `Value`); the pods after the last one allocated wait for the next pass.
+    pub max_allocations: usize,
 }
 
 /// A pod or a claim, as Events and writes name it.
@@ -114,8 +140,9 @@ pub enum Action {
     /// Write `allocation` into the claim's status (conditional on the claim's resource
     /// version), add the finalizer, and tell the claim with `message`.
     Allocate {
-        /// The claim as read (the status write replaces it).
-        claim: Value,
+        /// The claim, at the version the allocation was planned from (the status write
+        /// replaces that version; the caller reads it whole).
+        claim: ObjectId,
         pod: ObjectId,
         allocation: Allocation,
         message: String,
@@ -140,14 +167,15 @@ pub enum Action {
     /// Clear the allocation of a tentative claim that no longer fits (conditional on the
     /// claim's resource version); the finalizer stays and a later pass places it again.
     Revoke {
-        /// The claim as read.
-        claim: Value,
+        /// The claim, at the version read.
+        claim: ObjectId,
         pod: ObjectId,
         message: String,
     },
     /// Clear the claim's allocation (when `deallocate`) and remove the finalizer.
     Release {
-        claim: Value,
+        /// The claim, at the version read.
+        claim: ObjectId,
         deallocate: bool,
         reason: String,
     },
@@ -269,33 +297,6 @@ pub fn is_gated(pod: &Value, gate: &str) -> bool {
         .is_some_and(|g| g.iter().any(|e| e["name"].as_str() == Some(gate)))
 }
 
-fn is_reserved(claim: &Value) -> bool {
-    claim["status"]["reservedFor"]
-        .as_array()
-        .is_some_and(|r| !r.is_empty())
-}
-
-fn is_allocated(claim: &Value) -> bool {
-    claim["status"]["allocation"].is_object()
-}
-
-fn is_deleting(obj: &Value) -> bool {
-    obj["metadata"]["deletionTimestamp"].is_string()
-}
-
-fn has_finalizer(obj: &Value, finalizer: &str) -> bool {
-    obj["metadata"]["finalizers"]
-        .as_array()
-        .is_some_and(|f| f.iter().any(|e| e.as_str() == Some(finalizer)))
-}
-
-fn pod_is_live(pod: &Value) -> bool {
-    !matches!(
-        pod["status"]["phase"].as_str(),
-        Some("Succeeded" | "Failed")
-    )
-}
-
 /// The names of the claims a pod uses, in `spec.resourceClaims` order: `Some(name)` for a
 /// claim named directly or generated from a template (from `status.resourceClaimStatuses`),
 /// `None` for a template claim not generated yet. Entries whose template needs no claim
@@ -338,17 +339,6 @@ pub fn allocated_node(claim: &Value) -> Option<&str> {
         .as_str()
 }
 
-fn annotations(pod: &Value) -> BTreeMap<String, String> {
-    pod["metadata"]["annotations"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Only the nodes named `node` (a pod's claims stay on one node).
 fn restrict(inv: &Inventory, node: &str) -> Inventory {
     Inventory {
@@ -361,78 +351,92 @@ fn restrict(inv: &Inventory, node: &str) -> Inventory {
     }
 }
 
+/// Plans one pass over `snap` (whole objects): builds the inventory and the views, then
+/// [`plan_views`]. The daemon keeps views between passes and calls [`plan_views`] itself;
+/// this is the same pass for callers that hold objects (tests, tools).
+pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
+    let driver = &settings.driver;
+    let inventory = inventory::from_slices(driver.as_str(), snap.slices);
+    let claims: Vec<ClaimView> = snap
+        .claims
+        .iter()
+        .map(|c| ClaimView::of(c, driver, &inventory.inventory))
+        .collect();
+    let gate = driver.scheduling_gate();
+    let pods: Vec<PodView> = snap.pods.iter().map(|p| PodView::of(p, &gate)).collect();
+    let by_id = |id: &ObjectId| snap.claims.iter().find(|c| ObjectId::of(c) == *id).cloned();
+    let views = Views {
+        claims: &claims.iter().collect::<Vec<_>>(),
+        pods: &pods.iter().collect::<Vec<_>>(),
+        inventory: &inventory,
+        consumable: consumable(driver.as_str(), snap.slices),
+        claim: &by_id,
+        avoid: snap.avoid,
+        unsettled: snap.unsettled,
+        class: snap.class,
+        max_allocations: usize::MAX,
+    };
+    plan_views(views, settings, allocate)
+}
+
 /// Plans one pass over `snap`. Without `allocate` (capacity mode: kube-scheduler
 /// allocates) only releases are planned, and every gated pod is ungated.
-pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
+pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan {
     let driver = settings.driver.as_str();
-    let gate = settings.driver.scheduling_gate();
-    let finalizer = settings.driver.finalizer();
-    let inv = inventory::from_slices(driver, snap.slices);
-    let consumable = consumable(driver, snap.slices);
-    let gpus = inv.inventory.nodes.iter().map(|n| n.gpus.len()).sum();
+    let consumable = snap.consumable;
+    let gpus = snap
+        .inventory
+        .inventory
+        .nodes
+        .iter()
+        .map(|n| n.gpus.len())
+        .sum();
     // Claims by namespace/name.
-    let claims: BTreeMap<String, &Value> = snap.claims.iter().map(|c| (object_key(c), c)).collect();
+    let claims: BTreeMap<&str, &ClaimView> =
+        snap.claims.iter().map(|c| (c.key.as_str(), *c)).collect();
+    let live_pods = || snap.pods.iter().filter(|p| p.live);
     // Claim keys referenced by live pods → whether every one of those pods is gated.
     let mut referenced: BTreeMap<String, bool> = BTreeMap::new();
-    for pod in snap.pods.iter().filter(|p| pod_is_live(p)) {
-        let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
-        let gated = is_gated(pod, &gate);
-        for n in pod_claim_names(pod).into_iter().flatten() {
-            *referenced.entry(format!("{ns}/{n}")).or_insert(true) &= gated;
+    for pod in live_pods() {
+        for k in pod.claim_keys() {
+            *referenced.entry(k).or_insert(true) &= pod.gated;
         }
     }
 
     // 1. Ledger: committed claims first, then tentative ones, oldest allocation first.
-    let is_tentative = |key: &str, c: &Value| {
+    let is_tentative = |c: &ClaimView| {
         allocate
-            && has_finalizer(c, &finalizer)
-            && is_allocated(c)
-            && !is_deleting(c)
-            && !is_reserved(c)
-            && referenced.get(key) == Some(&true)
+            && c.ours
+            && c.allocated
+            && !c.deleting
+            && !c.reserved
+            && referenced.get(&c.key) == Some(&true)
     };
-    type Keyed<'c> = Vec<(&'c String, &'c Value)>;
-    let (mut tentative, committed): (Keyed, Keyed) = claims
-        .iter()
-        .map(|(k, c)| (k, *c))
-        .partition(|(k, c)| is_tentative(k, c));
-    let usage = usage::rebuild(driver, inv.inventory, committed.iter().map(|(_, c)| *c));
+    let (mut tentative, committed): (Vec<&ClaimView>, Vec<&ClaimView>) =
+        claims.values().copied().partition(|c| is_tentative(c));
+    let usage = usage::rebuild_from(
+        snap.inventory.inventory.clone(),
+        committed.iter().map(|c| (c.key.as_str(), &c.grant)),
+    );
     let mut ledger = usage.ledger;
     let mut usage_errors = usage.errors;
     let mut actions = Vec::new();
-    tentative.sort_by_key(|(k, c)| {
-        (
-            c["status"]["allocation"]["allocationTimestamp"]
-                .as_str()
-                .unwrap_or_default(),
-            *k,
-        )
-    });
-    let mut revoked: BTreeSet<String> = BTreeSet::new();
-    for (key, claim) in tentative {
-        let granted = usage::claim_grant(claim, driver, ledger.inventory())
-            .map(|g| g.map(|g| ledger.grant(g)));
+    tentative.sort_by(|a, b| (&a.allocated_at, &a.key).cmp(&(&b.allocated_at, &b.key)));
+    let mut revoked: BTreeSet<&str> = BTreeSet::new();
+    for claim in tentative {
+        let granted = claim.grant.clone().map(|g| g.map(|g| ledger.grant(g)));
         match granted {
             Ok(None | Some(Ok(()))) => {}
             Err(e) => usage_errors.push(e),
             Ok(Some(Err(e))) => {
-                revoked.insert(key.clone());
-                let pod = snap
-                    .pods
-                    .iter()
-                    .filter(|p| pod_is_live(p))
-                    .find(|p| {
-                        let ns = p["metadata"]["namespace"].as_str().unwrap_or_default();
-                        pod_claim_names(p)
-                            .iter()
-                            .flatten()
-                            .any(|n| format!("{ns}/{n}") == **key)
-                    })
-                    .map(ObjectId::of)
+                revoked.insert(&claim.key);
+                let pod = live_pods()
+                    .find(|p| p.claim_keys().any(|k| k == claim.key))
+                    .map(|p| p.id.clone())
                     .unwrap_or_default();
-                let node = allocated_node(claim).unwrap_or("?");
+                let node = claim.node.as_deref().unwrap_or("?");
                 actions.push(Action::Revoke {
-                    claim: claim.clone(),
+                    claim: claim.id.clone(),
                     pod,
                     message: format!(
                         "the allocation on node {node} no longer fits beside claims another allocator granted at the same time ({e}); allocating again"
@@ -444,17 +448,13 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
 
     // 2. Release.
     for (key, claim) in &claims {
-        if !has_finalizer(claim, &finalizer) {
+        if !claim.ours || claim.reserved || referenced.contains_key(*key) {
             continue;
         }
-        if is_reserved(claim) || referenced.contains_key(key) {
-            continue;
-        }
-        let deallocate = is_allocated(claim) && !is_deleting(claim);
         actions.push(Action::Release {
-            claim: (*claim).clone(),
-            deallocate,
-            reason: if is_deleting(claim) {
+            claim: claim.id.clone(),
+            deallocate: claim.allocated && !claim.deleting,
+            reason: if claim.deleting {
                 "the claim is being deleted and no pod uses it".into()
             } else {
                 "no pod uses the claim any more".into()
@@ -463,49 +463,42 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
     }
 
     // 3 + 4 + 5. Gated pods and pods whose allocation was cleared, oldest first.
-    let reclaimed = |p: &Value| {
+    let reclaimed = |p: &PodView| {
         allocate
-            && pod_is_live(p)
-            && p["spec"]["nodeName"].as_str().is_none_or(str::is_empty)
-            && pod_claim_names(p).iter().flatten().any(|n| {
-                let ns = p["metadata"]["namespace"].as_str().unwrap_or_default();
-                claims.get(&format!("{ns}/{n}")).is_some_and(|c| {
-                    has_finalizer(c, &finalizer)
-                        && !is_allocated(c)
-                        && !is_deleting(c)
-                        && is_shared(c, &settings.driver)
-                })
+            && p.live
+            && !p.bound
+            && p.claim_keys().any(|k| {
+                claims
+                    .get(k.as_str())
+                    .is_some_and(|c| c.ours && !c.allocated && !c.deleting && c.shared)
             })
     };
-    let mut gated: Vec<&Value> = snap
+    let mut gated: Vec<&PodView> = snap
         .pods
         .iter()
-        .filter(|p| !is_deleting(p) && (is_gated(p, &gate) || reclaimed(p)))
+        .copied()
+        .filter(|p| !p.deleting && (p.gated || reclaimed(p)))
         .collect();
     gated.sort_by(|a, b| {
-        let k = |p: &Value| {
-            (
-                p["metadata"]["creationTimestamp"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                object_key(p),
-            )
-        };
-        k(a).cmp(&k(b))
+        (&a.created, &a.id.namespace, &a.id.name).cmp(&(&b.created, &b.id.namespace, &b.id.name))
     });
-    let mut planned: BTreeSet<String> = BTreeSet::new();
+    let mut planned: BTreeSet<&str> = BTreeSet::new();
+    let mut allocations = 0;
     for pod in gated {
-        let retry = !is_gated(pod, &gate);
-        let pod_id = ObjectId::of(pod);
-        let ns = &pod_id.namespace;
-        let names = pod_claim_names(pod);
+        if allocations >= snap.max_allocations {
+            break; // the rest next pass: a pass holds at most this many allocations
+        }
+        let retry = !pod.gated;
+        let pod_id = &pod.id;
         let mut waiting = false;
-        let mut shared: Vec<&Value> = Vec::new();
-        for n in &names {
-            match n.as_ref().and_then(|n| claims.get(&format!("{ns}/{n}"))) {
+        let mut shared: Vec<&ClaimView> = Vec::new();
+        for n in &pod.claims {
+            match n
+                .as_ref()
+                .and_then(|n| claims.get(format!("{}/{n}", pod_id.namespace).as_str()))
+            {
                 Some(c) => {
-                    if is_shared(c, &settings.driver) {
+                    if c.shared {
                         shared.push(c);
                     }
                 }
@@ -515,47 +508,36 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
         if waiting && allocate && !retry {
             continue;
         }
-        if shared.iter().any(|c| revoked.contains(&object_key(c))) {
+        if shared.iter().any(|c| revoked.contains(c.key.as_str())) {
             continue; // placed again once the revocation is written
         }
-        if retry && shared.iter().all(|c| is_allocated(c)) {
+        if retry && shared.iter().all(|c| c.allocated) {
             continue;
         }
-        if !retry && (!allocate || shared.iter().all(|c| is_allocated(c))) {
-            let settling = allocate
-                && shared.iter().any(|c| {
-                    c["metadata"]["uid"]
-                        .as_str()
-                        .is_some_and(|u| snap.unsettled.contains(u))
-                });
+        if !retry && (!allocate || shared.iter().all(|c| c.allocated)) {
+            let settling = allocate && shared.iter().any(|c| snap.unsettled.contains(&c.id.uid));
             if settling {
                 continue; // ungated once the allocations have settled
             }
-            let keep = pod["spec"]["schedulingGates"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|g| g["name"].as_str() != Some(gate.as_str()))
-                .cloned()
-                .collect();
-            actions.push(Action::Ungate { pod: pod_id, keep });
+            actions.push(Action::Ungate {
+                pod: pod_id.clone(),
+                keep: pod.other_gates.clone(),
+            });
             continue;
         }
-        let mut node: Option<String> = shared
-            .iter()
-            .find_map(|c| allocated_node(c).map(str::to_owned));
-        for claim in shared
-            .into_iter()
-            .filter(|c| !is_allocated(c) && !is_deleting(c))
-        {
-            let claim_id = ObjectId::of(claim);
-            if !planned.insert(claim_id.key()) {
+        let mut node: Option<String> = shared.iter().find_map(|c| c.node.clone());
+        for claim in shared.into_iter().filter(|c| !c.allocated && !c.deleting) {
+            let claim_id = claim.id.clone();
+            if !planned.insert(&claim.key) {
                 continue; // shared by an earlier pod of this pass
             }
+            let Some(whole) = (snap.claim)(&claim.id) else {
+                continue; // changed since the view was taken: the next pass
+            };
             let pendings = match request::requests_in_class(
-                claim,
+                &whole,
                 snap.class,
-                &annotations(pod),
+                &pod.annotations,
                 &pod_id.key(),
                 &settings.driver,
                 settings.default_policy,
@@ -566,6 +548,7 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
                     break;
                 }
             };
+            drop(whole);
             match place_claim(
                 &mut ledger,
                 &pendings,
@@ -575,15 +558,16 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
                 Ok(parts) => {
                     let (allocation, devices) = allocation::assemble(driver, &parts, consumable);
                     let grant = Grant {
-                        id: usage::grant_id(claim),
+                        id: claim.grant_id.clone(),
                         node: parts[0].1.node.clone(),
                         cpu_milli: 0,
                         memory_mib: 0,
                         devices,
                     };
                     node = Some(grant.node.clone());
+                    allocations += 1;
                     actions.push(Action::Allocate {
-                        claim: claim.clone(),
+                        claim: claim_id,
                         pod: pod_id.clone(),
                         message: explain::allocated(&grant),
                         allocation: Allocation { allocation, grant },
@@ -611,7 +595,7 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
     }
     Plan {
         actions,
-        slice_errors: inv.errors,
+        slice_errors: snap.inventory.errors.clone(),
         usage_errors,
         consumable,
         gpus,
@@ -843,23 +827,17 @@ mod tests {
                     claim, allocation, ..
                 } => format!(
                     "allocate {} on {}",
-                    claim["metadata"]["name"].as_str().unwrap(),
-                    allocation.grant.devices[0].gpu
+                    claim.name, allocation.grant.devices[0].gpu
                 ),
                 Action::Pending { claim, .. } => format!("pending {}", claim.name),
                 Action::Rejected { claim, .. } => format!("rejected {}", claim.name),
                 Action::Ungate { pod, .. } => format!("ungate {}", pod.name),
-                Action::Revoke { claim, pod, .. } => format!(
-                    "revoke {} of {}",
-                    claim["metadata"]["name"].as_str().unwrap(),
-                    pod.name
-                ),
+                Action::Revoke { claim, pod, .. } => {
+                    format!("revoke {} of {}", claim.name, pod.name)
+                }
                 Action::Release {
                     claim, deallocate, ..
-                } => format!(
-                    "release {} deallocate={deallocate}",
-                    claim["metadata"]["name"].as_str().unwrap()
-                ),
+                } => format!("release {} deallocate={deallocate}", claim.name),
             })
             .collect()
     }
@@ -886,6 +864,51 @@ mod tests {
         assert!(
             message.contains("best candidate node-a/gpu-0 has 2Gi"),
             "{message}"
+        );
+    }
+
+    #[test]
+    fn a_pass_plans_at_most_max_allocations_and_skips_claims_changed_since_their_view() {
+        let claims = [claim("a", 4), claim("b", 4), claim("c", 4)];
+        let pods = [
+            pod("pa", "2026-01-01T00:00:01Z", true, &[("g", Some("a"))]),
+            pod("pb", "2026-01-01T00:00:02Z", true, &[("g", Some("b"))]),
+            pod("pc", "2026-01-01T00:00:03Z", true, &[("g", Some("c"))]),
+        ];
+        let d = DriverName::default();
+        let inv = inventory::from_slices(d.as_str(), [slice(&[16], false)]);
+        let cv: Vec<ClaimView> = claims
+            .iter()
+            .map(|c| ClaimView::of(c, &d, &inv.inventory))
+            .collect();
+        let pv: Vec<PodView> = pods.iter().map(|p| PodView::of(p, GATE)).collect();
+        // Claim b is at another version now: its whole object is not there.
+        let whole = |id: &ObjectId| {
+            claims
+                .iter()
+                .find(|c| ObjectId::of(c) == *id && id.name != "b")
+                .cloned()
+        };
+        let (crefs, prefs): (Vec<_>, Vec<_>) = (cv.iter().collect(), pv.iter().collect());
+        let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
+        let views = |max| Views {
+            claims: &crefs,
+            pods: &prefs,
+            inventory: &inv,
+            consumable: false,
+            claim: &whole,
+            avoid: &avoid,
+            unsettled: &unsettled,
+            class: None,
+            max_allocations: max,
+        };
+        let p = plan_views(views(1), &settings(), true);
+        assert_eq!(kinds(&p), ["allocate a on gpu-0"], "one per pass");
+        let p = plan_views(views(usize::MAX), &settings(), true);
+        assert_eq!(
+            kinds(&p),
+            ["allocate a on gpu-0", "allocate c on gpu-0"],
+            "b changed since its view: left to the next pass"
         );
     }
 

@@ -212,19 +212,33 @@ pub fn rebuild<'a>(
     capacity: Inventory,
     claims: impl IntoIterator<Item = &'a Value>,
 ) -> Usage {
+    let grants: Vec<(String, Result<Option<Grant>, UsageError>)> = claims
+        .into_iter()
+        .map(|c| (object_key(c), claim_grant(c, driver, &capacity)))
+        .collect();
+    rebuild_from(capacity, grants.iter().map(|(k, g)| (k.as_str(), g)))
+}
+
+/// The ledger over `capacity` with each claim's grant already read ([`claim_grant`]),
+/// given as (`namespace/name`, grant).
+pub fn rebuild_from<'a>(
+    capacity: Inventory,
+    grants: impl IntoIterator<Item = (&'a str, &'a Result<Option<Grant>, UsageError>)>,
+) -> Usage {
     let mut errors = Vec::new();
-    let mut grants = Vec::new();
-    for claim in claims {
-        match claim_grant(claim, driver, &capacity) {
-            Ok(Some(g)) => grants.push((object_key(claim), g)),
-            Ok(None) => {}
-            Err(e) => errors.push(e),
-        }
-    }
     let mut ledger = Ledger::new(capacity);
     for (claim, g) in grants {
-        if let Err(source) = ledger.grant(g) {
-            errors.push(UsageError::Ledger { claim, source });
+        match g {
+            Ok(Some(g)) => {
+                if let Err(source) = ledger.grant(g.clone()) {
+                    errors.push(UsageError::Ledger {
+                        claim: claim.to_owned(),
+                        source,
+                    });
+                }
+            }
+            Ok(None) => {}
+            Err(e) => errors.push(e.clone()),
         }
     }
     Usage { ledger, errors }

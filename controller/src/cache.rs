@@ -1,0 +1,388 @@
+//! What the daemon keeps between passes, beside the reflector stores: the objects it wrote
+//! that the watch has not delivered yet ([`Overlay`]), and a [`ClaimView`] / [`PodView`] per
+//! stored object version plus the inventory per set of slice versions ([`ViewCache`]).
+//!
+//! The stores hold each object's body as JSON text ([`slim::pack`]); a pass used to parse
+//! every one of them back into a `Value` (about 13 KiB per claim, 47 MiB for 1,000 slices).
+//! Now an object is parsed when its version is new to the cache, one at a time, and only
+//! its view is kept; [`ViewCache::whole_claim`] parses one claim again where a pass needs
+//! all of it (a pending claim's requests, a write).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use fgpu_api::names::DriverName;
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::inventory::{self, SliceInventory};
+use crate::reconcile::{self, ObjectId};
+use crate::slim;
+use crate::view::{ClaimView, PodView};
+
+/// Objects this process wrote, laid over the stores until the watch delivers them, so the
+/// next pass does not plan from the state before its own writes. Trimmed like the stores'
+/// objects ([`slim::written`]) and kept as text.
+#[derive(Default)]
+pub struct Overlay(HashMap<String, Written>);
+
+/// One object in the [`Overlay`].
+struct Written {
+    /// `metadata.resourceVersion` as written.
+    version: String,
+    /// The whole object.
+    text: String,
+}
+
+/// Whether the stored version `stored` is at least the written `written`. Resource
+/// versions are opaque to clients but etcd's are integers; where one is not, only the same
+/// version counts as caught up.
+fn caught_up(stored: &str, written: &str) -> bool {
+    match (stored.parse::<u64>(), written.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a >= b,
+        _ => stored == written,
+    }
+}
+
+impl Overlay {
+    /// Remembers `obj` as written.
+    pub fn put(&mut self, mut obj: Value) {
+        slim::written(&mut obj);
+        if let (Some(uid), Some(version)) = (
+            obj["metadata"]["uid"].as_str(),
+            obj["metadata"]["resourceVersion"].as_str(),
+        ) && let Ok(text) = serde_json::to_string(&obj)
+        {
+            let version = version.to_owned();
+            self.0.insert(uid.to_owned(), Written { version, text });
+        }
+    }
+
+    /// The written copy of `uid` (its version and text) when the store, at `stored`, has
+    /// not caught up with it; forgets it once the store has.
+    fn newer(&mut self, uid: &str, stored: &str) -> Option<(&str, &str)> {
+        if self
+            .0
+            .get(uid)
+            .is_some_and(|w| caught_up(stored, &w.version))
+        {
+            self.0.remove(uid);
+        }
+        self.0
+            .get(uid)
+            .map(|w| (w.version.as_str(), w.text.as_str()))
+    }
+
+    /// The written copy of `uid` at exactly `version`.
+    fn at(&self, uid: &str, version: &str) -> Option<&str> {
+        self.0
+            .get(uid)
+            .filter(|w| w.version == version)
+            .map(|w| w.text.as_str())
+    }
+
+    /// How many objects it holds.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The views of the stored objects, each computed once per object version.
+#[derive(Default)]
+pub struct ViewCache {
+    /// Claim UID → (version, inventory generation it was read with, view).
+    claims: HashMap<String, (String, u64, ClaimView)>,
+    /// Pod UID → (version, view).
+    pods: HashMap<String, (String, PodView)>,
+    /// This pass's stored claims by UID (what [`ViewCache::whole_claim`] reads).
+    stored: HashMap<String, Arc<DynamicObject>>,
+    /// (UID, version) of every slice the inventory was read from, sorted.
+    slice_versions: Vec<(String, String)>,
+    /// Bumped whenever the inventory is read again (claim grants depend on it).
+    generation: u64,
+    /// This driver's slices read.
+    pub inventory: SliceInventory,
+    /// Whether one of this driver's devices allows several allocations.
+    pub consumable: bool,
+    /// Objects parsed so far (views computed, slices read): how much work the cache saved.
+    pub parsed: u64,
+}
+
+fn uid_version(o: &DynamicObject) -> Option<(&str, &str)> {
+    Some((
+        o.metadata.uid.as_deref()?,
+        o.metadata.resource_version.as_deref().unwrap_or_default(),
+    ))
+}
+
+impl ViewCache {
+    /// Brings the cache up to the stores' current objects (with `overlay`'s newer copies
+    /// laid over them): views of new versions are computed, those of objects gone are
+    /// dropped, as are overlay entries of objects gone from the stores.
+    pub fn refresh(
+        &mut self,
+        driver: &DriverName,
+        claims: Vec<Arc<DynamicObject>>,
+        pods: Vec<Arc<DynamicObject>>,
+        slices: &[Arc<DynamicObject>],
+        overlay: &mut Overlay,
+    ) {
+        self.refresh_inventory(driver, slices);
+        let generation = self.generation;
+        let inventory = &self.inventory.inventory;
+        let mut live: HashSet<String> = HashSet::with_capacity(claims.len() + pods.len());
+        self.stored.clear();
+        for o in claims {
+            let Some((uid, stored)) = uid_version(&o) else {
+                continue;
+            };
+            live.insert(uid.to_owned());
+            let written = overlay.newer(uid, stored);
+            let version = written.map_or(stored, |(v, _)| v);
+            let fresh = self
+                .claims
+                .get(uid)
+                .is_some_and(|(v, g, _)| v == version && *g == generation);
+            if !fresh {
+                let whole = match written {
+                    Some((_, text)) => serde_json::from_str(text).ok(),
+                    None => slim::unpack(&o),
+                };
+                if let Some(whole) = whole {
+                    self.parsed += 1;
+                    let view = ClaimView::of(&whole, driver, inventory);
+                    self.claims
+                        .insert(uid.to_owned(), (version.to_owned(), generation, view));
+                }
+            }
+            self.stored.insert(uid.to_owned(), o);
+        }
+        let gate = driver.scheduling_gate();
+        for o in pods {
+            let Some((uid, stored)) = uid_version(&o) else {
+                continue;
+            };
+            live.insert(uid.to_owned());
+            let written = overlay.newer(uid, stored);
+            let version = written.map_or(stored, |(v, _)| v);
+            if self.pods.get(uid).is_some_and(|(v, _)| v == version) {
+                continue;
+            }
+            let whole = match written {
+                Some((_, text)) => serde_json::from_str(text).ok(),
+                None => slim::unpack(&o),
+            };
+            if let Some(whole) = whole {
+                self.parsed += 1;
+                let view = PodView::of(&whole, &gate);
+                self.pods.insert(uid.to_owned(), (version.to_owned(), view));
+            }
+        }
+        self.claims.retain(|uid, _| live.contains(uid));
+        self.pods.retain(|uid, _| live.contains(uid));
+        overlay.0.retain(|uid, _| live.contains(uid));
+    }
+
+    /// Reads the inventory again when the set of slice versions changed, one slice at a
+    /// time (a thousand slices parsed at once would be tens of MiB).
+    fn refresh_inventory(&mut self, driver: &DriverName, slices: &[Arc<DynamicObject>]) {
+        let mut versions: Vec<(String, String)> = slices
+            .iter()
+            .filter_map(|o| uid_version(o).map(|(u, v)| (u.to_owned(), v.to_owned())))
+            .collect();
+        versions.sort();
+        if versions == self.slice_versions && self.generation > 0 {
+            return;
+        }
+        let mut consumable = false;
+        let mut parsed = 0;
+        let values = slices.iter().filter_map(|o| slim::unpack(o)).inspect(|s| {
+            parsed += 1;
+            consumable |= reconcile::consumable(driver.as_str(), std::slice::from_ref(s));
+        });
+        self.inventory = inventory::from_slices(driver.as_str(), values);
+        self.consumable = consumable;
+        self.parsed += parsed;
+        self.slice_versions = versions;
+        self.generation += 1;
+    }
+
+    /// Every claim's view (any order).
+    pub fn claims(&self) -> Vec<&ClaimView> {
+        self.claims.values().map(|(_, _, v)| v).collect()
+    }
+
+    /// Every pod's view (any order).
+    pub fn pods(&self) -> Vec<&PodView> {
+        self.pods.values().map(|(_, v)| v).collect()
+    }
+
+    /// The claim `id` names, whole, at exactly its version: the overlay's copy or the
+    /// store's as of the last [`ViewCache::refresh`]; `None` when it is at another version.
+    pub fn whole_claim(&self, overlay: &Overlay, id: &ObjectId) -> Option<Value> {
+        if let Some(text) = overlay.at(&id.uid, &id.resource_version) {
+            return serde_json::from_str(text).ok();
+        }
+        let o = self.stored.get(&id.uid)?;
+        if o.metadata.resource_version.as_deref() != Some(id.resource_version.as_str()) {
+            return None;
+        }
+        slim::unpack(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn stored(v: Value) -> Arc<DynamicObject> {
+        let mut o: DynamicObject = serde_json::from_value(v).expect("object");
+        slim::pack(&mut o);
+        Arc::new(o)
+    }
+
+    fn claim(rv: &str, finalized: bool) -> Value {
+        let finalizers: Vec<&str> = if finalized {
+            vec!["gpu.fgpu.dev/allocation"]
+        } else {
+            vec![]
+        };
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "uc", "resourceVersion": rv,
+                         "finalizers": finalizers},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "shared.gpu.fgpu.dev"}}]}}})
+    }
+
+    fn pod(rv: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "up", "resourceVersion": rv},
+            "spec": {"schedulingGates": [{"name": "gpu.fgpu.dev/allocate"}],
+                     "resourceClaims": [{"name": "g", "resourceClaimName": "c"}]}})
+    }
+
+    fn slice(rv: &str, gpus: usize) -> Value {
+        let devices: Vec<Value> = (0..gpus)
+            .map(|i| {
+                json!({"name": format!("gpu-{i}"), "allowMultipleAllocations": true,
+                "capacity": {"memory": {"value": "80Gi"}, "cores": {"value": "100"}}})
+            })
+            .collect();
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": "node-a-gpu.fgpu.dev", "uid": "us", "resourceVersion": rv},
+            "spec": {"driver": "gpu.fgpu.dev", "nodeName": "node-a",
+                     "pool": {"name": "node-a", "generation": 1}, "devices": devices}})
+    }
+
+    #[test]
+    fn views_are_computed_once_per_version() {
+        let d = DriverName::default();
+        let mut cache = ViewCache::default();
+        let mut overlay = Overlay::default();
+        let slices = [stored(slice("1", 2))];
+        cache.refresh(
+            &d,
+            vec![stored(claim("5", false))],
+            vec![stored(pod("6"))],
+            &slices,
+            &mut overlay,
+        );
+        assert_eq!(cache.parsed, 3, "one slice, one claim, one pod");
+        assert_eq!(cache.inventory.inventory.nodes[0].gpus.len(), 2);
+        assert!(cache.consumable);
+        assert!(cache.claims()[0].shared && !cache.claims()[0].ours);
+        assert!(cache.pods()[0].gated);
+
+        // Same versions: nothing parsed again.
+        cache.refresh(
+            &d,
+            vec![stored(claim("5", false))],
+            vec![stored(pod("6"))],
+            &slices,
+            &mut overlay,
+        );
+        assert_eq!(cache.parsed, 3);
+
+        // A new claim version: that claim only.
+        cache.refresh(
+            &d,
+            vec![stored(claim("7", true))],
+            vec![stored(pod("6"))],
+            &slices,
+            &mut overlay,
+        );
+        assert_eq!(cache.parsed, 4);
+        assert!(cache.claims()[0].ours);
+
+        // A new slice version: the inventory and every claim's grant are read again.
+        let slices = [stored(slice("2", 3))];
+        cache.refresh(
+            &d,
+            vec![stored(claim("7", true))],
+            vec![stored(pod("6"))],
+            &slices,
+            &mut overlay,
+        );
+        assert_eq!(cache.parsed, 6, "the slice and the claim, not the pod");
+        assert_eq!(cache.inventory.inventory.nodes[0].gpus.len(), 3);
+
+        // Objects gone: their views go.
+        cache.refresh(&d, vec![], vec![], &slices, &mut overlay);
+        assert!(cache.claims().is_empty() && cache.pods().is_empty());
+    }
+
+    #[test]
+    fn the_overlay_counts_until_the_store_catches_up() {
+        let d = DriverName::default();
+        let mut cache = ViewCache::default();
+        let mut overlay = Overlay::default();
+        overlay.put(claim("10", true));
+        // Store behind: the written copy.
+        cache.refresh(
+            &d,
+            vec![stored(claim("9", false))],
+            vec![],
+            &[],
+            &mut overlay,
+        );
+        assert!(cache.claims()[0].ours);
+        assert_eq!(cache.claims()[0].id.resource_version, "10");
+        let id = cache.claims()[0].id.clone();
+        assert!(
+            cache.whole_claim(&overlay, &id).is_some(),
+            "the written version, whole"
+        );
+        assert_eq!(overlay.len(), 1);
+        // Store caught up (a later version): the store's copy, the overlay forgets it.
+        cache.refresh(
+            &d,
+            vec![stored(claim("11", false))],
+            vec![],
+            &[],
+            &mut overlay,
+        );
+        assert!(!cache.claims()[0].ours);
+        assert!(overlay.is_empty());
+        // The version planned from is gone: no whole claim.
+        assert!(cache.whole_claim(&overlay, &id).is_none());
+        let now = cache.claims()[0].id.clone();
+        let whole = cache.whole_claim(&overlay, &now).expect("stored version");
+        assert_eq!(whole["metadata"]["resourceVersion"], "11");
+        assert_eq!(whole["spec"]["devices"]["requests"][0]["name"], "gpu");
+    }
+
+    #[test]
+    fn overlay_entries_of_deleted_objects_are_dropped() {
+        let d = DriverName::default();
+        let mut cache = ViewCache::default();
+        let mut overlay = Overlay::default();
+        overlay.put(claim("10", true));
+        cache.refresh(&d, vec![], vec![], &[], &mut overlay);
+        assert!(overlay.is_empty());
+    }
+}

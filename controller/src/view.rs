@@ -1,0 +1,216 @@
+//! What one pass of [`crate::reconcile`] reads of each claim and pod, as small typed
+//! records instead of whole JSON objects.
+//!
+//! A `serde_json::Value` costs a B-tree node (about 630 bytes) per JSON object in it, so a
+//! pass that held every claim, pod and slice as a `Value` grew with the cluster: about
+//! 13 KiB per allocated claim. A [`ClaimView`] is a few hundred bytes and a [`PodView`]
+//! less. The daemon computes a view once per object version (and, for claims, per
+//! inventory: the grant depends on the devices' sizes) and keeps it between passes; the
+//! whole object is parsed again only for what needs it: turning a pending claim into
+//! engine requests and the writes themselves.
+
+use std::collections::BTreeMap;
+
+use fgpu_api::names::DriverName;
+use fgpu_driver::engine::Inventory;
+use fgpu_driver::ledger::Grant;
+use serde_json::Value;
+
+use crate::object_key;
+use crate::reconcile::{self, ObjectId};
+use crate::usage::{self, UsageError};
+
+/// What a pass reads of one ResourceClaim.
+#[derive(Clone, Debug)]
+pub struct ClaimView {
+    pub id: ObjectId,
+    /// `namespace/name`.
+    pub key: String,
+    /// It carries this controller's finalizer.
+    pub ours: bool,
+    /// `status.allocation` is set.
+    pub allocated: bool,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// `status.reservedFor` is not empty.
+    pub reserved: bool,
+    /// One of its requests asks for the shared class.
+    pub shared: bool,
+    /// `status.allocation.allocationTimestamp` ("" when absent).
+    pub allocated_at: String,
+    /// The node of its allocation (the node selector's `metadata.name`).
+    pub node: Option<String>,
+    /// Its grant in the ledger ([`usage::claim_grant`] over the inventory it was read with).
+    pub grant: Result<Option<Grant>, UsageError>,
+    /// The id its grant takes in the ledger ([`usage::grant_id`]).
+    pub grant_id: String,
+}
+
+impl ClaimView {
+    /// The view of `claim` for `driver`, its grant sized by `inventory`.
+    pub fn of(claim: &Value, driver: &DriverName, inventory: &Inventory) -> Self {
+        let finalizer = driver.finalizer();
+        let status = &claim["status"];
+        let meta = &claim["metadata"];
+        Self {
+            id: ObjectId::of(claim),
+            key: object_key(claim),
+            ours: meta["finalizers"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|e| e.as_str() == Some(finalizer.as_str()))),
+            allocated: status["allocation"].is_object(),
+            deleting: meta["deletionTimestamp"].is_string(),
+            reserved: status["reservedFor"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty()),
+            shared: reconcile::is_shared(claim, driver),
+            allocated_at: status["allocation"]["allocationTimestamp"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            node: reconcile::allocated_node(claim).map(str::to_owned),
+            grant: usage::claim_grant(claim, driver.as_str(), inventory),
+            grant_id: usage::grant_id(claim),
+        }
+    }
+}
+
+/// What a pass reads of one Pod.
+#[derive(Clone, Debug)]
+pub struct PodView {
+    pub id: ObjectId,
+    /// `metadata.creationTimestamp` ("" when absent).
+    pub created: String,
+    /// Not `Succeeded` or `Failed`.
+    pub live: bool,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// It carries this controller's scheduling gate.
+    pub gated: bool,
+    /// Its other scheduling gates, as written (what an ungate leaves).
+    pub other_gates: Vec<Value>,
+    /// [`reconcile::pod_claim_names`].
+    pub claims: Vec<Option<String>>,
+    /// `spec.nodeName` is set.
+    pub bound: bool,
+    /// `metadata.annotations` with string values.
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl PodView {
+    /// The view of `pod`, whose gate of interest is `gate`.
+    pub fn of(pod: &Value, gate: &str) -> Self {
+        let gates = pod["spec"]["schedulingGates"].as_array();
+        let named = |g: &Value| g["name"].as_str() == Some(gate);
+        Self {
+            id: ObjectId::of(pod),
+            created: pod["metadata"]["creationTimestamp"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            live: !matches!(
+                pod["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed")
+            ),
+            deleting: pod["metadata"]["deletionTimestamp"].is_string(),
+            gated: gates.is_some_and(|g| g.iter().any(named)),
+            other_gates: gates
+                .into_iter()
+                .flatten()
+                .filter(|g| !named(g))
+                .cloned()
+                .collect(),
+            claims: reconcile::pod_claim_names(pod),
+            bound: pod["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty()),
+            annotations: pod["metadata"]["annotations"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    /// `namespace/<claim>` for each claim name the pod uses (generated ones included).
+    pub fn claim_keys(&self) -> impl Iterator<Item = String> + '_ {
+        self.claims
+            .iter()
+            .flatten()
+            .map(|n| format!("{}/{n}", self.id.namespace))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pod_view_reads_gates_claims_and_phase() {
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "3",
+                         "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "annotations": {"hami.io/gpu-scheduler-policy": "spread", "n": 1}},
+            "spec": {"schedulingGates": [{"name": "gpu.fgpu.dev/allocate"}, {"name": "other"}],
+                     "resourceClaims": [{"name": "a", "resourceClaimName": "direct"},
+                                        {"name": "b", "resourceClaimTemplateName": "t"}]},
+            "status": {"phase": "Pending"}});
+        let v = PodView::of(&pod, "gpu.fgpu.dev/allocate");
+        assert!(v.gated && v.live && !v.deleting && !v.bound);
+        assert_eq!(v.other_gates, vec![json!({"name": "other"})]);
+        assert_eq!(v.claims, vec![Some("direct".to_owned()), None]);
+        assert_eq!(v.claim_keys().collect::<Vec<_>>(), ["ns/direct"]);
+        assert_eq!(v.created, "2026-01-01T00:00:00Z");
+        // Non-string annotation values are left out.
+        assert_eq!(v.annotations.len(), 1);
+
+        let mut done = pod.clone();
+        done["status"]["phase"] = json!("Succeeded");
+        done["spec"]["nodeName"] = json!("node-a");
+        done["spec"]["schedulingGates"] = json!([]);
+        let v = PodView::of(&done, "gpu.fgpu.dev/allocate");
+        assert!(!v.gated && !v.live && v.bound);
+    }
+
+    #[test]
+    fn claim_view_reads_flags_node_and_grant() {
+        use fgpu_driver::engine::{Gpu, Node};
+        let inv = Inventory {
+            nodes: vec![Node::new(
+                "node-a",
+                vec![Gpu::new("gpu-0", "H100", 80 << 30)],
+            )],
+        };
+        let claim = json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1", "resourceVersion": "9",
+                         "finalizers": ["gpu.fgpu.dev/allocation"]},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "shared.gpu.fgpu.dev"}}]}},
+            "status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
+                       "allocation": {
+                "allocationTimestamp": "2026-01-01T00:00:01Z",
+                "devices": {"results": [{"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-a", "device": "gpu-0",
+                                          "consumedCapacity": {"memory": "4Gi", "cores": "10"}}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}}}});
+        let v = ClaimView::of(&claim, &DriverName::default(), &inv);
+        assert!(v.ours && v.allocated && v.reserved && v.shared && !v.deleting);
+        assert_eq!(v.key, "ns/c");
+        assert_eq!(v.node.as_deref(), Some("node-a"));
+        assert_eq!(v.allocated_at, "2026-01-01T00:00:01Z");
+        assert_eq!(v.grant_id, "u1");
+        let g = v.grant.expect("valid").expect("allocated");
+        assert_eq!((g.devices[0].memory, g.devices[0].cores), (4 << 30, 10));
+
+        let mut other = claim.clone();
+        other["metadata"]["finalizers"] = json!([]);
+        other["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] =
+            json!("gpu.fgpu.dev");
+        other["status"] = json!({});
+        let v = ClaimView::of(&other, &DriverName::default(), &inv);
+        assert!(!v.ours && !v.allocated && !v.reserved && !v.shared && v.node.is_none());
+        assert!(matches!(v.grant, Ok(None)));
+    }
+}
