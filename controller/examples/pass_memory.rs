@@ -1,6 +1,6 @@
 //! Memory and time of the controller's passes at cluster size, offline (no API server): the
 //! objects of `hack/bench-controller.sh` (NODES slices of 8 H100s; CLAIMS claims of 20Gi + 30
-//! cores, one gated pod each), kept as the reflectors keep them (trimmed, packed), planned
+//! cores, one gated pod each), kept as the daemon's mirrors keep them (claims and slices trimmed, as text; pods as views), planned
 //! and "written" pass after pass until every claim is allocated.
 //!
 //!   cargo run --release -p fgpu-controller --example pass_memory -- [views|values] [NODES] [CLAIMS]
@@ -17,8 +17,10 @@ use std::time::Instant;
 
 use fgpu_api::names::DriverName;
 use fgpu_controller::cache::{Overlay, ViewCache};
+use fgpu_controller::mirror::Packed;
 use fgpu_controller::reconcile::{self, Action, ObjectId, Settings, Snapshot, Views};
 use fgpu_controller::slim;
+use fgpu_controller::view::PodView;
 use fgpu_driver::engine::Policy;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
@@ -40,11 +42,19 @@ fn mem() -> String {
     )
 }
 
-fn stored(v: Value, trim: fn(&mut DynamicObject)) -> Arc<DynamicObject> {
+/// As the daemon's mirror keeps a claim or a slice.
+fn stored(v: Value, trim: fn(&mut DynamicObject)) -> Arc<Packed> {
     let mut o: DynamicObject = serde_json::from_value(v).expect("object");
     trim(&mut o);
-    slim::pack(&mut o);
-    Arc::new(o)
+    Arc::new(Packed::of(&o).expect("uid"))
+}
+
+/// As the daemon's mirror keeps a pod.
+fn viewed(v: Value) -> Arc<PodView> {
+    let mut o: DynamicObject = serde_json::from_value(v).expect("object");
+    slim::pod(&mut o);
+    let whole = serde_json::to_value(&o).expect("pod");
+    Arc::new(PodView::of(&whole, "gpu.fgpu.dev/allocate"))
 }
 
 fn slice(i: usize) -> Value {
@@ -102,11 +112,17 @@ fn main() {
         driver: DriverName::default(),
         default_policy: Policy::BINPACK,
     };
-    let slices: Vec<Arc<DynamicObject>> =
-        (0..nodes).map(|i| stored(slice(i), slim::slice)).collect();
-    let mut claims: Vec<Arc<DynamicObject>> =
-        (0..n).map(|i| stored(claim(i), slim::claim)).collect();
-    let pods: Vec<Arc<DynamicObject>> = (0..n).map(|i| stored(pod(i), slim::pod)).collect();
+    let slices: Vec<Arc<Packed>> = (0..nodes).map(|i| stored(slice(i), slim::slice)).collect();
+    let mut claims: Vec<Arc<Packed>> = (0..n).map(|i| stored(claim(i), slim::claim)).collect();
+    // The pods' objects, for the `values` way; the mirror's views for the other.
+    let pod_objects: Vec<Arc<Packed>> = match way {
+        "values" => (0..n).map(|i| stored(pod(i), slim::pod)).collect(),
+        _ => Vec::new(),
+    };
+    let pods: Vec<Arc<PodView>> = match way {
+        "values" => Vec::new(),
+        _ => (0..n).map(|i| viewed(pod(i))).collect(),
+    };
     println!(
         "{way}: {nodes} nodes x 8 GPUs, {n} claims + {n} gated pods stored: {}",
         mem()
@@ -115,7 +131,7 @@ fn main() {
     let index: BTreeMap<String, usize> = claims
         .iter()
         .enumerate()
-        .map(|(i, c)| (c.metadata.uid.clone().unwrap_or_default(), i))
+        .map(|(i, c)| (c.uid.clone(), i))
         .collect();
     let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
     let mut cache = ViewCache::default();
@@ -128,10 +144,10 @@ fn main() {
         let t = Instant::now();
         let plan = match way {
             "values" => {
-                let values = |s: &[Arc<DynamicObject>]| -> Vec<Value> {
-                    s.iter().filter_map(|o| slim::unpack(o)).collect()
+                let values = |s: &[Arc<Packed>]| -> Vec<Value> {
+                    s.iter().filter_map(|o| o.value()).collect()
                 };
-                let (c, p, s) = (values(&claims), values(&pods), values(&slices));
+                let (c, p, s) = (values(&claims), values(&pod_objects), values(&slices));
                 let snap = Snapshot {
                     claims: &c,
                     pods: &p,
@@ -182,7 +198,7 @@ fn main() {
             } = a
             {
                 let i = index[&claim.uid];
-                let mut whole = slim::unpack(&claims[i]).expect("claim");
+                let mut whole = claims[i].value().expect("claim");
                 version += 1;
                 whole["metadata"]["resourceVersion"] = json!(version.to_string());
                 whole["metadata"]["finalizers"] = json!([settings.driver.finalizer()]);
@@ -203,18 +219,13 @@ fn main() {
             break;
         }
     }
-    let text = |s: &[Arc<DynamicObject>]| -> usize {
-        s.iter()
-            .map(|o| o.data.as_str().map_or(0, str::len))
-            .sum::<usize>()
-            / 1024
-    };
+    let text =
+        |s: &[Arc<Packed>]| -> usize { s.iter().map(|o| o.text.len()).sum::<usize>() / 1024 };
     println!(
-        "stored bodies as text: claims {} KiB, pods {} KiB, slices {} KiB; DynamicObject {} bytes inline each",
+        "stored as text: claims {} KiB, slices {} KiB; a PodView {} bytes inline",
         text(&claims),
-        text(&pods),
         text(&slices),
-        std::mem::size_of::<DynamicObject>()
+        std::mem::size_of::<PodView>()
     );
     println!(
         "{way}: {allocated} of {n} claims allocated in {passes} passes, {:.1} s; peak VmRSS seen after a plan {} MiB; at the end {}",

@@ -2,20 +2,21 @@
 //! that the watch has not delivered yet ([`Overlay`]), and a [`ClaimView`] / [`PodView`] per
 //! stored object version plus the inventory per set of slice versions ([`ViewCache`]).
 //!
-//! The stores hold each object's body as JSON text ([`slim::pack`]); a pass used to parse
-//! every one of them back into a `Value` (about 13 KiB per claim, 47 MiB for 1,000 slices).
-//! Now an object is parsed when its version is new to the cache, one at a time, and only
-//! its view is kept; [`ViewCache::whole_claim`] parses one claim again where a pass needs
-//! all of it (a pending claim's requests, a write).
+//! The mirrors ([`crate::mirror`]) hold each claim and slice as JSON text and each pod as
+//! its [`PodView`]; a pass used to parse every object into a `Value` (about 13 KiB per
+//! claim, 47 MiB for 1,000 slices). Now a claim is parsed when its version (or the
+//! inventory) is new to the cache, one at a time, and only its view is kept;
+//! [`ViewCache::whole_claim`] parses one claim again where a pass needs all of it (a pending
+//! claim's requests, a write). Slices are parsed when the set of their versions changes.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use fgpu_api::names::DriverName;
-use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::inventory::{self, SliceInventory};
+use crate::mirror::Packed;
 use crate::reconcile::{self, ObjectId};
 use crate::slim;
 use crate::view::{ClaimView, PodView};
@@ -92,15 +93,17 @@ impl Overlay {
     }
 }
 
-/// The views of the stored objects, each computed once per object version.
+/// The claims' views, each computed once per claim version and inventory, and the
+/// inventory, read once per set of slice versions.
 #[derive(Default)]
 pub struct ViewCache {
     /// Claim UID → (version, inventory generation it was read with, view).
-    claims: HashMap<String, (String, u64, ClaimView)>,
-    /// Pod UID → (version, view).
-    pods: HashMap<String, (String, PodView)>,
-    /// This pass's stored claims by UID (what [`ViewCache::whole_claim`] reads).
-    stored: HashMap<String, Arc<DynamicObject>>,
+    claims: HashMap<String, Box<(String, u64, ClaimView)>>,
+    /// This pass's claims by UID (what [`ViewCache::whole_claim`] reads).
+    stored: HashMap<String, Arc<Packed>>,
+    /// This pass's pods: the mirror's views, and the overlay's newer ones.
+    pods: Vec<Arc<PodView>>,
+    written_pods: Vec<PodView>,
     /// (UID, version) of every slice the inventory was read from, sorted.
     slice_versions: Vec<(String, String)>,
     /// Bumped whenever the inventory is read again (claim grants depend on it).
@@ -109,27 +112,21 @@ pub struct ViewCache {
     pub inventory: SliceInventory,
     /// Whether one of this driver's devices allows several allocations.
     pub consumable: bool,
-    /// Objects parsed so far (views computed, slices read): how much work the cache saved.
+    /// Objects parsed so far (claim views computed, slices and written pods read): how
+    /// much work the cache saved.
     pub parsed: u64,
 }
 
-fn uid_version(o: &DynamicObject) -> Option<(&str, &str)> {
-    Some((
-        o.metadata.uid.as_deref()?,
-        o.metadata.resource_version.as_deref().unwrap_or_default(),
-    ))
-}
-
 impl ViewCache {
-    /// Brings the cache up to the stores' current objects (with `overlay`'s newer copies
-    /// laid over them): views of new versions are computed, those of objects gone are
-    /// dropped, as are overlay entries of objects gone from the stores.
+    /// Brings the cache up to the mirrors' current objects (with `overlay`'s newer copies
+    /// laid over them): views of new claim versions are computed, those of claims gone are
+    /// dropped, as are overlay entries of objects gone.
     pub fn refresh(
         &mut self,
         driver: &DriverName,
-        claims: Vec<Arc<DynamicObject>>,
-        pods: Vec<Arc<DynamicObject>>,
-        slices: &[Arc<DynamicObject>],
+        claims: Vec<Arc<Packed>>,
+        pods: Vec<Arc<PodView>>,
+        slices: &[Arc<Packed>],
         overlay: &mut Overlay,
     ) {
         self.refresh_inventory(driver, slices);
@@ -137,63 +134,55 @@ impl ViewCache {
         let inventory = &self.inventory.inventory;
         let mut live: HashSet<String> = HashSet::with_capacity(claims.len() + pods.len());
         self.stored.clear();
-        for o in claims {
-            let Some((uid, stored)) = uid_version(&o) else {
-                continue;
-            };
-            live.insert(uid.to_owned());
-            let written = overlay.newer(uid, stored);
-            let version = written.map_or(stored, |(v, _)| v);
+        for c in claims {
+            live.insert(c.uid.clone());
+            let written = overlay.newer(&c.uid, &c.resource_version);
+            let version = written.map_or(c.resource_version.as_str(), |(v, _)| v);
             let fresh = self
                 .claims
-                .get(uid)
-                .is_some_and(|(v, g, _)| v == version && *g == generation);
+                .get(&c.uid)
+                .is_some_and(|e| e.0 == version && e.1 == generation);
             if !fresh {
                 let whole = match written {
                     Some((_, text)) => serde_json::from_str(text).ok(),
-                    None => slim::unpack(&o),
+                    None => c.value(),
                 };
                 if let Some(whole) = whole {
                     self.parsed += 1;
                     let view = ClaimView::of(&whole, driver, inventory);
-                    self.claims
-                        .insert(uid.to_owned(), (version.to_owned(), generation, view));
+                    self.claims.insert(
+                        c.uid.clone(),
+                        Box::new((version.to_owned(), generation, view)),
+                    );
                 }
             }
-            self.stored.insert(uid.to_owned(), o);
+            self.stored.insert(c.uid.clone(), c);
         }
         let gate = driver.scheduling_gate();
-        for o in pods {
-            let Some((uid, stored)) = uid_version(&o) else {
-                continue;
-            };
-            live.insert(uid.to_owned());
-            let written = overlay.newer(uid, stored);
-            let version = written.map_or(stored, |(v, _)| v);
-            if self.pods.get(uid).is_some_and(|(v, _)| v == version) {
-                continue;
-            }
-            let whole = match written {
-                Some((_, text)) => serde_json::from_str(text).ok(),
-                None => slim::unpack(&o),
-            };
-            if let Some(whole) = whole {
-                self.parsed += 1;
-                let view = PodView::of(&whole, &gate);
-                self.pods.insert(uid.to_owned(), (version.to_owned(), view));
+        self.written_pods.clear();
+        self.pods.clear();
+        for p in pods {
+            live.insert(p.id.uid.clone());
+            match overlay.newer(&p.id.uid, &p.id.resource_version) {
+                Some((_, text)) => {
+                    if let Ok(whole) = serde_json::from_str::<Value>(text) {
+                        self.parsed += 1;
+                        self.written_pods.push(PodView::of(&whole, &gate));
+                    }
+                }
+                None => self.pods.push(p),
             }
         }
         self.claims.retain(|uid, _| live.contains(uid));
-        self.pods.retain(|uid, _| live.contains(uid));
         overlay.0.retain(|uid, _| live.contains(uid));
     }
 
     /// Reads the inventory again when the set of slice versions changed, one slice at a
     /// time (a thousand slices parsed at once would be tens of MiB).
-    fn refresh_inventory(&mut self, driver: &DriverName, slices: &[Arc<DynamicObject>]) {
+    fn refresh_inventory(&mut self, driver: &DriverName, slices: &[Arc<Packed>]) {
         let mut versions: Vec<(String, String)> = slices
             .iter()
-            .filter_map(|o| uid_version(o).map(|(u, v)| (u.to_owned(), v.to_owned())))
+            .map(|s| (s.uid.clone(), s.resource_version.clone()))
             .collect();
         versions.sort();
         if versions == self.slice_versions && self.generation > 0 {
@@ -201,7 +190,7 @@ impl ViewCache {
         }
         let mut consumable = false;
         let mut parsed = 0;
-        let values = slices.iter().filter_map(|o| slim::unpack(o)).inspect(|s| {
+        let values = slices.iter().filter_map(|s| s.value()).inspect(|s| {
             parsed += 1;
             consumable |= reconcile::consumable(driver.as_str(), std::slice::from_ref(s));
         });
@@ -214,25 +203,29 @@ impl ViewCache {
 
     /// Every claim's view (any order).
     pub fn claims(&self) -> Vec<&ClaimView> {
-        self.claims.values().map(|(_, _, v)| v).collect()
+        self.claims.values().map(|e| &e.2).collect()
     }
 
     /// Every pod's view (any order).
     pub fn pods(&self) -> Vec<&PodView> {
-        self.pods.values().map(|(_, v)| v).collect()
+        self.pods
+            .iter()
+            .map(|p| p.as_ref())
+            .chain(&self.written_pods)
+            .collect()
     }
 
     /// The claim `id` names, whole, at exactly its version: the overlay's copy or the
-    /// store's as of the last [`ViewCache::refresh`]; `None` when it is at another version.
+    /// mirror's as of the last [`ViewCache::refresh`]; `None` when it is at another version.
     pub fn whole_claim(&self, overlay: &Overlay, id: &ObjectId) -> Option<Value> {
         if let Some(text) = overlay.at(&id.uid, &id.resource_version) {
             return serde_json::from_str(text).ok();
         }
-        let o = self.stored.get(&id.uid)?;
-        if o.metadata.resource_version.as_deref() != Some(id.resource_version.as_str()) {
+        let c = self.stored.get(&id.uid)?;
+        if c.resource_version != id.resource_version {
             return None;
         }
-        slim::unpack(o)
+        c.value()
     }
 }
 
@@ -241,10 +234,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn stored(v: Value) -> Arc<DynamicObject> {
-        let mut o: DynamicObject = serde_json::from_value(v).expect("object");
-        slim::pack(&mut o);
-        Arc::new(o)
+    fn stored(v: Value) -> Arc<Packed> {
+        let o: kube::api::DynamicObject = serde_json::from_value(v).expect("object");
+        Arc::new(Packed::of(&o).expect("uid"))
+    }
+
+    fn viewed(v: Value) -> Arc<PodView> {
+        Arc::new(PodView::of(&v, "gpu.fgpu.dev/allocate"))
     }
 
     fn claim(rv: &str, finalized: bool) -> Value {
@@ -288,11 +284,14 @@ mod tests {
         cache.refresh(
             &d,
             vec![stored(claim("5", false))],
-            vec![stored(pod("6"))],
+            vec![viewed(pod("6"))],
             &slices,
             &mut overlay,
         );
-        assert_eq!(cache.parsed, 3, "one slice, one claim, one pod");
+        assert_eq!(
+            cache.parsed, 2,
+            "one slice, one claim (the pod comes as a view)"
+        );
         assert_eq!(cache.inventory.inventory.nodes[0].gpus.len(), 2);
         assert!(cache.consumable);
         assert!(cache.claims()[0].shared && !cache.claims()[0].ours);
@@ -302,21 +301,21 @@ mod tests {
         cache.refresh(
             &d,
             vec![stored(claim("5", false))],
-            vec![stored(pod("6"))],
+            vec![viewed(pod("6"))],
             &slices,
             &mut overlay,
         );
-        assert_eq!(cache.parsed, 3);
+        assert_eq!(cache.parsed, 2);
 
         // A new claim version: that claim only.
         cache.refresh(
             &d,
             vec![stored(claim("7", true))],
-            vec![stored(pod("6"))],
+            vec![viewed(pod("6"))],
             &slices,
             &mut overlay,
         );
-        assert_eq!(cache.parsed, 4);
+        assert_eq!(cache.parsed, 3);
         assert!(cache.claims()[0].ours);
 
         // A new slice version: the inventory and every claim's grant are read again.
@@ -324,11 +323,11 @@ mod tests {
         cache.refresh(
             &d,
             vec![stored(claim("7", true))],
-            vec![stored(pod("6"))],
+            vec![viewed(pod("6"))],
             &slices,
             &mut overlay,
         );
-        assert_eq!(cache.parsed, 6, "the slice and the claim, not the pod");
+        assert_eq!(cache.parsed, 5, "the slice and the claim");
         assert_eq!(cache.inventory.inventory.nodes[0].gpus.len(), 3);
 
         // Objects gone: their views go.
@@ -374,6 +373,25 @@ mod tests {
         let whole = cache.whole_claim(&overlay, &now).expect("stored version");
         assert_eq!(whole["metadata"]["resourceVersion"], "11");
         assert_eq!(whole["spec"]["devices"]["requests"][0]["name"], "gpu");
+    }
+
+    #[test]
+    fn a_written_pod_counts_until_the_mirror_catches_up() {
+        let d = DriverName::default();
+        let mut cache = ViewCache::default();
+        let mut overlay = Overlay::default();
+        let mut ungated = pod("8");
+        ungated["spec"]["schedulingGates"] = json!([]);
+        overlay.put(ungated);
+        cache.refresh(&d, vec![], vec![viewed(pod("6"))], &[], &mut overlay);
+        assert!(!cache.pods()[0].gated, "the written version");
+        assert_eq!(cache.pods().len(), 1);
+        cache.refresh(&d, vec![], vec![viewed(pod("8"))], &[], &mut overlay);
+        assert!(
+            cache.pods()[0].gated,
+            "the mirror's (here still gated: it is what counts)"
+        );
+        assert!(overlay.is_empty());
     }
 
     #[test]

@@ -23,13 +23,10 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -39,8 +36,10 @@ use fgpu_driver::engine::Policy;
 use crate::ApiVersion;
 use crate::cache::{Overlay, ViewCache};
 use crate::metrics::Metrics;
+use crate::mirror::{Mirror, Packed};
 use crate::reconcile::{self, Action, ObjectId, Settings, Views};
 use crate::slim;
+use crate::view::PodView;
 
 /// The API group of DRA.
 pub const GROUP: &str = "resource.k8s.io";
@@ -223,59 +222,32 @@ pub(crate) async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client>
 /// 1,000 nodes × 2,000 claims, 100 lowered the controller's peak VmRSS from 232 to 164 MiB.
 const LIST_PAGE: u32 = 100;
 
-/// Starts a reflector; returns its store. Every stored event wakes `wake`.
-///
-/// Before an object is stored it is trimmed to what the controller reads (`slim`, see
-/// [`crate::slim`]) and [`slim::pack`]ed; objects `keep` refuses are not stored at all (one
-/// stored earlier is removed) and wake nobody.
-fn reflect(
-    api: Api<DynamicObject>,
-    ar: ApiResource,
-    what: &'static str,
-    wake: Arc<Notify>,
-    keep: impl Fn(&DynamicObject) -> bool + Send + 'static,
-    trim: fn(&mut DynamicObject),
-) -> Store<DynamicObject> {
-    let writer = reflector::store::Writer::new(ar.clone());
-    let reader = writer.as_reader();
-    let stored = reader.clone();
-    let trimmed = move |mut o: DynamicObject| {
-        trim(&mut o);
-        slim::pack(&mut o);
-        o
-    };
-    let config = watcher::Config::default().page_size(LIST_PAGE);
-    let events = watcher(api, config).try_filter_map(move |ev| {
-        let in_store = |o: &DynamicObject| {
-            stored
-                .get(&ObjectRef::from_obj_with(o, ar.clone()))
-                .is_some()
-        };
-        let ev = match ev {
-            watcher::Event::Apply(o) if keep(&o) => Some(watcher::Event::Apply(trimmed(o))),
-            watcher::Event::InitApply(o) if keep(&o) => Some(watcher::Event::InitApply(trimmed(o))),
-            // No longer of interest (a pod lost the gate): forget it.
-            watcher::Event::Apply(o) | watcher::Event::Delete(o) if in_store(&o) => {
-                Some(watcher::Event::Delete(o))
-            }
-            watcher::Event::Apply(_) | watcher::Event::InitApply(_) | watcher::Event::Delete(_) => {
-                None
-            }
-            other => Some(other),
-        };
-        futures::future::ready(Ok(ev))
-    });
-    let stream = reflector::reflector(writer, events).default_backoff();
-    tokio::spawn(async move {
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(_) => wake.notify_one(),
-                Err(e) => tracing::warn!(resource = what, "watch: {e}"),
-            }
-        }
-    });
-    reader
+/// A claim as the mirror keeps it: trimmed ([`slim::claim`]), as text.
+fn claim_entry(mut o: DynamicObject) -> Option<Packed> {
+    slim::claim(&mut o);
+    Packed::of(&o)
+}
+
+/// A pod as the mirror keeps it: its view, when it can matter to a plan at all
+/// ([`slim::pod_matters`]); read from the trimmed pod ([`slim::pod`]), the fields
+/// `slim::tests` checks plans against.
+fn pod_entry(mut o: DynamicObject, gate: &str) -> Option<PodView> {
+    if !slim::pod_matters(&o, gate) {
+        return None;
+    }
+    slim::pod(&mut o);
+    let whole = serde_json::to_value(&o).ok()?;
+    Some(PodView::of(&whole, gate))
+}
+
+/// A slice as the mirror keeps it: this driver's only, trimmed ([`slim::slice`]), as
+/// text.
+fn slice_entry(mut o: DynamicObject, driver: &str) -> Option<Packed> {
+    if o.data["spec"]["driver"].as_str() != Some(driver) {
+        return None;
+    }
+    slim::slice(&mut o);
+    Packed::of(&o)
 }
 
 /// Runs the daemon until SIGTERM / Ctrl-C.
@@ -512,41 +484,37 @@ impl Controller {
         let client = self.shared.client.clone();
         let wake = Arc::new(Notify::new());
         let slices_ar = api_resource(self.shared.api, "ResourceSlice", "resourceslices");
-        let claims = reflect(
+        let mut claims = Mirror::start(
             Api::all_with(client.clone(), &self.claims_ar),
-            self.claims_ar.clone(),
             "resourceclaims",
+            LIST_PAGE,
             wake.clone(),
-            |_| true,
-            slim::claim,
+            Box::new(claim_entry),
         );
         let gate = self.settings.driver.scheduling_gate();
-        let pods = reflect(
+        let mut pods = Mirror::start(
             Api::all_with(client.clone(), &pod_resource()),
-            pod_resource(),
             "pods",
+            LIST_PAGE,
             wake.clone(),
-            move |p| slim::pod_matters(p, &gate),
-            slim::pod,
+            Box::new(move |o| pod_entry(o, &gate)),
         );
         // Other drivers' slices are not read (plan and the mode both filter by driver).
         let driver = self.settings.driver.as_str().to_owned();
-        let slices = reflect(
+        let mut slices = Mirror::start(
             Api::all_with(client.clone(), &slices_ar),
-            slices_ar,
             "resourceslices",
+            LIST_PAGE,
             wake.clone(),
-            move |s| s.data["spec"]["driver"].as_str() == Some(driver.as_str()),
-            slim::slice,
+            Box::new(move |o| slice_entry(o, &driver)),
         );
-        for (s, what) in [
-            (&claims, "resourceclaims"),
-            (&pods, "pods"),
-            (&slices, "resourceslices"),
-        ] {
-            s.wait_until_ready()
-                .await
-                .with_context(|| format!("the {what} reflector stopped before its first list"))?;
+        let lists = [
+            (claims.ready().await, "resourceclaims"),
+            (pods.ready().await, "pods"),
+            (slices.ready().await, "resourceslices"),
+        ];
+        for (r, what) in lists {
+            r.with_context(|| format!("the {what} watch stopped before its first list"))?;
         }
         self.shared.ready.store(true, Ordering::Relaxed);
         tracing::info!("caches synced; reconciling");
@@ -582,9 +550,9 @@ impl Controller {
     /// One pass; true when something was written.
     async fn pass(
         &mut self,
-        claims: &Store<DynamicObject>,
-        pods: &Store<DynamicObject>,
-        slices: &Store<DynamicObject>,
+        claims: &Mirror<Packed>,
+        pods: &Mirror<PodView>,
+        slices: &Mirror<Packed>,
     ) -> bool {
         self.views.refresh(
             &self.settings.driver,

@@ -29,6 +29,7 @@ pub mod extender;
 pub mod inventory;
 pub mod leader;
 pub mod metrics;
+pub mod mirror;
 pub mod reconcile;
 pub mod request;
 pub mod server;

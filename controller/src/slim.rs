@@ -1,11 +1,12 @@
 //! What the controller keeps of the objects it watches.
 //!
-//! The daemon's reflectors hold every ResourceClaim, every pod that matters to [`plan`] and
-//! every ResourceSlice of the cluster, and each pass copies them all into `Value`s. A
+//! The daemon's mirrors ([`crate::mirror`]) hold every ResourceClaim, every pod that matters
+//! to [`plan`] and every ResourceSlice of this driver. A
 //! `serde_json::Value` object costs a B-tree node (about 630 bytes) however few its keys, so
 //! a whole pod (spec, status, `managedFields`) is tens of kilobytes and a slice of eight
 //! devices about seventy. The functions here run on each watched object before the
-//! reflector stores it and leave only what the controller reads:
+//! mirror keeps it (claims and slices as text, pods as a view read from the result) and
+//! leave only what the controller reads:
 //!
 //! * **claims** ([`claim`]): everything but `metadata.managedFields`. The daemon writes a
 //!   claim's status back whole (`replace_status` of the object it planned from), so spec and
@@ -30,7 +31,7 @@
 //! [`plan`]: crate::reconcile::plan
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DynamicObject, TypeMeta};
+use kube::api::DynamicObject;
 use serde_json::Value;
 
 use fgpu_api::names::{attr, capacity};
@@ -183,41 +184,6 @@ fn device(d: &mut Value) {
             retain(c, &["value"]);
         }
     }
-}
-
-/// Stores the object's body (all but `apiVersion`, `kind` and `metadata`) as JSON text, the
-/// form the reflectors keep it in: a stored object then costs its text (a slim slice of eight
-/// devices 2 KiB) instead of a `Value` tree (40 KiB). [`unpack`] gives the whole object back.
-pub fn pack(obj: &mut DynamicObject) {
-    if !obj.data.is_string()
-        && let Ok(text) = serde_json::to_string(&obj.data)
-    {
-        obj.data = Value::String(text);
-    }
-}
-
-/// The object as one `Value` (what [`plan`](crate::reconcile::plan) reads), from a
-/// [`pack`]ed or a plain [`DynamicObject`].
-pub fn unpack(obj: &DynamicObject) -> Option<Value> {
-    #[derive(serde::Serialize)]
-    struct Head<'a> {
-        #[serde(flatten)]
-        types: &'a Option<TypeMeta>,
-        metadata: &'a ObjectMeta,
-    }
-    let mut whole = serde_json::to_value(Head {
-        types: &obj.types,
-        metadata: &obj.metadata,
-    })
-    .ok()?;
-    let body = match &obj.data {
-        Value::String(text) => serde_json::from_str(text).ok()?,
-        other => other.clone(),
-    };
-    if let (Value::Object(w), Value::Object(b)) = (&mut whole, body) {
-        w.extend(b);
-    }
-    Some(whole)
 }
 
 #[cfg(test)]
@@ -659,19 +625,17 @@ mod tests {
     }
 
     #[test]
-    fn packed_objects_unpack_whole_and_written_ones_match_the_stores() {
+    fn packed_objects_read_back_whole_and_written_ones_match_the_mirrors() {
         for v in [
             claim("c", 4),
             pod("p", "2026-01-01T00:00:00Z", true, &[("g", Some("c"))]),
             slice("n", &[16], true),
         ] {
-            let mut o = dynamic(&v);
-            pack(&mut o);
-            assert!(o.data.is_string());
-            assert_eq!(unpack(&o).unwrap(), v);
-            pack(&mut o);
-            assert_eq!(unpack(&o).unwrap(), v, "packing twice changes nothing");
-            assert_eq!(unpack(&dynamic(&v)).unwrap(), v, "a plain object too");
+            let mut v = v;
+            v["metadata"]["uid"] = json!("u");
+            let p = crate::mirror::Packed::of(&dynamic(&v)).expect("uid");
+            assert_eq!(p.value().unwrap(), v);
+            assert_eq!(p.uid, "u");
         }
         // What the daemon wrote is trimmed as the reflectors trim what they store.
         for (v, trim) in [

@@ -1,0 +1,257 @@
+//! A watched collection kept as what the controller reads of each object, not as the
+//! object: [`Mirror<T>`], fed by a kube-rs [`watcher`].
+//!
+//! kube-rs's reflector store keeps a `DynamicObject` per object (440 bytes before its
+//! metadata's strings and body); the controller needs a [`PodView`](crate::view::PodView)
+//! of a pod and a claim's JSON text. A mirror converts each object as its event arrives
+//! and keeps only the result, per UID. Relists are atomic as in the reflector: the objects
+//! of a relist replace the old set when the relist is complete.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{Notify, watch};
+
+/// An object as the controller keeps it.
+pub trait Mirrored: Send + Sync + 'static {
+    /// The object's UID.
+    fn uid(&self) -> &str;
+}
+
+/// A claim or slice kept as the JSON text of the (trimmed) whole object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Packed {
+    pub uid: String,
+    pub resource_version: String,
+    /// `namespace/name` (the name alone for cluster-scoped objects).
+    pub key: String,
+    /// The whole object, `metadata` included.
+    pub text: Box<str>,
+}
+
+impl Packed {
+    /// `obj` as text; `None` without a UID.
+    pub fn of(obj: &DynamicObject) -> Option<Self> {
+        let meta = &obj.metadata;
+        let name = meta.name.as_deref().unwrap_or("<unnamed>");
+        Some(Self {
+            uid: meta.uid.clone()?,
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            key: match meta.namespace.as_deref() {
+                Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+                _ => name.to_owned(),
+            },
+            text: serde_json::to_string(obj).ok()?.into_boxed_str(),
+        })
+    }
+
+    /// The object as a `Value`.
+    pub fn value(&self) -> Option<serde_json::Value> {
+        serde_json::from_str(&self.text).ok()
+    }
+}
+
+impl Mirrored for Packed {
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+}
+
+impl Mirrored for crate::view::PodView {
+    fn uid(&self) -> &str {
+        &self.id.uid
+    }
+}
+
+/// What a converter makes of an object: keep this, or not of interest (forget the UID).
+pub type Convert<T> = Box<dyn Fn(DynamicObject) -> Option<T> + Send + Sync>;
+
+#[derive(Default)]
+struct State<T> {
+    items: HashMap<String, Arc<T>>,
+    /// A relist in progress.
+    relist: Option<HashMap<String, Arc<T>>>,
+}
+
+/// The current set of one kind of object, as `T`s.
+pub struct Mirror<T> {
+    state: Arc<Mutex<State<T>>>,
+    ready: watch::Receiver<bool>,
+}
+
+impl<T: Mirrored> Mirror<T> {
+    /// Starts watching with `api` (all namespaces); every change wakes `wake`. `convert`
+    /// turns each object into its `T`; `None` means not of interest (a pod that lost the
+    /// gate: forgotten if held).
+    pub fn start(
+        api: Api<DynamicObject>,
+        what: &'static str,
+        page_size: u32,
+        wake: Arc<Notify>,
+        convert: Convert<T>,
+    ) -> Self {
+        let state: Arc<Mutex<State<T>>> = Arc::new(Mutex::new(State {
+            items: HashMap::new(),
+            relist: None,
+        }));
+        let (ready_tx, ready) = watch::channel(false);
+        let fed = state.clone();
+        let config = watcher::Config::default().page_size(page_size);
+        let stream = watcher(api, config).default_backoff();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(ev) => {
+                        if apply(&fed, ev, &convert) {
+                            let _ = ready_tx.send(true);
+                        }
+                        wake.notify_one();
+                    }
+                    Err(e) => tracing::warn!(resource = what, "watch: {e}"),
+                }
+            }
+        });
+        Self { state, ready }
+    }
+
+    /// Waits for the first complete list.
+    pub async fn ready(&mut self) -> Result<(), watch::error::RecvError> {
+        self.ready.wait_for(|r| *r).await.map(|_| ())
+    }
+
+    /// Every object held now.
+    pub fn state(&self) -> Vec<Arc<T>> {
+        lock(&self.state).items.values().cloned().collect()
+    }
+
+    /// A mirror holding `items`, fed by nothing (tests).
+    pub fn of(items: Vec<T>) -> Self {
+        let items = items
+            .into_iter()
+            .map(|t| (t.uid().to_owned(), Arc::new(t)))
+            .collect();
+        let (_, ready) = watch::channel(true);
+        Self {
+            state: Arc::new(Mutex::new(State {
+                items,
+                relist: None,
+            })),
+            ready,
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding the lock leaves a map that is still consistent (every change
+    // is one insert or remove): keep using it.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Applies one watcher event; true when a list has just completed.
+fn apply<T: Mirrored>(
+    state: &Mutex<State<T>>,
+    ev: watcher::Event<DynamicObject>,
+    convert: &Convert<T>,
+) -> bool {
+    let uid_of = |o: &DynamicObject| o.metadata.uid.clone().unwrap_or_default();
+    let mut s = lock(state);
+    match ev {
+        watcher::Event::Init => {
+            s.relist = Some(HashMap::new());
+            false
+        }
+        watcher::Event::InitApply(o) => {
+            let uid = uid_of(&o);
+            if let (Some(t), Some(relist)) = (convert(o), s.relist.as_mut()) {
+                relist.insert(uid, Arc::new(t));
+            }
+            false
+        }
+        watcher::Event::InitDone => {
+            if let Some(items) = s.relist.take() {
+                s.items = items;
+            }
+            true
+        }
+        watcher::Event::Apply(o) => {
+            let uid = uid_of(&o);
+            match convert(o) {
+                Some(t) => {
+                    s.items.insert(uid, Arc::new(t));
+                }
+                None => {
+                    s.items.remove(&uid);
+                }
+            }
+            false
+        }
+        watcher::Event::Delete(o) => {
+            s.items.remove(&uid_of(&o));
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    impl Mirrored for String {
+        fn uid(&self) -> &str {
+            self
+        }
+    }
+
+    fn obj(uid: &str, keep: bool) -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid,
+                         "labels": {"keep": keep.to_string()}}}))
+        .expect("object")
+    }
+
+    fn keep_labelled() -> Convert<String> {
+        Box::new(|o: DynamicObject| {
+            let keep = o.metadata.labels.as_ref()?.get("keep")? == "true";
+            keep.then(|| o.metadata.uid.unwrap_or_default())
+        })
+    }
+
+    fn held(s: &Mutex<State<String>>) -> Vec<String> {
+        let mut v: Vec<String> = lock(s).items.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn relists_replace_the_set_when_complete_and_uninteresting_objects_are_dropped() {
+        let s = Mutex::new(State::default());
+        let c = keep_labelled();
+        assert!(!apply(&s, watcher::Event::Init, &c));
+        apply(&s, watcher::Event::InitApply(obj("a", true)), &c);
+        apply(&s, watcher::Event::InitApply(obj("b", false)), &c);
+        assert!(held(&s).is_empty(), "nothing before the list completes");
+        assert!(apply(&s, watcher::Event::InitDone, &c));
+        assert_eq!(held(&s), ["a"]);
+
+        apply(&s, watcher::Event::Apply(obj("c", true)), &c);
+        assert_eq!(held(&s), ["a", "c"]);
+        // a is no longer of interest: forgotten.
+        apply(&s, watcher::Event::Apply(obj("a", false)), &c);
+        assert_eq!(held(&s), ["c"]);
+        apply(&s, watcher::Event::Delete(obj("c", true)), &c);
+        assert!(held(&s).is_empty());
+
+        // A relist: the old set stays until it is complete, then is replaced whole.
+        apply(&s, watcher::Event::Apply(obj("old", true)), &c);
+        apply(&s, watcher::Event::Init, &c);
+        apply(&s, watcher::Event::InitApply(obj("new", true)), &c);
+        assert_eq!(held(&s), ["old"]);
+        apply(&s, watcher::Event::InitDone, &c);
+        assert_eq!(held(&s), ["new"]);
+    }
+}
