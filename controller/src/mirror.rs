@@ -80,6 +80,14 @@ struct State<T> {
 pub struct Mirror<T> {
     state: Arc<Mutex<State<T>>>,
     ready: watch::Receiver<bool>,
+    /// The task feeding it; stopped when the mirror is dropped.
+    feed: tokio::task::JoinHandle<()>,
+}
+
+impl<T> Drop for Mirror<T> {
+    fn drop(&mut self) {
+        self.feed.abort();
+    }
 }
 
 impl<T: Mirrored> Mirror<T> {
@@ -101,7 +109,7 @@ impl<T: Mirrored> Mirror<T> {
         let fed = state.clone();
         let config = watcher::Config::default().page_size(page_size);
         let stream = watcher(api, config).default_backoff();
-        tokio::spawn(async move {
+        let feed = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 match ev {
@@ -115,7 +123,7 @@ impl<T: Mirrored> Mirror<T> {
                 }
             }
         });
-        Self { state, ready }
+        Self { state, ready, feed }
     }
 
     /// Waits for the first complete list.
@@ -126,22 +134,6 @@ impl<T: Mirrored> Mirror<T> {
     /// Every object held now.
     pub fn state(&self) -> Vec<Arc<T>> {
         lock(&self.state).items.values().cloned().collect()
-    }
-
-    /// A mirror holding `items`, fed by nothing (tests).
-    pub fn of(items: Vec<T>) -> Self {
-        let items = items
-            .into_iter()
-            .map(|t| (t.uid().to_owned(), Arc::new(t)))
-            .collect();
-        let (_, ready) = watch::channel(true);
-        Self {
-            state: Arc::new(Mutex::new(State {
-                items,
-                relist: None,
-            })),
-            ready,
-        }
     }
 }
 
