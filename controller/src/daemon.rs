@@ -24,9 +24,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -397,14 +399,15 @@ struct Controller {
     configured: Mode,
     /// The mode of the last pass (logged and exported when it changes).
     decided: Option<Mode>,
-    recorder: Recorder,
+    /// `reportingController` / `reportingInstance` of the Events it publishes.
+    reporter: (String, String),
     claims_ar: ApiResource,
     overlay: Overlay,
     /// The views of the stored objects and the inventory, kept between passes.
     views: ViewCache,
-    /// Last Event message per (object UID, reason), so a waiting claim is told once per
+    /// A hash of the last Event message per (object UID, reason), so a waiting claim is told once per
     /// change, not once per pass.
-    told: HashMap<(String, &'static str), String>,
+    told: HashMap<(String, &'static str), u64>,
     /// Node each claim was allocated on by this process (claim UID → node).
     allocated_on: HashMap<String, String>,
     /// Claims whose allocation kube-scheduler cleared (claim UID →).
@@ -425,14 +428,18 @@ fn conflict(e: &kube::Error) -> bool {
 
 impl Controller {
     fn new(shared: Arc<Shared>, settings: Settings, configured: Mode) -> Self {
-        let reporter = Reporter {
-            controller: "fgpu-controller".into(),
-            instance: std::env::var("POD_NAME")
-                .ok()
-                .or_else(|| std::env::var("HOSTNAME").ok()),
-        };
+        let instance = std::env::var("POD_NAME")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+            })
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| "fgpu-controller".into());
         Self {
-            recorder: Recorder::new(shared.client.clone(), reporter),
+            reporter: ("fgpu-controller".into(), instance),
             claims_ar: claim_resource(shared.api),
             shared,
             settings,
@@ -986,6 +993,11 @@ impl Controller {
 
     /// Publishes an Event about `obj` unless the last one for it with `reason` said the
     /// same; true when published (or attempted).
+    ///
+    /// Created directly (events.k8s.io/v1), not through kube-rs's `Recorder`: that keeps
+    /// every Event it published for six minutes to count repeats, 20,000 Events (two per
+    /// claim) at 10,000 claims, and scans them all on every publish. Repeats are not
+    /// published here at all (`told`).
     async fn tell(
         &mut self,
         obj: &ObjectId,
@@ -995,10 +1007,16 @@ impl Controller {
         message: &str,
     ) -> bool {
         let key = (obj.uid.clone(), reason);
-        if self.told.get(&key).is_some_and(|m| m == message) {
+        let said = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            message.hash(&mut h);
+            h.finish()
+        };
+        if self.told.get(&key) == Some(&said) {
             return false;
         }
-        self.told.insert(key, message.to_owned());
+        self.told.insert(key, said);
         if self.told.len() > 100_000 {
             self.told.clear();
         }
@@ -1007,22 +1025,37 @@ impl Controller {
         } else {
             self.shared.api.api_version().to_owned()
         };
-        let reference = ObjectReference {
-            api_version: Some(api_version),
-            kind: Some(kind.to_owned()),
-            name: Some(obj.name.clone()),
-            namespace: Some(obj.namespace.clone()),
-            uid: Some(obj.uid.clone()),
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", obj.name)),
+                namespace: Some(obj.namespace.clone()),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            type_: Some(
+                match type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            reason: Some(reason.to_owned()),
+            action: Some("Allocate".into()),
+            note: Some(message.chars().take(1000).collect()),
+            regarding: Some(ObjectReference {
+                api_version: Some(api_version),
+                kind: Some(kind.to_owned()),
+                name: Some(obj.name.clone()),
+                namespace: Some(obj.namespace.clone()),
+                uid: Some(obj.uid.clone()),
+                ..Default::default()
+            }),
+            reporting_controller: Some(self.reporter.0.clone()),
+            reporting_instance: Some(self.reporter.1.clone()),
             ..Default::default()
         };
-        let ev = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(message.chars().take(1000).collect()),
-            action: "Allocate".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+        let events: Api<Event> = Api::namespaced(self.shared.client.clone(), &obj.namespace);
+        if let Err(e) = events.create(&PostParams::default(), &event).await {
             tracing::warn!(object = %obj.key(), "event not published: {e}");
         }
         true

@@ -364,7 +364,17 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
         .collect();
     let gate = driver.scheduling_gate();
     let pods: Vec<PodView> = snap.pods.iter().map(|p| PodView::of(p, &gate)).collect();
-    let by_id = |id: &ObjectId| snap.claims.iter().find(|c| ObjectId::of(c) == *id).cloned();
+    let by_uid: std::collections::HashMap<&str, &Value> = snap
+        .claims
+        .iter()
+        .filter_map(|c| Some((c["metadata"]["uid"].as_str()?, c)))
+        .collect();
+    let by_id = |id: &ObjectId| {
+        by_uid
+            .get(id.uid.as_str())
+            .filter(|c| ObjectId::of(c) == *id)
+            .map(|c| (*c).clone())
+    };
     let views = Views {
         claims: &claims.iter().collect::<Vec<_>>(),
         pods: &pods.iter().collect::<Vec<_>>(),

@@ -235,7 +235,7 @@ for a in "list resourceclaims.resource.k8s.io -A" "watch resourceclaims.resource
          "list resourceslices.resource.k8s.io" "watch resourceslices.resource.k8s.io" \
          "get deviceclasses.resource.k8s.io/shared.gpu.fgpu.dev" \
          "list pods -A" "watch pods -A" "patch pods -n $E2E_NS" \
-         "create events.events.k8s.io -n $E2E_NS" "patch events.events.k8s.io -n $E2E_NS" \
+         "create events.events.k8s.io -n $E2E_NS" \
          "get leases.coordination.k8s.io/fgpu-controller -n $SYS_NS" \
          "update leases.coordination.k8s.io/fgpu-controller -n $SYS_NS" \
          "create leases.coordination.k8s.io -n $SYS_NS"; do
@@ -257,6 +257,7 @@ for a in "list secrets -A" "get secrets -n $SYS_NS" "get configmaps -n $SYS_NS" 
          "update pods -n $E2E_NS" "get pods -n $E2E_NS" "patch pods --subresource=status -n $E2E_NS" \
          "create pods --subresource=binding -n $E2E_NS" "create pods --subresource=eviction -n $E2E_NS" \
          "create events -n $E2E_NS" "delete events.events.k8s.io -n $E2E_NS" \
+         "patch events.events.k8s.io -n $E2E_NS" \
          "update leases.coordination.k8s.io/other -n $SYS_NS" "delete leases.coordination.k8s.io/fgpu-controller -n $SYS_NS" \
          "get leases.coordination.k8s.io -n kube-system" "update leases.coordination.k8s.io -n kube-system" \
          "create mutatingwebhookconfigurations.admissionregistration.k8s.io"; do
