@@ -334,7 +334,7 @@ log "fgpu-controller: $(echo "$ctrl_summary" | head -1) (trigger: process start,
 ctrl_check="$(bench check bench-ctrl)" && ctrl_ok=yes || ctrl_ok=NO
 log "fgpu-controller double-grant check: $ctrl_ok $ctrl_check"
 sleep 5
-rss="$(awk '/^VmRSS|^VmHWM/ {printf "%s %d MiB; ", $1, $2 / 1024}' "/proc/$ctrl_pid/status" 2>/dev/null || echo "exited")"
+rss="$(awk '/^VmRSS|^VmHWM|^RssAnon|^RssFile/ {printf "%s %d MiB; ", $1, $2 / 1024}' "/proc/$ctrl_pid/status" 2>/dev/null || echo "exited")"
 curl -s http://127.0.0.1:19590/metrics >"$dir/controller.metrics" || true
 stop_pid "$ctrl_pid"; ctrl_pid=""
 
