@@ -405,9 +405,10 @@ struct Controller {
     overlay: Overlay,
     /// The views of the stored objects and the inventory, kept between passes.
     views: ViewCache,
-    /// A hash of the last Event message per (object UID, reason), so a waiting claim is told once per
-    /// change, not once per pass.
-    told: HashMap<(String, &'static str), u64>,
+    /// A hash of the last Event message per hash of (object UID, reason), so a waiting
+    /// claim is told once per change, not once per pass (two entries per claim: 16 bytes
+    /// each, not a UID and a message).
+    told: HashMap<u64, u64>,
     /// Node each claim was allocated on by this process (claim UID → node).
     allocated_on: HashMap<String, String>,
     /// Claims whose allocation kube-scheduler cleared (claim UID →).
@@ -420,6 +421,14 @@ struct Controller {
     next_settle: Option<Instant>,
     /// The shared DeviceClass as last read (None: it does not exist), and when.
     class: Option<(Instant, Option<Value>)>,
+}
+
+/// A 64-bit hash of `v` (what the controller remembers instead of the value itself).
+fn hash_of(v: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
 }
 
 fn conflict(e: &kube::Error) -> bool {
@@ -1006,13 +1015,8 @@ impl Controller {
         reason: &'static str,
         message: &str,
     ) -> bool {
-        let key = (obj.uid.clone(), reason);
-        let said = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::hash::DefaultHasher::new();
-            message.hash(&mut h);
-            h.finish()
-        };
+        let key = hash_of((obj.uid.as_str(), reason));
+        let said = hash_of(message);
         if self.told.get(&key) == Some(&said) {
             return false;
         }
