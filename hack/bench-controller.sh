@@ -30,7 +30,9 @@
 # kube-scheduler runs with the harness's configuration: the upstream default client rate
 # limit (qps 50, burst 100) unless the cluster was started with FGPU_SCHEDULER_CONFIG (e.g.
 # clientConnection qps 500 / burst 1000) — each DRA pod costs it about four API writes. Everything it created is removed.
-# FGPU_BENCH_SCHEDULER=0 skips phase 1 (the controller's rate and memory alone, no ratio).
+# FGPU_BENCH_SCHEDULER=0 skips phase 1 (the controller's rate and memory alone, no ratio);
+# FGPU_BENCH_CONTROLLER_ARGS adds flags to the controller's command line (e.g. --list-page-size 25);
+# the controller inherits the environment (MALLOC_ARENA_MAX defaults to 2, GLIBC_TUNABLES, ...).
 # A phase that has not allocated every claim after FGPU_BENCH_PHASE_LIMIT seconds (1800) is
 # reported with what it allocated by then. Needs python3; output: a summary on stdout, details in $FGPU_BENCH_DIR (default a temp dir).
 set -euo pipefail
@@ -314,9 +316,10 @@ bench watch bench-ctrl "$claims" "$dir/ctrl.watch" "$limit" & watch_pid=$!
 until [ -f "$dir/ctrl.watch.ready" ]; do sleep 0.2; done
 t_ctrl="$(date +%s.%N)"
 # MALLOC_ARENA_MAX as deploy/controller/controller.yaml sets it (docs/controller.md, "Memory").
+# shellcheck disable=SC2086 # FGPU_BENCH_CONTROLLER_ARGS: word-split on purpose
 MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}" \
 RUST_LOG="${FGPU_BENCH_CONTROLLER_LOG:-warn,fgpu_controller=info}" "$dir/fgpu-controller" run --kubeconfig "$KUBECONFIG" \
-  --mode controller --metrics-addr 127.0.0.1:19590 --resync 30 \
+  --mode controller --metrics-addr 127.0.0.1:19590 --resync 30 ${FGPU_BENCH_CONTROLLER_ARGS:-} \
   </dev/null >"$dir/controller.log" 2>&1 &
 ctrl_pid=$!
 log "controller started (pid $ctrl_pid, release build)"
