@@ -153,12 +153,16 @@ def ungate(ns):
     print(json.dumps({"ungate_start": t0, "ungate_end": time.time(), "pods": len(pods)}))
 
 def watch(ns, n, out, limit):
-    lst = call("GET", f"{RES}/namespaces/{ns}/resourceclaims")
     seen = {}
-    for c in lst["items"]:
-        if c.get("status", {}).get("allocation"):
-            seen[c["metadata"]["name"]] = time.time()
-    rv = lst["metadata"]["resourceVersion"]
+    def relist():
+        # Allocations found by a list are timestamped now (after a broken watch: late by
+        # at most the time it was broken; counted in "relists").
+        lst = call("GET", f"{RES}/namespaces/{ns}/resourceclaims")
+        for c in lst["items"]:
+            if c.get("status", {}).get("allocation"):
+                seen.setdefault(c["metadata"]["name"], time.time())
+        return lst["metadata"]["resourceVersion"]
+    rv, relists = relist(), 0
     open(out + ".ready", "w").close()
     deadline = time.time() + limit
     while len(seen) < n and time.time() < deadline:
@@ -174,6 +178,9 @@ def watch(ns, n, out, limit):
                     break
                 now = time.time()
                 ev = json.loads(line)
+                if ev["type"] == "ERROR":  # e.g. 410 Gone: the version is too old to watch from
+                    rv, relists = relist(), relists + 1
+                    break
                 o = ev["object"]
                 rv = o.get("metadata", {}).get("resourceVersion", rv)
                 if ev["type"] in ("ADDED", "MODIFIED") and o.get("status", {}).get("allocation"):
@@ -182,7 +189,7 @@ def watch(ns, n, out, limit):
             pass
     ts = sorted(seen.values())
     json.dump({"allocated": len(ts), "first": ts[0] if ts else None, "last": ts[-1] if ts else None,
-               "times": ts}, open(out, "w"))
+               "relists": relists, "times": ts}, open(out, "w"))
 
 def check(nss):
     cap = {}
@@ -247,7 +254,8 @@ n, f, l = w["allocated"], w["first"], w["last"]
 span = (l - f) if n > 1 else 0
 rate = (n - 1) / span if span > 0 else float("nan")
 print(f"{n} claims allocated; first {f - t0:.2f}s after the trigger, last {l - t0:.2f}s; "
-      f"first-to-last {span:.2f}s = {rate:.1f} claims/s; trigger-to-last {n / (l - t0):.1f} claims/s")
+      f"first-to-last {span:.2f}s = {rate:.1f} claims/s; trigger-to-last {n / (l - t0):.1f} claims/s"
+      + (f" ({w['relists']} watch relists)" if w.get("relists") else ""))
 print(f"RATE {rate:.3f} {n / (l - t0):.3f}")
 PY
 }
