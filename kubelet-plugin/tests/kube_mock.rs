@@ -491,7 +491,10 @@ mod serve_loop {
 
     fn claim(share: &str) -> Value {
         json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-               "metadata": {"name": "c", "namespace": "team", "uid": "uid-c", "resourceVersion": "7"},
+               "metadata": {"name": "c", "namespace": "team", "uid": "uid-c", "resourceVersion": "7",
+                            "labels": {"a": "b"},
+                            "managedFields": [{"manager": "kube-scheduler", "operation": "Update",
+                                               "fieldsV1": {"f:status": {"f:allocation": {}}}}]},
                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}},
                "status": {"allocation": {"devices": {"results": [
                    {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-a", "device": "gpu-0",
