@@ -125,7 +125,7 @@ impl ClaimSource for KubeClaimSource {
 /// (resourceVersion) and the status; the spec is skipped while parsing.
 #[derive(Clone, Debug, serde::Deserialize)]
 struct WatchedClaim {
-    #[serde(default, deserialize_with = "identity_only")]
+    #[serde(default)]
     metadata: kube::core::ObjectMeta,
     #[serde(default)]
     status: Option<crate::claim::ClaimStatus>,
@@ -156,30 +156,6 @@ impl kube::Resource for WatchedClaim {
     fn meta_mut(&mut self) -> &mut kube::core::ObjectMeta {
         &mut self.metadata
     }
-}
-
-/// `metadata` reduced while parsing to what the watch and the cache use: managed fields,
-/// labels, annotations and owners are skipped, not built (they are most of a claim's size,
-/// and a list page holds up to [`WATCH_LIST_PAGE`] claims at once).
-fn identity_only<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<kube::core::ObjectMeta, D::Error> {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Identity {
-        name: Option<String>,
-        namespace: Option<String>,
-        uid: Option<String>,
-        resource_version: Option<String>,
-    }
-    let m = <Identity as serde::Deserialize>::deserialize(d)?;
-    Ok(kube::core::ObjectMeta {
-        name: m.name,
-        namespace: m.namespace,
-        uid: m.uid,
-        resource_version: m.resource_version,
-        ..kube::core::ObjectMeta::default()
-    })
 }
 
 impl WatchedClaim {

@@ -259,9 +259,7 @@ pub async fn shutdown_signal() {
 }
 
 /// The async runtime of the plugin's daemons: `worker_threads` workers and a blocking pool of
-/// at most 4 threads for file writes (the checkpoint writes one at a time; claims' files are
-/// small writes to a tmpfs), idle ones ending after 2 s: each thread costs resident memory
-/// (its stack, its allocator cache), and the plugin is idle between bursts of prepares. Also picks rustls' `ring` provider: both of rustls'
+/// at most 8 threads for file writes. Also picks rustls' `ring` provider: both of rustls'
 /// providers are compiled in (kube asks for ring, the CDI crate's jsonschema for aws-lc-rs),
 /// rustls then refuses to pick one and the first TLS client panics. An error installing it
 /// means one is installed already.
@@ -269,8 +267,7 @@ pub fn runtime(worker_threads: u16) -> std::io::Result<tokio::runtime::Runtime> 
     let _ = rustls::crypto::ring::default_provider().install_default();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(worker_threads.into())
-        .max_blocking_threads(4)
-        .thread_keep_alive(std::time::Duration::from_secs(2))
+        .max_blocking_threads(8)
         .enable_all()
         .build()
 }
