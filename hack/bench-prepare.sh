@@ -49,7 +49,8 @@ modes="${FGPU_BENCH_MODES:-nocache=--claim-cache=false;cache=--claim-cache=true}
 
 cleanup() {
   local rc=$?
-  kubectl delete namespace "$E2E_NS" --wait=false >/dev/null 2>&1 || true
+  # Waited for: a scenario run next on this cluster must not find these claims still allocated.
+  kubectl delete namespace "$E2E_NS" --wait=true --timeout=90s >/dev/null 2>&1 || true
   plugin_cleanup $rc
   exit $rc
 }
@@ -148,10 +149,12 @@ delta() { # delta phase|read
             else if (c > 0) printf "%s%s %d", (out++ ? ", " : ""), p, c } }'
 }
 cache_size() { scrape | sed -n 's/^fgpu_kubelet_plugin_claim_cache_claims //p'; }
-# After a reallocation: with the claim cache on, until its watch has brought every claim (a
-# kubelet's prepare comes after the scheduler's allocation and the pod's binding, which take
-# longer than a watch event); without it, nothing to wait for.
+# After a reallocation: 2 s (a kubelet's prepare comes after the scheduler's allocation, the
+# binding and the pod's start, which take longer than a watch event), then, with the claim
+# cache on, until it holds every claim. A cache still holding an old allocation would make
+# dra_call fail on the device check.
 settle() {
+  sleep 2
   if grep -q -- '--claim-cache=true' <<<"${FGPU_E2E_PLUGIN_ARGS:-}"; then
     wait_until 30 "the claim cache holds the $claims claims" sh -c "[ \"\$(curl -s http://$FGPU_E2E_METRICS/metrics | sed -n 's/^fgpu_kubelet_plugin_claim_cache_claims //p')\" = $claims ]"
   fi
