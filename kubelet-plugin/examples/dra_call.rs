@@ -15,7 +15,8 @@
 //! dra_call <dra.sock> bench <namespace> <claims file> <parallel> <rounds>
 //! ```
 //!
-//! The claims file has one `<name> <uid>` per line. Each round prepares every claim (one
+//! The claims file has one `<name> <uid> [<device>]` per line; with a device, every prepare
+//! of that claim must return it (CDI ids ending in `=<uid>-<device>`), else the run fails. Each round prepares every claim (one
 //! claim per `NodePrepareResources` call, `parallel` calls in flight, over one connection like
 //! the kubelet's), then unprepares every claim the same way; any error stops the run. Prints
 //! `prepare n=<n> p50_ms=… p99_ms=… max_ms=…` and the same for `unprepare`, over all rounds.
@@ -127,7 +128,14 @@ async fn connect(socket: String) -> Result<Channel, tonic::transport::Error> {
 type Client = v1::dra_plugin_client::DraPluginClient<Channel>;
 
 /// One claim's prepare (`true`) or unprepare; the call's latency, or the error.
-async fn timed(mut client: Client, prepare: bool, claim: v1::Claim) -> Result<Duration, String> {
+/// `device`: for a prepare, the device the claim must get (its CDI ids end in
+/// `=<uid>-<device>`), when the claims file names one.
+async fn timed(
+    mut client: Client,
+    prepare: bool,
+    claim: v1::Claim,
+    device: Option<String>,
+) -> Result<Duration, String> {
     let uid = claim.uid.clone();
     let t = Instant::now();
     let error = if prepare {
@@ -137,7 +145,19 @@ async fn timed(mut client: Client, prepare: bool, claim: v1::Claim) -> Result<Du
             })
             .await
             .map_err(|e| e.to_string())?;
-        r.into_inner().claims.remove(&uid).map(|c| c.error)
+        let entry = r.into_inner().claims.remove(&uid);
+        if let (Some(c), Some(device)) = (&entry, device)
+            && c.error.is_empty()
+        {
+            let want = format!("={uid}-{device}");
+            let ids: Vec<&String> = c.devices.iter().flat_map(|d| &d.cdi_device_ids).collect();
+            if ids.is_empty() || !ids.iter().all(|id| id.ends_with(&want)) {
+                return Err(format!(
+                    "claim {uid}: prepared {ids:?}, want the device {device}"
+                ));
+            }
+        }
+        entry.map(|c| c.error)
     } else {
         let r = client
             .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
@@ -158,17 +178,22 @@ async fn timed(mut client: Client, prepare: bool, claim: v1::Claim) -> Result<Du
 /// Runs `claims` through `prepare` or unprepare, `parallel` at a time.
 async fn phase(
     client: &Client,
-    claims: &[v1::Claim],
+    claims: &[(v1::Claim, Option<String>)],
     prepare: bool,
     parallel: usize,
 ) -> Result<Vec<Duration>, String> {
     let mut out = Vec::with_capacity(claims.len());
     let mut set = tokio::task::JoinSet::new();
-    for claim in claims {
+    for (claim, device) in claims {
         if set.len() >= parallel {
             out.push(set.join_next().await.expect("a task").expect("no panic")?);
         }
-        set.spawn(timed(client.clone(), prepare, claim.clone()));
+        set.spawn(timed(
+            client.clone(),
+            prepare,
+            claim.clone(),
+            device.clone(),
+        ));
     }
     while let Some(r) = set.join_next().await {
         out.push(r.expect("no panic")?);
@@ -206,13 +231,17 @@ async fn bench(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let claims: Vec<v1::Claim> = text
+    let claims: Vec<(v1::Claim, Option<String>)> = text
         .lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(name, uid)| v1::Claim {
-            namespace: namespace.clone(),
-            name: name.into(),
-            uid: uid.trim().into(),
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (name, uid) = (f.next()?, f.next()?);
+            let claim = v1::Claim {
+                namespace: namespace.clone(),
+                name: name.into(),
+                uid: uid.into(),
+            };
+            Some((claim, f.next().map(str::to_owned)))
         })
         .collect();
     if claims.is_empty() || parallel == 0 {

@@ -5,6 +5,9 @@
 //! * [`KubeClaimSource`] is the production [`ClaimSource`]: a GET of the claim at that
 //!   version, as JSON, read into [`ResourceClaim`] (the fields read have one shape in all
 //!   three versions).
+//! * [`watch_claims`] feeds the [`crate::claim_cache::ClaimCache`]: a watch on
+//!   ResourceClaims in all namespaces (kube-runtime's watcher: list, then watch from the
+//!   list's resourceVersion), started over with a fresh list whenever it fails.
 //! * [`SlicePublisher`] writes the node's slice ([`crate::slices`]), owned by the Node,
 //!   bumping the pool generation when the devices change. Asked for consumable capacity, it
 //!   reads the stored slice back; if the API server dropped the gated fields it republishes
@@ -115,6 +118,110 @@ impl ClaimSource for KubeClaimSource {
                 self.api.api_version()
             ))),
         }
+    }
+}
+
+/// A ResourceClaim as the claim watch reads it: the metadata kube-runtime's watcher needs
+/// (resourceVersion) and the status; the spec is skipped while parsing.
+#[derive(Clone, Debug, serde::Deserialize)]
+struct WatchedClaim {
+    #[serde(default)]
+    metadata: kube::core::ObjectMeta,
+    #[serde(default)]
+    status: Option<crate::claim::ClaimStatus>,
+}
+
+impl kube::Resource for WatchedClaim {
+    type DynamicType = ApiResource;
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+    fn group(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+    fn version(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+    fn api_version(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+    fn plural(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+    fn meta(&self) -> &kube::core::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut kube::core::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl WatchedClaim {
+    /// The plugin's claim model: identity and allocation, nothing else kept.
+    fn into_claim(self) -> ResourceClaim {
+        let m = self.metadata;
+        ResourceClaim {
+            metadata: crate::claim::ObjectMeta {
+                name: m.name.unwrap_or_default(),
+                namespace: m.namespace.unwrap_or_default(),
+                uid: m.uid.unwrap_or_default(),
+            },
+            status: self.status,
+        }
+    }
+}
+
+/// Claims per page of the watch's list: bounds what one page holds in memory at once.
+const WATCH_LIST_PAGE: u32 = 100;
+
+/// Feeds `cache` from a watch on ResourceClaims at `api` in all namespaces, forever (run it
+/// as a task; dropping it stops the watch). `size` gets the number of claims held.
+///
+/// Any error of the watch (a refused list or watch, a dropped connection, an expired
+/// resourceVersion) marks the cache unsynced, and after a pause (1 s, doubling to 30 s while
+/// failures repeat) the watch starts over with a full list; the cache answers again once that
+/// list is complete. A watch that the API server ends normally (its timeout) is resumed
+/// from the last resourceVersion by the watcher without a new list and without a gap.
+pub async fn watch_claims(
+    client: kube::Client,
+    api: ApiVersion,
+    cache: std::sync::Arc<crate::claim_cache::ClaimCache>,
+    size: prometheus_client::metrics::gauge::Gauge,
+) {
+    use kube::runtime::watcher::{self, Event};
+    use tokio_stream::StreamExt as _;
+
+    let claims: Api<WatchedClaim> =
+        Api::all_with(client, &resource(api, "ResourceClaim", "resourceclaims"));
+    let config = watcher::Config::default().page_size(WATCH_LIST_PAGE);
+    let mut pause = std::time::Duration::from_secs(1);
+    loop {
+        let mut events = std::pin::pin!(watcher::watcher(claims.clone(), config.clone()));
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Init) => cache.relist_started(),
+                Ok(Event::InitApply(c)) => cache.relisted(c.into_claim()),
+                Ok(Event::InitDone) => {
+                    cache.relist_done();
+                    pause = std::time::Duration::from_secs(1);
+                    tracing::info!(claims = cache.len(), "claim cache synced");
+                }
+                Ok(Event::Apply(c)) => cache.applied(c.into_claim()),
+                Ok(Event::Delete(c)) => cache.deleted(c.metadata.uid.as_deref().unwrap_or("")),
+                Err(e) => {
+                    cache.broken();
+                    tracing::warn!(error = %e, retry_in = ?pause,
+                        "claim watch failed; prepares GET their claims until it has listed them again");
+                    break;
+                }
+            }
+            size.set(i64::try_from(cache.len()).unwrap_or(i64::MAX));
+        }
+        cache.broken();
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_secs(30));
     }
 }
 

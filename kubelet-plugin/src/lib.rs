@@ -23,8 +23,10 @@
 //!   tonic's HTTP/2 layer would refuse.
 //! * [`grpc`]: the kubelet-facing gRPC servers (registration, DRA `v1` and `v1beta1`) on
 //!   unix sockets.
-//! * [`cluster`]: the API server through kube-rs: version negotiation, claim GET, slice
-//!   publishing.
+//! * [`claim_cache`]: this node's allocated claims, kept by a watch, so that a prepare
+//!   usually reads its claim without an API request (falls back to the GET).
+//! * [`cluster`]: the API server through kube-rs: version negotiation, claim GET and watch,
+//!   slice publishing.
 //! * [`serve`]: the daemon's loop tying the above together.
 
 #![forbid(unsafe_code)]
@@ -33,6 +35,7 @@
 pub mod authority;
 pub mod checkpoint;
 pub mod claim;
+pub mod claim_cache;
 pub mod cluster;
 pub mod device_plugin;
 pub mod driver_files;

@@ -9,6 +9,8 @@
 //! | `fgpu_kubelet_plugin_prepared_claims` | | claims in the checkpoint marked `PrepareCompleted` |
 //! | `fgpu_kubelet_plugin_gpu_granted_memory_bytes` | `gpu` (UUID) | memory granted on the GPU by prepared claims |
 //! | `fgpu_kubelet_plugin_gpu_granted_cores` | `gpu` (UUID) | cores (percent) granted on the GPU by prepared claims |
+//! | `fgpu_kubelet_plugin_claim_reads_total` | `read` ([`ClaimRead`]) | where each prepare got its claim: the claim cache, or a GET and why |
+//! | `fgpu_kubelet_plugin_claim_cache_claims` | | claims the claim cache holds (allocated on this node) |
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -34,7 +36,7 @@ pub enum Operation {
 /// A step of a prepare, for [`Metrics::observe_phase`].
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum Phase {
-    /// Reading the claim from the API server.
+    /// Reading the claim: from the claim cache, else from the API server.
     ClaimGet,
     /// Resolving the grants and building the CDI spec (pure computation).
     Build,
@@ -44,6 +46,30 @@ pub enum Phase {
     Files,
     /// Recording `PrepareCompleted` in the checkpoint (on disk when done).
     RecordCompleted,
+}
+
+/// Where a prepare's copy of the claim came from ([`crate::claim_cache`]), for
+/// [`Metrics::observe_claim_read`].
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum ClaimRead {
+    /// From the claim cache (no API request).
+    CacheHit,
+    /// A GET: the plugin runs without the claim cache (`--claim-cache=false`).
+    NoCache,
+    /// A GET: the cache has not listed the claims yet, or its watch broke and it is
+    /// listing them again.
+    NotSynced,
+    /// A GET: the cache does not hold an allocated claim of this name and UID (not yet
+    /// seen by the watch, or not allocated on this node).
+    NotCached,
+    /// A GET: this plugin unprepared the claim and the watch has not shown it deallocated
+    /// since, so the cached allocation may be the one before a reallocation.
+    Unprepared,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimReadLabels {
+    read: ClaimRead,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -93,6 +119,8 @@ pub struct Metrics {
     prepared_claims: Gauge,
     granted_memory: Family<GpuLabels, Gauge>,
     granted_cores: Family<GpuLabels, Gauge>,
+    claim_reads: Family<ClaimReadLabels, Counter>,
+    claim_cache_claims: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -119,6 +147,8 @@ impl Metrics {
             prepared_claims: Gauge::default(),
             granted_memory: Family::default(),
             granted_cores: Family::default(),
+            claim_reads: Family::default(),
+            claim_cache_claims: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -156,6 +186,16 @@ impl Metrics {
             "Cores (percent of SMs) granted on the GPU by prepared claims",
             m.granted_cores.clone(),
         );
+        registry.register(
+            "claim_reads",
+            "Where prepares read their claim: the claim cache, or the API server and why",
+            m.claim_reads.clone(),
+        );
+        registry.register(
+            "claim_cache_claims",
+            "Allocated claims of this node held by the claim cache",
+            m.claim_cache_claims.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -189,6 +229,18 @@ impl Metrics {
         self.phases
             .get_or_create(&PhaseLabels { phase })
             .observe(took.as_secs_f64());
+    }
+
+    /// Records where one prepare read its claim.
+    pub fn observe_claim_read(&self, read: ClaimRead) {
+        self.claim_reads
+            .get_or_create(&ClaimReadLabels { read })
+            .inc();
+    }
+
+    /// The gauge of claims in the claim cache (a handle: the cache's watch sets it).
+    pub fn claim_cache_size(&self) -> Gauge {
+        self.claim_cache_claims.clone()
     }
 
     /// Recomputes the claim and per-GPU gauges from the checkpoint's claims.

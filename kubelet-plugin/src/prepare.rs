@@ -46,7 +46,7 @@ use crate::checkpoint::{
 use crate::claim::ResourceClaim;
 use crate::edits::{self, ClaimPaths, ClaimRef, EditsError, NodeFiles};
 use crate::grant::{self, GrantError};
-use crate::metrics::{Metrics, Operation, Phase};
+use crate::metrics::{ClaimRead, Metrics, Operation, Phase};
 
 /// The default run root ([`PluginConfig::run_root`]): on a tmpfs on most distributions.
 pub const DEFAULT_RUN_DIR: &str = "/run/fgpu";
@@ -54,14 +54,37 @@ pub const DEFAULT_RUN_DIR: &str = "/run/fgpu";
 /// How long prepare waits for the claim by default (the kubelet gives a whole call 45 s).
 pub const CLAIM_GET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Where claims come from: the API server in production, a map in tests.
+/// Where claims come from: the API server in production (through the claim cache, see
+/// [`crate::claim_cache`]), a map in tests.
 pub trait ClaimSource: Send + Sync + 'static {
-    /// The claim `namespace/name`; `Ok(None)` if it does not exist.
+    /// The claim `namespace/name` as the API server has it now; `Ok(None)` if it does not
+    /// exist. The stale-claim cleanup uses this: it must see deletions.
     fn get(
         &self,
         namespace: &str,
         name: &str,
     ) -> impl Future<Output = Result<Option<ResourceClaim>, SourceError>> + Send;
+
+    /// The claim `namespace/name` for a prepare of UID `uid`, and where it came from. A
+    /// source may answer from a cache when it holds an allocated claim of that UID (the
+    /// kubelet prepares only allocated claims, and an allocation does not change while it is
+    /// set); otherwise, and by default, this is [`get`](Self::get).
+    fn get_for_prepare(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<(Option<ResourceClaim>, ClaimRead), SourceError>> + Send {
+        let _ = uid;
+        async move { Ok((self.get(namespace, name).await?, ClaimRead::NoCache)) }
+    }
+
+    /// Claim `uid` is being unprepared: a cached copy must not be used for it again until
+    /// the source knows it is current (it may be deallocated and allocated anew before
+    /// the next prepare). A no-op by default.
+    fn unprepared(&self, uid: &str) {
+        let _ = uid;
+    }
 }
 
 /// The claim source failed (the API server could not be reached, RBAC, ...).
@@ -106,6 +129,19 @@ impl<T: ClaimSource> ClaimSource for Arc<T> {
         name: &str,
     ) -> impl Future<Output = Result<Option<ResourceClaim>, SourceError>> + Send {
         (**self).get(namespace, name)
+    }
+
+    fn get_for_prepare(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<(Option<ResourceClaim>, ClaimRead), SourceError>> + Send {
+        (**self).get_for_prepare(namespace, name, uid)
+    }
+
+    fn unprepared(&self, uid: &str) {
+        (**self).unprepared(uid);
     }
 }
 
@@ -561,16 +597,19 @@ impl<S: ClaimSource> Plugin<S> {
             return Ok(devices);
         }
         let mut clock = PhaseClock::new(&self.metrics);
-        let get = self.source.get(&claim.namespace, &claim.name);
+        let get = self
+            .source
+            .get_for_prepare(&claim.namespace, &claim.name, &claim.uid);
         let limit = self.cfg.claim_get_timeout;
-        let object = tokio::time::timeout(limit, get)
+        let (object, read) = tokio::time::timeout(limit, get)
             .await
             .unwrap_or_else(|_| Err(SourceError(format!("no answer within {limit:?}"))))
             .map_err(|source| PrepareError::Source {
                 claim: claim.key(),
                 source,
-            })?
-            .ok_or_else(|| PrepareError::NotFound { claim: claim.key() })?;
+            })?;
+        self.metrics.observe_claim_read(read);
+        let object = object.ok_or_else(|| PrepareError::NotFound { claim: claim.key() })?;
         clock.lap(Phase::ClaimGet);
         if object.metadata.uid != claim.uid {
             return Err(PrepareError::UidMismatch {
@@ -682,6 +721,9 @@ impl<S: ClaimSource> Plugin<S> {
     }
 
     async fn unprepare_locked(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        // Before anything else (and under the claim's lock): whatever happens below, the
+        // next prepare of this UID must not trust a cached allocation.
+        self.source.unprepared(&claim.uid);
         let paths = self.removable(&claim.uid);
         let key = claim.key();
         tokio::task::spawn_blocking(move || remove_claim_files(&key, &paths))

@@ -3,7 +3,8 @@
 //!
 //! 1. Negotiates the `resource.k8s.io` version.
 //! 2. Starts the [`Plugin`] (checkpoint, boot id, leftovers) and cleans up stale claims.
-//! 3. Serves the registration and DRA sockets.
+//! 3. Starts the claim watch that feeds the claim cache ([`crate::claim_cache`]), unless
+//!    turned off; serves the registration and DRA sockets.
 //! 4. Publishes the node's ResourceSlice, and again every `resync` (a GPU turning unhealthy,
 //!    a kubelet that wiped the node's slices) together with the stale-claim cleanup.
 //! 5. Stops on `shutdown`, or with an error when the kubelet refuses the registration (the
@@ -19,9 +20,10 @@ use fgpu_api::names::DriverName;
 use fgpu_driver::backend::DeviceBackend;
 
 use crate::checkpoint::{CheckpointError, LoadNote, read_boot_id};
+use crate::claim_cache::{CachedClaimSource, ClaimCache};
 use crate::cluster::{
     ClusterError, KubeClaimSource, REASON_CHECKPOINT_CORRUPTED, SlicePublisher, negotiate,
-    warn_node_event,
+    warn_node_event, watch_claims,
 };
 use crate::edits::NodeFiles;
 use crate::grpc::{GrpcError, PluginServer, RegistrationState, Sockets};
@@ -54,6 +56,9 @@ pub struct ServeConfig {
     pub resync: Duration,
     /// Where to serve `/metrics` and `/healthz` over HTTP; `None`: not served.
     pub metrics_addr: Option<SocketAddr>,
+    /// Answer prepares from the claim cache ([`crate::claim_cache`]) where it can; `false`:
+    /// every prepare GETs its claim.
+    pub claim_cache: bool,
     /// Crash tests only: see [`PluginConfig::test_pause`].
     pub test_pause: Option<Duration>,
 }
@@ -93,7 +98,10 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let api = negotiate(&client).await?;
     tracing::info!(api = %api.api_version(), "using resource.k8s.io version");
-    let source = KubeClaimSource::new(client.clone(), api);
+    let cache = cfg
+        .claim_cache
+        .then(|| Arc::new(ClaimCache::new(cfg.driver.as_str(), cfg.node_name.as_str())));
+    let source = CachedClaimSource::new(KubeClaimSource::new(client.clone(), api), cache.clone());
     let boot_id = read_boot_id(&cfg.boot_id_path)?;
     let (plugin, report) = Plugin::start(
         PluginConfig {
@@ -143,6 +151,12 @@ pub async fn run(
         tracing::warn!(error = %e, "cleanup at start");
     }
     let plugin = Arc::new(plugin);
+    // The claim watch: started before the sockets, so that it has usually listed the claims
+    // by the first prepare (until then prepares GET their claims).
+    let watch = cache.map(|cache| {
+        let size = plugin.metrics().claim_cache_size();
+        tokio::spawn(watch_claims(client.clone(), api, cache, size))
+    });
     let (stop_metrics, metrics_stopped) = tokio::sync::watch::channel(false);
     if let Some(addr) = cfg.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -182,6 +196,9 @@ pub async fn run(
         }
     };
     stop_metrics.send_replace(true);
+    if let Some(watch) = watch {
+        watch.abort();
+    }
     server.shutdown().await?;
     outcome
 }

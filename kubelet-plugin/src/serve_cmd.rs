@@ -128,6 +128,12 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 2, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     worker_threads: u16,
 
+    /// Keep this node's allocated ResourceClaims in memory, fed by a watch on claims in all
+    /// namespaces, and prepare from that copy when it is current (else GET the claim, as
+    /// with false). Needs list and watch on resourceclaims (deploy/kubelet-plugin/rbac.yaml).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL", env = "FGPU_CLAIM_CACHE")]
+    claim_cache: bool,
+
     /// Crash tests only: pause this long after writing a claim's files, before recording it
     /// PrepareCompleted, so that a test can kill the plugin between the two phases.
     #[arg(
@@ -187,6 +193,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         consumable_capacity: args.consumable_capacity,
         resync: Duration::from_secs(args.resync_seconds),
         metrics_addr: Some(args.metrics_address),
+        claim_cache: args.claim_cache,
         test_pause: args.test_pause_prepare_seconds.map(Duration::from_secs),
     };
     let runtime = fgpu_kubelet_plugin::serve::runtime(args.worker_threads)

@@ -11,7 +11,8 @@ use fgpu_kubelet_plugin::cluster::{KubeClaimSource, SlicePublisher, negotiate};
 use fgpu_kubelet_plugin::prepare::ClaimSource as _;
 use fgpu_kubelet_plugin::slices::ApiVersion;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt as _;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Bytes, Frame};
 use kube::client::Body;
 use serde_json::{Value, json};
 
@@ -23,10 +24,35 @@ struct FakeApiServer {
     objects: HashMap<String, Value>,
     writes: Vec<String>,
     next_rv: u64,
+    /// What a list of all ResourceClaims returns (the claim watch's list); `None`: 404.
+    claim_list: Option<Vec<Value>>,
+    /// Claim watches started (each answered with a stream that stays open, without events).
+    watches: usize,
+}
+
+/// What the stand-in answers: an object, or a watch stream that stays open.
+enum Answer {
+    Object(StatusCode, Value),
+    Watch,
 }
 
 impl FakeApiServer {
-    fn handle(&mut self, method: &Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    fn answer(&mut self, method: &Method, path: &str, watch: bool, body: Option<Value>) -> Answer {
+        let (status, value) = self.handle(method, path, watch, body);
+        if watch && status == StatusCode::OK {
+            Answer::Watch
+        } else {
+            Answer::Object(status, value)
+        }
+    }
+
+    fn handle(
+        &mut self,
+        method: &Method,
+        path: &str,
+        watch: bool,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
         let not_found = || {
             (
                 StatusCode::NOT_FOUND,
@@ -51,6 +77,18 @@ impl FakeApiServer {
             );
         }
         match *method {
+            Method::GET if path == CLAIMS_V1 => match (&self.claim_list, watch) {
+                (None, _) => not_found(),
+                (Some(_), true) => {
+                    self.watches += 1;
+                    (StatusCode::OK, Value::Null)
+                }
+                (Some(items), false) => (
+                    StatusCode::OK,
+                    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                           "metadata": {"resourceVersion": "100"}, "items": items}),
+                ),
+            },
             Method::GET => self
                 .objects
                 .get(path)
@@ -109,16 +147,34 @@ fn client(server: Arc<Mutex<FakeApiServer>>) -> kube::Client {
             let (parts, body) = req.into_parts();
             let bytes = body.collect().await.unwrap().to_bytes();
             let body = (!bytes.is_empty()).then(|| serde_json::from_slice(&bytes).unwrap());
-            let (status, value) =
+            let watch = parts.uri.query().unwrap_or("").contains("watch=true");
+            let answer =
                 server
                     .lock()
                     .unwrap()
-                    .handle(&parts.method, parts.uri.path(), body);
-            let resp = Response::builder()
-                .status(status)
-                .header("content-type", "application/json")
-                .body(Body::from(serde_json::to_vec(&value).unwrap()))
-                .unwrap();
+                    .answer(&parts.method, parts.uri.path(), watch, body);
+            let resp = match answer {
+                Answer::Object(status, value) => Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(
+                        Full::new(Bytes::from(serde_json::to_vec(&value).unwrap()))
+                            .map_err(|never| match never {})
+                            .boxed(),
+                    )
+                    .unwrap(),
+                // A watch without events that the server never ends.
+                Answer::Watch => Response::builder()
+                    .status(StatusCode::OK)
+                    .header("content-type", "application/json")
+                    .body(
+                        StreamBody::new(tokio_stream::pending::<
+                            Result<Frame<Bytes>, std::convert::Infallible>,
+                        >())
+                        .boxed(),
+                    )
+                    .unwrap(),
+            };
             Ok::<_, std::convert::Infallible>(resp)
         }
     });
@@ -164,6 +220,9 @@ fn server(versions: Vec<&'static str>, drop_consumable: bool) -> Arc<Mutex<FakeA
     );
     Arc::new(Mutex::new(s))
 }
+
+/// All ResourceClaims at v1 (the claim watch's list and watch).
+const CLAIMS_V1: &str = "/apis/resource.k8s.io/v1/resourceclaims";
 
 const SLICE: &str = "/apis/resource.k8s.io/v1/resourceslices/node-a-gpu.fgpu.dev";
 
@@ -344,6 +403,9 @@ mod serve_loop {
             consumable_capacity: true,
             resync: Duration::from_millis(50),
             metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+            // On, but the stand-in serves no list of claims: the watch keeps failing and
+            // every prepare GETs its claim.
+            claim_cache: true,
             test_pause: None,
         };
         let backend = Arc::new(fgpu_driver::backend::FakeBackend::open(&profile, None).unwrap());
@@ -425,5 +487,117 @@ mod serve_loop {
             "{outcome:?}"
         );
         assert!(!reg_sock.exists() && !dra_sock.exists());
+    }
+
+    fn claim(share: &str) -> Value {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+               "metadata": {"name": "c", "namespace": "team", "uid": "uid-c", "resourceVersion": "7",
+                            "labels": {"a": "b"},
+                            "managedFields": [{"manager": "kube-scheduler", "operation": "Update",
+                                               "fieldsV1": {"f:status": {"f:allocation": {}}}}]},
+               "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "x"}}]}},
+               "status": {"allocation": {"devices": {"results": [
+                   {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-a", "device": "gpu-0",
+                    "shareID": share, "consumedCapacity": {"memory": "1Gi", "cores": "10"}}]}},
+                   "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}]}})
+    }
+
+    async fn prepare_cdi_id(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>) -> String {
+        let resp = dra
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![v1::Claim {
+                    namespace: "team".into(),
+                    uid: "uid-c".into(),
+                    name: "c".into(),
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(resp.claims["uid-c"].error, "");
+        resp.claims["uid-c"].devices[0].cdi_device_ids[0].clone()
+    }
+
+    #[tokio::test]
+    async fn serve_prepares_from_the_claim_cache_until_the_claim_is_unprepared() {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = dir.path().join("profile.yaml");
+        std::fs::write(
+            &profile,
+            "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
+        )
+        .unwrap();
+        let boot_id = dir.path().join("boot_id");
+        std::fs::write(&boot_id, "boot-1\n").unwrap();
+        let s = server(vec!["v1"], false);
+        {
+            // The list has the claim with share "s-list", a GET returns it with "s-get": the
+            // CDI device id says which copy a prepare used.
+            let mut server = s.lock().unwrap();
+            server.objects.insert(CLAIM.into(), claim("s-get"));
+            let other_node = json!({"metadata": {"name": "d", "namespace": "team", "uid": "uid-d", "resourceVersion": "8"},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-b", "device": "gpu-0"}]}}}});
+            server.claim_list = Some(vec![claim("s-list"), other_node]);
+        }
+        let cfg = ServeConfig {
+            driver: DriverName::default(),
+            node_name: "node-a".into(),
+            registrar_dir: dir.path().join("plugins_registry"),
+            plugins_dir: dir.path().join("plugins"),
+            cdi_dir: dir.path().join("cdi"),
+            state_dir: dir.path().join("state"),
+            run_dir: dir.path().join("run"),
+            files: NodeFiles {
+                shim_library: dir.path().join("libfgpu.so"),
+                driver_mounts: vec![],
+                driver_hooks: vec![],
+            },
+            boot_id_path: boot_id,
+            consumable_capacity: true,
+            resync: Duration::from_secs(3600),
+            metrics_addr: None,
+            claim_cache: true,
+            test_pause: None,
+        };
+        let backend = Arc::new(fgpu_driver::backend::FakeBackend::open(&profile, None).unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(cfg, client(s.clone()), backend, async move {
+            let _ = stopped.await;
+        }));
+        let dra_sock = dir.path().join("plugins/gpu.fgpu.dev/dra.sock");
+        eventually("the DRA socket", || dra_sock.exists()).await;
+        // The watch starts after the list is in the cache.
+        eventually("the claim watch", || s.lock().unwrap().watches > 0).await;
+        let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(&dra_sock).await);
+        assert_eq!(
+            prepare_cdi_id(&mut dra).await,
+            "gpu.fgpu.dev/claim=uid-c-gpu-0-s-list"
+        );
+
+        // Unprepared: the next prepare does not trust the cached allocation and GETs it.
+        let resp = dra
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+                claims: vec![v1::Claim {
+                    namespace: "team".into(),
+                    uid: "uid-c".into(),
+                    name: "c".into(),
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(resp.claims["uid-c"].error, "");
+        assert_eq!(
+            prepare_cdi_id(&mut dra).await,
+            "gpu.fgpu.dev/claim=uid-c-gpu-0-s-get"
+        );
+
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
 }

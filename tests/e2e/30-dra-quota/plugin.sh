@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts fgpu-kubelet-plugin serve as a host process for this scenario (and for make demo), in the background, and
 # prints its pid. Usage: plugin.sh <work dir>   (log appended to <work dir>/plugin.log)
+# FGPU_E2E_PLUGIN_ARGS: more flags for serve, split on spaces (hack/bench-prepare.sh's modes).
 #
 # The node is the local cluster's (fgpu-node) with the fake profile deploy/fake/e2e-node.yaml;
 # its device nodes are stand-ins under /run/fgpu-e2e/dev, created here. The driver files are
@@ -25,6 +26,7 @@ libdir=/usr/lib/x86_64-linux-gnu
 # plugin's resident memory flat under concurrent prepares (glibc otherwise gives each of
 # its threads an arena of its own).
 export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"
+# shellcheck disable=SC2086 # FGPU_E2E_PLUGIN_ARGS is split on purpose
 "$t/fgpu-kubelet-plugin" serve \
   --node "$NODE_NAME" --backend fake --fake-gpus "$root/deploy/fake/e2e-node.yaml" \
   --kubelet-registrar-directory-path "$KUBELET_REGISTRAR_DIR" \
@@ -34,5 +36,6 @@ export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"
   --driver-file "$t/libfgpu_fake_cuda.so:$libdir/libcuda.so.1" \
   --driver-file "$t/libfgpu_fake_cuda.so:$libdir/libnvidia-ml.so.1" \
   --metrics-address "${FGPU_E2E_METRICS:-127.0.0.1:19400}" --resync-seconds 5 \
+  ${FGPU_E2E_PLUGIN_ARGS:-} \
   </dev/null >>"$work/plugin.log" 2>&1 &
 echo $!

@@ -12,11 +12,12 @@
 #
 # Asserted: the pod becomes Ready; the kubelet registers the plugin and the ResourceSlice
 # appears only once the pod runs, and the pod's log says it published it; the slice's driver,
-# pool, devices; the pod's log has no "forbidden"; /healthz on the metrics port; a whole-GPU
+# pool, devices; its claim cache synced (list/watch of claims allowed); the pod's log has no
+# "forbidden"; /healthz on the metrics port; a whole-GPU
 # claim of gpu.fgpu.dev is prepared by the pod (its log names the claim and the DRA gRPC
 # version) and the workload container sees the whole fake GPU with the shim; RBAC allows what
 # the plugin does and refuses what it must not (claims' status, secrets, deleting slices,
-# listing, other namespaces' events); deleting the pod unprepares (CDI spec gone); deleting
+# listing anything but claims, other namespaces' events); deleting the pod unprepares (CDI spec gone); deleting
 # the DaemonSet removes the registration socket. Clean-up removes the DaemonSet, the RBAC
 # objects, the namespace (when this test created it), the slice, the classes and the host's
 # /var/lib/fgpu and /run/fgpu (each when this test created it).
@@ -132,6 +133,9 @@ s="resourceslices.$api.resource.k8s.io/$SLICE"
 assert_eq "slice driver/pool/node" "$DRIVER/$NODE_NAME/$NODE_NAME" "$(jp "$s" '{.spec.driver}/{.spec.pool.name}/{.spec.nodeName}' "")"
 assert_eq "slice devices" "gpu-0 gpu-1" "$(jp "$s" '{.spec.devices[*].name}' "")"
 assert_eq "slice owner" "Node/$NODE_NAME" "$(jp "$s" '{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}' "")"
+wait_until 60 "the pod's claim cache listed the claims (list + watch allowed)" \
+  sh -c "kubectl -n $SYS_NS logs $pod -c plugin | grep -q 'claim cache synced'"
+say "ok: claim cache synced (list/watch on resourceclaims with the ServiceAccount)"
 v_line="$(plugin_grep -m1 'using resource.k8s.io version')"
 [ -n "$v_line" ] || fail "the pod did not log the negotiated resource.k8s.io version"
 say "ok: ${v_line:0:200}"
@@ -169,7 +173,8 @@ if [ -n "$forbidden" ]; then
   fail "the plugin pod's log shows a forbidden API call"
 fi
 can() { kubectl auth can-i --as="$SA" "$@" 2>/dev/null || true; }
-for a in "get resourceclaims.resource.k8s.io -n $E2E_NS" "get resourceslices.resource.k8s.io" \
+for a in "get resourceclaims.resource.k8s.io -n $E2E_NS" "list resourceclaims.resource.k8s.io -A" \
+         "watch resourceclaims.resource.k8s.io -A" "get resourceslices.resource.k8s.io" \
          "create resourceslices.resource.k8s.io" "update resourceslices.resource.k8s.io" \
          "get nodes" "create events -n default"; do
   # shellcheck disable=SC2086 # word-split on purpose
@@ -177,7 +182,7 @@ for a in "get resourceclaims.resource.k8s.io -n $E2E_NS" "get resourceslices.res
 done
 for a in "update resourceclaims.resource.k8s.io --subresource=status -n $E2E_NS" \
          "patch resourceclaims.resource.k8s.io --subresource=status -n $E2E_NS" \
-         "update resourceclaims.resource.k8s.io -n $E2E_NS" "list resourceclaims.resource.k8s.io -A" \
+         "update resourceclaims.resource.k8s.io -n $E2E_NS" "delete resourceclaims.resource.k8s.io -n $E2E_NS" \
          "delete resourceslices.resource.k8s.io" "list resourceslices.resource.k8s.io" \
          "list secrets -A" "get secrets -n $SYS_NS" "patch nodes" "create pods -n $E2E_NS" \
          "create events -n kube-system" "update deviceclasses.resource.k8s.io"; do
