@@ -426,6 +426,20 @@ struct Controller {
     class: Option<(Instant, Option<Value>)>,
 }
 
+/// The name of an Event about the object `name` created at `nanos` (Unix time): the
+/// object's name, a dot, the time in hex — the convention of client-go's recorders, unique
+/// as one process tells one object at a time. (A `generateName` of `name.` is refused: it
+/// must itself be a DNS subdomain.) Long names are cut to keep the whole within 253.
+fn event_name(name: &str, nanos: i128) -> String {
+    let stamp = format!("{:x}", nanos.max(0));
+    let room = 253 - 1 - stamp.len();
+    let mut base: String = name.chars().take(room).collect();
+    while base.ends_with(['.', '-']) {
+        base.pop();
+    }
+    format!("{base}.{stamp}")
+}
+
 /// A 64-bit hash of `v` (what the controller remembers instead of the value itself).
 fn hash_of(v: impl std::hash::Hash) -> u64 {
     use std::hash::Hasher;
@@ -1032,13 +1046,14 @@ impl Controller {
         } else {
             self.shared.api.api_version().to_owned()
         };
+        let now = k8s_openapi::jiff::Timestamp::now();
         let event = Event {
             metadata: ObjectMeta {
-                generate_name: Some(format!("{}.", obj.name)),
+                name: Some(event_name(&obj.name, now.as_nanosecond())),
                 namespace: Some(obj.namespace.clone()),
                 ..Default::default()
             },
-            event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            event_time: Some(MicroTime(now)),
             type_: Some(
                 match type_ {
                     EventType::Normal => "Normal",
@@ -1072,6 +1087,29 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_names_are_dns_subdomains() {
+        let valid = |n: &str| {
+            n.len() <= 253
+                && n.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                        && !l.starts_with('-')
+                        && !l.ends_with('-')
+                })
+        };
+        let n = event_name("quota-4g-gpu-vmc7t", 1_796_012_289_102_421_433);
+        assert_eq!(n, "quota-4g-gpu-vmc7t.18ecb7a9482f9db9");
+        assert!(valid(&n), "{n}");
+        let long = "a".repeat(250);
+        let n = event_name(&long, 1);
+        assert!(n.len() <= 253 && valid(&n), "{n}");
+        // Cut where a dash or dot would end the name's part.
+        let n = event_name(&format!("{}-b", "a".repeat(250)), 1);
+        assert!(valid(&n), "{n}");
+    }
 
     #[test]
     fn backoff_doubles_up_to_256_seconds() {

@@ -335,6 +335,31 @@ mod serve_loop {
     use std::time::Duration;
     use tonic::transport::{Channel, Endpoint, Uri};
 
+    /// The plugin as the tests run it: node `node-a`, every directory under `dir`, the
+    /// claim cache on, no metrics server.
+    fn serve_config(dir: &Path, boot_id: std::path::PathBuf, resync: Duration) -> ServeConfig {
+        ServeConfig {
+            driver: DriverName::default(),
+            node_name: "node-a".into(),
+            registrar_dir: dir.join("plugins_registry"),
+            plugins_dir: dir.join("plugins"),
+            cdi_dir: dir.join("cdi"),
+            state_dir: dir.join("state"),
+            run_dir: dir.join("run"),
+            files: NodeFiles {
+                shim_library: dir.join("libfgpu.so"),
+                driver_mounts: vec![],
+                driver_hooks: vec![],
+            },
+            boot_id_path: boot_id,
+            consumable_capacity: true,
+            resync,
+            metrics_addr: None,
+            claim_cache: true,
+            test_pause: None,
+        }
+    }
+
     async fn channel(path: &Path) -> Channel {
         let path = path.to_owned();
         Endpoint::try_from("http://[::]:50051")
@@ -387,26 +412,10 @@ mod serve_loop {
                         "shareID": "s1", "consumedCapacity": {"memory": "1Gi", "cores": "10"}}]}}}}),
         );
         let cfg = ServeConfig {
-            driver: DriverName::default(),
-            node_name: "node-a".into(),
-            registrar_dir: dir.path().join("plugins_registry"),
-            plugins_dir: dir.path().join("plugins"),
-            cdi_dir: dir.path().join("cdi"),
-            state_dir: dir.path().join("state"),
-            run_dir: dir.path().join("run"),
-            files: NodeFiles {
-                shim_library: dir.path().join("libfgpu.so"),
-                driver_mounts: vec![],
-                driver_hooks: vec![],
-            },
-            boot_id_path: boot_id,
-            consumable_capacity: true,
-            resync: Duration::from_millis(50),
             metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
             // On, but the stand-in serves no list of claims: the watch keeps failing and
             // every prepare GETs its claim.
-            claim_cache: true,
-            test_pause: None,
+            ..serve_config(dir.path(), boot_id, Duration::from_millis(50))
         };
         let backend = Arc::new(fgpu_driver::backend::FakeBackend::open(&profile, None).unwrap());
         let task = tokio::spawn(run(cfg, client(s.clone()), backend, std::future::pending()));
@@ -540,26 +549,7 @@ mod serve_loop {
                     {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-b", "device": "gpu-0"}]}}}});
             server.claim_list = Some(vec![claim("s-list"), other_node]);
         }
-        let cfg = ServeConfig {
-            driver: DriverName::default(),
-            node_name: "node-a".into(),
-            registrar_dir: dir.path().join("plugins_registry"),
-            plugins_dir: dir.path().join("plugins"),
-            cdi_dir: dir.path().join("cdi"),
-            state_dir: dir.path().join("state"),
-            run_dir: dir.path().join("run"),
-            files: NodeFiles {
-                shim_library: dir.path().join("libfgpu.so"),
-                driver_mounts: vec![],
-                driver_hooks: vec![],
-            },
-            boot_id_path: boot_id,
-            consumable_capacity: true,
-            resync: Duration::from_secs(3600),
-            metrics_addr: None,
-            claim_cache: true,
-            test_pause: None,
-        };
+        let cfg = serve_config(dir.path(), boot_id, Duration::from_secs(3600));
         let backend = Arc::new(fgpu_driver::backend::FakeBackend::open(&profile, None).unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(run(cfg, client(s.clone()), backend, async move {
