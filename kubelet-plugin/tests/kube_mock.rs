@@ -360,6 +360,19 @@ mod serve_loop {
         }
     }
 
+    /// A fake profile of node `node-a` with one T4, and a boot id file, under `dir`.
+    fn one_t4_node(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+        let profile = dir.join("profile.yaml");
+        std::fs::write(
+            &profile,
+            "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
+        )
+        .unwrap();
+        let boot_id = dir.join("boot_id");
+        std::fs::write(&boot_id, "boot-1\n").unwrap();
+        (profile, boot_id)
+    }
+
     async fn channel(path: &Path) -> Channel {
         let path = path.to_owned();
         Endpoint::try_from("http://[::]:50051")
@@ -391,17 +404,10 @@ mod serve_loop {
     #[tokio::test]
     async fn serve_publishes_prepares_cleans_up_and_stops_on_rejection() {
         let dir = tempfile::tempdir().unwrap();
-        let profile = dir.path().join("profile.yaml");
-        std::fs::write(
-            &profile,
-            "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
-        )
-        .unwrap();
+        let (profile, boot_id) = one_t4_node(dir.path());
         // A corrupt checkpoint from an earlier run: moved aside and reported as an Event.
         std::fs::create_dir_all(dir.path().join("run")).unwrap();
         std::fs::write(dir.path().join("run/checkpoint.json"), b"{garbage").unwrap();
-        let boot_id = dir.path().join("boot_id");
-        std::fs::write(&boot_id, "boot-1\n").unwrap();
         let s = server(vec!["v1", "v1beta1"], false);
         s.lock().unwrap().objects.insert(
             CLAIM.into(),
@@ -453,20 +459,8 @@ mod serve_loop {
         assert!(dir.path().join("run/checkpoint.json.corrupt-1").exists());
 
         let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(&dra_sock).await);
-        let resp = dra
-            .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                claims: vec![v1::Claim {
-                    namespace: "team".into(),
-                    uid: "uid-c".into(),
-                    name: "c".into(),
-                }],
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(resp.claims["uid-c"].error, "");
         assert_eq!(
-            resp.claims["uid-c"].devices[0].cdi_device_ids,
+            prepare_cdi_ids(&mut dra).await,
             ["gpu.fgpu.dev/claim=uid-c-gpu-0-s1"]
         );
         let spec = dir.path().join("cdi/gpu.fgpu.dev-claim_uid-c.json");
@@ -511,7 +505,10 @@ mod serve_loop {
                    "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}]}})
     }
 
-    async fn prepare_cdi_id(dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>) -> String {
+    /// Prepares claim team/c (uid-c) and returns the CDI device ids of its first device.
+    async fn prepare_cdi_ids(
+        dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>,
+    ) -> Vec<String> {
         let resp = dra
             .node_prepare_resources(v1::NodePrepareResourcesRequest {
                 claims: vec![v1::Claim {
@@ -524,20 +521,13 @@ mod serve_loop {
             .unwrap()
             .into_inner();
         assert_eq!(resp.claims["uid-c"].error, "");
-        resp.claims["uid-c"].devices[0].cdi_device_ids[0].clone()
+        resp.claims["uid-c"].devices[0].cdi_device_ids.clone()
     }
 
     #[tokio::test]
     async fn serve_prepares_from_the_claim_cache_until_the_claim_is_unprepared() {
         let dir = tempfile::tempdir().unwrap();
-        let profile = dir.path().join("profile.yaml");
-        std::fs::write(
-            &profile,
-            "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
-        )
-        .unwrap();
-        let boot_id = dir.path().join("boot_id");
-        std::fs::write(&boot_id, "boot-1\n").unwrap();
+        let (profile, boot_id) = one_t4_node(dir.path());
         let s = server(vec!["v1"], false);
         {
             // The list has the claim with share "s-list", a GET returns it with "s-get": the
@@ -561,8 +551,8 @@ mod serve_loop {
         eventually("the claim watch", || s.lock().unwrap().watches > 0).await;
         let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(&dra_sock).await);
         assert_eq!(
-            prepare_cdi_id(&mut dra).await,
-            "gpu.fgpu.dev/claim=uid-c-gpu-0-s-list"
+            prepare_cdi_ids(&mut dra).await,
+            ["gpu.fgpu.dev/claim=uid-c-gpu-0-s-list"]
         );
 
         // Unprepared: the next prepare does not trust the cached allocation and GETs it.
@@ -579,8 +569,8 @@ mod serve_loop {
             .into_inner();
         assert_eq!(resp.claims["uid-c"].error, "");
         assert_eq!(
-            prepare_cdi_id(&mut dra).await,
-            "gpu.fgpu.dev/claim=uid-c-gpu-0-s-get"
+            prepare_cdi_ids(&mut dra).await,
+            ["gpu.fgpu.dev/claim=uid-c-gpu-0-s-get"]
         );
 
         stop.send(()).unwrap();
