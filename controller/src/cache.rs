@@ -93,14 +93,23 @@ impl Overlay {
     }
 }
 
+/// One claim in the [`ViewCache`].
+struct CachedClaim {
+    /// Read from the version `view.id.resource_version` (the mirror's, or the overlay's
+    /// when newer) with the inventory of this generation.
+    view: ClaimView,
+    generation: u64,
+    /// The mirror's copy as of the last [`ViewCache::refresh`] (what
+    /// [`ViewCache::whole_claim`] reads).
+    stored: Arc<Packed>,
+}
+
 /// The claims' views, each computed once per claim version and inventory, and the
 /// inventory, read once per set of slice versions.
 #[derive(Default)]
 pub struct ViewCache {
-    /// Claim UID → (version, inventory generation it was read with, view).
-    claims: HashMap<String, Box<(String, u64, ClaimView)>>,
-    /// This pass's claims by UID (what [`ViewCache::whole_claim`] reads).
-    stored: HashMap<String, Arc<Packed>>,
+    /// Claim UID → its view and the mirror's copy.
+    claims: HashMap<String, Box<CachedClaim>>,
     /// This pass's pods: the mirror's views, and the overlay's newer ones.
     pods: Vec<Arc<PodView>>,
     written_pods: Vec<PodView>,
@@ -133,30 +142,32 @@ impl ViewCache {
         let generation = self.generation;
         let inventory = &self.inventory.inventory;
         let mut live: HashSet<String> = HashSet::with_capacity(claims.len() + pods.len());
-        self.stored.clear();
         for c in claims {
             live.insert(c.uid.clone());
             let written = overlay.newer(&c.uid, &c.resource_version);
             let version = written.map_or(c.resource_version.as_str(), |(v, _)| v);
-            let fresh = self
-                .claims
-                .get(&c.uid)
-                .is_some_and(|e| e.0 == version && e.1 == generation);
-            if !fresh {
-                let whole = match written {
-                    Some((_, text)) => serde_json::from_str(text).ok(),
-                    None => c.value(),
-                };
-                if let Some(whole) = whole {
-                    self.parsed += 1;
-                    let view = ClaimView::of(&whole, driver, inventory);
-                    self.claims.insert(
-                        c.uid.clone(),
-                        Box::new((version.to_owned(), generation, view)),
-                    );
+            match self.claims.get_mut(&c.uid) {
+                Some(e) if e.view.id.resource_version == version && e.generation == generation => {
+                    e.stored = c;
+                }
+                _ => {
+                    let whole = match written {
+                        Some((_, text)) => serde_json::from_str(text).ok(),
+                        None => c.value(),
+                    };
+                    if let Some(whole) = whole {
+                        self.parsed += 1;
+                        let view = ClaimView::of(&whole, driver, inventory);
+                        let entry = CachedClaim {
+                            view,
+                            generation,
+                            stored: c,
+                        };
+                        self.claims
+                            .insert(entry.stored.uid.clone(), Box::new(entry));
+                    }
                 }
             }
-            self.stored.insert(c.uid.clone(), c);
         }
         let gate = driver.scheduling_gate();
         self.written_pods.clear();
@@ -203,7 +214,7 @@ impl ViewCache {
 
     /// Every claim's view (any order).
     pub fn claims(&self) -> Vec<&ClaimView> {
-        self.claims.values().map(|e| &e.2).collect()
+        self.claims.values().map(|e| &e.view).collect()
     }
 
     /// Every pod's view (any order).
@@ -221,7 +232,7 @@ impl ViewCache {
         if let Some(text) = overlay.at(&id.uid, &id.resource_version) {
             return serde_json::from_str(text).ok();
         }
-        let c = self.stored.get(&id.uid)?;
+        let c = &self.claims.get(&id.uid)?.stored;
         if c.resource_version != id.resource_version {
             return None;
         }

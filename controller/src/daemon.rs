@@ -617,36 +617,48 @@ impl Controller {
             self.shared.metrics.set_mode(mode.as_str(), reason);
         }
 
-        // Allocations kube-scheduler cleared since the last pass: our finalizer, no
-        // allocation, and this process had allocated the claim.
+        // One walk over the claims: allocations kube-scheduler cleared since the last pass
+        // (our finalizer, no allocation, and this process had allocated the claim), and how
+        // long each allocation has been seen (settling).
+        let now = Instant::now();
         let mut cleared = Vec::new();
+        let mut present = std::collections::HashSet::new();
+        let mut allocated = std::collections::HashSet::new();
+        let mut unsettled = std::collections::BTreeSet::new();
+        self.next_settle = None;
         for c in self.views.claims() {
             let id = &c.id;
+            let h = hash_of(&id.uid);
+            present.insert(h);
             if c.ours
                 && !c.allocated
-                && let Some(node) = self.allocated_on.remove(&hash_of(&id.uid))
+                && let Some(node) = self.allocated_on.remove(&h)
             {
                 let r = self.retries.entry(id.uid.clone()).or_insert(Retry {
                     avoid: Default::default(),
                     attempts: 0,
-                    next: Instant::now(),
+                    next: now,
                 });
                 r.avoid.insert(node.clone());
                 r.attempts += 1;
                 let wait = backoff(r.attempts);
-                r.next = Instant::now() + wait;
+                r.next = now + wait;
                 cleared.push((id.clone(), node, wait));
             }
+            if c.allocated {
+                allocated.insert(h);
+                let seen = *self.seen_allocated.entry(h).or_insert(now);
+                let settles = seen + self.settle;
+                if settles > now {
+                    unsettled.insert(id.uid.clone());
+                    self.next_settle = Some(self.next_settle.map_or(settles, |t| t.min(settles)));
+                }
+            }
         }
-        let present: std::collections::HashSet<u64> = self
-            .views
-            .claims()
-            .iter()
-            .map(|c| hash_of(&c.id.uid))
-            .collect();
         self.retries
             .retain(|uid, _| present.contains(&hash_of(uid)));
-        self.allocated_on.retain(|uid, _| present.contains(uid));
+        self.allocated_on.retain(|h, _| present.contains(h));
+        self.seen_allocated.retain(|h, _| allocated.contains(h));
         for (id, node, wait) in cleared {
             let m = format!(
                 "the allocation on node {node} was cleared (kube-scheduler found no node for the pod); allocating again away from it in {}s",
@@ -663,25 +675,6 @@ impl Controller {
             )
             .await;
         }
-        // Settling: how long each allocation has been seen.
-        let now = Instant::now();
-        let mut unsettled = std::collections::BTreeSet::new();
-        let mut allocated = std::collections::HashSet::new();
-        self.next_settle = None;
-        for c in self.views.claims() {
-            let uid = c.id.uid.as_str();
-            if !c.allocated {
-                continue;
-            }
-            allocated.insert(hash_of(uid));
-            let seen = *self.seen_allocated.entry(hash_of(uid)).or_insert(now);
-            let settles = seen + self.settle;
-            if settles > now {
-                unsettled.insert(uid.to_owned());
-                self.next_settle = Some(self.next_settle.map_or(settles, |t| t.min(settles)));
-            }
-        }
-        self.seen_allocated.retain(|uid, _| allocated.contains(uid));
         let avoid: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = self
             .retries
             .iter()

@@ -26,8 +26,6 @@ pub trait Mirrored: Send + Sync + 'static {
 pub struct Packed {
     pub uid: String,
     pub resource_version: String,
-    /// `namespace/name` (the name alone for cluster-scoped objects).
-    pub key: String,
     /// The whole object, `metadata` included.
     pub text: Box<str>,
 }
@@ -36,14 +34,9 @@ impl Packed {
     /// `obj` as text; `None` without a UID.
     pub fn of(obj: &DynamicObject) -> Option<Self> {
         let meta = &obj.metadata;
-        let name = meta.name.as_deref().unwrap_or("<unnamed>");
         Some(Self {
             uid: meta.uid.clone()?,
             resource_version: meta.resource_version.clone().unwrap_or_default(),
-            key: match meta.namespace.as_deref() {
-                Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-                _ => name.to_owned(),
-            },
             text: serde_json::to_string(obj).ok()?.into_boxed_str(),
         })
     }
