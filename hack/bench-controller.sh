@@ -32,7 +32,10 @@
 # clientConnection qps 500 / burst 1000) — each DRA pod costs it about four API writes. Everything it created is removed.
 # FGPU_BENCH_SCHEDULER=0 skips phase 1 (the controller's rate and memory alone, no ratio);
 # FGPU_BENCH_CONTROLLER_ARGS adds flags to the controller's command line (e.g. --list-page-size 25);
-# the controller inherits the environment (MALLOC_ARENA_MAX defaults to 2, GLIBC_TUNABLES, ...).
+# the controller inherits the environment (MALLOC_ARENA_MAX defaults to 2, GLIBC_TUNABLES, ...);
+# FGPU_BENCH_CONTROLLER_BIN runs that binary instead of building the release one (compare two
+# builds in one cluster session); FGPU_BENCH_CONTROLLER_WRAP prefixes its command line (e.g.
+# 'heaptrack -o /tmp/ctl': the VmRSS figures are then the wrapper's process, not the controller's).
 # A phase that has not allocated every claim after FGPU_BENCH_PHASE_LIMIT seconds (1800) is
 # reported with what it allocated by then. Needs python3; output: a summary on stdout, details in $FGPU_BENCH_DIR (default a temp dir).
 set -euo pipefail
@@ -263,8 +266,12 @@ PY
 # --- build
 log "building kwok and the release fgpu-controller"
 kwok="$("$root/hack/kwok-build.sh")"
-(cd "$root" && cargo build -q --release -p fgpu-controller --bin fgpu-controller)
-cp "$CARGO_TARGET_DIR/release/fgpu-controller" "$dir/fgpu-controller"
+if [ -n "${FGPU_BENCH_CONTROLLER_BIN:-}" ]; then
+  cp "$FGPU_BENCH_CONTROLLER_BIN" "$dir/fgpu-controller"
+else
+  (cd "$root" && cargo build -q --release -p fgpu-controller --bin fgpu-controller)
+  cp "$CARGO_TARGET_DIR/release/fgpu-controller" "$dir/fgpu-controller"
+fi
 
 # --- inventory
 kubectl apply -f "$root/deploy/deviceclasses.yaml" >/dev/null
@@ -324,9 +331,9 @@ bench watch bench-ctrl "$claims" "$dir/ctrl.watch" "$limit" & watch_pid=$!
 until [ -f "$dir/ctrl.watch.ready" ]; do sleep 0.2; done
 t_ctrl="$(date +%s.%N)"
 # MALLOC_ARENA_MAX as deploy/controller/controller.yaml sets it (docs/controller.md, "Memory").
-# shellcheck disable=SC2086 # FGPU_BENCH_CONTROLLER_ARGS: word-split on purpose
+# shellcheck disable=SC2086 # FGPU_BENCH_CONTROLLER_ARGS and _WRAP: word-split on purpose
 MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}" \
-RUST_LOG="${FGPU_BENCH_CONTROLLER_LOG:-warn,fgpu_controller=info}" "$dir/fgpu-controller" run --kubeconfig "$KUBECONFIG" \
+RUST_LOG="${FGPU_BENCH_CONTROLLER_LOG:-warn,fgpu_controller=info}" ${FGPU_BENCH_CONTROLLER_WRAP:-} "$dir/fgpu-controller" run --kubeconfig "$KUBECONFIG" \
   --mode controller --metrics-addr 127.0.0.1:19590 --resync 30 ${FGPU_BENCH_CONTROLLER_ARGS:-} \
   </dev/null >"$dir/controller.log" 2>&1 &
 ctrl_pid=$!
