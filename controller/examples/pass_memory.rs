@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use fgpu_api::names::DriverName;
 use fgpu_controller::cache::{Overlay, ViewCache};
-use fgpu_controller::mirror::Packed;
+use fgpu_controller::mirror::{Packed, Packer};
 use fgpu_controller::reconcile::{self, Action, ObjectId, Settings, Snapshot, Views};
 use fgpu_controller::slim;
 use fgpu_controller::view::PodView;
@@ -42,11 +42,11 @@ fn mem() -> String {
     )
 }
 
-/// As the daemon's mirror keeps a claim or a slice.
-fn stored(v: Value, trim: fn(&mut DynamicObject)) -> Arc<Packed> {
+/// As the daemon's mirror keeps a claim or a slice (packed as its mirror of that kind does).
+fn stored(v: Value, trim: fn(&mut DynamicObject), packer: &Packer) -> Arc<Packed> {
     let mut o: DynamicObject = serde_json::from_value(v).expect("object");
     trim(&mut o);
-    Arc::new(Packed::of(&o).expect("uid"))
+    Arc::new(packer.pack(&o).expect("uid"))
 }
 
 /// As the daemon's mirror keeps a pod.
@@ -112,11 +112,19 @@ fn main() {
         driver: DriverName::default(),
         default_policy: Policy::BINPACK,
     };
-    let slices: Vec<Arc<Packed>> = (0..nodes).map(|i| stored(slice(i), slim::slice)).collect();
-    let mut claims: Vec<Arc<Packed>> = (0..n).map(|i| stored(claim(i), slim::claim)).collect();
+    let (slice_packer, claim_packer, pod_packer) =
+        (Packer::default(), Packer::default(), Packer::default());
+    let slices: Vec<Arc<Packed>> = (0..nodes)
+        .map(|i| stored(slice(i), slim::slice, &slice_packer))
+        .collect();
+    let mut claims: Vec<Arc<Packed>> = (0..n)
+        .map(|i| stored(claim(i), slim::claim, &claim_packer))
+        .collect();
     // The pods' objects, for the `values` way; the mirror's views for the other.
     let pod_objects: Vec<Arc<Packed>> = match way {
-        "values" => (0..n).map(|i| stored(pod(i), slim::pod)).collect(),
+        "values" => (0..n)
+            .map(|i| stored(pod(i), slim::pod, &pod_packer))
+            .collect(),
         _ => Vec::new(),
     };
     let pods: Vec<Arc<PodView>> = match way {
@@ -203,7 +211,7 @@ fn main() {
                 whole["metadata"]["resourceVersion"] = json!(version.to_string());
                 whole["metadata"]["finalizers"] = json!([settings.driver.finalizer()]);
                 whole["status"]["allocation"] = allocation.allocation;
-                claims[i] = stored(whole, slim::claim);
+                claims[i] = stored(whole, slim::claim, &claim_packer);
                 wrote += 1;
             }
         }
@@ -220,9 +228,9 @@ fn main() {
         }
     }
     let text =
-        |s: &[Arc<Packed>]| -> usize { s.iter().map(|o| o.text.len()).sum::<usize>() / 1024 };
+        |s: &[Arc<Packed>]| -> usize { s.iter().map(|o| o.packed_len()).sum::<usize>() / 1024 };
     println!(
-        "stored as text: claims {} KiB, slices {} KiB; a PodView {} bytes inline",
+        "stored as packed text: claims {} KiB, slices {} KiB; a PodView {} bytes inline",
         text(&claims),
         text(&slices),
         std::mem::size_of::<PodView>()

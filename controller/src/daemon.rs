@@ -38,7 +38,7 @@ use fgpu_driver::engine::Policy;
 use crate::ApiVersion;
 use crate::cache::{Overlay, ViewCache};
 use crate::metrics::Metrics;
-use crate::mirror::{Mirror, Packed};
+use crate::mirror::{Mirror, Packed, Packer};
 use crate::reconcile::{self, Action, ObjectId, Settings, Views};
 use crate::slim;
 use crate::view::PodView;
@@ -224,10 +224,10 @@ pub(crate) async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client>
     kube::Client::try_from(config).context("building the API client")
 }
 
-/// A claim as the mirror keeps it: trimmed ([`slim::claim`]), as text.
-fn claim_entry(mut o: DynamicObject) -> Option<Packed> {
+/// A claim as the mirror keeps it: trimmed ([`slim::claim`]), as packed text.
+fn claim_entry(mut o: DynamicObject, packer: &Packer) -> Option<Packed> {
     slim::claim(&mut o);
-    Packed::of(&o)
+    packer.pack(&o)
 }
 
 /// A pod as the mirror keeps it: its view, when it can matter to a plan at all
@@ -243,13 +243,13 @@ fn pod_entry(mut o: DynamicObject, gate: &str) -> Option<PodView> {
 }
 
 /// A slice as the mirror keeps it: this driver's only, trimmed ([`slim::slice`]), as
-/// text.
-fn slice_entry(mut o: DynamicObject, driver: &str) -> Option<Packed> {
+/// packed text.
+fn slice_entry(mut o: DynamicObject, driver: &str, packer: &Packer) -> Option<Packed> {
     if o.data["spec"]["driver"].as_str() != Some(driver) {
         return None;
     }
     slim::slice(&mut o);
-    Packed::of(&o)
+    packer.pack(&o)
 }
 
 /// Runs the daemon until SIGTERM / Ctrl-C.
@@ -523,7 +523,10 @@ impl Controller {
             "resourceclaims",
             self.list_page,
             wake.clone(),
-            Box::new(claim_entry),
+            Box::new({
+                let packer = Packer::default();
+                move |o| claim_entry(o, &packer)
+            }),
         );
         let gate = self.settings.driver.scheduling_gate();
         let mut pods = Mirror::start(
@@ -540,7 +543,10 @@ impl Controller {
             "resourceslices",
             self.list_page,
             wake.clone(),
-            Box::new(move |o| slice_entry(o, &driver)),
+            Box::new({
+                let packer = Packer::default();
+                move |o| slice_entry(o, &driver, &packer)
+            }),
         );
         let lists = [
             (claims.ready().await, "resourceclaims"),
