@@ -7,7 +7,9 @@
 //! and keeps only the result, per UID. Relists are atomic as in the reflector: the objects
 //! of a relist replace the old set when the relist is complete.
 
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
@@ -126,11 +128,44 @@ impl Mirrored for crate::view::PodView {
 /// What a converter makes of an object: keep this, or not of interest (forget the UID).
 pub type Convert<T> = Box<dyn Fn(DynamicObject) -> Option<T> + Send + Sync>;
 
-#[derive(Default)]
+/// A held object, found in its set by its UID (so the UID is not kept twice, as a key too:
+/// about 80 bytes an object).
+struct Held<T>(Arc<T>);
+
+impl<T: Mirrored> Borrow<str> for Held<T> {
+    fn borrow(&self) -> &str {
+        self.0.uid()
+    }
+}
+
+impl<T: Mirrored> Hash for Held<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `str` hashes: `Borrow<str>` lookups must find it.
+        self.0.uid().hash(state);
+    }
+}
+
+impl<T: Mirrored> PartialEq for Held<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.uid() == other.0.uid()
+    }
+}
+
+impl<T: Mirrored> Eq for Held<T> {}
+
 struct State<T> {
-    items: HashMap<String, Arc<T>>,
+    items: HashSet<Held<T>>,
     /// A relist in progress.
-    relist: Option<HashMap<String, Arc<T>>>,
+    relist: Option<HashSet<Held<T>>>,
+}
+
+impl<T> Default for State<T> {
+    fn default() -> Self {
+        Self {
+            items: HashSet::new(),
+            relist: None,
+        }
+    }
 }
 
 /// The current set of one kind of object, as `T`s.
@@ -158,10 +193,7 @@ impl<T: Mirrored> Mirror<T> {
         wake: Arc<Notify>,
         convert: Convert<T>,
     ) -> Self {
-        let state: Arc<Mutex<State<T>>> = Arc::new(Mutex::new(State {
-            items: HashMap::new(),
-            relist: None,
-        }));
+        let state: Arc<Mutex<State<T>>> = Arc::new(Mutex::new(State::default()));
         let (ready_tx, ready) = watch::channel(false);
         let fed = state.clone();
         let config = watcher::Config::default().page_size(page_size);
@@ -190,7 +222,11 @@ impl<T: Mirrored> Mirror<T> {
 
     /// Every object held now.
     pub fn state(&self) -> Vec<Arc<T>> {
-        lock(&self.state).items.values().cloned().collect()
+        lock(&self.state)
+            .items
+            .iter()
+            .map(|h| h.0.clone())
+            .collect()
     }
 }
 
@@ -210,13 +246,12 @@ fn apply<T: Mirrored>(
     let mut s = lock(state);
     match ev {
         watcher::Event::Init => {
-            s.relist = Some(HashMap::new());
+            s.relist = Some(HashSet::new());
             false
         }
         watcher::Event::InitApply(o) => {
-            let uid = uid_of(&o);
             if let (Some(t), Some(relist)) = (convert(o), s.relist.as_mut()) {
-                relist.insert(uid, Arc::new(t));
+                relist.replace(Held(Arc::new(t)));
             }
             false
         }
@@ -230,16 +265,16 @@ fn apply<T: Mirrored>(
             let uid = uid_of(&o);
             match convert(o) {
                 Some(t) => {
-                    s.items.insert(uid, Arc::new(t));
+                    s.items.replace(Held(Arc::new(t)));
                 }
                 None => {
-                    s.items.remove(&uid);
+                    s.items.remove(uid.as_str());
                 }
             }
             false
         }
         watcher::Event::Delete(o) => {
-            s.items.remove(&uid_of(&o));
+            s.items.remove(uid_of(&o).as_str());
             false
         }
     }
@@ -320,8 +355,53 @@ mod tests {
         assert!(bad.value().is_none());
     }
 
+    #[test]
+    fn a_new_version_replaces_the_held_one() {
+        #[derive(Debug, PartialEq)]
+        struct Tagged(String, String);
+        impl Mirrored for Tagged {
+            fn uid(&self) -> &str {
+                &self.0
+            }
+        }
+        let tagged = |uid: &str, v: &str| -> DynamicObject {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": uid, "namespace": "ns", "uid": uid, "resourceVersion": v}}))
+            .expect("object")
+        };
+        let c: Convert<Tagged> = Box::new(|o: DynamicObject| {
+            Some(Tagged(o.metadata.uid?, o.metadata.resource_version?))
+        });
+        let s = Mutex::new(State::default());
+        let now = |s: &Mutex<State<Tagged>>| -> Vec<(String, String)> {
+            let mut v: Vec<_> = lock(s)
+                .items
+                .iter()
+                .map(|h| (h.0.0.clone(), h.0.1.clone()))
+                .collect();
+            v.sort();
+            v
+        };
+        apply(&s, watcher::Event::Init, &c);
+        apply(&s, watcher::Event::InitApply(tagged("a", "1")), &c);
+        apply(&s, watcher::Event::InitApply(tagged("a", "2")), &c);
+        apply(&s, watcher::Event::InitDone, &c);
+        assert_eq!(now(&s), [("a".to_owned(), "2".to_owned())]);
+        apply(&s, watcher::Event::Apply(tagged("a", "3")), &c);
+        apply(&s, watcher::Event::Apply(tagged("b", "4")), &c);
+        assert_eq!(
+            now(&s),
+            [
+                ("a".to_owned(), "3".to_owned()),
+                ("b".to_owned(), "4".to_owned())
+            ]
+        );
+        apply(&s, watcher::Event::Delete(tagged("a", "5")), &c);
+        assert_eq!(now(&s), [("b".to_owned(), "4".to_owned())]);
+    }
+
     fn held(s: &Mutex<State<String>>) -> Vec<String> {
-        let mut v: Vec<String> = lock(s).items.keys().cloned().collect();
+        let mut v: Vec<String> = lock(s).items.iter().map(|h| h.0.to_string()).collect();
         v.sort();
         v
     }
