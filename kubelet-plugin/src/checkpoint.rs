@@ -1,43 +1,53 @@
 //! The crash-safe record of prepared claims.
 //!
-//! One JSON file (`<run dir>/checkpoint.json`, normally `/run/fgpu/checkpoint.json`):
+//! One small JSON file per claim in the checkpoint directory
+//! (`<run dir>/checkpoint/<claim uid>.json`, normally `/run/fgpu/checkpoint/`, mode 0700):
 //!
 //! ```json
-//! {"version": 1, "bootId": "…", "claims": {"<claim uid>": {
+//! {"version": 2, "bootId": "…", "uid": "<claim uid>", "claim": {
 //!     "namespace": "ns", "name": "c", "state": "PrepareCompleted",
 //!     "specFile": "/var/run/cdi/gpu.fgpu.dev-claim_<uid>.json",
 //!     "claimDir": "/run/fgpu/claims/<uid>",
 //!     "devices": [{"requestNames": ["gpu"], "poolName": "n1", "deviceName": "gpu-0",
 //!                  "shareId": "…", "cdiDeviceIds": ["gpu.fgpu.dev/claim=<uid>-gpu-0-…"],
-//!                  "gpuUuid": "GPU-…", "memoryBytes": 10737418240, "cores": 30}]}}}
+//!                  "gpuUuid": "GPU-…", "memoryBytes": 10737418240, "cores": 30}]}}
 //! ```
 //!
 //! * Read tolerantly: unknown fields are ignored and missing ones take defaults, so a newer
 //!   or older plugin can read it; `version` says which writer made it.
-//! * Written by write-to-temporary, fsync, rename, fsync of the directory, mode 0600, as
-//!   compact JSON. Concurrent changes are committed together ([`Journal`]): a caller's
-//!   change is on disk when its `update` returns, and one write carries every change made
-//!   while the previous write was in flight.
+//! * Each record is written by write-to-temporary (0600), rename — with an fsync of the file
+//!   before and of the directory after the rename for a record that must survive a power
+//!   loss ([`Durability::Fsync`]); a removal is followed by an fsync of the directory.
+//!   Records of different claims are different files: a write never waits for another
+//!   claim's, and costs the same whatever the number of claims ([`Records`]).
 //! * A claim is recorded `PrepareStarted` before any side effect and `PrepareCompleted`
-//!   after the last one.
-//! * Written under one boot id (`/proc/sys/kernel/random/boot_id`); a checkpoint from
-//!   another boot is discarded on load (its claims are handed back so that their files can
-//!   be removed).
-//! * A file that does not parse is moved aside (`checkpoint.json.corrupt-<n>`) and the
-//!   plugin starts with an empty checkpoint; the caller reports it (an Event).
+//!   after the last one (`crate::prepare`).
+//! * Written under one boot id (`/proc/sys/kernel/random/boot_id`); a record of another
+//!   boot is discarded on load (its claims are handed back so that their files can be
+//!   removed).
+//! * A record that does not parse is moved aside (`<uid>.json.corrupt-<n>`) and the plugin
+//!   starts without that claim; the caller reports it (an Event). Temporary files of
+//!   interrupted writes are removed on load.
+//! * Version 1 (plugins before the checkpoint directory) kept every claim in one file,
+//!   `checkpoint.json` ([`CheckpointFile`], same record per claim); it is read once on
+//!   start, its claims written as records, and removed (`Plugin::start`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// The format version this build writes.
-pub const CHECKPOINT_VERSION: u32 = 1;
+/// The format version this build writes (1: one file for all claims; 2: one file per claim).
+pub const CHECKPOINT_VERSION: u32 = 2;
 
-/// File name of the checkpoint inside the plugin's state directory.
+/// The checkpoint directory inside the plugin's run directory (one record file per claim).
+pub const CHECKPOINT_DIR: &str = "checkpoint";
+
+/// File name of a version-1 checkpoint (every claim in one file) inside the run or state
+/// directory: read once on start and migrated to [`CHECKPOINT_DIR`].
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 
 /// Where the kernel publishes the current boot's id.
@@ -94,7 +104,8 @@ pub struct ClaimRecord {
     pub devices: Vec<PreparedDevice>,
 }
 
-/// The whole checkpoint.
+/// The whole checkpoint of version 1 (one file, [`CheckpointFile`]); version 2 keeps the same
+/// claim records, one file each ([`CheckpointDir`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Checkpoint {
@@ -155,16 +166,17 @@ pub enum CheckpointError {
 pub enum LoadNote {
     /// No checkpoint yet: a fresh start.
     Missing,
-    /// The file did not parse; it was moved aside and the plugin starts clean.
+    /// A checkpoint file (a claim's record, or a version-1 checkpoint) did not parse; it was
+    /// moved aside and the claims it recorded are dropped (their files are leftovers now).
     Corrupt {
         /// Where the bad file now is.
         moved_to: PathBuf,
         /// The parse error.
         error: String,
     },
-    /// The checkpoint was written in another boot; its claims were dropped.
+    /// Records of another boot were found; their claims were dropped.
     BootChanged {
-        /// The boot id recorded in the file.
+        /// The boot id recorded (the first one found, where records of several boots were).
         previous: String,
         /// Claims dropped, for file cleanup.
         discarded: BTreeMap<String, ClaimRecord>,
@@ -187,7 +199,8 @@ pub fn read_boot_id(path: &Path) -> Result<String, CheckpointError> {
     Ok(id.to_owned())
 }
 
-/// The checkpoint file of one plugin.
+/// A checkpoint of version 1: every claim in one file. This build only reads it (to
+/// migrate it to a [`CheckpointDir`]); `save` remains for tests and tools that make one.
 #[derive(Clone, Debug)]
 pub struct CheckpointFile {
     path: PathBuf,
@@ -237,13 +250,9 @@ impl CheckpointFile {
         }
     }
 
-    /// Writes `cp` atomically: temporary file (0600), fsync, rename, fsync of the directory.
+    /// Writes `cp` as a version-1 file, atomically: temporary file (0600), fsync, rename,
+    /// fsync of the directory.
     pub fn save(&self, cp: &Checkpoint) -> Result<(), CheckpointError> {
-        self.write(&self.encode(cp)?, Durability::Fsync)
-    }
-
-    /// `cp` as this build writes it (compact JSON, this build's version).
-    pub fn encode(&self, cp: &Checkpoint) -> Result<Vec<u8>, CheckpointError> {
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
         struct Out<'a> {
@@ -251,55 +260,96 @@ impl CheckpointFile {
             boot_id: &'a str,
             claims: &'a BTreeMap<String, ClaimRecord>,
         }
-        serde_json::to_vec(&Out {
-            version: CHECKPOINT_VERSION,
+        let bytes = serde_json::to_vec(&Out {
+            version: 1,
             boot_id: &cp.boot_id,
             claims: &cp.claims,
         })
         .map_err(|source| CheckpointError::Encode {
             path: self.path.clone(),
             source,
-        })
+        })?;
+        write_atomic(&self.path, &bytes, 0o600, Durability::Fsync)
+            .map_err(|(op, source)| io_error(&self.path, op, source))
     }
 
-    /// Writes encoded bytes atomically, and durably for [`Durability::Fsync`].
-    pub fn write(&self, bytes: &[u8], durability: Durability) -> Result<(), CheckpointError> {
-        write_atomic(&self.path, bytes, 0o600, durability)
-            .map_err(|(op, source)| self.io(op, source))
+    /// Removes the file (gone already is fine) and fsyncs its directory; says whether it was
+    /// there.
+    pub fn remove(&self) -> Result<bool, CheckpointError> {
+        remove_durably(&self.path)
     }
 
     fn move_aside(&self) -> Result<PathBuf, CheckpointError> {
-        let name = self
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| CHECKPOINT_FILE.to_owned());
-        let target = (1u32..)
-            .map(|n| self.path.with_file_name(format!("{name}.corrupt-{n}")))
-            .find(|p| !p.exists())
-            .unwrap_or_else(|| self.path.with_file_name(format!("{name}.corrupt")));
-        fs::rename(&self.path, &target).map_err(|e| self.io("move aside the corrupt file", e))?;
-        Ok(target)
+        move_aside(&self.path)
     }
 
     fn io(&self, op: &'static str, source: io::Error) -> CheckpointError {
-        CheckpointError::Io {
-            path: self.path.clone(),
-            op,
-            source,
-        }
+        io_error(&self.path, op, source)
     }
+}
+
+fn io_error(path: &Path, op: &'static str, source: io::Error) -> CheckpointError {
+    CheckpointError::Io {
+        path: path.to_owned(),
+        op,
+        source,
+    }
+}
+
+/// Renames a file that does not parse to `<name>.corrupt-<n>` (the first free `n`).
+fn move_aside(path: &Path) -> Result<PathBuf, CheckpointError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| CHECKPOINT_FILE.to_owned());
+    let target = (1u32..)
+        .map(|n| path.with_file_name(format!("{name}.corrupt-{n}")))
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| path.with_file_name(format!("{name}.corrupt")));
+    fs::rename(path, &target).map_err(|e| io_error(path, "move aside the corrupt file", e))?;
+    Ok(target)
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir).and_then(|d| d.sync_all())
+}
+
+fn parent(path: &Path) -> &Path {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// Removes `path` (absent is fine) and, if it was there, fsyncs its directory so that the
+/// removal survives a power loss; says whether it was there.
+fn remove_durably(path: &Path) -> Result<bool, CheckpointError> {
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_error(path, "remove", e)),
+    }
+    let dir = parent(path);
+    fsync_dir(dir).map_err(|e| io_error(dir, "fsync the directory", e))?;
+    Ok(true)
+}
+
+/// Whether `uid` can name a claim's files: letters, digits and `-`, at most 128 bytes (the
+/// kubelet sends UUIDs; the legacy device plugin `<pod uid>-<container>`).
+pub fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty()
+        && uid.len() <= 128
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 /// Whether [`write_atomic`] waits for the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
     /// fsync the file before the rename and the directory after it: the new content
-    /// survives a power loss. For the checkpoint.
+    /// survives a power loss. For the records that end an operation (`PrepareCompleted`).
     Fsync,
     /// Rename only: readers see the old or the new content, never a torn file, and the
     /// content survives a crash of the process (the kernel still holds it) but not of the
-    /// machine. For a claim's files: after a reboot the checkpoint of the old boot is
+    /// machine. For a claim's files and its `PrepareStarted` record: after a reboot the records of the old boot are
     /// discarded and every claim is prepared again, so durability would buy nothing.
     Atomic,
 }
@@ -313,10 +363,7 @@ pub fn write_atomic(
     mode: u32,
     durability: Durability,
 ) -> Result<(), (&'static str, io::Error)> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = parent(path);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -346,120 +393,306 @@ pub fn write_atomic(
         ("rename the temporary file into place", e)
     })?;
     if durability == Durability::Fsync {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| ("fsync the directory", e))?;
+        fsync_dir(dir).map_err(|e| ("fsync the directory", e))?;
     }
     Ok(())
 }
 
-/// The checkpoint in memory and on disk, with group commit.
+/// One claim's record file in a [`CheckpointDir`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RecordFile {
+    /// Format version of the writer.
+    pub version: u32,
+    /// Boot the claim was prepared in.
+    pub boot_id: String,
+    /// The claim's UID (also the file's name; a file whose UID differs is corrupt).
+    pub uid: String,
+    /// The record.
+    pub claim: ClaimRecord,
+}
+
+/// What [`CheckpointDir::load`] found.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The claims of this boot, by UID.
+    pub claims: BTreeMap<String, ClaimRecord>,
+    /// What was noteworthy: no directory yet, records that did not parse (one note each),
+    /// records of another boot (one note for all).
+    pub notes: Vec<LoadNote>,
+}
+
+/// The checkpoint directory: one record file per claim, `<dir>/<uid>.json`.
+#[derive(Clone, Debug)]
+pub struct CheckpointDir {
+    dir: PathBuf,
+}
+
+impl CheckpointDir {
+    /// The checkpoint directory at `dir` (normally `<run dir>/checkpoint`).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The record file of claim `uid`.
+    pub fn record_path(&self, uid: &str) -> PathBuf {
+        self.dir.join(format!("{uid}.json"))
+    }
+
+    /// Creates the directory (0700) if it is missing, durably (the parent is fsynced); says
+    /// whether it was missing.
+    fn create(&self) -> Result<bool, CheckpointError> {
+        if self.dir.is_dir() {
+            return Ok(false);
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .and_then(|()| {
+                fs::set_permissions(
+                    &self.dir,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o700),
+                )
+            })
+            .map_err(|e| io_error(&self.dir, "create the checkpoint directory", e))?;
+        let up = parent(&self.dir);
+        fsync_dir(up).map_err(|e| io_error(up, "fsync the directory", e))?;
+        Ok(true)
+    }
+
+    /// Loads the records of boot `boot_id` (creating the directory if it is missing). Never
+    /// fails on content: a record that does not parse is moved aside, one of another boot is
+    /// removed, temporary files of interrupted writes are removed; the first two come back
+    /// as notes. Fails only when the directory cannot be created or read, or a file cannot
+    /// be read, moved or removed.
+    pub fn load(&self, boot_id: &str) -> Result<Loaded, CheckpointError> {
+        let mut loaded = Loaded::default();
+        if self.create()? {
+            loaded.notes.push(LoadNote::Missing);
+            return Ok(loaded);
+        }
+        let entries = fs::read_dir(&self.dir)
+            .map_err(|e| io_error(&self.dir, "read the checkpoint directory", e))?;
+        let mut previous: Option<String> = None;
+        let mut discarded = BTreeMap::new();
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| io_error(&self.dir, "read the checkpoint directory", e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                // An interrupted write: the record it replaced (if any) is still in place.
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_error(&path, "remove", e)),
+                }
+                continue;
+            }
+            // Anything else that is not a record (moved-aside files) is left alone.
+            let Some(uid) = name.strip_suffix(".json").filter(|u| valid_uid(u)) else {
+                continue;
+            };
+            let parsed = match fs::read(&path) {
+                Ok(text) => serde_json::from_slice::<RecordFile>(&text).map_err(|e| e.to_string()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                // Not readable (a directory of that name, an I/O error): as good as corrupt;
+                // failing the start would only make the plugin restart into the same error.
+                Err(e) => Err(format!("cannot read it: {e}")),
+            };
+            let parsed = parsed.and_then(|r| {
+                if r.uid.is_empty() || r.uid == uid {
+                    Ok(r)
+                } else {
+                    Err(format!("uid {:?} does not match the file name", r.uid))
+                }
+            });
+            match parsed {
+                Ok(r) if r.boot_id == boot_id => {
+                    loaded.claims.insert(uid.to_owned(), r.claim);
+                }
+                Ok(r) => {
+                    match fs::remove_file(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(io_error(&path, "remove", e)),
+                    }
+                    previous.get_or_insert(r.boot_id);
+                    discarded.insert(uid.to_owned(), r.claim);
+                }
+                Err(error) => {
+                    let moved_to = move_aside(&path)?;
+                    loaded.notes.push(LoadNote::Corrupt { moved_to, error });
+                }
+            }
+        }
+        if let Some(previous) = previous {
+            loaded.notes.push(LoadNote::BootChanged {
+                previous,
+                discarded,
+            });
+        }
+        Ok(loaded)
+    }
+
+    /// Writes claim `uid`'s record atomically (temporary file 0600, rename), and durably for
+    /// [`Durability::Fsync`].
+    pub fn write(
+        &self,
+        boot_id: &str,
+        uid: &str,
+        record: &ClaimRecord,
+        durability: Durability,
+    ) -> Result<(), CheckpointError> {
+        let path = self.record_path(uid);
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Out<'a> {
+            version: u32,
+            boot_id: &'a str,
+            uid: &'a str,
+            claim: &'a ClaimRecord,
+        }
+        let bytes = serde_json::to_vec(&Out {
+            version: CHECKPOINT_VERSION,
+            boot_id,
+            uid,
+            claim: record,
+        })
+        .map_err(|source| CheckpointError::Encode {
+            path: path.clone(),
+            source,
+        })?;
+        write_atomic(&path, &bytes, 0o600, durability)
+            .map_err(|(op, source)| io_error(&path, op, source))
+    }
+
+    /// Removes claim `uid`'s record durably (absent is fine); says whether it was there.
+    pub fn remove(&self, uid: &str) -> Result<bool, CheckpointError> {
+        remove_durably(&self.record_path(uid))
+    }
+
+    /// Makes the directory hold exactly `claims` of boot `boot_id`, durably: every record
+    /// written with fsync, every other record removed. For the migration of a version-1
+    /// checkpoint, whose claims are then the whole state.
+    pub fn replace_all(
+        &self,
+        boot_id: &str,
+        claims: &BTreeMap<String, ClaimRecord>,
+    ) -> Result<(), CheckpointError> {
+        self.create()?;
+        let entries = fs::read_dir(&self.dir)
+            .map_err(|e| io_error(&self.dir, "read the checkpoint directory", e))?;
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| io_error(&self.dir, "read the checkpoint directory", e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let stale = name
+                .strip_suffix(".json")
+                .is_some_and(|uid| valid_uid(uid) && !claims.contains_key(uid));
+            if stale {
+                remove_durably(&entry.path())?;
+            }
+        }
+        for (uid, record) in claims {
+            if valid_uid(uid) {
+                self.write(boot_id, uid, record, Durability::Fsync)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The prepared claims: in memory, and one record file each in a [`CheckpointDir`].
 ///
-/// [`update`](Self::update) changes the in-memory checkpoint at once, then waits until a
-/// write that includes the change is in the file — fsynced, for a change that asks for
-/// [`Durability::Fsync`]. Writes run one at a time on the blocking pool; whoever takes the
-/// writer's turn writes everything changed so far, so callers that queued behind a write
-/// usually find their change already written and return without writing. A failed write fails its caller; the change stays in memory and goes
-/// out with the next successful write (an unprepare or a repeated prepare rewrites the
-/// entry anyway).
+/// [`put`](Self::put) and [`remove`](Self::remove) do blocking file I/O (call them on the
+/// blocking pool) and change the in-memory copy only once the file has changed, so the
+/// memory never claims more than the disk holds. Records of different claims are different
+/// files, so writes of different claims run in parallel and never wait for each other; the
+/// caller runs one operation per claim at a time (`crate::prepare` holds the claim's lock).
 #[derive(Debug)]
-pub struct Journal {
-    file: CheckpointFile,
-    mem: std::sync::Mutex<Mem>,
-    /// The writer's turn; holds the generations known to be in the file.
-    on_disk: tokio::sync::Mutex<Written>,
+pub struct Records {
+    dir: CheckpointDir,
+    boot_id: String,
+    claims: std::sync::Mutex<BTreeMap<String, ClaimRecord>>,
     writes: std::sync::atomic::AtomicU64,
 }
 
-#[derive(Debug, Default)]
-struct Written {
-    /// Changes up to this generation are in the file (visible to a restarted plugin).
-    visible: u64,
-    /// Changes up to this generation are fsynced (survive a power loss).
-    durable: u64,
-}
-
-#[derive(Debug)]
-struct Mem {
-    cp: Checkpoint,
-    /// Bumped by every change.
-    generation: u64,
-}
-
-impl Journal {
-    /// A journal over `file`, whose content is `cp` (already on disk).
-    pub fn new(file: CheckpointFile, cp: Checkpoint) -> Self {
+impl Records {
+    /// The records of boot `boot_id` in `dir`, whose content is `claims` (already on disk).
+    pub fn new(
+        dir: CheckpointDir,
+        boot_id: impl Into<String>,
+        claims: BTreeMap<String, ClaimRecord>,
+    ) -> Self {
         Self {
-            file,
-            mem: std::sync::Mutex::new(Mem { cp, generation: 0 }),
-            on_disk: tokio::sync::Mutex::new(Written::default()),
+            dir,
+            boot_id: boot_id.into(),
+            claims: std::sync::Mutex::new(claims),
             writes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    /// How many writes reached the file so far.
+    /// The directory.
+    pub fn dir(&self) -> &CheckpointDir {
+        &self.dir
+    }
+
+    /// How many record writes and removals reached the disk so far.
     pub fn writes(&self) -> u64 {
         self.writes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The file.
-    pub fn file(&self) -> &CheckpointFile {
-        &self.file
-    }
-
-    /// Runs `f` on the in-memory checkpoint (the latest state, possibly ahead of the disk
-    /// while a write is in flight).
-    pub fn read<T>(&self, f: impl FnOnce(&Checkpoint) -> T) -> T {
-        f(&self.mem().cp)
-    }
-
-    fn mem(&self) -> std::sync::MutexGuard<'_, Mem> {
+    fn mem(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ClaimRecord>> {
         // Every change is a single statement on the map; a panic elsewhere leaves it whole.
-        self.mem
+        self.claims
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Applies `f` (which says whether it changed anything), then returns once the change
-    /// is in the file with `durability`. `after` sees the checkpoint right after the change
-    /// (for metrics).
-    pub async fn update(
+    /// Runs `f` on the claims.
+    pub fn read<T>(&self, f: impl FnOnce(&BTreeMap<String, ClaimRecord>) -> T) -> T {
+        f(&self.mem())
+    }
+
+    /// A copy of the claims.
+    pub fn claims(&self) -> BTreeMap<String, ClaimRecord> {
+        self.mem().clone()
+    }
+
+    /// Records claim `uid` as `record` with `durability` (blocking). A record equal to the
+    /// one held is not written again when only [`Durability::Atomic`] is asked for.
+    pub fn put(
         &self,
+        uid: &str,
+        record: ClaimRecord,
         durability: Durability,
-        f: impl FnOnce(&mut Checkpoint) -> bool,
-        after: impl FnOnce(&Checkpoint),
     ) -> Result<(), CheckpointError> {
-        let mine = {
-            let mut m = self.mem();
-            if f(&mut m.cp) {
-                m.generation += 1;
-                after(&m.cp);
-            }
-            m.generation
-        };
-        let mut on_disk = self.on_disk.lock().await;
-        let done = match durability {
-            Durability::Fsync => on_disk.durable,
-            Durability::Atomic => on_disk.visible,
-        };
-        if done >= mine {
+        if durability == Durability::Atomic && self.mem().get(uid) == Some(&record) {
             return Ok(());
         }
-        let (bytes, generation) = {
-            let m = self.mem();
-            (self.file.encode(&m.cp)?, m.generation)
-        };
-        let file = self.file.clone();
-        tokio::task::spawn_blocking(move || file.write(&bytes, durability))
-            .await
-            .map_err(|e| self.file.io("write", io::Error::other(e)))??;
-        on_disk.visible = generation;
-        if durability == Durability::Fsync {
-            on_disk.durable = generation;
-        }
+        self.dir.write(&self.boot_id, uid, &record, durability)?;
         self.writes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.mem().insert(uid.to_owned(), record);
         Ok(())
+    }
+
+    /// Removes claim `uid`'s record durably (blocking); says whether there was one.
+    pub fn remove(&self, uid: &str) -> Result<bool, CheckpointError> {
+        let on_disk = self.dir.remove(uid)?;
+        if on_disk {
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let in_memory = self.mem().remove(uid).is_some();
+        Ok(on_disk || in_memory)
     }
 }
 
@@ -488,225 +721,380 @@ mod tests {
         }
     }
 
-    #[test]
-    fn round_trip_atomic_and_private() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = CheckpointFile::new(dir.path().join(CHECKPOINT_FILE));
-        let (mut cp, note) = file.load("boot-1").unwrap();
-        assert_eq!(note, Some(LoadNote::Missing));
-        cp.claims
-            .insert("u1".into(), record(PrepareState::PrepareCompleted));
-        file.save(&cp).unwrap();
-        let mode = fs::metadata(file.path()).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        let leftovers: Vec<_> = fs::read_dir(dir.path())
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
             .unwrap()
-            .map(|e| e.unwrap().file_name())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(leftovers, [CHECKPOINT_FILE], "no temporary file left");
-        let (back, note) = file.load("boot-1").unwrap();
-        assert_eq!(note, None);
-        assert_eq!(back, cp);
+        v.sort();
+        v
+    }
+
+    fn mode(p: &Path) -> u32 {
+        fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn records_round_trip_one_private_file_each() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
+        let loaded = dir.load("boot-1").unwrap();
+        assert_eq!(loaded.notes, [LoadNote::Missing]);
+        assert!(loaded.claims.is_empty());
+        assert_eq!(mode(dir.path()), 0o700);
+        let records = Records::new(dir.clone(), "boot-1", loaded.claims);
+        records
+            .put(
+                "u1",
+                record(PrepareState::PrepareStarted),
+                Durability::Atomic,
+            )
+            .unwrap();
+        records
+            .put(
+                "u2",
+                record(PrepareState::PrepareCompleted),
+                Durability::Fsync,
+            )
+            .unwrap();
+        records
+            .put(
+                "u1",
+                record(PrepareState::PrepareCompleted),
+                Durability::Fsync,
+            )
+            .unwrap();
+        assert_eq!(records.writes(), 3);
+        // The same record again, not durable: nothing to write.
+        records
+            .put(
+                "u1",
+                record(PrepareState::PrepareCompleted),
+                Durability::Atomic,
+            )
+            .unwrap();
+        assert_eq!(records.writes(), 3);
+        assert_eq!(
+            names(dir.path()),
+            ["u1.json", "u2.json"],
+            "no temporary file left"
+        );
+        assert_eq!(mode(&dir.record_path("u1")), 0o600);
         let raw: serde_json::Value =
-            serde_json::from_slice(&fs::read(file.path()).unwrap()).unwrap();
+            serde_json::from_slice(&fs::read(dir.record_path("u1")).unwrap()).unwrap();
         assert_eq!(raw["version"], CHECKPOINT_VERSION);
-        assert_eq!(raw["claims"]["u1"]["state"], "PrepareCompleted");
+        assert_eq!(raw["bootId"], "boot-1");
+        assert_eq!(raw["uid"], "u1");
+        assert_eq!(raw["claim"]["state"], "PrepareCompleted");
+
+        let back = dir.load("boot-1").unwrap();
+        assert_eq!(back.notes, []);
+        assert_eq!(back.claims, records.claims());
+
+        assert!(records.remove("u1").unwrap());
+        assert!(!records.remove("u1").unwrap(), "idempotent");
+        assert_eq!(names(dir.path()), ["u2.json"]);
+        assert_eq!(
+            dir.load("boot-1")
+                .unwrap()
+                .claims
+                .keys()
+                .collect::<Vec<_>>(),
+            ["u2"]
+        );
     }
 
     #[test]
     fn unknown_fields_are_ignored_and_missing_ones_defaulted() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = CheckpointFile::new(dir.path().join(CHECKPOINT_FILE));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
+        dir.load("b").unwrap();
+        fs::write(
+            dir.record_path("u1"),
+            r#"{"version": 7, "bootId": "b", "future": {"x": 1},
+                "claim": {"namespace": "ns", "name": "c", "state": "PrepareStarted",
+                          "newField": [1, 2],
+                          "devices": [{"deviceName": "gpu-1", "extra": true}]}}"#,
+        )
+        .unwrap();
+        let loaded = dir.load("b").unwrap();
+        assert_eq!(loaded.notes, []);
+        let rec = &loaded.claims["u1"];
+        assert_eq!(rec.state, PrepareState::PrepareStarted);
+        assert_eq!(rec.devices[0].device_name, "gpu-1");
+        assert_eq!(rec.devices[0].memory_bytes, 0);
+
+        // The version-1 file likewise.
+        let file = CheckpointFile::new(tmp.path().join(CHECKPOINT_FILE));
         fs::write(
             file.path(),
-            r#"{"version": 7, "bootId": "b", "future": {"x": 1},
-                "claims": {"u1": {"namespace": "ns", "name": "c", "state": "PrepareStarted",
+            r#"{"version": 1, "bootId": "b", "future": {"x": 1},
+                "claims": {"u1": {"namespace": "ns", "name": "c", "state": "PrepareCompleted",
                                   "newField": [1, 2],
                                   "devices": [{"deviceName": "gpu-1", "extra": true}]}}}"#,
         )
         .unwrap();
         let (cp, note) = file.load("b").unwrap();
         assert_eq!(note, None);
-        assert_eq!(cp.version, 7);
-        let rec = &cp.claims["u1"];
-        assert_eq!(rec.state, PrepareState::PrepareStarted);
-        assert_eq!(rec.devices[0].device_name, "gpu-1");
-        assert_eq!(rec.devices[0].memory_bytes, 0);
-        // Saving writes this build's version.
-        file.save(&cp).unwrap();
-        assert_eq!(file.load("b").unwrap().0.version, CHECKPOINT_VERSION);
+        assert_eq!(cp.version, 1);
+        assert_eq!(cp.claims["u1"].state, PrepareState::PrepareCompleted);
+        assert_eq!(cp.claims["u1"].devices[0].device_name, "gpu-1");
     }
 
     #[test]
-    fn boot_change_discards_and_hands_back_claims() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = CheckpointFile::new(dir.path().join(CHECKPOINT_FILE));
+    fn records_of_another_boot_are_discarded_and_handed_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
+        dir.load("boot-1").unwrap();
+        dir.write(
+            "boot-1",
+            "u1",
+            &record(PrepareState::PrepareCompleted),
+            Durability::Fsync,
+        )
+        .unwrap();
+        dir.write(
+            "boot-2",
+            "u2",
+            &record(PrepareState::PrepareCompleted),
+            Durability::Fsync,
+        )
+        .unwrap();
+        let loaded = dir.load("boot-2").unwrap();
+        assert_eq!(loaded.claims.keys().collect::<Vec<_>>(), ["u2"]);
+        match &loaded.notes[..] {
+            [
+                LoadNote::BootChanged {
+                    previous,
+                    discarded,
+                },
+            ] => {
+                assert_eq!(previous, "boot-1");
+                assert_eq!(discarded.keys().collect::<Vec<_>>(), ["u1"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(names(dir.path()), ["u2.json"]);
+
+        // The version-1 file: the whole checkpoint is discarded.
+        let file = CheckpointFile::new(tmp.path().join(CHECKPOINT_FILE));
         let mut cp = Checkpoint::new("boot-1");
         cp.claims
             .insert("u1".into(), record(PrepareState::PrepareCompleted));
         file.save(&cp).unwrap();
         let (fresh, note) = file.load("boot-2").unwrap();
         assert_eq!(fresh, Checkpoint::new("boot-2"));
-        match note {
-            Some(LoadNote::BootChanged {
-                previous,
-                discarded,
-            }) => {
-                assert_eq!(previous, "boot-1");
-                assert_eq!(discarded.keys().collect::<Vec<_>>(), ["u1"]);
-            }
-            other => panic!("{other:?}"),
-        }
+        assert!(
+            matches!(note, Some(LoadNote::BootChanged { previous, discarded })
+                if previous == "boot-1" && discarded.contains_key("u1"))
+        );
     }
 
     #[test]
-    fn corrupt_file_is_moved_aside_each_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = CheckpointFile::new(dir.path().join(CHECKPOINT_FILE));
+    fn corrupt_records_are_moved_aside_each_time_and_only_they_are_lost() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
+        dir.load("b").unwrap();
+        dir.write(
+            "b",
+            "good",
+            &record(PrepareState::PrepareCompleted),
+            Durability::Fsync,
+        )
+        .unwrap();
         for n in 1..=2 {
-            fs::write(file.path(), b"{\"claims\": {\"u1\": ").unwrap();
-            let (cp, note) = file.load("b").unwrap();
-            assert_eq!(cp, Checkpoint::new("b"));
-            let Some(LoadNote::Corrupt { moved_to, error }) = note else {
-                panic!("{note:?}")
+            fs::write(dir.record_path("u1"), b"{\"claim\": {\"name\": ").unwrap();
+            let loaded = dir.load("b").unwrap();
+            assert_eq!(loaded.claims.keys().collect::<Vec<_>>(), ["good"]);
+            let [LoadNote::Corrupt { moved_to, error }] = &loaded.notes[..] else {
+                panic!("{:?}", loaded.notes)
             };
-            assert_eq!(
-                moved_to,
-                dir.path().join(format!("checkpoint.json.corrupt-{n}"))
-            );
+            assert_eq!(*moved_to, dir.path().join(format!("u1.json.corrupt-{n}")));
             assert!(error.contains("EOF"), "{error}");
-            assert!(!file.path().exists());
+            assert!(!dir.record_path("u1").exists());
             assert!(moved_to.exists());
         }
-        // Wrong types are corruption too.
-        fs::write(file.path(), br#"{"claims": []}"#).unwrap();
-        assert!(matches!(
-            file.load("b").unwrap().1,
-            Some(LoadNote::Corrupt { .. })
-        ));
+        // Wrong types and a record under another claim's name are corruption too; moved-aside
+        // files and names that are no UID are left alone.
+        fs::write(
+            dir.record_path("u2"),
+            br#"{"bootId": "b", "claim": {"devices": {}}}"#,
+        )
+        .unwrap();
+        fs::write(dir.record_path("u3"), br#"{"bootId": "b", "uid": "u4"}"#).unwrap();
+        fs::write(dir.path().join("not a uid.json"), b"x").unwrap();
+        // Something that cannot be read at all is moved aside too (no start that fails).
+        fs::create_dir(dir.record_path("u5")).unwrap();
+        let loaded = dir.load("b").unwrap();
+        assert_eq!(loaded.notes.len(), 3, "{:?}", loaded.notes);
+        assert!(
+            loaded
+                .notes
+                .iter()
+                .all(|n| matches!(n, LoadNote::Corrupt { .. })),
+            "{:?}",
+            loaded.notes
+        );
+        assert_eq!(
+            names(dir.path()),
+            [
+                "good.json",
+                "not a uid.json",
+                "u1.json.corrupt-1",
+                "u1.json.corrupt-2",
+                "u2.json.corrupt-1",
+                "u3.json.corrupt-1",
+                "u5.json.corrupt-1"
+            ]
+        );
+
+        // The version-1 file.
+        let file = CheckpointFile::new(tmp.path().join(CHECKPOINT_FILE));
+        fs::write(file.path(), b"{\"claims\": {\"u1\": ").unwrap();
+        let (cp, note) = file.load("b").unwrap();
+        assert_eq!(cp, Checkpoint::new("b"));
+        let Some(LoadNote::Corrupt { moved_to, .. }) = note else {
+            panic!("{note:?}")
+        };
+        assert_eq!(moved_to, tmp.path().join("checkpoint.json.corrupt-1"));
+        assert!(!file.path().exists());
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn journal_commits_queued_changes_in_one_write() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = CheckpointFile::new(dir.path().join(CHECKPOINT_FILE));
-        let journal = std::sync::Arc::new(Journal::new(file.clone(), Checkpoint::new("b")));
-        // Hold the writer's turn, as a slow write in flight would.
-        let turn = journal.on_disk.lock().await;
-        let mut tasks = tokio::task::JoinSet::new();
-        for i in 0..10 {
-            let j = journal.clone();
-            let file = file.clone();
-            tasks.spawn(async move {
-                let uid = format!("u{i}");
-                j.update(
-                    Durability::Fsync,
-                    |cp| {
-                        cp.claims
-                            .insert(uid.clone(), record(PrepareState::PrepareCompleted));
-                        true
-                    },
-                    |_| {},
-                )
-                .await
-                .unwrap();
-                // On disk when update returns.
-                let (cp, _) = file.load("b").unwrap();
-                assert!(cp.claims.contains_key(&uid), "{uid} not on disk");
-            });
-        }
-        while journal.read(|cp| cp.claims.len()) < 10 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(journal.writes(), 0);
-        drop(turn);
-        while let Some(r) = tasks.join_next().await {
-            r.unwrap();
-        }
-        assert_eq!(journal.writes(), 1, "ten queued changes, one write");
-        assert_eq!(file.load("b").unwrap().0.claims.len(), 10);
+    #[test]
+    fn interrupted_writes_are_removed_on_load() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
+        dir.load("b").unwrap();
+        dir.write(
+            "b",
+            "u1",
+            &record(PrepareState::PrepareStarted),
+            Durability::Atomic,
+        )
+        .unwrap();
+        // A crash between writing the temporary file and the rename.
+        fs::write(dir.path().join(".u1.json.tmp"), b"{\"half").unwrap();
+        fs::write(dir.path().join(".u2.json.tmp"), b"").unwrap();
+        let loaded = dir.load("b").unwrap();
+        assert_eq!(loaded.notes, []);
+        assert_eq!(loaded.claims["u1"].state, PrepareState::PrepareStarted);
+        assert_eq!(names(dir.path()), ["u1.json"]);
+    }
 
-        // An update that changes nothing writes nothing; a removal is written.
-        journal
-            .update(Durability::Fsync, |_| false, |_| panic!("no change"))
-            .await
-            .unwrap();
-        assert_eq!(journal.writes(), 1);
-        journal
-            .update(
-                Durability::Fsync,
-                |cp| cp.claims.remove("u3").is_some(),
-                |cp| assert_eq!(cp.claims.len(), 9),
-            )
-            .await
-            .unwrap();
-        assert_eq!(journal.writes(), 2);
-        assert!(!file.load("b").unwrap().0.claims.contains_key("u3"));
+    #[test]
+    fn replace_all_makes_the_directory_hold_exactly_the_claims() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
+        dir.load("b").unwrap();
+        dir.write(
+            "b",
+            "old",
+            &record(PrepareState::PrepareCompleted),
+            Durability::Fsync,
+        )
+        .unwrap();
+        dir.write(
+            "b",
+            "kept",
+            &record(PrepareState::PrepareStarted),
+            Durability::Fsync,
+        )
+        .unwrap();
+        let claims: BTreeMap<String, ClaimRecord> = [
+            ("kept".to_owned(), record(PrepareState::PrepareCompleted)),
+            ("new".to_owned(), record(PrepareState::PrepareCompleted)),
+        ]
+        .into();
+        dir.replace_all("b", &claims).unwrap();
+        assert_eq!(names(dir.path()), ["kept.json", "new.json"]);
+        assert_eq!(dir.load("b").unwrap().claims, claims);
+    }
 
-        // A change written without fsync is visible at once; a caller that needs it durable
-        // (even with no change of its own) writes again, with fsync.
-        journal
-            .update(
+    #[test]
+    fn a_failed_write_fails_the_caller_and_changes_nothing_in_memory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
+        let records = Records::new(dir.clone(), "b", dir.load("b").unwrap().claims);
+        records
+            .put(
+                "u1",
+                record(PrepareState::PrepareStarted),
                 Durability::Atomic,
-                |cp| cp.claims.remove("u4").is_some(),
-                |_| {},
             )
-            .await
             .unwrap();
-        assert_eq!(journal.writes(), 3);
-        assert!(!file.load("b").unwrap().0.claims.contains_key("u4"));
-        journal
-            .update(Durability::Atomic, |_| false, |_| {})
-            .await
-            .unwrap();
-        assert_eq!(journal.writes(), 3, "already visible");
-        journal
-            .update(Durability::Fsync, |_| false, |_| {})
-            .await
-            .unwrap();
-        assert_eq!(journal.writes(), 4, "visible but not yet durable");
-    }
-
-    #[tokio::test]
-    async fn journal_write_failure_fails_the_caller_and_keeps_the_change_for_later() {
-        let dir = tempfile::tempdir().unwrap();
-        let sub = dir.path().join("state");
-        fs::create_dir(&sub).unwrap();
-        let file = CheckpointFile::new(sub.join(CHECKPOINT_FILE));
-        let journal = Journal::new(file.clone(), Checkpoint::new("b"));
-        fs::remove_dir(&sub).unwrap();
-        let e = journal
-            .update(
+        fs::remove_dir_all(dir.path()).unwrap();
+        let e = records
+            .put(
+                "u1",
+                record(PrepareState::PrepareCompleted),
                 Durability::Fsync,
-                |cp| {
-                    cp.claims
-                        .insert("u1".into(), record(PrepareState::PrepareStarted))
-                        .is_none()
-                },
-                |_| {},
             )
-            .await
             .unwrap_err();
         assert!(
-            e.to_string()
-                .starts_with(&format!("checkpoint {}", file.path().display())),
+            e.to_string().starts_with(&format!(
+                "checkpoint {}: cannot write the temporary file",
+                dir.record_path("u1").display()
+            )),
             "{e}"
         );
-        fs::create_dir(&sub).unwrap();
-        journal
-            .update(
-                Durability::Atomic,
-                |cp| {
-                    cp.claims
-                        .insert("u2".into(), record(PrepareState::PrepareStarted))
-                        .is_none()
-                },
-                |_| {},
+        assert_eq!(
+            records.claims()["u1"].state,
+            PrepareState::PrepareStarted,
+            "memory is never ahead of the disk"
+        );
+        dir.load("b").unwrap();
+        records
+            .put(
+                "u1",
+                record(PrepareState::PrepareCompleted),
+                Durability::Fsync,
             )
-            .await
             .unwrap();
-        let on_disk = file.load("b").unwrap().0;
-        assert_eq!(on_disk.claims.keys().collect::<Vec<_>>(), ["u1", "u2"]);
+        assert_eq!(
+            dir.load("b").unwrap().claims["u1"].state,
+            PrepareState::PrepareCompleted
+        );
+    }
+
+    #[test]
+    fn records_of_different_claims_are_written_in_parallel() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
+        let records = std::sync::Arc::new(Records::new(
+            dir.clone(),
+            "b",
+            dir.load("b").unwrap().claims,
+        ));
+        // Eight claims recorded from eight threads at once, twenty times each: every file
+        // ends with its claim's last record, and the memory agrees with the disk.
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let r = records.clone();
+                std::thread::spawn(move || {
+                    for round in 0..20 {
+                        let uid = format!("u{i}");
+                        let state = if round % 2 == 0 {
+                            PrepareState::PrepareStarted
+                        } else {
+                            PrepareState::PrepareCompleted
+                        };
+                        r.put(&uid, record(state), Durability::Fsync).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let on_disk = dir.load("b").unwrap().claims;
+        assert_eq!(on_disk.len(), 8);
+        assert_eq!(on_disk, records.claims());
+        assert!(
+            on_disk
+                .values()
+                .all(|r| r.state == PrepareState::PrepareCompleted)
+        );
+        assert_eq!(records.writes(), 160);
     }
 
     #[test]

@@ -40,7 +40,9 @@ pub enum Phase {
     ClaimGet,
     /// Resolving the grants and building the CDI spec (pure computation).
     Build,
-    /// Recording `PrepareStarted` in the checkpoint (on disk when done).
+    /// Recording `PrepareStarted` in the checkpoint (on disk when done), from the end of
+    /// `Build`: includes the wait for a thread of the blocking pool, where the records and
+    /// the files are written.
     RecordStarted,
     /// Writing the claim's directory, limits, preload and CDI spec files.
     Files,

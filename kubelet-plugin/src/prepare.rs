@@ -11,8 +11,13 @@
 //! 4. records `PrepareStarted` (written, not fsynced: only a restart in this boot reads it),
 //!    creates the claim directory (0700) and its state directory (0700), writes the limits
 //!    file (0444) and the CDI spec (0644), each by write-rename (see
-//!    [`Durability::Atomic`]), on the blocking pool;
+//!    [`Durability::Atomic`]);
 //! 5. records `PrepareCompleted` with the devices (fsynced).
+//!
+//! Steps 4 and 5 are one task on the blocking pool, which holds the claim's lock until it
+//! ends (even when the gRPC call that started it is dropped, so that the next operation on
+//! the claim cannot overlap its file work). Each claim's record is its own file
+//! ([`crate::checkpoint`]): the records of concurrent prepares never wait for each other.
 //!
 //! Where the files are: the checkpoint and the claim directories under the run root
 //! (`/run/fgpu`, a tmpfs on real nodes: per boot like everything they describe, and a
@@ -20,10 +25,12 @@
 //! of a prepare's time); the CDI spec in the CDI directory the runtime reads; the node-wide
 //! files under the state root (`/var/lib/fgpu`): the preload file (`ld.so.preload`, naming
 //! the shim), written by [`Plugin::start`] and mounted by every claim, and the shared GPU
-//! directory. A checkpoint left in the state root by an older plugin is moved to the run
-//! root on start; its claims' directories stay where they are until unprepared.
+//! directory. A version-1 checkpoint (one file, `checkpoint.json`) left in the run root or,
+//! by plugins before the run root, in the state root is migrated on start: its claims become
+//! records in the checkpoint directory and the file is removed; claims' directories in the
+//! state root stay where they are until unprepared.
 //!
-//! [`Plugin::unprepare`] removes the spec, the claim directory and the checkpoint entry;
+//! [`Plugin::unprepare`] removes the claim's record (durably), then its spec and directory;
 //! it succeeds for a claim it does not know. [`Plugin::cleanup_stale`] unprepares claims
 //! that no longer exist or were replaced (another UID). [`Plugin::start`] discards state of
 //! a previous boot, moves a corrupt checkpoint aside and removes files no entry accounts for.
@@ -40,8 +47,8 @@ use fgpu_driver::backend::DeviceBackend;
 use fgpu_driver::device::NodeInventory;
 
 use crate::checkpoint::{
-    CHECKPOINT_FILE, Checkpoint, CheckpointError, CheckpointFile, ClaimRecord, Durability, Journal,
-    LoadNote, PrepareState, PreparedDevice, write_atomic,
+    CHECKPOINT_DIR, CHECKPOINT_FILE, CheckpointDir, CheckpointError, CheckpointFile, ClaimRecord,
+    Durability, LoadNote, PrepareState, PreparedDevice, Records, valid_uid, write_atomic,
 };
 use crate::claim::ResourceClaim;
 use crate::edits::{self, ClaimPaths, ClaimRef, EditsError, NodeFiles};
@@ -155,7 +162,7 @@ pub struct PluginConfig {
     /// The plugin's node-wide files, written at start: `ld.so.preload` and `gpus/`
     /// (`/var/lib/fgpu`).
     pub state_root: PathBuf,
-    /// The plugin's per-boot files, written by every prepare: `checkpoint.json` and
+    /// The plugin's per-boot files, written by every prepare: `checkpoint/<uid>.json` and
     /// `claims/<uid>/` (`/run/fgpu`, a tmpfs on real nodes: nothing of it outlives the boot,
     /// and a prepare costs no disk I/O there).
     pub run_root: PathBuf,
@@ -271,10 +278,11 @@ impl PrepareError {
 /// What [`Plugin::start`] found and did, for logs and Events.
 #[derive(Debug, Default)]
 pub struct StartReport {
-    /// What loading the checkpoint found (missing, corrupt, other boot).
-    pub note: Option<LoadNote>,
-    /// The checkpoint was read from here (the state directory, where plugins before the run
-    /// directory kept it) and moved to the run directory.
+    /// What loading the checkpoint found: missing; corrupt (one note per file moved aside);
+    /// records of another boot.
+    pub notes: Vec<LoadNote>,
+    /// A version-1 checkpoint (one file) was read from here, its claims written to the
+    /// checkpoint directory, and the file removed.
     pub migrated_from: Option<PathBuf>,
     /// Files removed that no checkpoint entry accounted for.
     pub removed_orphans: Vec<PathBuf>,
@@ -296,7 +304,7 @@ pub struct Plugin<S> {
     cfg: PluginConfig,
     source: S,
     backend: Arc<dyn DeviceBackend>,
-    journal: Journal,
+    records: Arc<Records>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     metrics: Metrics,
     /// The node's GPUs as last read from the backend. What a prepare needs of them (device
@@ -310,12 +318,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The data behind these locks stays consistent between statements; a panic elsewhere
     // must not take the plugin down.
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn valid_uid(uid: &str) -> bool {
-    !uid.is_empty()
-        && uid.len() <= 128
-        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 fn create_private_dir(path: &Path) -> io::Result<()> {
@@ -337,10 +339,16 @@ fn create_shared_dir(path: &Path) -> io::Result<()> {
     )
 }
 
-/// The checkpoint where plugins before the run directory kept it, if that is elsewhere.
-fn legacy_checkpoint(cfg: &PluginConfig) -> Option<CheckpointFile> {
-    (cfg.state_root != cfg.run_root)
-        .then(|| CheckpointFile::new(cfg.state_root.join(CHECKPOINT_FILE)))
+/// The version-1 checkpoints (one file each) that older plugins may have left: in the state
+/// directory (plugins before the run directory), and in the run directory (last: it wins a
+/// tie of modification times).
+fn version1_checkpoints(cfg: &PluginConfig) -> Vec<CheckpointFile> {
+    let mut v = Vec::new();
+    if cfg.state_root != cfg.run_root {
+        v.push(CheckpointFile::new(cfg.state_root.join(CHECKPOINT_FILE)));
+    }
+    v.push(CheckpointFile::new(cfg.run_root.join(CHECKPOINT_FILE)));
+    v
 }
 
 fn remove_if_present(path: &Path, dir: bool) -> io::Result<bool> {
@@ -388,45 +396,50 @@ impl<S: ClaimSource> Plugin<S> {
             Durability::Atomic,
         )
         .map_err(|(op, source)| io(&preload, op, source))?;
-        let file = CheckpointFile::new(cfg.run_root.join(CHECKPOINT_FILE));
-        // A plugin that kept everything in the state directory left its checkpoint there:
-        // it is read once (its claims keep their directories there until unprepared) and
-        // then lives in the run directory. Where both exist (an older plugin ran again after
-        // this one), the newer file is the state.
-        let legacy = legacy_checkpoint(&cfg);
+        let dir = CheckpointDir::new(cfg.run_root.join(CHECKPOINT_DIR));
+        // A version-1 checkpoint (one file) exists only where an older plugin wrote it: this
+        // build removes it once migrated. So where there is one, an older plugin ran last (it
+        // ignored the checkpoint directory, and its own start removed the files of claims it
+        // did not know), or this build's migration was interrupted: either way the file is
+        // the state. Where there are two (the run and the state directory), the newer one.
+        // Its claims are written to the directory (fsynced; records no longer in it removed)
+        // before the file is removed, so an interrupted migration is simply done again.
         let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let migrated_from = legacy
-            .as_ref()
-            .map(|l| l.path())
-            .filter(|l| match (modified(l), modified(file.path())) {
-                (Some(old), Some(new)) => old > new,
-                (old, _) => old.is_some(),
-            })
-            .map(Path::to_owned);
-        let (checkpoint, note) = match &migrated_from {
-            Some(path) => CheckpointFile::new(path).load(&cfg.boot_id)?,
-            None => file.load(&cfg.boot_id)?,
+        let version1 = version1_checkpoints(&cfg);
+        let migrated_from = version1
+            .iter()
+            .filter_map(|f| Some((modified(f.path())?, f.path())))
+            .max_by_key(|(m, _)| *m)
+            .map(|(_, p)| p.to_owned());
+        let (claims, notes) = match &migrated_from {
+            Some(path) => {
+                let (mut checkpoint, note) = CheckpointFile::new(path).load(&cfg.boot_id)?;
+                // No prepare ever accepted a UID that cannot name a file.
+                checkpoint.claims.retain(|uid, _| valid_uid(uid));
+                dir.replace_all(&cfg.boot_id, &checkpoint.claims)?;
+                for f in &version1 {
+                    f.remove()?;
+                }
+                (checkpoint.claims, note.into_iter().collect())
+            }
+            None => {
+                let loaded = dir.load(&cfg.boot_id)?;
+                (loaded.claims, loaded.notes)
+            }
         };
-        file.save(&checkpoint)?;
-        if let Some(legacy) = &legacy {
-            // Written to the run directory above (or by an earlier start): the old file is
-            // stale from now on.
-            remove_if_present(legacy.path(), false)
-                .map_err(|e| io(legacy.path(), "remove the old checkpoint", e))?;
-        }
         let metrics = Metrics::new();
-        metrics.set_claims(&checkpoint.claims);
+        metrics.set_claims(&claims);
         let plugin = Self {
+            records: Arc::new(Records::new(dir, cfg.boot_id.clone(), claims)),
             cfg,
             source,
             backend,
-            journal: Journal::new(file, checkpoint),
             locks: Mutex::new(HashMap::new()),
             metrics,
             inventory: Mutex::new(None),
         };
         let mut report = StartReport {
-            note,
+            notes,
             migrated_from,
             ..StartReport::default()
         };
@@ -474,7 +487,7 @@ impl<S: ClaimSource> Plugin<S> {
 
     /// A copy of the checkpoint's claims.
     pub fn claims(&self) -> std::collections::BTreeMap<String, ClaimRecord> {
-        self.journal.read(|cp| cp.claims.clone())
+        self.records.claims()
     }
 
     fn paths(&self, uid: &str) -> ClaimPaths {
@@ -557,38 +570,33 @@ impl<S: ClaimSource> Plugin<S> {
 
     fn release_lock(&self, uid: &str, l: Arc<tokio::sync::Mutex<()>>) {
         let mut locks = lock(&self.locks);
-        // Ours plus the map's: nobody else waits for this claim.
+        // Ours plus the map's: nobody else waits for this claim, and no task of an earlier
+        // operation still holds it.
         if Arc::strong_count(&l) == 2 {
             locks.remove(uid);
         }
     }
 
-    /// Changes the checkpoint (`f` says whether it changed anything) and returns once the
-    /// change is in the file with `durability`.
-    async fn update(
-        &self,
-        claim: &ClaimRef,
-        durability: Durability,
-        f: impl FnOnce(&mut Checkpoint) -> bool,
-    ) -> Result<(), PrepareError> {
-        self.journal
-            .update(durability, f, |cp| self.metrics.set_claims(&cp.claims))
-            .await
-            .map_err(|source| PrepareError::Checkpoint {
-                claim: claim.key(),
-                source,
-            })
+    /// Recomputes the claim gauges from the records.
+    fn refresh_claim_metrics(&self) {
+        self.records.read(|claims| self.metrics.set_claims(claims));
     }
 
     /// Prepares `claim` and returns its devices (see the module documentation).
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
-        self.guarded(Operation::Prepare, claim, self.prepare_locked(claim))
-            .await
+        self.guarded(Operation::Prepare, claim, |guard| {
+            self.prepare_locked(claim, guard)
+        })
+        .await
     }
 
-    async fn prepare_locked(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
-        let done = self.journal.read(|cp| {
-            cp.claims
+    async fn prepare_locked(
+        &self,
+        claim: &ClaimRef,
+        guard: ClaimGuard,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let done = self.records.read(|claims| {
+            claims
                 .get(&claim.uid)
                 .filter(|rec| rec.state == PrepareState::PrepareCompleted)
                 .map(|rec| rec.devices.clone())
@@ -635,7 +643,7 @@ impl<S: ClaimSource> Plugin<S> {
         })?;
 
         clock.lap(Phase::Build);
-        let mut record = ClaimRecord {
+        let started = ClaimRecord {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             state: PrepareState::PrepareStarted,
@@ -643,43 +651,38 @@ impl<S: ClaimSource> Plugin<S> {
             claim_dir: paths.claim_dir.clone(),
             devices: built.devices.clone(),
         };
-        // PrepareStarted is read only by a restart of the plugin in this boot, which sees the
-        // file without an fsync (the kernel keeps it); after a reboot the boot id discards
-        // every record. So it is written atomically but not durably: one fsync per prepare.
-        self.update(claim, Durability::Atomic, |cp| {
-            cp.claims.insert(claim.uid.clone(), record.clone()) != Some(record.clone())
-        })
-        .await?;
-        clock.lap(Phase::RecordStarted);
-
-        // The files: off the async workers (a slow disk must not stall other claims' gRPC).
-        let files = ClaimFiles {
-            claim: claim.key(),
-            paths: paths.clone(),
-            limits: built.limits.clone(),
-            spec: spec_json,
-        };
-        tokio::task::spawn_blocking(move || files.write())
-            .await
-            .map_err(|e| PrepareError::Io {
+        // The side effects and both records: one task on the blocking pool (a slow disk must
+        // not stall other claims' gRPC), which holds the claim's lock until it ends.
+        let work = PrepareWork {
+            records: self.records.clone(),
+            uid: claim.uid.clone(),
+            started,
+            files: ClaimFiles {
                 claim: claim.key(),
-                op: "write the claim's files",
-                path: paths.claim_dir.clone(),
-                source: io::Error::other(e),
-            })??;
-        clock.lap(Phase::Files);
-        if let Some(pause) = self.cfg.test_pause {
-            tracing::warn!(claim = %claim.key(), uid = %claim.uid, ?pause,
-                "test pause: claim files written, PrepareCompleted not yet recorded");
-            tokio::time::sleep(pause).await;
-        }
-
-        record.state = PrepareState::PrepareCompleted;
-        self.update(claim, Durability::Fsync, |cp| {
-            cp.claims.insert(claim.uid.clone(), record);
-            true
+                paths: paths.clone(),
+                limits: built.limits.clone(),
+                spec: spec_json,
+            },
+            test_pause: self.cfg.test_pause,
+        };
+        let laps = tokio::task::spawn_blocking(move || {
+            let _guard = guard;
+            work.run()
         })
-        .await?;
+        .await
+        .map_err(|e| PrepareError::Io {
+            claim: claim.key(),
+            op: "write the claim's files",
+            path: paths.claim_dir.clone(),
+            source: io::Error::other(e),
+        })?;
+        // The gauges follow the records even when a step failed (`PrepareStarted` may be on
+        // record).
+        self.refresh_claim_metrics();
+        let laps = laps?;
+        // RecordStarted includes the wait for a blocking thread.
+        clock.lap_at(Phase::RecordStarted, laps.started);
+        clock.lap_at(Phase::Files, laps.files);
         clock.lap(Phase::RecordCompleted);
         Ok(built.devices)
     }
@@ -687,19 +690,26 @@ impl<S: ClaimSource> Plugin<S> {
     /// Undoes [`prepare`](Self::prepare): removes the CDI spec, the claim directory and the
     /// checkpoint entry. Succeeds for a claim that is not (or no longer) prepared.
     pub async fn unprepare(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
-        self.guarded(Operation::Unprepare, claim, self.unprepare_locked(claim))
-            .await
+        self.guarded(Operation::Unprepare, claim, |guard| {
+            self.unprepare_locked(claim, guard)
+        })
+        .await
     }
 
-    /// Runs `work` for `claim` as one operation: refuses a malformed UID, holds the claim's
-    /// lock while `work` runs (other claims proceed in parallel), and records the outcome
-    /// and duration in the metrics. `work` is lazy: nothing of it runs before the lock.
-    async fn guarded<T>(
+    /// Runs `work` for `claim` as one operation: refuses a malformed UID, takes the claim's
+    /// lock and hands it to `work` (other claims proceed in parallel; `work` passes it on to
+    /// its blocking task, so that the lock is held until that task ends even if this future
+    /// is dropped), and records the outcome and duration in the metrics.
+    async fn guarded<T, F, Fut>(
         &self,
         op: Operation,
         claim: &ClaimRef,
-        work: impl std::future::Future<Output = Result<T, PrepareError>>,
-    ) -> Result<T, PrepareError> {
+        work: F,
+    ) -> Result<T, PrepareError>
+    where
+        F: FnOnce(ClaimGuard) -> Fut,
+        Fut: Future<Output = Result<T, PrepareError>>,
+    {
         if !valid_uid(&claim.uid) {
             self.metrics
                 .observe(op, Some("bad_uid"), Default::default());
@@ -710,34 +720,49 @@ impl<S: ClaimSource> Plugin<S> {
         }
         let started = std::time::Instant::now();
         let l = self.claim_lock(&claim.uid);
-        let result = {
-            let _guard = l.lock().await;
-            work.await
-        };
+        let guard = l.clone().lock_owned().await;
+        let result = work(guard).await;
         self.release_lock(&claim.uid, l);
         let reason = result.as_ref().err().map(PrepareError::reason);
         self.metrics.observe(op, reason, started.elapsed());
         result
     }
 
-    async fn unprepare_locked(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+    async fn unprepare_locked(
+        &self,
+        claim: &ClaimRef,
+        guard: ClaimGuard,
+    ) -> Result<(), PrepareError> {
         // Before anything else (and under the claim's lock): whatever happens below, the
         // next prepare of this UID must not trust a cached allocation.
         self.source.unprepared(&claim.uid);
         let paths = self.removable(&claim.uid);
         let key = claim.key();
-        tokio::task::spawn_blocking(move || remove_claim_files(&key, &paths))
-            .await
-            .map_err(|e| PrepareError::Io {
-                claim: claim.key(),
-                op: "remove the claim's files",
-                path: self.paths(&claim.uid).claim_dir,
-                source: io::Error::other(e),
-            })??;
-        self.update(claim, Durability::Fsync, |cp| {
-            cp.claims.remove(&claim.uid).is_some()
+        let records = self.records.clone();
+        let uid = claim.uid.clone();
+        // The record first (durably), then the files: a crash in between leaves files no
+        // record accounts for, which the start-up sweep removes (and the kubelet's retry of
+        // the unprepare too). The other order would leave a `PrepareCompleted` record whose
+        // CDI spec is gone, which a later prepare of the claim would return as prepared.
+        let removed = tokio::task::spawn_blocking(move || {
+            let _guard = guard;
+            records
+                .remove(&uid)
+                .map_err(|source| PrepareError::Checkpoint {
+                    claim: key.clone(),
+                    source,
+                })?;
+            remove_claim_files(&key, &paths)
         })
         .await
+        .map_err(|e| PrepareError::Io {
+            claim: claim.key(),
+            op: "remove the claim's files",
+            path: self.paths(&claim.uid).claim_dir,
+            source: io::Error::other(e),
+        })?;
+        self.refresh_claim_metrics();
+        removed.map(|_| ())
     }
 
     /// Unprepares every recorded claim that no longer exists or now has another UID.
@@ -789,9 +814,78 @@ impl<'a> PhaseClock<'a> {
 
     /// Records the time since the previous lap as `phase`.
     fn lap(&mut self, phase: Phase) {
-        let now = std::time::Instant::now();
-        self.metrics.observe_phase(phase, now - self.last);
-        self.last = now;
+        self.lap_at(phase, std::time::Instant::now());
+    }
+
+    /// Records the time from the previous lap to `at` as `phase`.
+    fn lap_at(&mut self, phase: Phase, at: std::time::Instant) {
+        self.metrics
+            .observe_phase(phase, at.saturating_duration_since(self.last));
+        self.last = at;
+    }
+}
+
+/// A claim's lock, held by the operation (and its blocking task) that took it.
+type ClaimGuard = tokio::sync::OwnedMutexGuard<()>;
+
+/// The side effects of one prepare with its two records, run on the blocking pool.
+struct PrepareWork {
+    records: Arc<Records>,
+    uid: String,
+    started: ClaimRecord,
+    files: ClaimFiles,
+    test_pause: Option<std::time::Duration>,
+}
+
+/// When the steps of a [`PrepareWork`] ended.
+struct Laps {
+    started: std::time::Instant,
+    files: std::time::Instant,
+}
+
+impl PrepareWork {
+    /// Records `PrepareStarted` (atomically), writes the claim's files, records
+    /// `PrepareCompleted` (durably). Stops at the first step that fails: a record of
+    /// `PrepareStarted` that stays behind makes a repeated prepare redo the files and an
+    /// unprepare remove them.
+    fn run(self) -> Result<Laps, PrepareError> {
+        let Self {
+            records,
+            uid,
+            started,
+            files,
+            test_pause,
+        } = self;
+        let claim = files.claim.clone();
+        let checkpoint = |source| PrepareError::Checkpoint {
+            claim: claim.clone(),
+            source,
+        };
+        // PrepareStarted is read only by a restart of the plugin in this boot, which sees the
+        // file without an fsync (the kernel keeps it); after a reboot the boot id discards
+        // every record. So it is written atomically but not durably: one fsync per prepare.
+        records
+            .put(&uid, started.clone(), Durability::Atomic)
+            .map_err(checkpoint)?;
+        let started_at = std::time::Instant::now();
+        files.write()?;
+        let files_at = std::time::Instant::now();
+        if let Some(pause) = test_pause {
+            tracing::warn!(%claim, %uid, ?pause,
+                "test pause: claim files written, PrepareCompleted not yet recorded");
+            std::thread::sleep(pause);
+        }
+        let completed = ClaimRecord {
+            state: PrepareState::PrepareCompleted,
+            ..started
+        };
+        records
+            .put(&uid, completed, Durability::Fsync)
+            .map_err(checkpoint)?;
+        Ok(Laps {
+            started: started_at,
+            files: files_at,
+        })
     }
 }
 
@@ -922,6 +1016,12 @@ mod tests {
         fn claim_dir(&self, uid: &str) -> PathBuf {
             self.dir.path().join("run/claims").join(uid)
         }
+        fn record_path(&self, uid: &str) -> PathBuf {
+            self.dir
+                .path()
+                .join("run/checkpoint")
+                .join(format!("{uid}.json"))
+        }
         fn add(&self, name: &str, uid: &str, device: &str) -> ClaimRef {
             self.source.insert(
                 serde_json::from_value(json!({
@@ -949,7 +1049,7 @@ mod tests {
     async fn prepare_is_idempotent_and_unprepare_removes_everything() {
         let env = Env::new();
         let (plugin, report) = env.start("b1");
-        assert_eq!(report.note, Some(LoadNote::Missing));
+        assert_eq!(report.notes, [LoadNote::Missing]);
         // The node's shared GPU directory: world-writable with the sticky bit.
         let gpus = env.dir.path().join("state/gpus");
         assert_eq!(mode(&gpus), 0o1777);
@@ -985,6 +1085,14 @@ mod tests {
             plugin.claims()["uid-1"].state,
             PrepareState::PrepareCompleted
         );
+        // The claim's record: its own file in the checkpoint directory.
+        let record = env.record_path("uid-1");
+        assert_eq!(mode(&record), 0o600);
+        assert_eq!(mode(record.parent().unwrap()), 0o700);
+        let on_disk: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        assert_eq!(on_disk["claim"]["state"], "PrepareCompleted");
+        assert_eq!(on_disk["bootId"], "b1");
 
         let metrics = plugin.metrics().encode();
         for phase in [
@@ -1007,6 +1115,7 @@ mod tests {
         plugin.unprepare(&c).await.unwrap();
         assert!(!dir.exists());
         assert!(!env.spec_path("uid-1").exists());
+        assert!(!record.exists());
         assert!(plugin.claims().is_empty());
         plugin.unprepare(&c).await.unwrap();
         // A restart sees no claim.
@@ -1069,17 +1178,19 @@ mod tests {
         };
         {
             let (plugin, report) = env.start("b1");
-            assert_eq!(report.note, None);
+            assert_eq!(report.notes, []);
             assert!(report.removed_orphans.is_empty());
             env.source.remove("ns", "c");
             assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
         }
         let (plugin, report) = env.start("b2");
-        match report.note {
-            Some(LoadNote::BootChanged {
-                previous,
-                discarded,
-            }) => {
+        match &report.notes[..] {
+            [
+                LoadNote::BootChanged {
+                    previous,
+                    discarded,
+                },
+            ] => {
                 assert_eq!(previous, "b1");
                 assert!(discarded.contains_key("uid-1"));
             }
@@ -1088,29 +1199,30 @@ mod tests {
         assert!(plugin.claims().is_empty());
         assert!(!env.claim_dir("uid-1").exists());
         assert!(!env.spec_path("uid-1").exists());
+        assert!(!env.record_path("uid-1").exists());
         assert_eq!(report.removed_orphans.len(), 2);
     }
 
     #[tokio::test]
-    async fn interrupted_prepare_is_redone_and_corrupt_checkpoint_starts_clean() {
+    async fn interrupted_prepare_is_redone_and_a_corrupt_record_loses_only_its_claim() {
         let env = Env::new();
         let c = env.add("c", "uid-1", "gpu-0");
+        let other = env.add("other", "uid-2", "gpu-1");
         {
             let (plugin, _) = env.start("b1");
+            plugin.prepare(&other).await.unwrap();
             // Simulate a crash after PrepareStarted and the directory, before the spec.
             plugin
-                .update(&c, Durability::Fsync, |cp| {
-                    cp.claims.insert(
-                        "uid-1".into(),
-                        ClaimRecord {
-                            namespace: "ns".into(),
-                            name: "c".into(),
-                            ..ClaimRecord::default()
-                        },
-                    );
-                    true
-                })
-                .await
+                .records
+                .put(
+                    "uid-1",
+                    ClaimRecord {
+                        namespace: "ns".into(),
+                        name: "c".into(),
+                        ..ClaimRecord::default()
+                    },
+                    Durability::Atomic,
+                )
                 .unwrap();
             create_private_dir(&env.claim_dir("uid-1")).unwrap();
         }
@@ -1128,25 +1240,143 @@ mod tests {
         assert!(env.spec_path("uid-1").exists());
         drop(plugin);
 
-        std::fs::write(env.dir.path().join("run/checkpoint.json"), b"not json").unwrap();
+        std::fs::write(env.record_path("uid-1"), b"not json").unwrap();
         let (plugin, report) = env.start("b1");
-        assert!(
-            matches!(report.note, Some(LoadNote::Corrupt { .. })),
-            "{:?}",
-            report.note
+        let [LoadNote::Corrupt { moved_to, .. }] = &report.notes[..] else {
+            panic!("{:?}", report.notes)
+        };
+        assert_eq!(
+            *moved_to,
+            env.dir.path().join("run/checkpoint/uid-1.json.corrupt-1")
         );
-        // Files of the lost entry are orphans now and removed.
+        // Files of the lost entry are orphans now and removed; the other claim is untouched.
         assert!(!env.spec_path("uid-1").exists());
-        assert!(plugin.claims().is_empty());
+        assert!(!env.claim_dir("uid-1").exists());
+        assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-2"]);
+        assert!(env.spec_path("uid-2").exists());
         plugin.prepare(&c).await.unwrap();
     }
 
+    /// The record of one claim in a version-1 checkpoint (one file), exactly as plugins
+    /// before the checkpoint directory wrote it, made from this build's record of `uid`.
+    fn version1_checkpoint(env: &Env, boot: &str, uids: &[&str]) -> String {
+        let claims: serde_json::Map<String, serde_json::Value> = uids
+            .iter()
+            .map(|uid| {
+                let rec: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(env.record_path(uid)).unwrap()).unwrap();
+                ((*uid).to_owned(), rec["claim"].clone())
+            })
+            .collect();
+        serde_json::to_string(&json!({"version": 1, "bootId": boot, "claims": claims})).unwrap()
+    }
+
     #[tokio::test]
-    async fn a_checkpoint_in_the_state_dir_moves_to_the_run_dir() {
+    async fn an_upgrade_from_the_single_file_checkpoint_keeps_prepared_claims() {
+        let env = Env::new();
+        let c1 = env.add("c1", "uid-1", "gpu-0");
+        let c2 = env.add("c2", "uid-2", "gpu-1");
+        let run = env.dir.path().join("run");
+        let (devices1, devices2) = {
+            let (plugin, _) = env.start("b1");
+            (
+                plugin.prepare(&c1).await.unwrap(),
+                plugin.prepare(&c2).await.unwrap(),
+            )
+        };
+        // What an older plugin leaves: its claims' files and one checkpoint.json, no
+        // checkpoint directory.
+        let v1 = version1_checkpoint(&env, "b1", &["uid-1", "uid-2"]);
+        assert!(v1.contains(r#""state":"PrepareCompleted""#), "{v1}");
+        std::fs::remove_dir_all(run.join(CHECKPOINT_DIR)).unwrap();
+        std::fs::write(run.join(CHECKPOINT_FILE), &v1).unwrap();
+
+        let (plugin, report) = env.start("b1");
+        assert_eq!(report.notes, []);
+        assert_eq!(report.migrated_from, Some(run.join(CHECKPOINT_FILE)));
+        assert!(
+            report.removed_orphans.is_empty(),
+            "{:?}",
+            report.removed_orphans
+        );
+        assert!(
+            !run.join(CHECKPOINT_FILE).exists(),
+            "migrated, then removed"
+        );
+        assert!(env.record_path("uid-1").exists() && env.record_path("uid-2").exists());
+        // Still prepared: the same CDI ids without reading the claims again.
+        env.source.remove("ns", "c1");
+        env.source.remove("ns", "c2");
+        assert_eq!(plugin.prepare(&c1).await.unwrap(), devices1);
+        assert_eq!(plugin.prepare(&c2).await.unwrap(), devices2);
+        let metrics = plugin.metrics().encode();
+        assert!(
+            metrics.contains("fgpu_kubelet_plugin_prepared_claims 2\n"),
+            "{metrics}"
+        );
+        plugin.unprepare(&c1).await.unwrap();
+        assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
+        drop(plugin);
+        let (plugin, report) = env.start("b1");
+        assert_eq!(report.migrated_from, None);
+        assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-2"]);
+        drop(plugin);
+
+        // A migration interrupted after some records were written (and with a record the
+        // file does not have): the file is the state and the migration is done again.
+        std::fs::write(run.join(CHECKPOINT_FILE), &v1).unwrap();
+        std::fs::remove_file(env.record_path("uid-2")).unwrap();
+        std::fs::write(
+            env.record_path("uid-stale"),
+            br#"{"version": 2, "bootId": "b1", "uid": "uid-stale", "claim": {}}"#,
+        )
+        .unwrap();
+        let (plugin, report) = env.start("b1");
+        assert_eq!(report.migrated_from, Some(run.join(CHECKPOINT_FILE)));
+        assert_eq!(
+            plugin.claims().keys().collect::<Vec<_>>(),
+            ["uid-1", "uid-2"]
+        );
+        assert!(!env.record_path("uid-stale").exists());
+        drop(plugin);
+
+        // A version-1 checkpoint of another boot: discarded like records of another boot.
+        std::fs::write(run.join(CHECKPOINT_FILE), v1.replace("\"b1\"", "\"b0\"")).unwrap();
+        let (plugin, report) = env.start("b1");
+        assert!(
+            matches!(&report.notes[..], [LoadNote::BootChanged { previous, .. }] if previous == "b0"),
+            "{:?}",
+            report.notes
+        );
+        assert!(plugin.claims().is_empty());
+        assert!(!env.record_path("uid-1").exists());
+        assert!(
+            !env.spec_path("uid-2").exists(),
+            "files of discarded claims removed"
+        );
+        drop(plugin);
+
+        // A corrupt version-1 checkpoint: moved aside, reported, a clean start.
+        std::fs::write(run.join(CHECKPOINT_FILE), b"{garbage").unwrap();
+        let (plugin, report) = env.start("b1");
+        assert!(
+            matches!(&report.notes[..], [LoadNote::Corrupt { moved_to, .. }]
+                if *moved_to == run.join("checkpoint.json.corrupt-1")),
+            "{:?}",
+            report.notes
+        );
+        assert!(plugin.claims().is_empty());
+        assert!(!run.join(CHECKPOINT_FILE).exists());
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_in_the_state_dir_is_migrated() {
         let env = Env::new();
         let c = env.add("c", "uid-1", "gpu-0");
         let state = env.dir.path().join("state");
-        // An older plugin: everything under the state directory.
+        let run = env.dir.path().join("run");
+        // An older plugin that kept everything under the state directory: its claim's
+        // directory there, its checkpoint.json there.
         let devices = {
             let cfg = PluginConfig {
                 run_root: state.clone(),
@@ -1157,14 +1387,20 @@ mod tests {
         };
         let old_dir = state.join("claims/uid-1");
         assert!(old_dir.join("limits").exists());
+        let record: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(state.join("checkpoint/uid-1.json")).unwrap())
+                .unwrap();
+        std::fs::remove_dir_all(state.join(CHECKPOINT_DIR)).unwrap();
+        let v1 = json!({"version": 1, "bootId": "b1", "claims": {"uid-1": record["claim"]}});
+        std::fs::write(state.join(CHECKPOINT_FILE), v1.to_string()).unwrap();
         create_private_dir(&state.join("claims/uid-orphan")).unwrap();
 
         let (plugin, report) = env.start("b1");
-        assert_eq!(report.note, None);
+        assert_eq!(report.notes, []);
         assert_eq!(report.migrated_from, Some(state.join(CHECKPOINT_FILE)));
         assert_eq!(report.removed_orphans, [state.join("claims/uid-orphan")]);
         assert!(!state.join(CHECKPOINT_FILE).exists());
-        assert!(env.dir.path().join("run").join(CHECKPOINT_FILE).exists());
+        assert!(env.record_path("uid-1").exists());
         // The claim is still prepared, its files where they were.
         env.source.remove("ns", "c");
         assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
@@ -1178,22 +1414,56 @@ mod tests {
         assert!(plugin.claims().is_empty());
         drop(plugin);
 
-        // An older plugin ran again (its checkpoint is newer): its state wins.
-        let cp = CheckpointFile::new(state.join(CHECKPOINT_FILE));
-        let mut old = Checkpoint::new("b1");
-        old.claims.insert("uid-old".into(), ClaimRecord::default());
-        cp.save(&old).unwrap();
+        // Version-1 files in both places (an older plugin ran again): the newer is the
+        // state, both are removed.
+        let older = CheckpointFile::new(run.join(CHECKPOINT_FILE));
+        let mut cp = crate::checkpoint::Checkpoint::new("b1");
+        cp.claims.insert("uid-run".into(), ClaimRecord::default());
+        older.save(&cp).unwrap();
+        let newer = CheckpointFile::new(state.join(CHECKPOINT_FILE));
+        cp.claims.clear();
+        cp.claims.insert("uid-old".into(), ClaimRecord::default());
+        newer.save(&cp).unwrap();
         let later = std::time::SystemTime::now() + std::time::Duration::from_secs(10);
         std::fs::File::options()
             .write(true)
-            .open(cp.path())
+            .open(newer.path())
             .unwrap()
             .set_modified(later)
             .unwrap();
         let (plugin, report) = env.start("b1");
-        assert_eq!(report.migrated_from, Some(cp.path().to_owned()));
+        assert_eq!(report.migrated_from, Some(newer.path().to_owned()));
         assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-old"]);
-        assert!(!cp.path().exists());
+        assert!(!newer.path().exists() && !older.path().exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_prepare_keeps_the_claim_locked_until_its_files_are_done() {
+        let env = Env::new();
+        let cfg = PluginConfig {
+            test_pause: Some(std::time::Duration::from_millis(300)),
+            ..env.cfg("b1")
+        };
+        let (plugin, _) = Plugin::start(cfg, env.source.clone(), env.backend.clone()).unwrap();
+        let plugin = Arc::new(plugin);
+        let c = env.add("c", "uid-1", "gpu-0");
+        let task = {
+            let (plugin, c) = (plugin.clone(), c.clone());
+            tokio::spawn(async move { plugin.prepare(&c).await })
+        };
+        // The kubelet gives up on the call while the claim's files are being written.
+        while !env.spec_path("uid-1").exists() {
+            tokio::task::yield_now().await;
+        }
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        // The unprepare that follows waits for the dropped prepare's task, then removes
+        // everything it wrote: nothing is left behind.
+        plugin.unprepare(&c).await.unwrap();
+        assert!(!env.spec_path("uid-1").exists());
+        assert!(!env.claim_dir("uid-1").exists());
+        assert!(!env.record_path("uid-1").exists());
+        assert!(plugin.claims().is_empty());
     }
 
     #[tokio::test]

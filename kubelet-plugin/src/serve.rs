@@ -118,31 +118,37 @@ pub async fn run(
         source,
         backend.clone(),
     )?;
-    match &report.note {
-        Some(LoadNote::Corrupt { moved_to, error }) => {
-            tracing::error!(moved_to = %moved_to.display(), %error, "checkpoint was corrupt; moved aside, starting with no prepared claims");
-            let message = format!(
-                "fgpu kubelet plugin: the checkpoint could not be read ({error}); moved to {} and started with no prepared claims",
-                moved_to.display()
-            );
-            if let Err(e) = warn_node_event(
-                &client,
-                &cfg.node_name,
-                REASON_CHECKPOINT_CORRUPTED,
-                &message,
-            )
-            .await
-            {
-                tracing::warn!(error = %e, "cannot record the event");
+    if let Some(from) = &report.migrated_from {
+        tracing::info!(from = %from.display(), claims = plugin.claims().len(),
+            "version-1 checkpoint migrated to the checkpoint directory");
+    }
+    for note in &report.notes {
+        match note {
+            LoadNote::Corrupt { moved_to, error } => {
+                tracing::error!(moved_to = %moved_to.display(), %error, "checkpoint file was corrupt; moved aside, the claims it recorded are no longer prepared");
+                let message = format!(
+                    "fgpu kubelet plugin: a checkpoint file could not be read ({error}); moved to {} and started without the claims it recorded",
+                    moved_to.display()
+                );
+                if let Err(e) = warn_node_event(
+                    &client,
+                    &cfg.node_name,
+                    REASON_CHECKPOINT_CORRUPTED,
+                    &message,
+                )
+                .await
+                {
+                    tracing::warn!(error = %e, "cannot record the event");
+                }
             }
+            LoadNote::BootChanged {
+                previous,
+                discarded,
+            } => {
+                tracing::warn!(%previous, claims = discarded.len(), "checkpoint records from a previous boot; discarded");
+            }
+            LoadNote::Missing => {}
         }
-        Some(LoadNote::BootChanged {
-            previous,
-            discarded,
-        }) => {
-            tracing::warn!(%previous, claims = discarded.len(), "checkpoint is from a previous boot; discarded");
-        }
-        Some(LoadNote::Missing) | None => {}
     }
     for path in &report.removed_orphans {
         tracing::info!(path = %path.display(), "removed a leftover file");

@@ -54,7 +54,7 @@ pub(crate) struct ServeArgs {
     )]
     state_dir: PathBuf,
 
-    /// The plugin's per-boot files, written by every prepare: checkpoint.json and
+    /// The plugin's per-boot files, written by every prepare: checkpoint/<uid>.json and
     /// claims/<uid>/ (state dir, limits). Should be on a tmpfs (/run is on most
     /// distributions): a prepare there costs no disk I/O, and nothing in it outlives a reboot
     /// (the boot id discards it anyway).

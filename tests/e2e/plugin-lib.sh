@@ -7,7 +7,7 @@
 #                       them and the libraries into a fresh work dir ($work, bins in $work/bin,
 #                       exported as FGPU_E2E_BIN_DIR, so a build elsewhere cannot swap them);
 #                       FGPU_E2E_PROFILE=release takes the release build (the bench does);
-#                       the plugin's run dir ($run_dir: checkpoint.json, claims/<uid>/) on the
+#                       the plugin's run dir ($run_dir: checkpoint/<uid>.json, claims/<uid>/) on the
 #                       cluster's tmpfs ($FGPU_CLUSTER_RUN, hack/cluster-up.sh), as /run/fgpu
 #                       is on a real node, else $work/run; exported as FGPU_E2E_RUN_DIR
 #   start_plugin        start it ($plugin_pid, log $work/plugin.log)

@@ -327,7 +327,7 @@ pub struct DevicePluginArgs {
         env = "FGPU_STATE_DIR_ROOT"
     )]
     pub state_dir: PathBuf,
-    /// The plugin's per-boot files (checkpoint.json, claims/<uid>/); best on a tmpfs.
+    /// The plugin's per-boot files (checkpoint/<uid>.json, claims/<uid>/); best on a tmpfs.
     #[arg(
         long,
         value_name = "DIR",

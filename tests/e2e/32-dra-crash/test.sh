@@ -9,7 +9,7 @@
 # kill -9 and a restart (without the pause), the kubelet's retry of NodePrepareResources
 # completes the same claim — the pod runs and sees its GPU, the checkpoint says
 # PrepareCompleted, and there is exactly one CDI spec and one claim directory (no duplicate);
-# deleting the pod unprepares — no CDI spec, claim directory or checkpoint entry is left (no
+# deleting the pod unprepares — no CDI spec, claim directory or checkpoint record is left (no
 # leak).
 source "$(dirname "$0")/../lib.sh"
 api="$(dra_api_version)"
@@ -39,8 +39,9 @@ whole_gpu_probe crash 1024
 c="resourceclaims.$api.resource.k8s.io"
 wait_until 90 "the plugin paused inside the claim's prepare" grep -q 'test pause' "$work/plugin.log"
 uid="$(jp "$c/crash" '{.metadata.uid}')"
-checkpoint="$run_dir/checkpoint.json"
-state_of() { sed -n "s/.*\"$1\":{[^}]*\"state\":\"\([A-Za-z]*\)\".*/\1/p" "$checkpoint"; }
+checkpoint="$run_dir/checkpoint" # one record file per claim: <uid>.json
+state_of() { sed -n 's/.*"state":"\([A-Za-z]*\)".*/\1/p' "$checkpoint/$1.json" 2>/dev/null; }
+records() { find "$checkpoint" -maxdepth 1 -name '*.json' | wc -l; }
 specs() { find "$CDI_SPEC_DIR" -maxdepth 1 -name "$PLUGIN_DRIVER-claim_*.json" | sort; }
 spec="$CDI_SPEC_DIR/$PLUGIN_DRIVER-claim_$uid.json"
 assert_eq "checkpoint state while paused" PrepareStarted "$(state_of "$uid")"
@@ -57,7 +58,7 @@ wait_registered 2
 wait_until 150 "pod crash ran its probe after the restart" sh -c "kubectl -n $E2E_NS logs crash 2>/dev/null | grep -q probe_done"
 assert_eq "the pod's cuMemGetInfo total (MiB)" "$mem_mi" "$(kubectl -n "$E2E_NS" logs crash | sed -n 's/^cuda_total_mib=//p')"
 assert_eq "checkpoint state after the restart" PrepareCompleted "$(state_of "$uid")"
-assert_eq "checkpoint entries" 1 "$(grep -o '"state":"' "$checkpoint" | wc -l)"
+assert_eq "checkpoint records" 1 "$(records)"
 assert_eq "CDI specs after the restart (no duplicate)" "$spec" "$(specs)"
 assert_eq "claim directories after the restart" "$uid" "$(ls "$run_dir/claims")"
 dev="$(jp "$c/crash" '{.status.allocation.devices.results[0].device}')"
@@ -70,5 +71,5 @@ kubectl -n "$E2E_NS" delete pod crash --wait=true --timeout=60s >&2
 wait_until 30 "CDI spec removed" sh -c "[ ! -e $spec ]"
 assert_eq "leftover CDI specs" "" "$(specs)"
 assert_eq "leftover claim directories" "" "$(ls "$run_dir/claims")"
-assert_eq "checkpoint entries after unprepare" 0 "$(grep -o '"state":"' "$checkpoint" | wc -l)"
+assert_eq "checkpoint records after unprepare" 0 "$(records)"
 say "ok: no duplicate, no leak"
