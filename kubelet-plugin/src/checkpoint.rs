@@ -701,6 +701,11 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt as _;
 
+    /// Writes `uid`'s record in `state` under `boot`.
+    fn put(dir: &CheckpointDir, boot: &str, uid: &str, state: PrepareState, d: Durability) {
+        dir.write(boot, uid, &record(state), d).unwrap();
+    }
+
     fn record(state: PrepareState) -> ClaimRecord {
         ClaimRecord {
             namespace: "ns".into(),
@@ -846,20 +851,20 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
         dir.load("boot-1").unwrap();
-        dir.write(
+        put(
+            &dir,
             "boot-1",
             "u1",
-            &record(PrepareState::PrepareCompleted),
+            PrepareState::PrepareCompleted,
             Durability::Fsync,
-        )
-        .unwrap();
-        dir.write(
+        );
+        put(
+            &dir,
             "boot-2",
             "u2",
-            &record(PrepareState::PrepareCompleted),
+            PrepareState::PrepareCompleted,
             Durability::Fsync,
-        )
-        .unwrap();
+        );
         let loaded = dir.load("boot-2").unwrap();
         assert_eq!(loaded.claims.keys().collect::<Vec<_>>(), ["u2"]);
         match &loaded.notes[..] {
@@ -895,13 +900,13 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
         dir.load("b").unwrap();
-        dir.write(
+        put(
+            &dir,
             "b",
             "good",
-            &record(PrepareState::PrepareCompleted),
+            PrepareState::PrepareCompleted,
             Durability::Fsync,
-        )
-        .unwrap();
+        );
         for n in 1..=2 {
             fs::write(dir.record_path("u1"), b"{\"claim\": {\"name\": ").unwrap();
             let loaded = dir.load("b").unwrap();
@@ -965,13 +970,13 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
         dir.load("b").unwrap();
-        dir.write(
+        put(
+            &dir,
             "b",
             "u1",
-            &record(PrepareState::PrepareStarted),
+            PrepareState::PrepareStarted,
             Durability::Atomic,
-        )
-        .unwrap();
+        );
         // A crash between writing the temporary file and the rename.
         fs::write(dir.path().join(".u1.json.tmp"), b"{\"half").unwrap();
         fs::write(dir.path().join(".u2.json.tmp"), b"").unwrap();
@@ -986,20 +991,20 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = CheckpointDir::new(tmp.path().join(CHECKPOINT_DIR));
         dir.load("b").unwrap();
-        dir.write(
+        put(
+            &dir,
             "b",
             "old",
-            &record(PrepareState::PrepareCompleted),
+            PrepareState::PrepareCompleted,
             Durability::Fsync,
-        )
-        .unwrap();
-        dir.write(
+        );
+        put(
+            &dir,
             "b",
             "kept",
-            &record(PrepareState::PrepareStarted),
+            PrepareState::PrepareStarted,
             Durability::Fsync,
-        )
-        .unwrap();
+        );
         let claims: BTreeMap<String, ClaimRecord> = [
             ("kept".to_owned(), record(PrepareState::PrepareCompleted)),
             ("new".to_owned(), record(PrepareState::PrepareCompleted)),
