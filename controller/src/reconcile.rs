@@ -568,7 +568,7 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
                 Ok(parts) => {
                     let (allocation, devices) = allocation::assemble(driver, &parts, consumable);
                     let grant = Grant {
-                        id: claim.grant_id.clone(),
+                        id: claim.grant_id(),
                         node: parts[0].1.node.clone(),
                         cpu_milli: 0,
                         memory_mib: 0,

@@ -42,8 +42,6 @@ pub struct ClaimView {
     pub node: Option<String>,
     /// Its grant in the ledger ([`usage::claim_grant`] over the inventory it was read with).
     pub grant: Result<Option<Grant>, UsageError>,
-    /// The id its grant takes in the ledger ([`usage::grant_id`]).
-    pub grant_id: String,
 }
 
 impl ClaimView {
@@ -70,7 +68,16 @@ impl ClaimView {
                 .to_owned(),
             node: reconcile::allocated_node(claim).map(str::to_owned),
             grant: usage::claim_grant(claim, driver.as_str(), inventory),
-            grant_id: usage::grant_id(claim),
+        }
+    }
+
+    /// The id its grant takes in the ledger: [`usage::grant_id`] of the claim, from the
+    /// view (not kept: it is the UID, already in `id`).
+    pub fn grant_id(&self) -> String {
+        if self.id.uid.is_empty() {
+            self.key.clone()
+        } else {
+            self.id.uid.clone()
         }
     }
 }
@@ -200,7 +207,8 @@ mod tests {
         assert_eq!(v.key, "ns/c");
         assert_eq!(v.node.as_deref(), Some("node-a"));
         assert_eq!(v.allocated_at, "2026-01-01T00:00:01Z");
-        assert_eq!(v.grant_id, "u1");
+        assert_eq!(v.grant_id(), "u1");
+        assert_eq!(v.grant_id(), usage::grant_id(&claim));
         let g = v.grant.expect("valid").expect("allocated");
         assert_eq!((g.devices[0].memory, g.devices[0].cores), (4 << 30, 10));
 
@@ -212,5 +220,12 @@ mod tests {
         let v = ClaimView::of(&other, &DriverName::default(), &inv);
         assert!(!v.ours && !v.allocated && !v.reserved && !v.shared && v.node.is_none());
         assert!(matches!(v.grant, Ok(None)));
+        // Without a UID the grant is known by the claim's key, as usage::grant_id says.
+        other["metadata"]["uid"] = json!("");
+        let v = ClaimView::of(&other, &DriverName::default(), &inv);
+        assert_eq!(
+            (v.grant_id(), usage::grant_id(&other)),
+            ("ns/c".into(), "ns/c".into())
+        );
     }
 }
