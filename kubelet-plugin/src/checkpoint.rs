@@ -310,6 +310,31 @@ fn move_aside(path: &Path) -> Result<PathBuf, CheckpointError> {
     Ok(target)
 }
 
+/// Creates `path` and its parents, `path` itself exactly 0700 whatever the umask or an
+/// earlier run left.
+pub(crate) fn create_private_dir(path: &Path) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)?;
+    fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+}
+
+/// Removes the file `path` (or the directory tree, with `dir`); absent is fine. Says whether
+/// it was there.
+pub(crate) fn remove_if_present(path: &Path, dir: bool) -> io::Result<bool> {
+    let r = if dir {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    };
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir).and_then(|d| d.sync_all())
 }
@@ -323,10 +348,8 @@ fn parent(path: &Path) -> &Path {
 /// Removes `path` (absent is fine) and, if it was there, fsyncs its directory so that the
 /// removal survives a power loss; says whether it was there.
 fn remove_durably(path: &Path) -> Result<bool, CheckpointError> {
-    match fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(io_error(path, "remove", e)),
+    if !remove_if_present(path, false).map_err(|e| io_error(path, "remove", e))? {
+        return Ok(false);
     }
     let dir = parent(path);
     fsync_dir(dir).map_err(|e| io_error(dir, "fsync the directory", e))?;
@@ -450,20 +473,26 @@ impl CheckpointDir {
         if self.dir.is_dir() {
             return Ok(false);
         }
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-            .and_then(|()| {
-                fs::set_permissions(
-                    &self.dir,
-                    std::os::unix::fs::PermissionsExt::from_mode(0o700),
-                )
-            })
+        create_private_dir(&self.dir)
             .map_err(|e| io_error(&self.dir, "create the checkpoint directory", e))?;
         let up = parent(&self.dir);
         fsync_dir(up).map_err(|e| io_error(up, "fsync the directory", e))?;
         Ok(true)
+    }
+
+    /// The directory's entries: file name and path.
+    fn entries(&self) -> Result<Vec<(String, PathBuf)>, CheckpointError> {
+        let read = |e| io_error(&self.dir, "read the checkpoint directory", e);
+        fs::read_dir(&self.dir)
+            .map_err(read)?
+            .map(|entry| {
+                let entry = entry.map_err(read)?;
+                Ok((
+                    entry.file_name().to_string_lossy().into_owned(),
+                    entry.path(),
+                ))
+            })
+            .collect()
     }
 
     /// Loads the records of boot `boot_id` (creating the directory if it is missing). Never
@@ -477,22 +506,12 @@ impl CheckpointDir {
             loaded.notes.push(LoadNote::Missing);
             return Ok(loaded);
         }
-        let entries = fs::read_dir(&self.dir)
-            .map_err(|e| io_error(&self.dir, "read the checkpoint directory", e))?;
         let mut previous: Option<String> = None;
         let mut discarded = BTreeMap::new();
-        for entry in entries {
-            let entry =
-                entry.map_err(|e| io_error(&self.dir, "read the checkpoint directory", e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = entry.path();
+        for (name, path) in self.entries()? {
             if name.starts_with('.') && name.ends_with(".tmp") {
                 // An interrupted write: the record it replaced (if any) is still in place.
-                match fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_error(&path, "remove", e)),
-                }
+                remove_if_present(&path, false).map_err(|e| io_error(&path, "remove", e))?;
                 continue;
             }
             // Anything else that is not a record (moved-aside files) is left alone.
@@ -518,11 +537,7 @@ impl CheckpointDir {
                     loaded.claims.insert(uid.to_owned(), r.claim);
                 }
                 Ok(r) => {
-                    match fs::remove_file(&path) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(io_error(&path, "remove", e)),
-                    }
+                    remove_if_present(&path, false).map_err(|e| io_error(&path, "remove", e))?;
                     previous.get_or_insert(r.boot_id);
                     discarded.insert(uid.to_owned(), r.claim);
                 }
@@ -587,17 +602,12 @@ impl CheckpointDir {
         claims: &BTreeMap<String, ClaimRecord>,
     ) -> Result<(), CheckpointError> {
         self.create()?;
-        let entries = fs::read_dir(&self.dir)
-            .map_err(|e| io_error(&self.dir, "read the checkpoint directory", e))?;
-        for entry in entries {
-            let entry =
-                entry.map_err(|e| io_error(&self.dir, "read the checkpoint directory", e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
+        for (name, path) in self.entries()? {
             let stale = name
                 .strip_suffix(".json")
                 .is_some_and(|uid| valid_uid(uid) && !claims.contains_key(uid));
             if stale {
-                remove_durably(&entry.path())?;
+                remove_durably(&path)?;
             }
         }
         for (uid, record) in claims {

@@ -38,7 +38,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -48,7 +48,8 @@ use fgpu_driver::device::NodeInventory;
 
 use crate::checkpoint::{
     CHECKPOINT_DIR, CHECKPOINT_FILE, CheckpointDir, CheckpointError, CheckpointFile, ClaimRecord,
-    Durability, LoadNote, PrepareState, PreparedDevice, Records, valid_uid, write_atomic,
+    Durability, LoadNote, PrepareState, PreparedDevice, Records, create_private_dir,
+    remove_if_present, valid_uid, write_atomic,
 };
 use crate::claim::ResourceClaim;
 use crate::edits::{self, ClaimPaths, ClaimRef, EditsError, NodeFiles};
@@ -320,15 +321,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn create_private_dir(path: &Path) -> io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)?;
-    // Exactly 0700 whatever the umask or an earlier run left.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
-}
-
 /// The node's shared GPU directory, exactly [`crate::edits::GPU_DIR_MODE`] whatever the
 /// umask or an earlier run left.
 fn create_shared_dir(path: &Path) -> io::Result<()> {
@@ -349,19 +341,6 @@ fn version1_checkpoints(cfg: &PluginConfig) -> Vec<CheckpointFile> {
     }
     v.push(CheckpointFile::new(cfg.run_root.join(CHECKPOINT_FILE)));
     v
-}
-
-fn remove_if_present(path: &Path, dir: bool) -> io::Result<bool> {
-    let r = if dir {
-        std::fs::remove_dir_all(path)
-    } else {
-        std::fs::remove_file(path)
-    };
-    match r {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 impl<S: ClaimSource> Plugin<S> {
