@@ -211,7 +211,7 @@ pub async fn watch_claims(
                 Ok(Event::Apply(c)) => cache.applied(c.into_claim()),
                 Ok(Event::Delete(c)) => cache.deleted(c.metadata.uid.as_deref().unwrap_or("")),
                 Err(e) => {
-                    cache.broken();
+                    // Unsynced below, as when the stream ends.
                     tracing::warn!(error = %e, retry_in = ?pause,
                         "claim watch failed; prepares GET their claims until it has listed them again");
                     break;

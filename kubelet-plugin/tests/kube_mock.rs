@@ -505,18 +505,21 @@ mod serve_loop {
                    "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}]}})
     }
 
+    /// Claim team/c (uid-c), as the kubelet names it.
+    fn claim_c() -> Vec<v1::Claim> {
+        vec![v1::Claim {
+            namespace: "team".into(),
+            uid: "uid-c".into(),
+            name: "c".into(),
+        }]
+    }
+
     /// Prepares claim team/c (uid-c) and returns the CDI device ids of its first device.
     async fn prepare_cdi_ids(
         dra: &mut v1::dra_plugin_client::DraPluginClient<Channel>,
     ) -> Vec<String> {
         let resp = dra
-            .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                claims: vec![v1::Claim {
-                    namespace: "team".into(),
-                    uid: "uid-c".into(),
-                    name: "c".into(),
-                }],
-            })
+            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: claim_c() })
             .await
             .unwrap()
             .into_inner();
@@ -557,13 +560,7 @@ mod serve_loop {
 
         // Unprepared: the next prepare does not trust the cached allocation and GETs it.
         let resp = dra
-            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-                claims: vec![v1::Claim {
-                    namespace: "team".into(),
-                    uid: "uid-c".into(),
-                    name: "c".into(),
-                }],
-            })
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: claim_c() })
             .await
             .unwrap()
             .into_inner();
