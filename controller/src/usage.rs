@@ -52,9 +52,18 @@ pub enum UsageError {
 
 /// The id of a claim's grant in the ledger: its UID, else `namespace/name`.
 pub fn grant_id(claim: &Value) -> String {
-    match claim["metadata"]["uid"].as_str() {
-        Some(uid) if !uid.is_empty() => uid.to_owned(),
-        _ => object_key(claim),
+    grant_id_of(
+        claim["metadata"]["uid"].as_str().unwrap_or_default(),
+        || object_key(claim),
+    )
+}
+
+/// [`grant_id`] from the claim's UID (empty when it has none) and its key.
+pub fn grant_id_of(uid: &str, key: impl FnOnce() -> String) -> String {
+    if uid.is_empty() {
+        key()
+    } else {
+        uid.to_owned()
     }
 }
 

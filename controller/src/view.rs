@@ -74,11 +74,7 @@ impl ClaimView {
     /// The id its grant takes in the ledger: [`usage::grant_id`] of the claim, from the
     /// view (not kept: it is the UID, already in `id`).
     pub fn grant_id(&self) -> String {
-        if self.id.uid.is_empty() {
-            self.key.clone()
-        } else {
-            self.id.uid.clone()
-        }
+        usage::grant_id_of(&self.id.uid, || self.key.clone())
     }
 }
 
