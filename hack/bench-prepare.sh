@@ -59,29 +59,8 @@ plugin_setup bench
 kubectl create namespace "$E2E_NS" >/dev/null
 
 say "creating $claims claims with allocations in $E2E_NS"
-alloc_patch() { # alloc_patch <device>: the status patch of an allocation on <device>
-  cat <<JSON
-{"status": {"allocation": {"devices": {
-  "results": [{"request": "gpu", "driver": "$PLUGIN_DRIVER", "pool": "$NODE_NAME", "device": "$1"}],
-  "config": [{"source": "FromClaim", "opaque": {"driver": "$PLUGIN_DRIVER",
-    "parameters": {"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": "512Mi"}}}]}}}}
-JSON
-}
-mk() { # mk <i>: create claim bench-<i> and write its allocation; prints "<name> <uid>"
-  local name="bench-$1" uid
-  kubectl apply -f - >/dev/null <<YAML
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: $name, namespace: $E2E_NS}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly: {deviceClassName: shared.gpu.fgpu.dev}
-YAML
-  kubectl -n "$E2E_NS" patch resourceclaim "$name" --subresource=status --type=merge -p "$(alloc_patch "gpu-$(($1 % 2))")" >/dev/null
-  uid="$(kubectl -n "$E2E_NS" get resourceclaim "$name" -o jsonpath='{.metadata.uid}')"
-  echo "$name $uid"
+mk() { # mk <i>: create claim bench-<i> allocated on gpu-<i mod 2> (plugin-lib.sh); prints "<name> <uid>"
+  echo "bench-$1 $(allocated_claim "bench-$1" "gpu-$(($1 % 2))")"
 }
 realloc1() { # realloc1 <name> <uid> <device>: deallocate, allocate on <device>; prints "<name> <uid> <device>"
   kubectl -n "$E2E_NS" patch resourceclaim "$1" --subresource=status --type=json \
@@ -89,7 +68,7 @@ realloc1() { # realloc1 <name> <uid> <device>: deallocate, allocate on <device>;
   kubectl -n "$E2E_NS" patch resourceclaim "$1" --subresource=status --type=merge -p "$(alloc_patch "$3")" >/dev/null
   echo "$1 $2 $3"
 }
-export -f mk realloc1 alloc_patch
+export -f mk realloc1 alloc_patch allocated_claim
 export PLUGIN_DRIVER NODE_NAME E2E_NS
 seq 0 $((claims - 1)) | xargs -P 8 -I{} bash -c 'mk {}' >"$work/claims.ids"
 [ "$(wc -l <"$work/claims.ids")" -eq "$claims" ] || fail "created $(wc -l <"$work/claims.ids") claims, want $claims"
@@ -126,8 +105,8 @@ metric() { scrape | sed -n "s/^fgpu_kubelet_plugin_request_duration_seconds_$1{o
 metric_ms() { awk -v s0="$1" -v c0="$2" -v s="$(metric sum)" -v c="$(metric count)" 'BEGIN{printf "%.2f", 1000*(s-s0)/(c-c0)}'; }
 # The claim GET alone: the API server's answer to the same GET, 100 times on one connection.
 get_ms() {
-  local pki="$FGPU_CLUSTER_STATE/pki" name uid u args=()
-  read -r name uid _ <"$work/claims.ids"
+  local pki="$FGPU_CLUSTER_STATE/pki" name u args=()
+  read -r name _ <"$work/claims.ids"
   u="https://127.0.0.1:6443/apis/resource.k8s.io/v1/namespaces/$E2E_NS/resourceclaims/$name"
   for _ in $(seq 1 100); do args+=(-o /dev/null "$u"); done
   curl -s --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" -w '%{time_total}\n' "${args[@]}" \

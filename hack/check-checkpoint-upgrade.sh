@@ -26,18 +26,7 @@ plugin_setup upgrade
 kubectl create namespace "$E2E_NS" >/dev/null
 uids=()
 for i in 0 1; do
-  kubectl apply -f - >/dev/null <<YAML
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: upg-$i, namespace: $E2E_NS}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly: {deviceClassName: shared.gpu.fgpu.dev}
-YAML
-  kubectl -n "$E2E_NS" patch resourceclaim "upg-$i" --subresource=status --type=merge -p "{\"status\": {\"allocation\": {\"devices\": {\"results\": [{\"request\": \"gpu\", \"driver\": \"$PLUGIN_DRIVER\", \"pool\": \"$NODE_NAME\", \"device\": \"gpu-$i\"}], \"config\": [{\"source\": \"FromClaim\", \"opaque\": {\"driver\": \"$PLUGIN_DRIVER\", \"parameters\": {\"apiVersion\": \"gpu.fgpu.dev/v1alpha1\", \"kind\": \"GpuShareConfig\", \"memory\": \"512Mi\"}}}]}}}}" >/dev/null
-  uids+=("$(kubectl -n "$E2E_NS" get resourceclaim "upg-$i" -o jsonpath='{.metadata.uid}')")
+  uids+=("$(allocated_claim "upg-$i" "gpu-$i")")
 done
 say "old plugin ($OLD)"
 FGPU_E2E_BIN_DIR="$OLD" start_plugin

@@ -15,6 +15,12 @@
 #   wait_registered <n> until the log says "registered with the kubelet" n times
 #   plugin_cleanup      stop it, delete its ResourceSlice, print the log tail on failure
 #                       (pass the exit status), remove $work
+#   alloc_patch <dev>   the status patch of a 512Mi share allocated on <dev> of this node's
+#                       pool (GpuShareConfig from the claim), as if a scheduler had written it
+#   allocated_claim <name> <dev>
+#                       create shared-class claim <name> in $E2E_NS, write that allocation on
+#                       <dev>; prints its UID (the bench and the upgrade check prepare it
+#                       themselves, no pod)
 # shellcheck disable=SC2034 # used by the scripts that source this file
 PLUGIN_DRIVER=gpu.fgpu.dev
 PLUGIN_SLICE="$NODE_NAME-$PLUGIN_DRIVER"
@@ -67,4 +73,26 @@ plugin_cleanup() {
   fi
   [ -z "$run_dir" ] || rm -rf "$run_dir"
   [ -z "$work" ] || rm -rf "$work"
+}
+alloc_patch() {
+  cat <<JSON
+{"status": {"allocation": {"devices": {
+  "results": [{"request": "gpu", "driver": "$PLUGIN_DRIVER", "pool": "$NODE_NAME", "device": "$1"}],
+  "config": [{"source": "FromClaim", "opaque": {"driver": "$PLUGIN_DRIVER",
+    "parameters": {"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": "512Mi"}}}]}}}}
+JSON
+}
+allocated_claim() {
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $1, namespace: $E2E_NS}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: shared.gpu.fgpu.dev}
+YAML
+  kubectl -n "$E2E_NS" patch resourceclaim "$1" --subresource=status --type=merge -p "$(alloc_patch "$2")" >/dev/null
+  kubectl -n "$E2E_NS" get resourceclaim "$1" -o jsonpath='{.metadata.uid}'
 }
