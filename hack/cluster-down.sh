@@ -53,7 +53,7 @@ stop_pid containerd 20
 for f in "$CTRD_DIR"/state/io.containerd.runtime.v2.task/*/*/{init.pid,shim.pid}; do
   [ -f "$f" ] || continue
   pid="$(cat "$f" 2>/dev/null || true)"
-  [ -n "$pid" ] && [ -d "/proc/$pid" ] || continue
+  { [ -n "$pid" ] && [ -d "/proc/$pid" ]; } || continue
   log "killing leftover $(basename "$f" .pid) process $pid ($(dirname "$f"))"
   kill -KILL "$pid" 2>/dev/null || true
 done

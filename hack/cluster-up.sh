@@ -25,7 +25,7 @@ K8S_VERSION="$(resolve_k8s_version "${1:-${K8S_VERSION:-}}" 2>/dev/null)" || {
 }
 MINOR="$(k8s_minor "$K8S_VERSION" | cut -d. -f2)"
 BIN="$(k8s_bindir "$K8S_VERSION")"
-[ -f "$BIN/.complete" ] && [ -x "$(etcd_bin)" ] && [ -x "$(containerd_bindir)/containerd" ] \
+{ [ -f "$BIN/.complete" ] && [ -x "$(etcd_bin)" ] && [ -x "$(containerd_bindir)/containerd" ]; } \
   || "$FGPU_ROOT/hack/k8s-build.sh" "$K8S_VERSION"
 
 S="$CLUSTER_STATE"
@@ -163,6 +163,7 @@ start_etcd() {
 }
 
 start_apiserver() {
+  # shellcheck disable=SC2046 # $(gates_flag) is one word or none: unquoted so that none is no argument
   start_bg kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
     --bind-address 0.0.0.0 --secure-port "$APISERVER_PORT" --advertise-address "$HOST_IP" \
@@ -179,6 +180,7 @@ start_apiserver() {
 }
 
 start_controller_manager() {
+  # shellcheck disable=SC2046 # $(gates_flag) is one word or none: unquoted so that none is no argument
   start_bg kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig "$PKI/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$PKI/controller-manager.kubeconfig" --authorization-kubeconfig "$PKI/controller-manager.kubeconfig" \
@@ -208,6 +210,7 @@ profiles:
 - schedulerName: default-scheduler
 EOF
   fi
+  # shellcheck disable=SC2046 # $(gates_flag) is one word or none: unquoted so that none is no argument
   start_bg kube-scheduler "$BIN/kube-scheduler" --config "$cfg" \
     --authentication-kubeconfig "$PKI/scheduler.kubeconfig" --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 10259 $(gates_flag) --v=2
@@ -397,7 +400,7 @@ main() {
   local t0=$SECONDS
   preflight
   # cheap (seconds), and picks up freshly built fake CUDA / libfgpu.so
-  [ "${FGPU_SKIP_IMAGE_BUILD:-0}" = 1 ] && [ -f "$FGPU_ROOT/_out/images/workload.tar" ] \
+  { [ "${FGPU_SKIP_IMAGE_BUILD:-0}" = 1 ] && [ -f "$FGPU_ROOT/_out/images/workload.tar" ]; } \
     || "$FGPU_ROOT/hack/images.sh" build
   pki
   run_tmpfs

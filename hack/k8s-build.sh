@@ -98,6 +98,7 @@ lock_tool() {
     local args=(-require="$mod@$ver") p gover
     for p in "$@"; do args+=(-tool="$p"); done
     go mod edit "${args[@]}"
+    # shellcheck disable=SC2016 # $1 and $2 are awk's fields
     gover="$(go mod download -json "$mod@$ver" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' | xargs awk '$1=="go"{print $2; exit}')"
     [ -n "$gover" ] && go mod edit -go="$gover"
     go mod tidy

@@ -2,6 +2,7 @@
 # Common settings and helpers for the local-cluster harness (hack/*.sh).
 # Sourced, never executed. See docs/local-cluster.md.
 
+# shellcheck disable=SC2034 # the settings below are read by the scripts that source this file
 set -euo pipefail
 
 FGPU_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -70,7 +70,7 @@ assert_eq "8Gi claim: same device" "$driver/$NODE_NAME/gpu-0" "$(jp "$c8" "$r.dr
 assert_eq "4Gi claim: consumedCapacity.memory" 4Gi "$(jp "$c4" "$r.consumedCapacity.memory}")"
 assert_eq "8Gi claim: consumedCapacity.memory" 8Gi "$(jp "$c8" "$r.consumedCapacity.memory}")"
 share4="$(jp "$c4" "$r.shareID}")" share8="$(jp "$c8" "$r.shareID}")"
-[ -n "$share4" ] && [ -n "$share8" ] && [ "$share4" != "$share8" ] || fail "shareIDs: '$share4' and '$share8' (want two distinct)"
+{ [ -n "$share4" ] && [ -n "$share8" ] && [ "$share4" != "$share8" ]; } || fail "shareIDs: '$share4' and '$share8' (want two distinct)"
 say "ok: distinct shareIDs $share4 $share8"
 
 assert_eq "quota-4g preload (from the claim's CDI spec)" /usr/lib/fgpu/libfgpu.so "$(field quota-4g ld_so_preload)"
@@ -82,15 +82,18 @@ assert_eq "quota-8g cuMemGetInfo total (MiB)" 8192 "$(field quota-8g cuda_total_
 assert_eq "quota-8g allocated before refusal (MiB)" 8192 "$(field quota-8g allocated_mib)"
 assert_eq "quota-8g allocation past the quota" "CUDA_ERROR_OUT_OF_MEMORY (2)" "$(field quota-8g next_alloc_result)"
 # The node's shared GPU directory: named by FGPU_GPU_DIR, writable by both claims, shared.
+# shellcheck disable=SC2016 # expanded by the container's sh
 assert_eq "quota-4g FGPU_GPU_DIR" /run/fgpu-gpu "$(kubectl -n "$E2E_NS" exec quota-4g -- sh -c 'echo $FGPU_GPU_DIR')"
+# shellcheck disable=SC2016 # expanded by the container's sh
 kubectl -n "$E2E_NS" exec quota-4g -- sh -c 'echo from-4g > $FGPU_GPU_DIR/e2e-$HOSTNAME' >&2
+# shellcheck disable=SC2016 # expanded by the container's sh
 assert_eq "quota-8g sees quota-4g's file in the shared GPU directory" from-4g \
   "$(kubectl -n "$E2E_NS" exec quota-8g -- sh -c 'cat $FGPU_GPU_DIR/e2e-quota-4g')"
 rm -f "$work/state/gpus/e2e-quota-4g"
 
 uid4="$(jp "$c4" '{.metadata.uid}')" uid8="$(jp "$c8" '{.metadata.uid}')"
 spec4="$CDI_SPEC_DIR/$driver-claim_$uid4.json" spec8="$CDI_SPEC_DIR/$driver-claim_$uid8.json"
-[ -f "$spec4" ] && [ -f "$spec8" ] || fail "CDI specs missing: $(ls "$CDI_SPEC_DIR")"
+{ [ -f "$spec4" ] && [ -f "$spec8" ]; } || fail "CDI specs missing: $(ls "$CDI_SPEC_DIR")"
 say "ok: CDI specs $(basename "$spec4") $(basename "$spec8")"
 want4="$driver/claim=$uid4-gpu-0-$share4"
 grep -q "\"$uid4-gpu-0-$share4\"" "$spec4" || fail "$spec4 has no device $uid4-gpu-0-$share4"
@@ -109,7 +112,7 @@ start_plugin
 wait_registered 2
 after="$("$dra_call" "$dra_sock" prepare "$E2E_NS" "${c4#*/}" "$uid4")"
 assert_eq "re-prepare after kill -9 and restart returns" "$before" "$after"
-[ -f "$spec4" ] && [ -f "$spec8" ] || fail "CDI specs lost over the restart"
+{ [ -f "$spec4" ] && [ -f "$spec8" ]; } || fail "CDI specs lost over the restart"
 say "ok: CDI specs kept over the restart"
 
 # --- delete the pods: the kubelet unprepares through the restarted plugin
@@ -117,6 +120,7 @@ kubectl -n "$E2E_NS" delete pod quota-4g quota-8g --wait=true --timeout=60s >&2
 wait_until 60 "claims deleted with their pods" sh -c "[ -z \"\$(kubectl -n $E2E_NS get resourceclaims -o name)\" ]"
 wait_until 30 "CDI specs removed" sh -c "[ ! -e $spec4 ] && [ ! -e $spec8 ]"
 say "ok: CDI specs removed after the pods were deleted"
+# shellcheck disable=SC2010 # names only, for the assertion's message; CDI spec names are plain
 left="$(ls "$run_dir/claims" 2>/dev/null; ls "$CDI_SPEC_DIR" | grep "^$driver-" || true)"
 assert_eq "leftover claim dirs and CDI specs" "" "$left"
 assert_eq "checkpoint records (one file per claim)" "" "$(ls "$run_dir/checkpoint")"

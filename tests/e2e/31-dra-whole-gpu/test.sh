@@ -122,12 +122,13 @@ for i in 1 2; do
   # The shim runs with the whole-device limit (limits file and environment from the CDI spec).
   assert_eq "whole-$i limits file FGPU_MEMORY_LIMIT (bytes)" "$((mem_mi * 1024 * 1024))" \
     "$(kubectl -n "$E2E_NS" exec "whole-$i" -- sed -n 's/^FGPU_MEMORY_LIMIT=//p' /etc/fgpu/limits)"
+  # shellcheck disable=SC2016 # expanded by the container's sh
   assert_eq "whole-$i FGPU_MEMORY_LIMIT in the environment" "$((mem_mi * 1024 * 1024))" \
     "$(kubectl -n "$E2E_NS" exec "whole-$i" -- sh -c 'echo $FGPU_MEMORY_LIMIT')"
 done
 uid1="$(jp "$c/whole-1" '{.metadata.uid}')" uid2="$(jp "$c/whole-2" '{.metadata.uid}')"
 spec1="$CDI_SPEC_DIR/$PLUGIN_DRIVER-claim_$uid1.json" spec2="$CDI_SPEC_DIR/$PLUGIN_DRIVER-claim_$uid2.json"
-[ -f "$spec1" ] && [ -f "$spec2" ] || fail "CDI specs missing: $(ls "$CDI_SPEC_DIR")"
+{ [ -f "$spec1" ] && [ -f "$spec2" ]; } || fail "CDI specs missing: $(ls "$CDI_SPEC_DIR")"
 share1="$(jp "$c/whole-1" "$r.shareID}")"
 name1="$uid1-$dev1${share1:+-$share1}"
 grep -q "\"$name1\"" "$spec1" || fail "$spec1 has no device $name1"
@@ -156,5 +157,6 @@ say "ok: the third whole-GPU claim stays pending ($(jp pod/whole-3 '{.status.con
 # --- delete the pods: the kubelet unprepares
 kubectl -n "$E2E_NS" delete pod whole-1 whole-2 whole-3 --wait=true --timeout=60s >&2
 wait_until 30 "CDI specs removed" sh -c "[ ! -e $spec1 ] && [ ! -e $spec2 ]"
+# shellcheck disable=SC2010 # names only, for the assertion's message; CDI spec names are plain
 left="$(ls "$run_dir/claims" 2>/dev/null; ls "$CDI_SPEC_DIR" | grep "^$PLUGIN_DRIVER-" || true)"
 assert_eq "leftover claim dirs and CDI specs" "" "$left"

@@ -101,7 +101,7 @@ done
 kubectl apply -f "$root/deploy/kubelet-plugin/rbac.yaml" >&2
 apiserver_host="$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')"
 apiserver_port="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}' | sed -n 's#.*:\([0-9]*\)/*$#\1#p')"
-[ -n "$apiserver_host" ] && [ -n "$apiserver_port" ] || fail "cannot tell the API server's host address ($apiserver_host:$apiserver_port)"
+{ [ -n "$apiserver_host" ] && [ -n "$apiserver_port" ]; } || fail "cannot tell the API server's host address ($apiserver_host:$apiserver_port)"
 say "harness override: KUBERNETES_SERVICE_HOST=$apiserver_host KUBERNETES_SERVICE_PORT=$apiserver_port (hostNetwork)"
 rendered="$(mktemp /tmp/fgpu-e2e-33-patch.XXXXXX)"
 sed -e "s#__NODE_NAME__#$NODE_NAME#g" -e "s#__APISERVER_HOST__#$apiserver_host#g" \
@@ -109,7 +109,7 @@ sed -e "s#__NODE_NAME__#$NODE_NAME#g" -e "s#__APISERVER_HOST__#$apiserver_host#g
     "$E2E_DIR/harness-patch.yaml" >"$rendered"
 ds="$(kubectl patch --local -f "$root/deploy/kubelet-plugin/daemonset.yaml" --type=strategic --patch-file "$rendered" -o yaml)" \
   || fail "rendering the DaemonSet"
-grep -q 'image: fgpu.local/kubelet-plugin:dev' <<<"$ds" && ! grep -q 'fgpu/kubelet-plugin:0.1.0' <<<"$ds" \
+{ grep -q 'image: fgpu.local/kubelet-plugin:dev' <<<"$ds" && ! grep -q 'fgpu/kubelet-plugin:0.1.0' <<<"$ds"; } \
   || fail "the rendered DaemonSet still names the placeholder image"
 classes | kubectl apply -f - >&2
 kubectl apply -f - <<<"$ds" >&2

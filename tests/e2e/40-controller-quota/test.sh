@@ -95,7 +95,7 @@ for pm in 4g:4096 8g:8192 12g:12288; do
   assert_eq "$p claim: finalizer" "gpu.fgpu.dev/allocation" "$(jp "$c" '{.metadata.finalizers[*]}')"
   assert_eq "$p claim: reserved for the pod" "$p" "$(jp "$c" '{.status.reservedFor[0].name}')"
   grant="$(jp "$c" '{.status.allocation.devices.config[-1:].opaque.parameters.memory}')"
-  assert_eq "$p claim: granted memory (opaque config)" "${p#quota-}" "$(echo "$grant" | sed 's/Gi$/g/')"
+  assert_eq "$p claim: granted memory (opaque config)" "${p#quota-}" "${grant/%Gi/g}"
   if [ "$consumable" = true ]; then
     jp_nonempty "$c" "$r.shareID}" || fail "$p: no shareID with consumable capacity"
     assert_eq "$p claim: consumedCapacity.memory" "${p#quota-}" "$(jp "$c" "$r.consumedCapacity.memory}" | sed 's/Gi$/g/')"
