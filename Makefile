@@ -1,7 +1,9 @@
 # fgpu — top-level entry points. `make help` lists them.
 #
 # Expensive things are cached outside the checkout, keyed so a later run reuses them:
-#   $(FGPU_CACHE)/target   the cargo target directory (shared by every checkout on this machine)
+#   $(FGPU_CACHE)/target   the cargo target directory (shared by every checkout on this machine),
+#                          kept under FGPU_TARGET_MAX_GB GiB (default 30) by hack/prune-target.sh,
+#                          the first step of `make test`
 #   $(FGPU_CACHE)/k8s/...  Kubernetes, etcd, containerd, helm binaries (see mk/cluster.mk)
 FGPU_CACHE ?= /var/cache/fgpu
 export FGPU_CACHE
@@ -11,7 +13,7 @@ CARGO ?= cargo
 # Each area adds its own test steps to TEST_TARGETS in mk/<area>.mk.
 TEST_TARGETS :=
 
-.PHONY: help build test fmt-check clippy unit demo
+.PHONY: help build test prune-target fmt-check clippy unit demo
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -20,6 +22,9 @@ help: ## list the targets
 
 build: ## build every crate (debug)
 	$(CARGO) build --workspace --all-targets
+
+prune-target: ## trim the cached cargo target dir when over FGPU_TARGET_MAX_GB GiB (default 30)
+	hack/prune-target.sh
 
 fmt-check: ## cargo fmt --check
 	$(CARGO) fmt --all -- --check
@@ -32,5 +37,5 @@ unit: ## cargo test for the whole workspace
 
 -include mk/*.mk
 
-test: fmt-check clippy unit $(TEST_TARGETS) ## all tests: fmt, clippy, unit + integration, then each area's suites
+test: prune-target fmt-check clippy unit $(TEST_TARGETS) ## all tests: fmt, clippy, unit + integration, then each area's suites
 	@echo "make test: all suites passed"
