@@ -512,7 +512,8 @@ def check(top, only=(), out=sys.stdout):
                 name, kind, rel, len(modules), len(comps), "" if len(comps) == 1 else "s"), file=out)
             for comp in comps:
                 members = set(comp)
-                print("  cycle: %s" % " <-> ".join(fmt(c) for c in comp), file=out)
+                sep = " <-> " if len(comp) == 2 else ", "
+                print("  cycle: %s" % sep.join(fmt(c) for c in comp), file=out)
                 for (a, b), (file, line) in sorted(edges.items()):
                     if a in members and b in members:
                         print("    %s -> %s   (%s:%d)" % (fmt(a), fmt(b), os.path.relpath(file, top), line), file=out)
