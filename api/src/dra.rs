@@ -1,0 +1,76 @@
+//! The `resource.k8s.io` API group as fgpu speaks it: which versions exist and how they
+//! are chosen. (The typed, tolerant object model of claims, slices and classes grows here;
+//! today the kubelet plugin's claim model lives in `fgpu-kubelet-plugin::claim`.)
+
+/// The API group of DRA.
+pub const GROUP: &str = "resource.k8s.io";
+
+/// The `resource.k8s.io` versions fgpu reads and writes, newest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ApiVersion {
+    /// `resource.k8s.io/v1` (1.34+).
+    V1,
+    /// `resource.k8s.io/v1beta2` (1.33+, off by default).
+    V1beta2,
+    /// `resource.k8s.io/v1beta1` (1.32+, off by default): devices wrap their fields in
+    /// `basic`, requests carry their fields directly instead of under `exactly`.
+    V1beta1,
+}
+
+impl ApiVersion {
+    /// Preference order.
+    pub const ALL: [Self; 3] = [Self::V1, Self::V1beta2, Self::V1beta1];
+
+    /// The version part (`v1`).
+    pub fn version(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V1beta2 => "v1beta2",
+            Self::V1beta1 => "v1beta1",
+        }
+    }
+
+    /// `resource.k8s.io/<version>`.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Self::V1 => "resource.k8s.io/v1",
+            Self::V1beta2 => "resource.k8s.io/v1beta2",
+            Self::V1beta1 => "resource.k8s.io/v1beta1",
+        }
+    }
+
+    /// The newest version among those the API server serves for `resource.k8s.io` (as
+    /// discovery lists them: `v1`, `v1beta1`, ...), or `None` when DRA is off.
+    pub fn negotiate<'a>(served: impl IntoIterator<Item = &'a str>) -> Option<Self> {
+        let served: Vec<&str> = served.into_iter().collect();
+        Self::ALL
+            .into_iter()
+            .find(|v| served.contains(&v.version()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_served_version_wins() {
+        let cases: [(&[&str], Option<ApiVersion>); 5] = [
+            (&["v1", "v1beta2", "v1beta1"], Some(ApiVersion::V1)),
+            (&["v1beta1", "v1beta2"], Some(ApiVersion::V1beta2)),
+            (&["v1beta1"], Some(ApiVersion::V1beta1)),
+            (&["v1alpha3"], None),
+            (&[], None),
+        ];
+        for (served, want) in cases {
+            assert_eq!(
+                ApiVersion::negotiate(served.iter().copied()),
+                want,
+                "{served:?}"
+            );
+        }
+        for v in ApiVersion::ALL {
+            assert_eq!(v.api_version(), format!("{GROUP}/{}", v.version()));
+        }
+    }
+}
