@@ -14,7 +14,6 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -67,6 +66,24 @@ pub fn next_spec(old: Option<&LeaseSpec>, me: &str, now: Timestamp) -> LeaseSpec
     }
 }
 
+/// Why leading stopped, or an attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    /// A read or write of the lease failed.
+    #[error("Lease {lease}: {source}")]
+    Kube {
+        lease: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Another replica holds the lease now.
+    #[error("lost the lease {0} to another replica")]
+    Lost(String),
+    /// The lease could not be renewed before it ran out.
+    #[error("could not renew the lease {lease} for {seconds}s")]
+    NotRenewed { lease: String, seconds: u64 },
+}
+
 /// One candidate.
 pub struct Elector {
     api: Api<Lease>,
@@ -86,10 +103,13 @@ impl Elector {
     }
 
     /// One attempt to take or renew the lease; true when held now.
-    async fn try_once(&self) -> Result<bool> {
+    async fn try_once(&self) -> Result<bool, LeaderError> {
         let now = Timestamp::now();
-        let what = || format!("Lease {}", self.name);
-        match self.api.get_opt(&self.name).await.with_context(what)? {
+        let what = |source| LeaderError::Kube {
+            lease: self.name.clone(),
+            source,
+        };
+        match self.api.get_opt(&self.name).await.map_err(what)? {
             None => {
                 let lease = Lease {
                     metadata: ObjectMeta {
@@ -103,7 +123,7 @@ impl Elector {
                     Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
                         Ok(false)
                     }
-                    Err(e) => Err(e).with_context(what),
+                    Err(e) => Err(what(e)),
                 }
             }
             Some(mut lease) => {
@@ -118,7 +138,7 @@ impl Elector {
                 {
                     Ok(_) => Ok(true),
                     Err(kube::Error::Api(s)) if s.is_conflict() => Ok(false),
-                    Err(e) => Err(e).with_context(what),
+                    Err(e) => Err(what(e)),
                 }
             }
         }
@@ -138,14 +158,14 @@ impl Elector {
                     waiting_logged = true;
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!("leader election: {e:#}"),
+                Err(e) => tracing::warn!("leader election: {e}"),
             }
             tokio::time::sleep(RETRY).await;
         }
     }
 
     /// Renews until the lease is lost; returns why.
-    pub async fn hold(&self) -> anyhow::Error {
+    pub async fn hold(&self) -> LeaderError {
         let mut last = tokio::time::Instant::now();
         let lease = Duration::from_secs(LEASE_SECONDS as u64);
         loop {
@@ -153,16 +173,15 @@ impl Elector {
             match self.try_once().await {
                 Ok(true) => last = tokio::time::Instant::now(),
                 Ok(false) => {
-                    return anyhow::anyhow!("lost the lease {} to another replica", self.name);
+                    return LeaderError::Lost(self.name.clone());
                 }
-                Err(e) => tracing::warn!("renewing the lease: {e:#}"),
+                Err(e) => tracing::warn!("renewing the lease: {e}"),
             }
             if last.elapsed() >= lease.saturating_sub(RETRY) {
-                return anyhow::anyhow!(
-                    "could not renew the lease {} for {}s",
-                    self.name,
-                    last.elapsed().as_secs()
-                );
+                return LeaderError::NotRenewed {
+                    lease: self.name.clone(),
+                    seconds: last.elapsed().as_secs(),
+                };
             }
         }
     }

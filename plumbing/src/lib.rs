@@ -1,0 +1,66 @@
+//! `fgpu-plumbing`: what fgpu's daemons share to talk to the API server and to serve HTTP.
+//! No domain decisions live here (those are in `fgpu-driver`), and no data contract (that
+//! is `fgpu-api`); this crate is the wiring every binary would otherwise write again.
+//!
+//! Always built (the simulator uses these and nothing else):
+//!
+//! * [`logging`]: the `--log-format` / `--log-level` flags of every binary and the
+//!   subscriber they install.
+//! * [`exit`]: exit statuses (0, 1 failure, 2 bad input), [`exit::BadInput`] and the one-line
+//!   error report on stderr.
+//!
+//! Feature `kube` (default):
+//!
+//! * [`client`]: the API client from `--kubeconfig`, in-cluster config or `$KUBECONFIG`.
+//! * [`discovery`]: the `resource.k8s.io` version the API server serves ([`ApiVersion`]),
+//!   and the dynamic resources of DRA at that version.
+//! * [`leader`]: Lease-based leader election.
+//! * [`backoff`]: the doubling retry delays of the daemons' loops.
+//!
+//! Feature `http` (default):
+//!
+//! * [`tls`]: the process-wide TLS provider, server configs from PEM files, and a
+//!   certificate resolver that picks up renewed files.
+//! * [`server`]: one HTTP/1.1 server layer (axum + tower-http) with request-body limits and
+//!   timeouts, plain or over TLS, with graceful stop.
+//! * [`admission`]: `AdmissionReview` responses, shared by both webhooks.
+//!
+//! With either: [`shutdown`], the future that completes on SIGTERM or Ctrl-C.
+//!
+//! Layering: `logging` and `exit` use nothing here; `discovery`, `client`, `leader` and
+//! `backoff` use nothing here; `server` uses `tls`; `admission` uses nothing here.
+
+pub mod exit;
+pub mod logging;
+
+#[cfg(feature = "kube")]
+pub mod backoff;
+#[cfg(feature = "kube")]
+pub mod client;
+#[cfg(feature = "kube")]
+pub mod discovery;
+#[cfg(feature = "kube")]
+pub mod leader;
+
+#[cfg(feature = "http")]
+pub mod admission;
+#[cfg(feature = "http")]
+pub mod server;
+#[cfg(feature = "http")]
+pub mod tls;
+
+#[cfg(any(feature = "kube", feature = "http"))]
+pub mod shutdown;
+
+#[cfg(feature = "kube")]
+pub use discovery::ApiVersion;
+
+/// Installs ring as the process-wide rustls provider (once; later calls do nothing).
+///
+/// The CDI crate's JSON-schema validator brings aws-lc-rs into the kubelet plugin too, and
+/// with two providers compiled in rustls refuses to pick one: every binary that talks TLS
+/// calls this first (the client set-up does).
+#[cfg(any(feature = "kube", feature = "http"))]
+pub fn tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

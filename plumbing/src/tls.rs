@@ -1,0 +1,151 @@
+//! TLS for the webhooks: the process-wide provider, and a server configuration whose
+//! certificate follows its files.
+//!
+//! [`ReloadingCert`] reads the PEM certificate chain and key at start (errors name the
+//! flag and the file), and again when either file's modification time changes, looked at no
+//! more than once per [`RECHECK`] from the handshakes themselves: a renewed Secret (cert-
+//! manager, the kubelet's projected volume) is served without a restart. A renewal that
+//! cannot be read, or whose key does not match, is logged and the last good pair is kept.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// How often a handshake may look at the files' modification times.
+pub const RECHECK: Duration = Duration::from_secs(10);
+
+/// Why a certificate and key could not be used. Each names the flag and the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{flag} {}: {problem}", path.display())]
+    File {
+        flag: &'static str,
+        path: PathBuf,
+        problem: String,
+    },
+    #[error("--tls-cert/--tls-key do not make a certificate and its key: {0}")]
+    Pair(#[source] rustls::Error),
+    #[error("TLS protocol versions: {0}")]
+    Versions(#[source] rustls::Error),
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn file_err(flag: &'static str, path: &Path, problem: impl std::fmt::Display) -> TlsError {
+    TlsError::File {
+        flag,
+        path: path.to_owned(),
+        problem: problem.to_string(),
+    }
+}
+
+/// The certificate chain and key in `cert` and `key` (PEM), checked to belong together.
+pub fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| file_err("--tls-cert", cert, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_err("--tls-cert", cert, format!("not PEM certificates: {e}")))?;
+    if chain.is_empty() {
+        return Err(file_err("--tls-cert", cert, "no certificate in the file"));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| match e {
+        rustls_pki_types::pem::Error::NoItemsFound => {
+            file_err("--tls-key", key, "no private key in the file")
+        }
+        e => file_err("--tls-key", key, format!("not a PEM private key: {e}")),
+    })?;
+    CertifiedKey::from_der(chain, key_der, &provider()).map_err(TlsError::Pair)
+}
+
+fn modified(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// A certificate resolver that reloads its files when they change (see the module docs).
+#[derive(Debug)]
+pub struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<Arc<CertifiedKey>>,
+    /// When the files were last looked at, and their modification times then.
+    seen: Mutex<(Instant, Option<SystemTime>, Option<SystemTime>)>,
+}
+
+impl ReloadingCert {
+    /// Reads the pair now; errors name the flag and the file.
+    pub fn new(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        let pair = load_pair(cert, key)?;
+        Ok(Self {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            current: RwLock::new(Arc::new(pair)),
+            seen: Mutex::new((Instant::now(), modified(cert), modified(key))),
+        })
+    }
+
+    /// Looks at the files (at most once per `every`) and reloads them when they changed.
+    /// Returns whether a new pair is served now.
+    pub fn refresh(&self, every: Duration) -> bool {
+        let Ok(mut seen) = self.seen.lock() else {
+            return false;
+        };
+        if seen.0.elapsed() < every {
+            return false;
+        }
+        let now = (modified(&self.cert), modified(&self.key));
+        let changed = (seen.1, seen.2) != now;
+        *seen = (Instant::now(), now.0, now.1);
+        drop(seen);
+        if !changed {
+            return false;
+        }
+        match load_pair(&self.cert, &self.key) {
+            Ok(pair) => {
+                if let Ok(mut cur) = self.current.write() {
+                    *cur = Arc::new(pair);
+                }
+                tracing::info!(cert = %self.cert.display(), "serving a renewed certificate");
+                true
+            }
+            Err(e) => {
+                tracing::warn!("keeping the previous certificate: {e}");
+                false
+            }
+        }
+    }
+
+    /// The pair served now.
+    pub fn current(&self) -> Arc<CertifiedKey> {
+        match self.current.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.refresh(RECHECK);
+        Some(self.current())
+    }
+}
+
+/// A server configuration (TLS 1.2 and 1.3, no client certificates, HTTP/1.1) serving the
+/// pair in `cert` / `key`, reloaded when the files change.
+pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let resolver = Arc::new(ReloadingCert::new(cert, key)?);
+    let cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Versions)?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    Ok(Arc::new(cfg))
+}
