@@ -161,7 +161,7 @@ mod tests {
         };
         type Want = (Option<u64>, Source, Option<u8>, Source);
         type Case<'a> = (&'a str, Vec<ConfigEntry>, &'a str, Option<Consumed>, Want);
-        let cases: Vec<Case> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 "nothing",
                 vec![],

@@ -10,18 +10,110 @@
 //! * none of the memory fields: with cores, the whole memory and those cores
 //!   (`Fraction { milli: 1000 }`); without, whole GPUs ([`GpuShare::Whole`]).
 //!
-//! Pod annotations: the model include/exclude lists, the UUID pin and the two HAMi policy
-//! annotations are read by [`crate::request`] (the same code the DRA controller uses);
-//! `nvidia.com/numa-bind: "true"` puts every GPU of a multi-GPU container on one NUMA node.
+//! Pod annotations ([`pod_annotations`], which the DRA controller applies to the claims of
+//! a pod as well, so both paths give them one meaning): the model include/exclude lists
+//! (`nvidia.com/use-gputype`, `nvidia.com/nouse-gputype`), the UUID pin
+//! (`nvidia.com/use-gpuuuid`), comma-separated, and the two HAMi policy annotations
+//! (`hami.io/node-scheduler-policy`, `hami.io/gpu-scheduler-policy`: `binpack` or `spread`)
+//! replacing the node and GPU level of the default policy. `nvidia.com/numa-bind: "true"`
+//! puts every GPU of a multi-GPU container on one NUMA node.
+//!
+//! Pure functions of the pod: no I/O, no Kubernetes client.
 
 use std::collections::BTreeMap;
 
 use fgpu_api::extender::Pod;
-use fgpu_api::names::{DriverName, LegacyResourceNames};
-use fgpu_driver::engine::{GpuShare, Policy, Request, Topology};
-use serde_json::json;
+use fgpu_api::names::{LegacyResourceNames, legacy};
 
-use crate::request::RequestError;
+use crate::engine::{GpuPolicy, GpuShare, NodePolicy, Policy, Request, Topology};
+
+/// Why a pod (or a claim) cannot be turned into an engine request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{object}: {path}: {problem}")]
+pub struct RequestError {
+    /// `claim ns/name` or `pod ns/name`.
+    pub object: String,
+    /// Field path in that object.
+    pub path: String,
+    /// What is wrong and what is valid.
+    pub problem: String,
+}
+
+/// What a pod's annotations say about placement: GPU constraints and the policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodAnnotations {
+    /// `nvidia.com/use-gputype`: only GPUs whose model contains one of these.
+    pub model_include: Vec<String>,
+    /// `nvidia.com/nouse-gputype`: no GPU whose model contains one of these.
+    pub model_exclude: Vec<String>,
+    /// `nvidia.com/use-gpuuuid`: only these GPUs.
+    pub uuid_pin: Vec<String>,
+    /// The default policy with the two HAMi policy annotations applied.
+    pub policy: Policy,
+}
+
+impl PodAnnotations {
+    /// Puts the GPU constraints on `request`.
+    pub fn constrain(&self, request: &mut Request) {
+        request.model_include = self.model_include.clone();
+        request.model_exclude = self.model_exclude.clone();
+        request.uuid_pin = self.uuid_pin.clone();
+    }
+}
+
+/// Reads the placement annotations of the pod `pod_key`; `default_policy` applies where
+/// they say nothing. Errors name the annotation and say what is valid.
+pub fn pod_annotations(
+    annotations: &BTreeMap<String, String>,
+    pod_key: &str,
+    default_policy: Policy,
+) -> Result<PodAnnotations, RequestError> {
+    let err = |ann: &str, problem: String| RequestError {
+        object: format!("pod {pod_key}"),
+        path: format!("metadata.annotations[{ann:?}]"),
+        problem,
+    };
+    let list = |ann: &str| -> Vec<String> {
+        annotations.get(ann).map_or_else(Vec::new, |v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+    };
+    let mut policy = default_policy;
+    if let Some(v) = annotations.get(legacy::ANNOTATION_NODE_SCHEDULER_POLICY) {
+        policy.node = match v.trim() {
+            "binpack" => NodePolicy::Binpack,
+            "spread" => NodePolicy::Spread,
+            other => {
+                return Err(err(
+                    legacy::ANNOTATION_NODE_SCHEDULER_POLICY,
+                    format!("{other:?}; valid are binpack and spread"),
+                ));
+            }
+        };
+    }
+    if let Some(v) = annotations.get(legacy::ANNOTATION_GPU_SCHEDULER_POLICY) {
+        policy.gpu = match v.trim() {
+            "binpack" => GpuPolicy::Binpack,
+            "spread" => GpuPolicy::Spread,
+            other => {
+                return Err(err(
+                    legacy::ANNOTATION_GPU_SCHEDULER_POLICY,
+                    format!("{other:?}; valid are binpack and spread"),
+                ));
+            }
+        };
+    }
+    Ok(PodAnnotations {
+        model_include: list(legacy::ANNOTATION_USE_GPU_TYPE),
+        model_exclude: list(legacy::ANNOTATION_NOUSE_GPU_TYPE),
+        uuid_pin: list(legacy::ANNOTATION_USE_GPU_UUID),
+        policy,
+    })
+}
 
 /// Pod annotation (HAMi): all GPUs of a container on one NUMA node.
 pub const ANNOTATION_NUMA_BIND: &str = "nvidia.com/numa-bind";
@@ -63,7 +155,6 @@ pub fn pod_key(pod: &Pod) -> String {
 pub fn pod_request(
     pod: &Pod,
     names: &LegacyResourceNames,
-    driver: &DriverName,
     default_policy: Policy,
 ) -> Result<PodRequest, RequestError> {
     let key = pod_key(pod);
@@ -97,7 +188,7 @@ pub fn pod_request(
             ),
         ));
     }
-    let (constraints, policy) = pod_constraints(pod, &key, driver, default_policy)?;
+    let placement = pod_annotations(&pod.metadata.annotations, &key, default_policy)?;
     let numa_bind = match pod.metadata.annotations.get(ANNOTATION_NUMA_BIND) {
         None => false,
         Some(v) => match v.trim() {
@@ -173,9 +264,7 @@ pub fn pod_request(
         };
         let mut request = Request::new(gpus, share);
         request.cores = cores.map(|c| c as u32);
-        request.model_include = constraints.model_include.clone();
-        request.model_exclude = constraints.model_exclude.clone();
-        request.uuid_pin = constraints.uuid_pin.clone();
+        placement.constrain(&mut request);
         if numa_bind && gpus > 1 {
             request.topology = Topology::SameNuma;
         }
@@ -189,34 +278,14 @@ pub fn pod_request(
         key,
         uid: pod.metadata.uid.clone(),
         containers,
-        policy,
+        policy: placement.policy,
     })
-}
-
-/// The pod annotations' model and UUID constraints (in a [`Request`]) and its policy, read
-/// by [`crate::request::from_claim`] so that both paths give them the same meaning.
-fn pod_constraints(
-    pod: &Pod,
-    key: &str,
-    driver: &DriverName,
-    default_policy: Policy,
-) -> Result<(Request, Policy), RequestError> {
-    // A minimal claim of the shared class: only the pod's annotations can make it fail.
-    let claim = json!({
-        "metadata": {"name": "extender", "namespace": pod.metadata.namespace},
-        "spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": driver.shared_class()}}
-        ]}}
-    });
-    let annotations: &BTreeMap<String, String> = &pod.metadata.annotations;
-    let p = crate::request::from_claim(&claim, annotations, key, driver, default_policy)?;
-    Ok((p.request, p.policy))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fgpu_driver::engine::{GpuPolicy, NodePolicy};
+    use crate::engine::{GpuPolicy, NodePolicy};
     use serde_json::{Value, json};
 
     const HAMI_DEFAULT: Policy = Policy {
@@ -237,12 +306,7 @@ mod tests {
     }
 
     fn read(p: &Pod) -> Result<PodRequest, RequestError> {
-        pod_request(
-            p,
-            &LegacyResourceNames::default(),
-            &DriverName::default(),
-            HAMI_DEFAULT,
-        )
+        pod_request(p, &LegacyResourceNames::default(), HAMI_DEFAULT)
     }
 
     #[test]

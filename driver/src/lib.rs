@@ -1,16 +1,29 @@
 //! fgpu's domain logic. Nothing here talks to the API server or to sockets.
 //!
 //! * [`device`]: the GPU model every other part speaks.
-//! * [`backend`]: where devices come from (`nvml` on a real node, `fake` from a YAML profile).
-//! * [`cdi`]: the per-claim CDI spec (container edits) built with the CNCF CDI crate.
+//! * [`backend`]: where devices come from (`nvml` on a real node, feature `nvml`; `fake`
+//!   from a YAML profile).
+//! * [`cdi`]: the per-claim CDI spec (container edits) built with the CNCF CDI crate
+//!   (feature `cdi`: only the kubelet plugin writes CDI specs, and the CDI crate brings an
+//!   HTTP client and a second TLS provider that nothing else should link).
+//! * [`grant`]: what an allocation result grants a claim.
 //! * [`engine`]: fit and score a request against an inventory under a placement policy.
+//! * [`hami`]: HAMi's pod resources and annotations → engine requests and policy (the
+//!   extender and the DRA controller both read pods through it).
 //! * [`ledger`]: granted usage per GPU, rebuilt from the list of granted allocations.
 //! * [`sim`]: the trace simulator that replays the Alibaba GPU trace through the engine.
+//!
+//! Layering: `device` and `engine` use nothing above them; `backend`, `cdi` and `grant`
+//! use `device`; `hami`, `ledger` and `sim` use `engine`.
+
+#![forbid(unsafe_code)]
 
 pub mod backend;
+#[cfg(feature = "cdi")]
 pub mod cdi;
 pub mod device;
 pub mod engine;
 pub mod grant;
+pub mod hami;
 pub mod ledger;
 pub mod sim;

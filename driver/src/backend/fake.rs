@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 
 use super::{BackendError, DeviceBackend, ProfileError};
 use crate::device::{Architecture, ComputeCapability, DeviceNode, Gpu, Health, NodeInventory};
@@ -238,11 +238,20 @@ impl Parser<'_> {
     }
 
     fn profile(&self, text: &str) -> Result<FakeProfile, ProfileError> {
-        let doc: Value = serde_yaml::from_str(text).map_err(|e| {
-            let node = e
-                .location()
-                .and_then(|at| enclosing_node_name(text, at.line()));
-            self.err(node.as_deref(), None, format!("invalid YAML: {e}"))
+        let doc: Value = read_yaml(text).map_err(|e| {
+            let at = e.location();
+            let node =
+                at.and_then(|at| enclosing_node_name(text, usize::try_from(at.line()).ok()?));
+            // One spelling of a location in every message of ours: `line L column C`.
+            let mut message = e.to_string();
+            if let Some(at) = at {
+                let (l, c) = (at.line(), at.column());
+                message = message.replace(
+                    &format!("line {l}, column {c}"),
+                    &format!("line {l} column {c}"),
+                );
+            }
+            self.err(node.as_deref(), None, format!("invalid YAML: {message}"))
         })?;
         if doc.is_null() {
             return Err(self.err(None, None, "the profile is empty; it needs a `nodes:` list"));
@@ -534,15 +543,31 @@ fn compute_capability(v: &Value) -> Result<ComputeCapability, String> {
     Ok(cc)
 }
 
+/// The YAML document `text` as a JSON value (a document of nothing but comments is null).
+fn read_yaml(text: &str) -> Result<Value, serde_saphyr::Error> {
+    let blank = text
+        .lines()
+        .map(str::trim)
+        .all(|l| l.is_empty() || l.starts_with('#') || l == "---");
+    if blank {
+        return Ok(Value::Null);
+    }
+    // YAML 1.2's core schema, as Kubernetes manifests are read: `n`, `no`, `on` stay
+    // strings (a node named `n` is not `false`); errors as one line, without a snippet.
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    options.with_snippet = false;
+    serde_saphyr::from_str_with_options(text, options)
+}
+
 fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "nothing",
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
         Value::String(_) => "a string",
-        Value::Sequence(_) => "a list",
-        Value::Mapping(_) => "a mapping",
-        Value::Tagged(_) => "a tagged value",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
     }
 }
 
@@ -718,7 +743,9 @@ mod tests {
     fn bad_yaml_is_one_line() {
         let e = err("nodes:\n  - gpus: [unclosed\n");
         assert!(e.starts_with("deploy/fake/x.yaml: invalid YAML:"), "{e}");
-        assert!(e.contains("line 3 column 1"), "{e}");
+        // The location of the unclosed bracket itself (serde_yaml named the end of the
+        // input, line 3 column 1, where it gave up).
+        assert!(e.contains("line 2 column 11"), "{e}");
         assert!(!e.contains('\n'));
         // Inside a node's block the message names the node.
         let text = format!("{}      - uuid: [GPU-x\n", two_nodes(""));
