@@ -7,10 +7,10 @@
 FGPU_DATA ?= $(CURDIR)/../shared/data/alibaba-gpu-v2023
 SIM_TRACES ?= default cpu050 gpushare40 multigpu30
 SIM_OUT ?= $(CARGO_TARGET_DIR)/sim
-SIM_BIN = $(CARGO_TARGET_DIR)/release/fgpu-controller
+SIM_BIN = $(CARGO_TARGET_DIR)/release/fgpu-sim
 # The smoke test runs the debug binary: the workspace's dev profile optimises fgpu-driver (the
 # engine), so it is as fast as a release build for this, and `make unit` has built it already.
-SMOKE_BIN = $(CARGO_TARGET_DIR)/debug/fgpu-controller
+SMOKE_BIN = $(CARGO_TARGET_DIR)/debug/fgpu-sim
 SIM_ARGS = --nodes $(FGPU_DATA)/csv/openb_node_list_gpu_node.csv \
 	--paper $(FGPU_DATA)/fgd-expected-results/analysis_allo_discrete.csv
 
@@ -19,21 +19,21 @@ TEST_TARGETS += sim-smoke
 .PHONY: sim-build sim-smoke-build sim-smoke sim-compare engine-bench
 
 sim-build:
-	$(CARGO) build --release -q -p fgpu-controller
+	$(CARGO) build --release -q -p fgpu-sim
 
 sim-smoke-build:
-	$(CARGO) build -q -p fgpu-controller
+	$(CARGO) build -q -p fgpu-sim
 
 sim-smoke: sim-smoke-build ## trace simulator: every policy on the four traces, one seed
 	@mkdir -p $(SIM_OUT)
 	@for t in $(SIM_TRACES); do \
-	  $(SMOKE_BIN) --log-format json simulate $(SIM_ARGS) --pods $(FGPU_DATA)/csv/openb_pod_list_$$t.csv \
+	  $(SMOKE_BIN) --log-format json $(SIM_ARGS) --pods $(FGPU_DATA)/csv/openb_pod_list_$$t.csv \
 	    --policy all --seeds 42 --out $(SIM_OUT)/smoke-$$t.csv 2>/dev/null || exit 1; \
 	  test "$$(wc -l < $(SIM_OUT)/smoke-$$t.csv)" -eq 7 || { echo "sim-smoke: $$t: expected 6 rows"; exit 1; }; \
 	  head -1 $(SIM_OUT)/smoke-$$t.csv | grep -q '^workload,sc_policy,tune,seed,total_gpus,0,1,' || exit 1; \
 	done
 	@printf 'sn,cpu_milli,memory_mib,gpu,model\nn0,1,x,1,T4\n' > $(SIM_OUT)/bad.csv
-	@$(SMOKE_BIN) simulate --nodes $(SIM_OUT)/bad.csv --pods $(FGPU_DATA)/csv/openb_pod_list_default.csv \
+	@$(SMOKE_BIN) --nodes $(SIM_OUT)/bad.csv --pods $(FGPU_DATA)/csv/openb_pod_list_default.csv \
 	  --seeds 42 --out $(SIM_OUT)/bad-out.csv 2>$(SIM_OUT)/bad.err; \
 	  test $$? -eq 2 && grep -q 'bad.csv:2: column 3 (memory_mib)' $(SIM_OUT)/bad.err \
 	  || { echo "sim-smoke: a malformed CSV must exit 2 naming file, line and column"; exit 1; }
@@ -42,7 +42,7 @@ sim-smoke: sim-smoke-build ## trace simulator: every policy on the four traces, 
 sim-compare: sim-build ## FGD comparison: 10 seeds x every policy x four traces, ours vs paper
 	@mkdir -p $(SIM_OUT)
 	@for t in $(SIM_TRACES); do \
-	  $(SIM_BIN) simulate $(SIM_ARGS) --pods $(FGPU_DATA)/csv/openb_pod_list_$$t.csv \
+	  $(SIM_BIN) $(SIM_ARGS) --pods $(FGPU_DATA)/csv/openb_pod_list_$$t.csv \
 	    --policy all --seeds 42-51 --out $(SIM_OUT)/compare-$$t.csv 2>/dev/null || exit 1; \
 	done
 	@echo "per-seed curves: $(SIM_OUT)/compare-<trace>.csv (layout of analysis_allo_discrete.csv)"

@@ -1,79 +1,66 @@
-//! `fgpu-controller`: fgpu's cluster daemon. Today: the trace simulator (`simulate`).
-//! Logic lives in `fgpu-driver`; this binary parses arguments, reads files and prints.
-
-mod simulate;
+//! `fgpu-controller`: fgpu's cluster daemon. Argument parsing and wiring only: the DRA
+//! allocation controller is `fgpu-dra-controller`, the legacy scheduler extender
+//! `fgpu-extender`, the shared flags and exit codes `fgpu-plumbing`. The trace simulator
+//! is its own binary, `fgpu-sim`.
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use fgpu_plumbing::exit;
+use fgpu_plumbing::logging::LogArgs;
 
-/// fgpu's cluster daemon: GPU allocation controller, scheduler extender and tools.
+/// fgpu's cluster daemon: the DRA allocation controller with its admission webhooks, and
+/// the scheduler extender of the legacy path.
 #[derive(Debug, Parser)]
-#[command(name = "fgpu-controller", version, about, long_about = None)]
+#[command(
+    name = "fgpu-controller",
+    version,
+    about,
+    long_about = None,
+    after_help = "Exit status: 0 on success, 2 for bad input (flags, certificate files), 1 for other failures."
+)]
 pub struct Cli {
-    /// Log format on stderr: human-readable `text` or one JSON object per line (`json`).
-    /// The level comes from RUST_LOG (default: info).
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
 
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Replay a GPU cluster trace (the FGD paper's experiment) through the allocation
-    /// engine and write the allocation curve per seed, as the paper's
-    /// `analysis_allo_discrete.csv`.
-    Simulate(simulate::SimulateArgs),
     /// Run the cluster daemon: the DRA allocation controller (reflectors on claims, pods and
     /// slices; allocates claims of the shared class for gated pods), the admission webhooks
     /// (HTTPS) and the metrics/health endpoints.
-    Run(fgpu_controller::daemon::RunArgs),
+    Run(Box<fgpu_dra_controller::daemon::RunArgs>),
     /// Run the scheduler extender of the legacy path (clusters below 1.32): `/filter`,
     /// `/prioritize` and `/bind` for pods asking for `nvidia.com/gpu` and HAMi's resources.
-    Extender(fgpu_controller::extender::ExtenderArgs),
-}
-
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Text => b.init(),
-        LogFormat::Json => b.json().init(),
-    }
+    Extender(Box<fgpu_extender::ExtenderArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs(cli.log_format);
+    if let Err(e) = cli.log.init() {
+        return exit::report(&e, |_| false);
+    }
     let res = match cli.command {
-        Command::Simulate(args) => simulate::run(args),
-        Command::Run(args) => fgpu_controller::daemon::run(args),
-        Command::Extender(args) => fgpu_controller::extender::run(args),
+        Command::Run(args) => fgpu_dra_controller::daemon::run(*args),
+        Command::Extender(args) => fgpu_extender::run(*args),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
-            if e.downcast_ref::<simulate::BadInput>().is_some() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
+            exit::report(e.as_ref(), is_bad_input)
         }
     }
+}
+
+/// Certificate and flag errors are the caller's to fix.
+fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<fgpu_plumbing::tls::TlsError>().is_some()
+        || e.downcast_ref::<fgpu_plumbing::server::WebhookArgsError>()
+            .is_some()
 }
 
 #[cfg(test)]

@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fgpu_api::names::DriverName;
-use fgpu_controller::cache::{Overlay, ViewCache};
-use fgpu_controller::mirror::{Packed, Packer};
-use fgpu_controller::reconcile::{self, Action, ObjectId, Settings, Snapshot, Views};
-use fgpu_controller::slim;
-use fgpu_controller::view::PodView;
+use fgpu_dra_controller::cache::{Overlay, ViewCache};
+use fgpu_dra_controller::mirror::{Packed, Packer};
+use fgpu_dra_controller::reconcile::{self, Action, ObjectId, Settings, Snapshot, Views};
+use fgpu_dra_controller::slim;
+use fgpu_dra_controller::view::PodView;
 use fgpu_driver::engine::Policy;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};

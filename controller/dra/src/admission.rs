@@ -12,7 +12,6 @@
 //!   memory (neither `capacity.requests.memory` nor `memory` in a config entry that
 //!   applies) is admitted with a warning: it takes whole GPUs.
 
-use base64::Engine;
 use fgpu_api::config::GpuShareConfig;
 use fgpu_api::names::{DriverName, capacity};
 use serde_json::{Value, json};
@@ -57,34 +56,7 @@ pub fn gate_patch(pod: &Value, gate: &str) -> Option<Value> {
     }
 }
 
-/// The `AdmissionReview` answering `review` (its `apiVersion` and `request.uid` echoed).
-pub fn response(
-    review: &Value,
-    allowed: bool,
-    message: Option<&str>,
-    patch: Option<&Value>,
-    warnings: &[String],
-) -> Value {
-    let mut r = json!({
-        "uid": review["request"]["uid"],
-        "allowed": allowed,
-    });
-    if let Some(m) = message {
-        r["status"] = json!({"code": if allowed { 200 } else { 422 }, "message": m});
-    }
-    if let Some(p) = patch {
-        r["patchType"] = json!("JSONPatch");
-        r["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(p.to_string()));
-    }
-    if !warnings.is_empty() {
-        r["warnings"] = json!(warnings);
-    }
-    json!({
-        "apiVersion": review["apiVersion"].as_str().unwrap_or("admission.k8s.io/v1"),
-        "kind": "AdmissionReview",
-        "response": r,
-    })
-}
+pub use fgpu_plumbing::admission::response;
 
 /// Checks a ResourceClaim or ResourceClaimTemplate (`kind`) of any served version for
 /// `driver`: `Err(message)` denies (the message names the object and the field path),

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::inventory::{self, SliceInventory};
 use crate::mirror::Packed;
-use crate::reconcile::{self, ObjectId};
+use crate::objects::{self, ObjectId};
 use crate::slim;
 use crate::view::{ClaimView, PodView};
 
@@ -203,7 +203,7 @@ impl ViewCache {
         let mut parsed = 0;
         let values = slices.iter().filter_map(|s| s.value()).inspect(|s| {
             parsed += 1;
-            consumable |= reconcile::consumable(driver.as_str(), std::slice::from_ref(s));
+            consumable |= objects::consumable(driver.as_str(), std::slice::from_ref(s));
         });
         self.inventory = inventory::from_slices(driver.as_str(), values);
         self.consumable = consumable;

@@ -17,9 +17,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::GroupVersionKind;
+
 use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -43,65 +43,14 @@ use crate::reconcile::{self, Action, ObjectId, Settings, Views};
 use crate::slim;
 use crate::view::PodView;
 
-/// The API group of DRA.
-pub const GROUP: &str = "resource.k8s.io";
-
-/// How the controller takes part in allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// `capacity` when the cluster has consumable capacity, else `controller`.
-    Auto,
-    /// Allocate claims of the shared class for gated pods.
-    Controller,
-    /// kube-scheduler allocates; only serve webhooks and metrics, lift gates.
-    Capacity,
-}
-
-impl Mode {
-    /// The name, as logs and metrics show it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Controller => "controller",
-            Self::Capacity => "capacity",
-        }
-    }
-    fn from_u8(v: u8) -> Self {
-        match v {
-            1 => Self::Controller,
-            2 => Self::Capacity,
-            _ => Self::Auto,
-        }
-    }
-    fn to_u8(self) -> u8 {
-        match self {
-            Self::Auto => 0,
-            Self::Controller => 1,
-            Self::Capacity => 2,
-        }
-    }
-}
-
-/// The effective mode, shared between the loop and the webhooks.
-#[derive(Debug, Default)]
-pub struct ModeCell(AtomicU8);
-
-impl ModeCell {
-    /// The mode in force (`Auto` until the first pass decided).
-    pub fn get(&self) -> Mode {
-        Mode::from_u8(self.0.load(Ordering::Relaxed))
-    }
-    fn set(&self, m: Mode) {
-        self.0.store(m.to_u8(), Ordering::Relaxed);
-    }
-}
+pub use crate::shared::{Mode, ModeCell, Shared};
+pub use fgpu_plumbing::discovery::GROUP;
 
 /// `fgpu-controller run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// Kubeconfig file; without it, the in-cluster service account (else $KUBECONFIG).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub kube: fgpu_plumbing::client::KubeArgs,
     /// Allocation mode: auto (capacity when the cluster has consumable capacity, else
     /// controller), controller, or capacity (kube-scheduler allocates; serve only).
     #[arg(long, value_enum, default_value_t = Mode::Auto)]
@@ -110,20 +59,26 @@ pub struct RunArgs {
     /// gpupacking, bestfit, fgd, fragaware, or `<node>/<gpu>`.
     #[arg(long, default_value = "binpack")]
     pub default_policy: String,
-    /// DRA driver name (the kubelet plugin's).
-    #[arg(long, default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
-    pub driver: String,
+    /// DRA driver name (the kubelet plugin's). `--driver` is the older spelling.
+    #[arg(long, alias = "driver", env = "FGPU_DRIVER_NAME", default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
     /// The shared DeviceClass the controller allocates; must be `shared.<driver>`.
     #[arg(long)]
     pub class: Option<String>,
     #[command(flatten)]
-    pub webhook: crate::server::WebhookArgs,
-    /// Plain HTTP: /metrics, /healthz, /readyz.
-    #[arg(long, default_value = "127.0.0.1:19500")]
-    pub metrics_addr: SocketAddr,
-    /// Seconds between passes when nothing changes.
-    #[arg(long, default_value_t = 30)]
-    pub resync: u64,
+    pub webhook: fgpu_plumbing::server::WebhookArgs,
+    /// Plain HTTP: /metrics, /healthz, /readyz. `--metrics-addr` is the older spelling.
+    #[arg(
+        long,
+        alias = "metrics-addr",
+        value_name = "ADDR",
+        env = "FGPU_METRICS_ADDRESS",
+        default_value = "127.0.0.1:19500"
+    )]
+    pub metrics_address: SocketAddr,
+    /// Seconds between passes when nothing changes. `--resync` is the older spelling.
+    #[arg(long, alias = "resync", value_name = "SECONDS", default_value_t = 30)]
+    pub resync_seconds: u64,
     /// Objects per page of the watches' lists (kube-rs's default is 500). A page is parsed
     /// whole before its objects are trimmed, and the three watches list at once: 500 slices
     /// of 8 devices are 44 MiB parsed, 100 are 9 MiB. Smaller pages lower the peak at
@@ -146,82 +101,23 @@ pub struct RunArgs {
     pub leader_election_lease: String,
 }
 
-/// What the servers share with the loop.
-pub struct Shared {
-    pub driver: DriverName,
-    pub api: ApiVersion,
-    pub client: kube::Client,
-    pub mode: ModeCell,
-    pub metrics: Metrics,
-    /// All reflectors have listed once.
-    pub ready: AtomicBool,
-}
-
-fn api_resource(api: ApiVersion, kind: &str, plural: &str) -> ApiResource {
-    let version = api.api_version().trim_start_matches("resource.k8s.io/");
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, version, kind), plural)
-}
-
 /// The claim resource at `api`.
 pub fn claim_resource(api: ApiVersion) -> ApiResource {
-    api_resource(api, "ResourceClaim", "resourceclaims")
+    fgpu_plumbing::discovery::claims(api)
 }
 
 /// The claim template resource at `api`.
 pub fn template_resource(api: ApiVersion) -> ApiResource {
-    api_resource(api, "ResourceClaimTemplate", "resourceclaimtemplates")
+    fgpu_plumbing::discovery::claim_templates(api)
 }
 
 fn pod_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods")
+    fgpu_plumbing::discovery::pods()
 }
 
 /// Picks the `resource.k8s.io` version from what the API server serves.
 pub async fn negotiate(client: &kube::Client) -> Result<ApiVersion> {
-    let groups = client
-        .list_api_groups()
-        .await
-        .context("API discovery (GET /apis)")?;
-    let served: Vec<String> = groups
-        .groups
-        .iter()
-        .filter(|g| g.name == GROUP)
-        .flat_map(|g| g.versions.iter().map(|v| v.version.clone()))
-        .collect();
-    for (v, api) in [
-        ("v1", ApiVersion::V1),
-        ("v1beta2", ApiVersion::V1beta2),
-        ("v1beta1", ApiVersion::V1beta1),
-    ] {
-        if served.iter().any(|s| s == v) {
-            return Ok(api);
-        }
-    }
-    bail!(
-        "the API server serves no resource.k8s.io version fgpu speaks (served: {}); enable DRA: v1 on 1.34+, or --runtime-config=resource.k8s.io/v1beta1=true on 1.32/1.33",
-        if served.is_empty() {
-            "none".into()
-        } else {
-            served.join(", ")
-        }
-    )
-}
-
-/// The API client: from `--kubeconfig` when given, else in-cluster or `$KUBECONFIG`.
-pub(crate) async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("--kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("--kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no --kubeconfig, and neither in-cluster config nor $KUBECONFIG works")?,
-    };
-    kube::Client::try_from(config).context("building the API client")
+    Ok(fgpu_plumbing::discovery::negotiate(client).await?)
 }
 
 /// A claim as the mirror keeps it: trimmed ([`slim::claim`]), as packed text.
@@ -254,16 +150,14 @@ fn slice_entry(mut o: DynamicObject, driver: &str, packer: &Packer) -> Option<Pa
 
 /// Runs the daemon until SIGTERM / Ctrl-C.
 pub fn run(args: RunArgs) -> Result<()> {
-    // The CDI crate's jsonschema may bring aws-lc-rs too; with two providers rustls
-    // refuses to pick one, so install ring explicitly (as the kubelet plugin does).
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let driver =
-        DriverName::new(args.driver.clone()).map_err(|e| anyhow::anyhow!("--driver: {e}"))?;
+    fgpu_plumbing::tls_provider();
+    let driver = DriverName::new(args.driver_name.clone())
+        .map_err(|e| anyhow::anyhow!("--driver-name: {e}"))?;
     if let Some(class) = &args.class
         && *class != driver.shared_class()
     {
         bail!(
-            "--class {class}: the controller allocates the shared class of --driver {}, {}; set --driver {} or drop --class",
+            "--class {class}: the controller allocates the shared class of --driver-name {}, {}; set --driver-name {} or drop --class",
             driver.as_str(),
             driver.shared_class(),
             class.strip_prefix("shared.").unwrap_or(class)
@@ -280,7 +174,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let client = client(args.kubeconfig.as_ref()).await?;
+        let client = args.kube.client().await?;
         let api = negotiate(&client).await?;
         tracing::info!(
             api = api.api_version(),
@@ -299,7 +193,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         if args.mode != Mode::Auto {
             shared.mode.set(args.mode);
         }
-        crate::server::spawn_plain(args.metrics_addr, shared.clone()).await?;
+        crate::server::spawn_plain(args.metrics_address, shared.clone()).await?;
         if let Some((addr, cfg)) = tls {
             crate::server::spawn_webhooks(addr, cfg, shared.clone()).await?;
         }
@@ -310,7 +204,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         let mut ctl = Controller::new(shared.clone(), settings, args.mode);
         ctl.settle = Duration::from_millis(args.settle_ms);
         ctl.list_page = args.list_page_size;
-        let resync = Duration::from_secs(args.resync.max(1));
+        let resync = Duration::from_secs(args.resync_seconds.max(1));
         let Some(ns) = &args.leader_election_namespace else {
             return tokio::select! {
                 r = ctl.run(resync) => r,
@@ -327,8 +221,12 @@ pub fn run(args: RunArgs) -> Result<()> {
                 .unwrap_or_else(|_| "fgpu-controller".into()),
             uuid::Uuid::new_v4()
         );
-        let elector =
-            crate::leader::Elector::new(client.clone(), ns, &args.leader_election_lease, me);
+        let elector = fgpu_plumbing::leader::Elector::new(
+            client.clone(),
+            ns,
+            &args.leader_election_lease,
+            me,
+        );
         // A standby serves the webhooks: ready. The leader is ready once its caches sync.
         shared.ready.store(true, Ordering::Relaxed);
         tokio::select! {
@@ -340,7 +238,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         let r = tokio::select! {
             r = ctl.run(resync) => r,
-            e = elector.hold() => Err(e),
+            e = elector.hold() => Err(e.into()),
             _ = shutdown() => {
                 tracing::info!("shutting down");
                 Ok(())
@@ -351,20 +249,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     })
 }
 
-async fn shutdown() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
-}
+use fgpu_plumbing::shutdown::requested as shutdown;
 
 /// A claim whose allocation kube-scheduler cleared.
 struct Retry {
@@ -379,10 +264,7 @@ struct Retry {
 /// pod off for at least a second, and would allocate the claim itself meanwhile), then 1 s,
 /// 2 s, 4 s, ... at most 256 s.
 fn backoff(attempts: u32) -> Duration {
-    match attempts {
-        0 | 1 => Duration::ZERO,
-        n => Duration::from_secs(1u64 << (n - 2).min(8)),
-    }
+    fgpu_plumbing::backoff::nth_delay(attempts, 1, Duration::from_secs(1), 8)
 }
 
 /// At most this many allocations are planned in one pass ([`Views::max_allocations`]):
@@ -492,7 +374,7 @@ impl Controller {
         {
             return class.clone();
         }
-        let ar = api_resource(self.shared.api, "DeviceClass", "deviceclasses");
+        let ar = fgpu_plumbing::discovery::device_classes(self.shared.api);
         let api: Api<DynamicObject> = Api::all_with(self.shared.client.clone(), &ar);
         let name = self.settings.driver.shared_class();
         let read = match api.get_opt(&name).await {
@@ -517,7 +399,7 @@ impl Controller {
     async fn run(&mut self, resync: Duration) -> Result<()> {
         let client = self.shared.client.clone();
         let wake = Arc::new(Notify::new());
-        let slices_ar = api_resource(self.shared.api, "ResourceSlice", "resourceslices");
+        let slices_ar = fgpu_plumbing::discovery::slices(self.shared.api);
         let mut claims = Mirror::start(
             Api::all_with(client.clone(), &self.claims_ar),
             "resourceclaims",

@@ -1,5 +1,5 @@
-//! `fgpu-controller`: the DRA allocation controller (DESIGN.md, "Allocation: who decides
-//! what", mode 2), its admission webhooks, and the trace simulator's library parts.
+//! `fgpu-dra-controller`: the DRA allocation controller (DESIGN.md, "Allocation: who
+//! decides what", mode 2) and its admission webhooks, run by `fgpu-controller run`.
 //!
 //! The pure core, functions from API objects (JSON) to API objects:
 //!
@@ -11,54 +11,43 @@
 //! * [`explain`]: the Event messages for every outcome.
 //! * [`reconcile`]: one pass over a snapshot of claims, pods and slices → the writes.
 //! * [`admission`]: the webhooks' decisions on `AdmissionReview`s.
+//! * [`objects`]: what a claim or a pod says (identity, classes, gate, node), read from
+//!   its JSON.
 //! * [`slim`]: what the daemon keeps of each watched object (only the fields it reads).
 //!
 //! The daemon (`fgpu-controller run`), which does the I/O:
 //!
 //! * [`daemon`]: client, discovery, reflectors, the reconcile loop, conditional writes,
 //!   Events, mode selection.
-//! * [`server`]: the HTTPS webhooks and the metrics/health endpoints.
-//! * [`metrics`]: Prometheus metrics. [`leader`]: Lease-based leader election.
+//! * [`server`]: the HTTPS webhooks and the metrics/health endpoints (served by the
+//!   plumbing's server layer).
+//! * [`metrics`]: Prometheus metrics. [`shared`]: what the loop and the servers share.
+//!
+//! Client set-up, version discovery, TLS, leader election and the HTTP server layer are
+//! `fgpu-plumbing`'s; reading a pod's HAMi annotations is `fgpu_driver::hami`.
+//!
+//! Layering (no module uses one above it): `explain`, `slim`, `mirror`, `metrics`,
+//! `admission` → `inventory`, `usage`, `request`, `allocation` → `view` → `cache` →
+//! `reconcile` → `shared` → `server` → `daemon`.
 
 pub mod admission;
 pub mod allocation;
 pub mod cache;
 pub mod daemon;
 pub mod explain;
-pub mod extender;
 pub mod inventory;
-pub mod leader;
 pub mod metrics;
 pub mod mirror;
+pub mod objects;
 pub mod reconcile;
 pub mod request;
 pub mod server;
+pub mod shared;
 pub mod slim;
 pub mod usage;
 pub mod view;
 
-/// The `resource.k8s.io` versions the controller reads and writes, newest first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ApiVersion {
-    /// `resource.k8s.io/v1` (1.34+).
-    V1,
-    /// `resource.k8s.io/v1beta2` (1.33+).
-    V1beta2,
-    /// `resource.k8s.io/v1beta1` (1.32+): devices wrap their fields in `basic`, requests
-    /// carry their fields directly instead of under `exactly`.
-    V1beta1,
-}
-
-impl ApiVersion {
-    /// `resource.k8s.io/<version>`.
-    pub fn api_version(self) -> &'static str {
-        match self {
-            Self::V1 => "resource.k8s.io/v1",
-            Self::V1beta2 => "resource.k8s.io/v1beta2",
-            Self::V1beta1 => "resource.k8s.io/v1beta1",
-        }
-    }
-}
+pub use fgpu_api::dra::ApiVersion;
 
 /// `namespace/name` of an object, the way messages name it.
 pub fn object_key(obj: &serde_json::Value) -> String {

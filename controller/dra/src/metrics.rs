@@ -62,7 +62,7 @@ type GpuRow = (Box<str>, u64, u64, u32);
 type GpuFamily = (&'static str, &'static str, fn(&GpuRow) -> u64);
 
 impl Collector for GpuUsage {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let nodes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let families: [GpuFamily; 3] = [

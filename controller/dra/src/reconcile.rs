@@ -55,6 +55,10 @@ use crate::usage::{self, UsageError};
 use crate::view::{ClaimView, PodView};
 use crate::{explain, inventory};
 
+pub use crate::objects::{
+    ObjectId, allocated_node, consumable, is_gated, is_shared, pod_claim_names, request_classes,
+};
+
 /// What the controller is configured with.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -103,35 +107,6 @@ pub struct Views<'a> {
     /// At most this many [`Action::Allocate`] in one plan (each carries an allocation
     /// `Value`); the pods after the last one allocated wait for the next pass.
     pub max_allocations: usize,
-}
-
-/// A pod or a claim, as Events and writes name it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ObjectId {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    /// The resource version the action was planned from.
-    pub resource_version: String,
-}
-
-impl ObjectId {
-    /// The identity of `obj`.
-    pub fn of(obj: &Value) -> Self {
-        let m = &obj["metadata"];
-        let s = |f: &str| m[f].as_str().unwrap_or_default().to_owned();
-        Self {
-            namespace: s("namespace"),
-            name: s("name"),
-            uid: s("uid"),
-            resource_version: s("resourceVersion"),
-        }
-    }
-
-    /// `namespace/name`.
-    pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
 }
 
 /// One write to make.
@@ -248,95 +223,6 @@ pub fn fragmentation(ledger: &fgpu_driver::ledger::Ledger) -> f64 {
         .map(|n| node_frag(n, &workload, false))
         .sum();
     (frag / free as f64).clamp(0.0, 1.0)
-}
-
-/// Whether any of this driver's slices publishes a device with `allowMultipleAllocations`
-/// (`v1beta1` devices under `basic`): the API server kept the field, so the cluster has
-/// consumable capacity.
-pub fn consumable(driver: &str, slices: &[Value]) -> bool {
-    slices
-        .iter()
-        .filter(|s| s["spec"]["driver"].as_str() == Some(driver))
-        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
-        .any(|d| {
-            d["allowMultipleAllocations"] == Value::Bool(true)
-                || d["basic"]["allowMultipleAllocations"] == Value::Bool(true)
-        })
-}
-
-/// The device class names of a claim's (or a template's inner) `spec.devices.requests`,
-/// in every served version (`exactly`, `firstAvailable`, or `v1beta1`'s flat fields).
-pub fn request_classes(devices: &Value) -> Vec<&str> {
-    let mut out = Vec::new();
-    for r in devices["requests"].as_array().into_iter().flatten() {
-        if let Some(c) = r["exactly"]["deviceClassName"].as_str() {
-            out.push(c);
-        }
-        if let Some(c) = r["deviceClassName"].as_str() {
-            out.push(c);
-        }
-        for s in r["firstAvailable"].as_array().into_iter().flatten() {
-            if let Some(c) = s["deviceClassName"].as_str() {
-                out.push(c);
-            }
-        }
-    }
-    out
-}
-
-/// Whether the claim asks for the shared class.
-pub fn is_shared(claim: &Value, driver: &DriverName) -> bool {
-    let class = driver.shared_class();
-    request_classes(&claim["spec"]["devices"]).contains(&class.as_str())
-}
-
-/// Whether the pod carries the scheduling gate `gate`.
-pub fn is_gated(pod: &Value, gate: &str) -> bool {
-    pod["spec"]["schedulingGates"]
-        .as_array()
-        .is_some_and(|g| g.iter().any(|e| e["name"].as_str() == Some(gate)))
-}
-
-/// The names of the claims a pod uses, in `spec.resourceClaims` order: `Some(name)` for a
-/// claim named directly or generated from a template (from `status.resourceClaimStatuses`),
-/// `None` for a template claim not generated yet. Entries whose template needs no claim
-/// (`resourceClaimName` null in the status) are left out.
-pub fn pod_claim_names(pod: &Value) -> Vec<Option<String>> {
-    let statuses = pod["status"]["resourceClaimStatuses"].as_array();
-    let mut out = Vec::new();
-    for rc in pod["spec"]["resourceClaims"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        if let Some(n) = rc["resourceClaimName"].as_str() {
-            out.push(Some(n.to_owned()));
-            continue;
-        }
-        let Some(entry) = rc["name"].as_str() else {
-            continue;
-        };
-        match statuses.and_then(|s| s.iter().find(|e| e["name"].as_str() == Some(entry))) {
-            // No name: the template produced no claim for this pod.
-            Some(st) => {
-                if let Some(n) = st["resourceClaimName"].as_str() {
-                    out.push(Some(n.to_owned()));
-                }
-            }
-            None => out.push(None),
-        }
-    }
-    out
-}
-
-/// The node an allocated claim is bound to (its node selector's `metadata.name`).
-pub fn allocated_node(claim: &Value) -> Option<&str> {
-    claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
-        .as_array()?
-        .iter()
-        .flat_map(|t| t["matchFields"].as_array().into_iter().flatten())
-        .find(|f| f["key"].as_str() == Some("metadata.name"))?["values"][0]
-        .as_str()
 }
 
 /// Only the nodes named `node` (a pod's claims stay on one node).

@@ -24,23 +24,14 @@
 use std::collections::BTreeMap;
 
 use fgpu_api::config::{CorePercent, GpuShareConfig};
-use fgpu_api::names::{DriverName, capacity, legacy};
-use fgpu_driver::engine::{GpuPolicy, GpuShare, NodePolicy, Policy, Request};
+use fgpu_api::names::{DriverName, capacity};
+use fgpu_driver::engine::{GpuShare, Policy, Request};
+use fgpu_driver::hami;
 use serde_json::Value;
 
 use crate::{object_key, quantity_u64};
 
-/// Why a claim cannot be turned into a request.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{object}: {path}: {problem}")]
-pub struct RequestError {
-    /// `claim ns/name` or `pod ns/name`.
-    pub object: String,
-    /// Field path in that object.
-    pub path: String,
-    /// What is wrong and what is valid.
-    pub problem: String,
-}
+pub use fgpu_driver::hami::RequestError;
 
 /// A pending claim, ready for the engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -306,49 +297,9 @@ fn read_request(
     let mut request = Request::new(count, share);
     request.cores = config.cores.map(|c| u32::from(c.get()));
 
-    let pod_err = |ann: &str, problem: String| RequestError {
-        object: format!("pod {pod_key}"),
-        path: format!("metadata.annotations[{ann:?}]"),
-        problem,
-    };
-    let list = |ann: &str| -> Vec<String> {
-        pod_annotations.get(ann).map_or_else(Vec::new, |v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-    };
-    request.model_include = list(legacy::ANNOTATION_USE_GPU_TYPE);
-    request.model_exclude = list(legacy::ANNOTATION_NOUSE_GPU_TYPE);
-    request.uuid_pin = list(legacy::ANNOTATION_USE_GPU_UUID);
-
-    let mut policy = default_policy;
-    if let Some(v) = pod_annotations.get(legacy::ANNOTATION_NODE_SCHEDULER_POLICY) {
-        policy.node = match v.trim() {
-            "binpack" => NodePolicy::Binpack,
-            "spread" => NodePolicy::Spread,
-            other => {
-                return Err(pod_err(
-                    legacy::ANNOTATION_NODE_SCHEDULER_POLICY,
-                    format!("{other:?}; valid are binpack and spread"),
-                ));
-            }
-        };
-    }
-    if let Some(v) = pod_annotations.get(legacy::ANNOTATION_GPU_SCHEDULER_POLICY) {
-        policy.gpu = match v.trim() {
-            "binpack" => GpuPolicy::Binpack,
-            "spread" => GpuPolicy::Spread,
-            other => {
-                return Err(pod_err(
-                    legacy::ANNOTATION_GPU_SCHEDULER_POLICY,
-                    format!("{other:?}; valid are binpack and spread"),
-                ));
-            }
-        };
-    }
+    let placement = hami::pod_annotations(pod_annotations, pod_key, default_policy)?;
+    placement.constrain(&mut request);
+    let policy = placement.policy;
     Ok(PendingClaim {
         key,
         id: crate::usage::grant_id(claim),
@@ -364,6 +315,7 @@ fn read_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fgpu_driver::engine::{GpuPolicy, NodePolicy};
     use serde_json::json;
 
     fn claim(request: Value, config: Value) -> Value {

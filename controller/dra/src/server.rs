@@ -1,4 +1,5 @@
-//! The daemon's HTTP servers (hyper 1, HTTP/1.1).
+//! The daemon's HTTP endpoints, served by the plumbing's server layer (body limits,
+//! timeouts, certificate reload).
 //!
 //! * Webhooks over TLS (rustls, certificate and key from PEM files):
 //!   `POST /mutate-pods` (adds the scheduling gate, [`crate::admission::gate_patch`]) and
@@ -8,132 +9,85 @@
 //! * Plain HTTP: `GET /metrics`, `/healthz` (the process serves), `/readyz` (the
 //!   reflectors have listed once).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use anyhow::{Context, Result};
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use anyhow::Result;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::response::Response;
+use axum::routing::get;
+use fgpu_plumbing::server::{self as http, Limits};
 use kube::api::{Api, DynamicObject};
 use serde_json::Value;
-use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 use crate::admission::{self, ClaimSource};
-use crate::daemon::{Mode, Shared, claim_resource, template_resource};
-use crate::reconcile::request_classes;
+use crate::objects::request_classes;
+use crate::shared::{Mode, Shared};
 
-/// A rustls server config from PEM files.
-pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
-    let certs = rustls_pemfile::certs(&mut std::io::BufReader::new(
-        std::fs::File::open(cert).with_context(|| format!("--tls-cert {}", cert.display()))?,
-    ))
-    .collect::<Result<Vec<_>, _>>()
-    .with_context(|| format!("--tls-cert {}: not PEM certificates", cert.display()))?;
-    anyhow::ensure!(
-        !certs.is_empty(),
-        "--tls-cert {}: no certificate in the file",
-        cert.display()
-    );
-    let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
-        std::fs::File::open(key).with_context(|| format!("--tls-key {}", key.display()))?,
-    ))
-    .with_context(|| format!("--tls-key {}: not a PEM private key", key.display()))?
-    .with_context(|| format!("--tls-key {}: no private key in the file", key.display()))?;
-    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .context("TLS protocol versions")?
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .context("--tls-cert/--tls-key do not make a certificate and its key")?;
-    Ok(Arc::new(cfg))
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response {
+    http::body(status, content_type, body)
 }
 
-fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+/// The plain endpoints: `/metrics`, `/healthz`, `/readyz`.
+pub fn probes(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(s): State<Arc<Shared>>| async move {
+                reply(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    s.metrics.encode(),
+                )
+            }),
+        )
+        .route(
+            "/healthz",
+            get(|| async { reply(StatusCode::OK, "text/plain", "ok\n".into()) }),
+        )
+        .route(
+            "/readyz",
+            get(|State(s): State<Arc<Shared>>| async move {
+                if s.ready.load(Ordering::Relaxed) {
+                    reply(StatusCode::OK, "text/plain", "ok\n".into())
+                } else {
+                    reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain",
+                        "caches not synced\n".into(),
+                    )
+                }
+            }),
+        )
+        .fallback(|| async { reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()) })
+        .with_state(shared)
 }
 
 /// Serves `/metrics`, `/healthz`, `/readyz` on `addr`.
 pub async fn spawn_plain(addr: SocketAddr, shared: Arc<Shared>) -> Result<()> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--metrics-addr {addr}"))?;
+    let listener = http::bind("--metrics-address", addr).await?;
     tracing::info!(%addr, "metrics and health endpoints");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let shared = shared.clone();
-                    async move {
-                        Ok::<_, Infallible>(match req.uri().path() {
-                            "/metrics" => reply(
-                                StatusCode::OK,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                                shared.metrics.encode(),
-                            ),
-                            "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-                            "/readyz" if shared.ready.load(Ordering::Relaxed) => {
-                                reply(StatusCode::OK, "text/plain", "ok\n".into())
-                            }
-                            "/readyz" => reply(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "text/plain",
-                                "caches not synced\n".into(),
-                            ),
-                            _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
-                        })
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
+    tokio::spawn(http::serve(
+        listener,
+        probes(shared),
+        Limits::PROBES,
+        None,
+        std::future::pending(),
+    ));
     Ok(())
 }
 
-/// The webhook server's flags, shared by `run` and `extender`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct WebhookArgs {
-    /// Address to serve the admission webhooks on (HTTPS; `run`: /mutate-pods and
-    /// /validate-claims, `extender`: /mutate-pods); needs --tls-cert and --tls-key. No
-    /// webhook when absent.
-    #[arg(long)]
-    pub webhook_addr: Option<SocketAddr>,
-    /// PEM certificate (chain) of the webhook server.
-    #[arg(long, requires = "webhook_addr")]
-    pub tls_cert: Option<std::path::PathBuf>,
-    /// PEM private key of the webhook server.
-    #[arg(long, requires = "webhook_addr")]
-    pub tls_key: Option<std::path::PathBuf>,
-}
-
-impl WebhookArgs {
-    /// The address and TLS configuration to serve on; `None` without --webhook-addr.
-    pub fn tls(&self) -> Result<Option<(SocketAddr, Arc<rustls::ServerConfig>)>> {
-        match (&self.webhook_addr, &self.tls_cert, &self.tls_key) {
-            (Some(addr), Some(c), Some(k)) => Ok(Some((*addr, tls_config(c, k)?))),
-            (Some(_), _, _) => anyhow::bail!("--webhook-addr needs --tls-cert and --tls-key"),
-            _ => Ok(None),
-        }
-    }
+/// The webhook endpoints: `POST /mutate-pods`, `POST /validate-claims`.
+pub fn webhooks(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .fallback(
+            |State(s): State<Arc<Shared>>, req: Request| async move { webhook(req, &s).await },
+        )
+        .with_state(shared)
 }
 
 /// Serves the webhooks over TLS on `addr`.
@@ -142,56 +96,19 @@ pub async fn spawn_webhooks(
     tls: Arc<rustls::ServerConfig>,
     shared: Arc<Shared>,
 ) -> Result<()> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--webhook-addr {addr}"))?;
+    let listener = http::bind("--webhook-addr", addr).await?;
     tracing::info!(%addr, "admission webhooks (HTTPS)");
-    tokio::spawn(serve_tls(listener, tls, move |req| {
-        let shared = shared.clone();
-        async move { webhook(req, &shared).await }
-    }));
+    tokio::spawn(http::serve(
+        listener,
+        webhooks(shared),
+        Limits::WEBHOOK,
+        Some(tls),
+        std::future::pending(),
+    ));
     Ok(())
 }
 
-/// Accepts TLS connections on `listener` until the task is dropped, and answers each
-/// request of each connection (HTTP/1.1) with `handle`. A failed handshake drops only that
-/// connection.
-pub async fn serve_tls<H, F>(listener: TcpListener, tls: Arc<rustls::ServerConfig>, handle: H)
-where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
-{
-    let acceptor = TlsAcceptor::from(tls);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!("accept: {e}");
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            let stream = match acceptor.accept(stream).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::debug!(%peer, "TLS handshake: {e}");
-                    return;
-                }
-            };
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let reply = handle(req);
-                async move { Ok::<_, Infallible>(reply.await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
-}
-
-async fn webhook(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+async fn webhook(req: Request, shared: &Shared) -> Response {
     let path = req.uri().path().to_owned();
     if req.method() != Method::POST {
         return reply(
@@ -200,8 +117,8 @@ async fn webhook(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes
             "POST an AdmissionReview\n".into(),
         );
     }
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
+    let body: Bytes = match axum::body::to_bytes(req.into_body(), Limits::WEBHOOK.max_body).await {
+        Ok(b) => b,
         Err(e) => {
             return reply(
                 StatusCode::BAD_REQUEST,
@@ -263,8 +180,12 @@ async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
     let mut needs = false;
     for src in admission::pod_sources(pod) {
         let (ar, name, inner) = match &src {
-            ClaimSource::Claim(n) => (claim_resource(shared.api), n, false),
-            ClaimSource::Template(n) => (template_resource(shared.api), n, true),
+            ClaimSource::Claim(n) => (fgpu_plumbing::discovery::claims(shared.api), n, false),
+            ClaimSource::Template(n) => (
+                fgpu_plumbing::discovery::claim_templates(shared.api),
+                n,
+                true,
+            ),
         };
         let api: Api<DynamicObject> = Api::namespaced_with(shared.client.clone(), ns, &ar);
         match api.get_opt(name).await {

@@ -309,7 +309,7 @@ mod tests {
         let cores_only =
             json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "cores": 10});
         type Case<'a> = (&'a str, Value, Value, Vec<(&'a str, u64, u32)>);
-        let cases: Vec<Case> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 "consumedCapacity wins over config",
                 json!([consumed.clone()]),

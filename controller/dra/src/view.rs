@@ -17,7 +17,7 @@ use fgpu_driver::ledger::Grant;
 use serde_json::Value;
 
 use crate::object_key;
-use crate::reconcile::{self, ObjectId};
+use crate::objects::{self, ObjectId};
 use crate::usage::{self, UsageError};
 
 /// What a pass reads of one ResourceClaim.
@@ -61,12 +61,12 @@ impl ClaimView {
             reserved: status["reservedFor"]
                 .as_array()
                 .is_some_and(|r| !r.is_empty()),
-            shared: reconcile::is_shared(claim, driver),
+            shared: objects::is_shared(claim, driver),
             allocated_at: status["allocation"]["allocationTimestamp"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned(),
-            node: reconcile::allocated_node(claim).map(str::to_owned),
+            node: objects::allocated_node(claim).map(str::to_owned),
             grant: usage::claim_grant(claim, driver.as_str(), inventory),
         }
     }
@@ -92,7 +92,7 @@ pub struct PodView {
     pub gated: bool,
     /// Its other scheduling gates, as written (what an ungate leaves).
     pub other_gates: Vec<Value>,
-    /// [`reconcile::pod_claim_names`].
+    /// [`objects::pod_claim_names`].
     pub claims: Vec<Option<String>>,
     /// `spec.nodeName` is set.
     pub bound: bool,
@@ -123,7 +123,7 @@ impl PodView {
                 .filter(|g| !named(g))
                 .cloned()
                 .collect(),
-            claims: reconcile::pod_claim_names(pod),
+            claims: objects::pod_claim_names(pod),
             bound: pod["spec"]["nodeName"]
                 .as_str()
                 .is_some_and(|n| !n.is_empty()),

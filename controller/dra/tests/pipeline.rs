@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use fgpu_api::names::DriverName;
-use fgpu_controller::{allocation, explain, inventory, request, usage};
+use fgpu_dra_controller::{allocation, explain, inventory, request, usage};
 use fgpu_driver::engine::{MaxSpec, Policy, ScoreContext, choose};
 use fgpu_driver::ledger::Ledger;
 use proptest::prelude::*;

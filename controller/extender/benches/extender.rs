@@ -1,7 +1,7 @@
-//! Benchmark of the extender (issue 9), as an ignored test printing figures:
+//! Benchmark of the extender (issue 9), a bench binary printing figures:
 //!
 //! ```text
-//! CARGO_TARGET_DIR=... cargo test --release -p fgpu-controller --test extender_bench -- --ignored --nocapture
+//! cargo bench -p fgpu-extender --bench extender
 //! ```
 //!
 //! 1. `/filter` + `/prioritize` latency (p50/p99) over HTTP on a local TCP socket, with a
@@ -10,15 +10,15 @@
 //! 2. Bind throughput, 200 pods onto 10 nodes, each API write taking 5 ms (in-memory
 //!    writer): optimistic reservations vs. a one-pod-per-node lock, in the same run.
 
-#[path = "extender_support.rs"]
+#[path = "../tests/it/support.rs"]
 mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fgpu_api::extender::{Node, Pod};
-use fgpu_controller::extender::pod::pod_request;
-use fgpu_controller::extender::{Extender, ExtenderConfig, MemoryCluster};
+use fgpu_driver::hami::pod_request;
+use fgpu_extender::{Extender, ExtenderConfig, MemoryCluster};
 use serde_json::json;
 use support::*;
 
@@ -85,7 +85,7 @@ fn cluster_5000() -> (Vec<Node>, Vec<Pod>) {
                 _ => json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"}),
             };
             let mut pod = gpu_pod(&name, json!({}), limits);
-            let req = pod_request(&pod, &cfg.names, &cfg.driver, cfg.default_policy).unwrap();
+            let req = pod_request(&pod, &cfg.names, cfg.default_policy).unwrap();
             if let Ok(a) = scratch.reserve(&n.metadata.name, &req) {
                 pod.metadata.annotations.insert(ASSIGNED.into(), a.render());
                 pod.spec
@@ -99,8 +99,6 @@ fn cluster_5000() -> (Vec<Node>, Vec<Pod>) {
     (nodes, pods)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: run with --release -- --ignored --nocapture"]
 async fn filter_prioritize_latency_5000_nodes() {
     let (nodes, pods) = cluster_5000();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -273,8 +271,6 @@ async fn bind_run(serialize: bool, latency: Duration) -> (f64, usize) {
     (secs, ok)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: run with --release -- --ignored --nocapture"]
 async fn bind_throughput_optimistic_vs_node_lock() {
     let latency = Duration::from_millis(5);
     let (opt_s, opt_ok) = bind_run(false, latency).await;
@@ -296,4 +292,20 @@ async fn bind_throughput_optimistic_vs_node_lock() {
         lock
     );
     println!("  ratio optimistic / node lock: {:.1}x", opt / lock);
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a test run (`cargo test --benches`) does not: then
+    // only check that the bench builds.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("extender bench: run with `cargo bench -p fgpu-extender --bench extender`");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    rt.block_on(filter_prioritize_latency_5000_nodes());
+    rt.block_on(bind_throughput_optimistic_vs_node_lock());
 }

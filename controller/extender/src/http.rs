@@ -1,4 +1,4 @@
-//! The extender's HTTP servers (hyper 1, HTTP/1.1). Plain: `POST /filter`, `/prioritize`,
+//! The extender's HTTP servers (the plumbing's server layer: body limits, timeouts). Plain: `POST /filter`, `/prioritize`,
 //! `/bind` (the last path segment is the verb, so any `urlPrefix` path works) and
 //! `GET /healthz`.
 //!
@@ -10,48 +10,46 @@
 //! TLS (optional, [`serve_webhook`]): the admission webhook, `POST /mutate-pods`, and
 //! `GET /healthz`.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
+use axum::Router;
 use fgpu_api::extender::{ExtenderArgs, ExtenderBindingArgs};
+use fgpu_plumbing::server::Limits;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
-use hyper::service::service_fn;
+use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::net::TcpListener;
 
-use super::state::Extender;
-use super::writer::ClusterWriter;
+use crate::state::Extender;
+use crate::writer::ClusterWriter;
 
 /// Largest request body accepted (a filter call with full Node objects can be large).
 pub const MAX_BODY: usize = 256 << 20;
 
+/// What one extender call may take: up to [`MAX_BODY`], a minute (a bind writes to the
+/// API server).
+pub const LIMITS: Limits = Limits::WEBHOOK
+    .with_max_body(MAX_BODY)
+    .with_request_timeout(std::time::Duration::from_secs(60));
+
+/// The extender's endpoints.
+pub fn router<W: ClusterWriter>(ext: Arc<Extender>, writer: Arc<W>) -> Router {
+    Router::new().fallback(move |req: axum::extract::Request| async move {
+        handle(req, ext, &*writer).await
+    })
+}
+
 /// Serves the extender on `listener` until the task is dropped.
 pub async fn serve<W: ClusterWriter>(listener: TcpListener, ext: Arc<Extender>, writer: Arc<W>) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!("accept: {e}");
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let ext = ext.clone();
-        let writer = writer.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let ext = ext.clone();
-                let writer = writer.clone();
-                async move { Ok::<_, Infallible>(handle(req, ext, &*writer).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+    fgpu_plumbing::server::serve(
+        listener,
+        router(ext, writer),
+        LIMITS,
+        None,
+        std::future::pending(),
+    )
+    .await;
 }
 
 fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full<Bytes>> {
@@ -76,8 +74,8 @@ fn json<T: Serialize>(value: &T) -> Response<Full<Bytes>> {
 }
 
 /// Answers one request.
-pub async fn handle<W: ClusterWriter>(
-    req: Request<Incoming>,
+pub async fn handle<W: ClusterWriter, B: BodyIn>(
+    req: Request<B>,
     ext: Arc<Extender>,
     writer: &W,
 ) -> Response<Full<Bytes>> {
@@ -155,31 +153,48 @@ pub async fn handle<W: ClusterWriter>(
 }
 
 /// Largest AdmissionReview accepted (a Pod is at most about 1.5 MiB in etcd).
-pub const MAX_REVIEW_BODY: usize = 8 << 20;
+pub const MAX_REVIEW_BODY: usize = Limits::WEBHOOK.max_body;
+
+/// A request body the handlers can read (hyper's `Incoming`, axum's `Body`).
+pub trait BodyIn:
+    hyper::body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send
+{
+}
+
+impl<B> BodyIn for B where
+    B: hyper::body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+{
+}
 
 /// Serves the admission webhook over TLS on `listener` until the task is dropped:
-/// `POST /mutate-pods` (an `AdmissionReview` of a Pod, [`super::webhook::review`]) and
+/// `POST /mutate-pods` (an `AdmissionReview` of a Pod, [`crate::webhook::review`]) and
 /// `GET /healthz`. The checks read the GPU inventory `ext` has cached. A body that is not
 /// a review is answered 400; a failed TLS handshake drops only that connection.
 pub async fn serve_webhook(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     ext: Arc<Extender>,
-    cfg: Arc<super::webhook::WebhookConfig>,
+    cfg: Arc<crate::webhook::WebhookConfig>,
 ) {
-    crate::server::serve_tls(listener, tls, move |req| {
-        let ext = ext.clone();
-        let cfg = cfg.clone();
-        async move { handle_webhook(req, &ext, &cfg).await }
-    })
+    let router = Router::new().fallback(move |req: axum::extract::Request| async move {
+        handle_webhook(req, &ext, &cfg).await
+    });
+    fgpu_plumbing::server::serve(
+        listener,
+        router,
+        Limits::WEBHOOK,
+        Some(tls),
+        std::future::pending(),
+    )
     .await;
 }
 
 /// Answers one webhook request.
-pub async fn handle_webhook(
-    req: Request<Incoming>,
+pub async fn handle_webhook<B: BodyIn>(
+    req: Request<B>,
     ext: &Extender,
-    cfg: &super::webhook::WebhookConfig,
+    cfg: &crate::webhook::WebhookConfig,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path().trim_end_matches('/').to_owned();
     match (req.method(), path.as_str()) {
@@ -220,7 +235,7 @@ pub async fn handle_webhook(
         }
     };
     let inv = ext.gpu_inventory();
-    match super::webhook::review(&review, cfg, &inv) {
+    match crate::webhook::review(&review, cfg, &inv) {
         Ok(answer) => {
             let r = &answer["response"];
             if r["allowed"] == false {

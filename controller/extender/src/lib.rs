@@ -5,15 +5,18 @@
 //! * [`annotations`]: the node inventory annotation (`<driver>/node-gpus`, written by the
 //!   node plugin) and the pod assignment annotation (`<driver>/assigned-devices`, written
 //!   at bind, read by the device plugin's `Allocate`): formats and strict parsing.
-//! * [`pod`]: a pod's `nvidia.com/*` resources and HAMi annotations → one engine request
-//!   per container, and the pod's policy.
+//! * a pod's `nvidia.com/*` resources and HAMi annotations → one engine request per
+//!   container, and the pod's policy: [`fgpu_driver::hami`] (the DRA controller reads pod
+//!   annotations through it too).
 //! * [`state`]: the node cache and ledger ([`Extender::sync`] from lists of nodes and
 //!   pods), and the verbs. Bind reserves under a per-node mutex, then writes with no lock
 //!   held (optimistic; no node lock).
 //! * [`writer`]: the [`ClusterWriter`] trait, an in-memory cluster and the kube-rs one.
+//! * [`inventory`]: the cluster's GPUs as the webhook checks pods against them.
 //! * [`webhook`]: the mutating admission webhook for pods asking for the legacy
 //!   resources (scheduler name, defaults, admission-time refusals).
-//! * [`http`]: the hyper servers (the extender over HTTP; the webhook over HTTPS).
+//! * [`http`]: the endpoints (the extender over HTTP; the webhook over HTTPS), served by
+//!   the plumbing's server layer.
 //! * [`watch`]: wakes the resync when a pod with a decision goes or a node's inventory
 //!   changes (between the periodic lists).
 //!
@@ -23,14 +26,13 @@
 
 pub mod annotations;
 pub mod http;
-pub mod pod;
+pub mod inventory;
 pub mod state;
 pub mod watch;
 pub mod webhook;
 pub mod writer;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,14 +50,15 @@ pub struct ExtenderArgs {
     #[arg(long, default_value = "0.0.0.0:8888")]
     pub listen: SocketAddr,
     /// The driver name (annotation prefix).
-    #[arg(long, default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
+    #[arg(long, env = "FGPU_DRIVER_NAME", default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
     /// Default placement policy, `<node>/<gpu>` (HAMi's default: binpack/spread); pods
     /// override it with `hami.io/node-scheduler-policy` and `hami.io/gpu-scheduler-policy`.
-    #[arg(long, default_value = "binpack/spread")]
-    pub policy: String,
+    /// `--policy` is the older spelling.
+    #[arg(long, alias = "policy", default_value = "binpack/spread")]
+    pub default_policy: String,
     /// Seconds between two reads of all nodes and pods (capacity and grants).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     pub resync_seconds: u64,
     /// Seconds a bind's reservation is kept while the pod list does not show it.
     #[arg(long, default_value_t = 300)]
@@ -72,11 +75,10 @@ pub struct ExtenderArgs {
     /// Extended resource: percent of each GPU's SMs.
     #[arg(long, default_value = fgpu_api::names::legacy::RESOURCE_CORES)]
     pub resource_cores: String,
-    /// Kubeconfig (in-cluster configuration when absent).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
     #[command(flatten)]
-    pub webhook: crate::server::WebhookArgs,
+    pub kube: fgpu_plumbing::client::KubeArgs,
+    #[command(flatten)]
+    pub webhook: fgpu_plumbing::server::WebhookArgs,
     /// `spec.schedulerName` the webhook gives pods asking for the GPU resources (pods with
     /// no scheduler name or `default-scheduler`); the profile name of the kube-scheduler
     /// that calls this extender.
@@ -114,7 +116,7 @@ impl ExtenderArgs {
     /// The extender's configuration; errors name the flag.
     pub fn config(&self) -> Result<ExtenderConfig> {
         let driver = DriverName::new(self.driver_name.clone()).context("--driver-name")?;
-        let default_policy: Policy = self.policy.parse().context("--policy")?;
+        let default_policy: Policy = self.default_policy.parse().context("--default-policy")?;
         Ok(ExtenderConfig {
             driver,
             names: LegacyResourceNames {
@@ -159,29 +161,13 @@ pub async fn resync(client: &kube::Client, ext: &Extender) -> Result<SyncReport>
 
 /// Runs the extender daemon until SIGTERM / Ctrl-C (`fgpu-controller extender`).
 pub fn run(args: ExtenderArgs) -> Result<()> {
-    // Two rustls providers may be linked in; pick ring, as the DRA daemon does.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    fgpu_plumbing::tls_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     rt.block_on(run_async(args))
-}
-
-async fn stopped() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// The daemon's body, for callers that already run a Tokio runtime.
@@ -191,7 +177,7 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
         Some((addr, tls)) => Some((addr, tls, Arc::new(args.webhook_config()?))),
         None => None,
     };
-    let client = crate::daemon::client(args.kubeconfig.as_ref()).await?;
+    let client = args.kube.client().await?;
     let ext = Arc::new(Extender::new(config));
     let report = resync(&client, &ext).await.context("first resync")?;
     tracing::info!(
@@ -202,17 +188,13 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     for e in &report.errors {
         tracing::warn!("{e}");
     }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("--listen {}", args.listen))?;
+    let listener = fgpu_plumbing::server::bind("--listen", args.listen).await?;
     tracing::info!(addr = %args.listen, "scheduler extender");
     let writer = Arc::new(KubeCluster::new(client.clone()));
     let server = tokio::spawn(http::serve(listener, ext.clone(), writer));
     let webhook_server = match webhook {
         Some((addr, tls, cfg)) => {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("--webhook-addr {addr}"))?;
+            let l = fgpu_plumbing::server::bind("--webhook-addr", addr).await?;
             tracing::info!(%addr, scheduler = %cfg.scheduler_name, "admission webhook (HTTPS)");
             Some(tokio::spawn(http::serve_webhook(l, tls, ext.clone(), cfg)))
         }
@@ -229,7 +211,7 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
         ext.config().driver.node_inventory_annotation(),
         wake.clone(),
     ));
-    let stop = stopped();
+    let stop = fgpu_plumbing::shutdown::requested();
     tokio::pin!(stop);
     loop {
         tokio::select! {

@@ -24,11 +24,11 @@ use fgpu_driver::engine::{
 use fgpu_driver::ledger::{DeviceGrant, Grant, Ledger};
 use serde_json::{Value, json};
 
-use super::annotations::{
+use crate::annotations::{
     AssignedDevice, ContainerAssignment, PodAssignment, grant_id, parse_node_inventory,
 };
-use super::pod::{ContainerRequest, PodRequest, pod_key, pod_request};
-use super::writer::ClusterWriter;
+use crate::writer::ClusterWriter;
+use fgpu_driver::hami::{ContainerRequest, PodRequest, pod_key, pod_request};
 
 /// How the extender is configured.
 #[derive(Clone, Debug)]
@@ -191,7 +191,7 @@ impl Extender {
                         pod.metadata.uid.clone()
                     };
                     report.assigned_pods += 1;
-                    let grants = super::annotations::grants(&a, &uid);
+                    let grants = crate::annotations::grants(&a, &uid);
                     by_node
                         .entry(a.node.clone())
                         .or_default()
@@ -291,13 +291,7 @@ impl Extender {
     }
 
     fn read_pod(&self, pod: &Pod) -> Result<PodRequest, String> {
-        pod_request(
-            pod,
-            &self.config.names,
-            &self.config.driver,
-            self.config.default_policy,
-        )
-        .map_err(|e| e.to_string())
+        pod_request(pod, &self.config.names, self.config.default_policy).map_err(|e| e.to_string())
     }
 
     fn remember(&self, pod: &Pod) {
@@ -759,7 +753,7 @@ impl Extender {
 
     /// The GPUs of every node in the cache (models, UUIDs, largest memory), for the
     /// admission webhook's checks.
-    pub fn gpu_inventory(&self) -> super::webhook::GpuInventory {
+    pub fn gpu_inventory(&self) -> crate::inventory::GpuInventory {
         let slots: Vec<Arc<NodeSlot>> = self
             .nodes
             .read()
@@ -767,7 +761,7 @@ impl Extender {
             .values()
             .cloned()
             .collect();
-        let mut inv = super::webhook::GpuInventory::default();
+        let mut inv = crate::inventory::GpuInventory::default();
         for slot in slots {
             let st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
             if st.capacity.gpus.is_empty() {

@@ -83,7 +83,7 @@ pub fn gone_with_decision<'a>(
 /// task is dropped; watch errors are retried with kube-rs's default backoff.
 pub async fn wake_on_changes(
     client: kube::Client,
-    ext: Arc<super::Extender>,
+    ext: Arc<crate::Extender>,
     pod_ann: String,
     node_ann: String,
     wake: Arc<Notify>,

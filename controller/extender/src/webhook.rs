@@ -2,7 +2,7 @@
 //! that ask for the HAMi-style resources are sent to fgpu's scheduler, get the defaults
 //! the kubelet and the extender need, and are refused at creation when a resource or an
 //! annotation cannot be honoured. Pure: [`review`] turns an `AdmissionReview` into its
-//! answer; the HTTPS server is [`super::http::serve_webhook`]. See `docs/extender.md`,
+//! answer; the HTTPS server is [`crate::http::serve_webhook`]. See `docs/extender.md`,
 //! "Admission webhook".
 //!
 //! A pod *asks for GPUs* when any container or init container names one of the four
@@ -32,16 +32,16 @@
 //! policy annotations other than `binpack`/`spread`, model names in
 //! `nvidia.com/use-gputype` / `nouse-gputype` that no known GPU matches, malformed UUIDs in
 //! `nvidia.com/use-gpuuuid` / `nouse-gpuuuid`, and anything else the extender itself would
-//! refuse ([`super::pod::pod_request`] runs on the mutated pod as the last check, so the
+//! refuse ([`fgpu_driver::hami::pod_request`] runs on the mutated pod as the last check, so the
 //! webhook never admits a pod the extender cannot read). Soft problems are warnings.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use fgpu_api::names::{DriverName, LegacyResourceNames, legacy};
 use fgpu_driver::engine::Policy;
 use serde_json::{Map, Value, json};
 
-use super::pod::{ANNOTATION_NUMA_BIND, MAX_GPUS_PER_CONTAINER};
+use fgpu_driver::hami::{ANNOTATION_NUMA_BIND, MAX_GPUS_PER_CONTAINER};
 
 /// Default `--scheduler-name`: the profile of the second kube-scheduler that calls the
 /// extender (`deploy/extender/scheduler.yaml`).
@@ -73,7 +73,7 @@ pub struct WebhookConfig {
 
 impl Default for WebhookConfig {
     fn default() -> Self {
-        let ext = super::ExtenderConfig::default();
+        let ext = crate::ExtenderConfig::default();
         Self {
             scheduler_name: DEFAULT_SCHEDULER_NAME.to_owned(),
             names: ext.names,
@@ -85,46 +85,7 @@ impl Default for WebhookConfig {
     }
 }
 
-/// What the extender knows of the cluster's GPUs (from the node inventory annotations).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GpuInventory {
-    /// Nodes with at least one GPU.
-    pub nodes: usize,
-    /// Distinct model names.
-    pub models: BTreeSet<String>,
-    /// UUIDs, lower case.
-    pub uuids: BTreeSet<String>,
-    /// The largest GPU's memory, bytes, and its model.
-    pub max_memory_bytes: u64,
-    pub max_memory_model: String,
-}
-
-impl GpuInventory {
-    /// Adds one GPU.
-    pub fn add_gpu(&mut self, model: &str, uuid: &str, memory_bytes: u64) {
-        if !self.models.contains(model) {
-            self.models.insert(model.to_owned());
-        }
-        self.uuids.insert(uuid.to_ascii_lowercase());
-        if memory_bytes > self.max_memory_bytes {
-            self.max_memory_bytes = memory_bytes;
-            self.max_memory_model = model.to_owned();
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.models.is_empty()
-    }
-
-    /// Whether some known model contains `pattern` (ASCII case-insensitive), the engine's
-    /// matching rule.
-    pub fn has_model(&self, pattern: &str) -> bool {
-        let p = pattern.to_ascii_lowercase();
-        self.models
-            .iter()
-            .any(|m| m.to_ascii_lowercase().contains(&p))
-    }
-}
+pub use crate::inventory::GpuInventory;
 
 /// The webhook's decision on one pod.
 #[derive(Clone, Debug, PartialEq)]
@@ -154,9 +115,9 @@ pub fn review(review: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Result
     let answer = |d: Decision| match d {
         Decision::Allow { patch, warnings } => {
             let patch = (!patch.is_empty()).then_some(Value::Array(patch));
-            crate::admission::response(review, true, None, patch.as_ref(), &warnings)
+            fgpu_plumbing::admission::response(review, true, None, patch.as_ref(), &warnings)
         }
-        Decision::Deny(m) => crate::admission::response(review, false, Some(&m), None, &[]),
+        Decision::Deny(m) => fgpu_plumbing::admission::response(review, false, Some(&m), None, &[]),
     };
     let kind = req["kind"]["kind"].as_str().unwrap_or("Pod");
     if req["operation"].as_str() != Some("CREATE") || kind != "Pod" {
@@ -570,7 +531,7 @@ pub fn admit_pod(pod: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Decisi
         let parsed = serde_json::from_value::<fgpu_api::extender::Pod>(mutated)
             .map_err(|e| format!("the pod does not decode: {e}"))
             .and_then(|p| {
-                super::pod::pod_request(&p, names, &cfg.driver, cfg.default_policy)
+                fgpu_driver::hami::pod_request(&p, names, cfg.default_policy)
                     .map(drop)
                     .map_err(|e| format!("{}: {}", e.path, e.problem))
             });

@@ -1,24 +1,49 @@
-//! `fgpu-controller simulate`: file I/O and printing around `fgpu_driver::sim`.
+//! `fgpu-sim`: fgpu's trace simulator. Replays a GPU cluster trace (the FGD paper's
+//! experiment) through the allocation engine and writes the allocation curve per seed, as
+//! the paper's `analysis_allo_discrete.csv`. File I/O and printing around
+//! `fgpu_driver::sim`; it links the domain and the logging flags only (no Kubernetes
+//! client, TLS or HTTP: `cargo tree -p fgpu-sim`).
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{Args, Parser};
 use fgpu_driver::engine::Policy;
 use fgpu_driver::sim::{self, RunConfig, RunResult};
+use fgpu_plumbing::exit::{self, BadInput};
+use fgpu_plumbing::logging::LogArgs;
 
-/// Bad input (unreadable or malformed file, bad flag value): exit code 2.
-#[derive(Debug)]
-pub struct BadInput(pub String);
-
-impl std::fmt::Display for BadInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+/// Replay a GPU cluster trace (the FGD paper's experiment) through fgpu's allocation
+/// engine and write the allocation curve per seed, as the paper's
+/// `analysis_allo_discrete.csv`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fgpu-sim",
+    version,
+    after_help = "Exit status: 0 on success, 2 for bad input (flags, unreadable or malformed CSV), 1 for other failures."
+)]
+struct Cli {
+    #[command(flatten)]
+    log: LogArgs,
+    #[command(flatten)]
+    simulate: SimulateArgs,
 }
 
-impl std::error::Error for BadInput {}
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = cli.log.init() {
+        return exit::report(&e, |_| false);
+    }
+    match run(cli.simulate) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            exit::report(e.as_ref(), |_| false)
+        }
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
@@ -65,7 +90,7 @@ pub struct SimulateArgs {
 
 fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path)
-        .map_err(|e| BadInput(format!("cannot read {}: {e}", path.display())).into())
+        .map_err(|e| BadInput::new(format!("cannot read {}: {e}", path.display())).into())
 }
 
 fn policies(spec: &str) -> Result<Vec<(String, Policy)>> {
@@ -77,7 +102,9 @@ fn policies(spec: &str) -> Result<Vec<(String, Policy)>> {
     }
     spec.split(',')
         .map(|s| {
-            let p: Policy = s.parse().map_err(|e| BadInput(format!("--policy: {e}")))?;
+            let p: Policy = s
+                .parse()
+                .map_err(|e| BadInput::new(format!("--policy: {e}")))?;
             Ok((p.to_string(), p))
         })
         .collect()
@@ -85,9 +112,10 @@ fn policies(spec: &str) -> Result<Vec<(String, Policy)>> {
 
 pub fn run(args: SimulateArgs) -> Result<()> {
     let policies = policies(&args.policy)?;
-    let seeds = sim::parse_seeds(&args.seeds).map_err(|e| BadInput(format!("--seeds: {e}")))?;
+    let seeds =
+        sim::parse_seeds(&args.seeds).map_err(|e| BadInput::new(format!("--seeds: {e}")))?;
     if !(args.tune.is_finite() && args.tune >= 0.0) {
-        return Err(BadInput(format!(
+        return Err(BadInput::new(format!(
             "--tune: {} is not a non-negative number",
             args.tune
         ))
@@ -95,10 +123,10 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     }
     let nodes_name = args.nodes.display().to_string();
     let pods_name = args.pods.display().to_string();
-    let nodes =
-        sim::parse_nodes(&nodes_name, &read(&args.nodes)?).map_err(|e| BadInput(e.to_string()))?;
-    let pods =
-        sim::parse_pods(&pods_name, &read(&args.pods)?).map_err(|e| BadInput(e.to_string()))?;
+    let nodes = sim::parse_nodes(&nodes_name, &read(&args.nodes)?)
+        .map_err(|e| BadInput::new(e.to_string()))?;
+    let pods = sim::parse_pods(&pods_name, &read(&args.pods)?)
+        .map_err(|e| BadInput::new(e.to_string()))?;
     let workload = args
         .pods
         .file_name()
@@ -142,7 +170,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         .with_context(|| format!("cannot write {}", args.out.display()))?;
     let paper = match &args.paper {
         Some(p) => sim::paper_figures(&p.display().to_string(), &read(p)?, &workload)
-            .map_err(|e| BadInput(e.to_string()))?,
+            .map_err(|e| BadInput::new(e.to_string()))?,
         None => Vec::new(),
     };
     println!("workload {workload}: unallocated GPU % at arrived = 100 % (mean ± sd over seeds)");

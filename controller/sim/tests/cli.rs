@@ -1,9 +1,9 @@
-//! The `simulate` subcommand end to end: output layout and exit codes.
+//! `fgpu-sim` end to end: output layout and exit codes.
 
 use std::process::Command;
 
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fgpu-controller"))
+    Command::new(env!("CARGO_BIN_EXE_fgpu-sim"))
 }
 
 const NODES: &str =
@@ -19,7 +19,7 @@ fn writes_one_row_per_policy_and_seed() {
     std::fs::write(&nodes, NODES).unwrap();
     std::fs::write(&pods, PODS).unwrap();
     let o = bin()
-        .args(["simulate", "--policy", "all", "--seeds", "1-2", "--nodes"])
+        .args(["--policy", "all", "--seeds", "1-2", "--nodes"])
         .arg(&nodes)
         .arg("--pods")
         .arg(&pods)
@@ -49,7 +49,7 @@ fn malformed_csv_exits_2_naming_file_line_and_column() {
     )
     .unwrap();
     let o = bin()
-        .args(["simulate", "--seeds", "1", "--nodes"])
+        .args(["--seeds", "1", "--nodes"])
         .arg(&nodes)
         .arg("--pods")
         .arg(&pods)
@@ -61,7 +61,7 @@ fn malformed_csv_exits_2_naming_file_line_and_column() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("pods.csv:2: column 4 (num_gpu)"), "{err}");
     let o = bin()
-        .args(["simulate", "--policy", "nope", "--nodes"])
+        .args(["--policy", "nope", "--nodes"])
         .arg(&nodes)
         .arg("--pods")
         .arg(&pods)
@@ -74,7 +74,7 @@ fn malformed_csv_exits_2_naming_file_line_and_column() {
 
 #[test]
 fn help_and_version() {
-    let o = bin().args(["simulate", "--help"]).output().unwrap();
+    let o = bin().args(["--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&o.stdout);
     for flag in [
         "--nodes", "--pods", "--policy", "--seeds", "--tune", "--out", "--paper", "--jobs",

@@ -1,16 +1,13 @@
 //! The extender over a real TCP socket, with the JSON bodies kube-scheduler sends
 //! (PascalCase, `nodeCacheCapable: true`), bad bodies included.
 
-#[path = "extender_support.rs"]
-mod support;
-
 use std::sync::Arc;
 use std::time::Instant;
 
-use fgpu_controller::extender::annotations::PodAssignment;
-use fgpu_controller::extender::{Extender, ExtenderConfig, MemoryCluster};
+use crate::support::*;
+use fgpu_extender::annotations::PodAssignment;
+use fgpu_extender::{Extender, ExtenderConfig, MemoryCluster};
 use serde_json::{Value, json};
-use support::*;
 
 /// A filter body as kube-scheduler writes it for a HAMi example pod.
 const FILTER: &str = r#"{

@@ -1,17 +1,14 @@
 //! The extender's verbs on an in-memory cluster: policies, constraints, errors, the bind
 //! protocol, concurrent binds and restarts.
 
-#[path = "extender_support.rs"]
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use fgpu_api::extender::Pod;
-use fgpu_controller::extender::annotations::PodAssignment;
-use fgpu_controller::extender::{Extender, ExtenderConfig, MemoryCluster};
+use fgpu_extender::annotations::PodAssignment;
+use fgpu_extender::{Extender, ExtenderConfig, MemoryCluster};
 use serde_json::json;
-use support::*;
 
 fn extender() -> Extender {
     Extender::new(ExtenderConfig::default())
@@ -143,9 +140,8 @@ fn model_include_exclude_and_uuid_pin() {
     let placed = ext
         .reserve(
             "t4",
-            &fgpu_controller::extender::pod::pod_request(
+            &fgpu_driver::hami::pod_request(
                 &pinned,
-                &Default::default(),
                 &Default::default(),
                 ext.config().default_policy,
             )
@@ -537,7 +533,7 @@ fn daemon_flags_are_checked() {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
-        args: fgpu_controller::extender::ExtenderArgs,
+        args: fgpu_extender::ExtenderArgs,
     }
     let ok = Cli::parse_from(["x", "--policy", "spread/binpack"])
         .args

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use fgpu_api::extender::{ExtenderArgs, ExtenderBindingArgs, Node, Pod};
-use fgpu_controller::extender::annotations::render_node_inventory;
 use fgpu_driver::engine::{self, Gpu};
+use fgpu_extender::annotations::render_node_inventory;
 use serde_json::{Value, json};
 
 pub const GIB: u64 = 1 << 30;
@@ -120,14 +120,12 @@ impl Conn {
 }
 
 /// Serves `ext` with `writer` on a free local port; returns the address.
-pub async fn start_server<W: fgpu_controller::extender::ClusterWriter>(
-    ext: std::sync::Arc<fgpu_controller::extender::Extender>,
+pub async fn start_server<W: fgpu_extender::ClusterWriter>(
+    ext: std::sync::Arc<fgpu_extender::Extender>,
     writer: std::sync::Arc<W>,
 ) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(fgpu_controller::extender::http::serve(
-        listener, ext, writer,
-    ));
+    tokio::spawn(fgpu_extender::http::serve(listener, ext, writer));
     addr
 }

@@ -6,18 +6,15 @@
 //! certificate for `localhost` / 127.0.0.1 signed by it (`tls.crt`, `tls.key`), valid
 //! until 2126; made with `openssl` (EC P-256).
 
-#[path = "extender_support.rs"]
-mod support;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::support::*;
 use base64::Engine;
-use fgpu_controller::extender::webhook::WebhookConfig;
-use fgpu_controller::extender::{Extender, ExtenderConfig};
+use fgpu_extender::webhook::WebhookConfig;
+use fgpu_extender::{Extender, ExtenderConfig};
 use serde_json::{Value, json};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn data(file: &str) -> PathBuf {
@@ -28,10 +25,10 @@ fn data(file: &str) -> PathBuf {
 
 async fn start(ext: Arc<Extender>) -> std::net::SocketAddr {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let tls = fgpu_controller::server::tls_config(&data("tls.crt"), &data("tls.key")).unwrap();
+    let tls = fgpu_plumbing::tls::server_config(&data("tls.crt"), &data("tls.key")).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(fgpu_controller::extender::http::serve_webhook(
+    tokio::spawn(fgpu_extender::http::serve_webhook(
         listener,
         tls,
         ext,
@@ -43,7 +40,8 @@ async fn start(ext: Arc<Extender>) -> std::net::SocketAddr {
 fn connector() -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(data("ca.crt")).unwrap();
-    for c in rustls_pemfile::certs(&mut pem.as_slice()) {
+    use rustls_pki_types::pem::PemObject;
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
         roots.add(c.unwrap()).unwrap();
     }
     let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -294,12 +292,12 @@ async fn empty_inventory_admits_with_warnings_then_checks() {
 /// managed resources and the webhook's match condition.
 #[test]
 fn deploy_manifests_agree_with_the_defaults() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/extender");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/extender");
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
     let scheduler = read("scheduler.yaml");
     let webhook = read("webhook.yaml");
     let extender = read("extender.yaml");
-    let name = fgpu_controller::extender::webhook::DEFAULT_SCHEDULER_NAME;
+    let name = fgpu_extender::webhook::DEFAULT_SCHEDULER_NAME;
     assert!(scheduler.contains(&format!("- schedulerName: {name}\n")));
     assert!(extender.contains(&format!("--scheduler-name={name}\n")));
     let names = fgpu_api::names::LegacyResourceNames::default();
