@@ -14,7 +14,6 @@
 //!   plain devices and remembers that (controller mode).
 
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
-use kube::core::GroupVersionKind;
 use serde_json::Value;
 
 use fgpu_api::names::DriverName;
@@ -25,19 +24,15 @@ use crate::prepare::{ClaimSource, SourceError};
 use crate::slices::{self, ApiVersion};
 
 /// The API group of DRA.
-pub const GROUP: &str = "resource.k8s.io";
+pub use fgpu_plumbing::discovery::GROUP;
 
 /// Errors talking to the API server. Each names the object.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    /// The API server does not serve `resource.k8s.io` at a version fgpu speaks.
-    #[error(
-        "the API server serves no resource.k8s.io version fgpu speaks (served: {served}); enable DRA: v1 on 1.34+, or --runtime-config=resource.k8s.io/v1beta1=true on 1.32/1.33"
-    )]
-    NoDra {
-        /// Versions served, comma-separated, or `none`.
-        served: String,
-    },
+    /// Discovery failed, or the API server does not serve `resource.k8s.io` at a version
+    /// fgpu speaks.
+    #[error(transparent)]
+    Discovery(#[from] fgpu_plumbing::discovery::DiscoveryError),
     /// A request failed.
     #[error("{what}: {source}")]
     Kube {
@@ -60,31 +55,11 @@ pub enum ClusterError {
 
 /// Picks the `resource.k8s.io` version to use from what the API server serves.
 pub async fn negotiate(client: &kube::Client) -> Result<ApiVersion, ClusterError> {
-    let groups = client
-        .list_api_groups()
-        .await
-        .map_err(|source| ClusterError::Kube {
-            what: "API discovery (GET /apis)".into(),
-            source,
-        })?;
-    let served: Vec<String> = groups
-        .groups
-        .iter()
-        .filter(|g| g.name == GROUP)
-        .flat_map(|g| g.versions.iter().map(|v| v.version.clone()))
-        .collect();
-    ApiVersion::negotiate(served.iter().map(String::as_str)).ok_or_else(|| ClusterError::NoDra {
-        served: if served.is_empty() {
-            "none".into()
-        } else {
-            served.join(", ")
-        },
-    })
+    Ok(fgpu_plumbing::discovery::negotiate(client).await?)
 }
 
 fn resource(api: ApiVersion, kind: &str, plural: &str) -> ApiResource {
-    let gvk = GroupVersionKind::gvk(GROUP, api.version(), kind);
-    ApiResource::from_gvk_with_plural(&gvk, plural)
+    fgpu_plumbing::discovery::resource(api, kind, plural)
 }
 
 /// Reads ResourceClaims from the API server.

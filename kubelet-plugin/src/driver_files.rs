@@ -124,7 +124,7 @@ pub fn from_toolkit_spec(text: &str, path: &Path) -> Result<DriverFiles, Toolkit
         path: path.to_owned(),
         detail,
     };
-    let raw: RawSpec = serde_yaml::from_str(text).map_err(|e| err(e.to_string()))?;
+    let raw: RawSpec = serde_saphyr::from_str(text).map_err(|e| err(e.to_string()))?;
     if raw.kind != TOOLKIT_KIND {
         return Err(err(format!(
             "kind is {:?}, expected {TOOLKIT_KIND:?}",
@@ -175,7 +175,7 @@ pub fn find_toolkit_spec(dirs: &[PathBuf]) -> Option<(PathBuf, String)> {
                 continue;
             }
             if let Ok(text) = std::fs::read_to_string(&f)
-                && serde_yaml::from_str::<RawSpec>(&text).is_ok_and(|s| s.kind == TOOLKIT_KIND)
+                && serde_saphyr::from_str::<RawSpec>(&text).is_ok_and(|s| s.kind == TOOLKIT_KIND)
             {
                 return Some((f, text));
             }

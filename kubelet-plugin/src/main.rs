@@ -10,15 +10,10 @@ mod serve_cmd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use fgpu_driver::backend::BackendError;
-use tracing_subscriber::EnvFilter;
-
-/// Exit status for bad input: a malformed profile, an unknown node, a bad flag value.
-const EXIT_BAD_INPUT: u8 = 2;
-/// Exit status for every other failure.
-const EXIT_FAILURE: u8 = 1;
+use fgpu_plumbing::exit;
+use fgpu_plumbing::logging::LogArgs;
 
 /// fgpu's node daemon: shares GPUs by memory and compute quota through Kubernetes DRA.
 ///
@@ -32,14 +27,8 @@ const EXIT_FAILURE: u8 = 1;
     after_help = "Exit status: 0 on success, 2 for bad input (flags, malformed fake profile, unknown node), 1 for other failures."
 )]
 struct Cli {
-    /// Log line format on stderr: human-readable `text`, or one JSON object per line.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "FGPU_LOG_FORMAT")]
-    log_format: LogFormat,
-
-    /// Log filter, e.g. `info`, `debug` or `fgpu_driver=debug,info` (tracing EnvFilter
-    /// syntax). Without it, RUST_LOG is used, and without that, `info`.
-    #[arg(long, global = true, value_name = "FILTER")]
-    log_level: Option<String>,
+    #[command(flatten)]
+    log: LogArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -72,15 +61,6 @@ struct DiscoverArgs {
     /// Output format: an aligned `table`, or `json` (an array of node inventories).
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     output: Output,
-}
-
-/// Log line formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// Where a subcommand's GPUs come from (shared by `discover` and `serve`).
@@ -121,21 +101,12 @@ pub(crate) enum Output {
 }
 
 /// An error that the user's input caused (exit status 2), as opposed to a failure.
-#[derive(Debug)]
-pub(crate) struct BadInput(pub(crate) String);
-
-impl std::fmt::Display for BadInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadInput {}
+pub(crate) use fgpu_plumbing::exit::BadInput;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = init_logging(cli.log_format, cli.log_level.as_deref()) {
-        return report(&e);
+    if let Err(e) = cli.log.init() {
+        return exit::report(&e, |_| false);
     }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
@@ -151,40 +122,11 @@ fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// Prints the error as one line on stderr and picks the exit status.
+/// Prints the error as one line on stderr and picks the exit status: bad input (2) also
+/// for a device backend's input errors (a malformed profile, an unknown node).
 fn report(e: &anyhow::Error) -> ExitCode {
-    let line = format!("{e:#}").replace('\n', " ");
-    eprintln!("error: {line}");
-    let bad_input = e.chain().any(|c| {
-        c.downcast_ref::<BadInput>().is_some()
-            || c.downcast_ref::<BackendError>()
-                .is_some_and(BackendError::is_bad_input)
-    });
-    ExitCode::from(if bad_input {
-        EXIT_BAD_INPUT
-    } else {
-        EXIT_FAILURE
+    exit::report(e.as_ref(), |c| {
+        c.downcast_ref::<BackendError>()
+            .is_some_and(BackendError::is_bad_input)
     })
-}
-
-fn init_logging(format: LogFormat, level: Option<&str>) -> anyhow::Result<()> {
-    let filter = match level {
-        Some(spec) => EnvFilter::try_new(spec).map_err(|e| {
-            BadInput(format!(
-                "--log-level {spec:?}: {e} (e.g. info, debug, fgpu_driver=debug)"
-            ))
-        })?,
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let installed = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
-    installed
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .context("cannot install the log subscriber")
 }

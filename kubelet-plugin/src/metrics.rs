@@ -287,56 +287,30 @@ impl Metrics {
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Serves `GET /metrics` (the text `render` returns) and `GET /healthz` over HTTP/1 on
-/// `listener` until `stop` turns true.
+/// `listener` until `stop` turns true (the plumbing's server layer: body limit, timeouts).
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
     render: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    use http_body_util::Full;
-    use hyper::body::{Bytes, Incoming};
-    use hyper::{Request, Response, StatusCode};
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    use fgpu_plumbing::server::{Limits, body};
 
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            accepted = listener.accept() => accepted,
-        };
-        let Ok((stream, _)) = accepted else {
-            continue;
-        };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let render = render.clone();
-                async move {
-                    let (status, content_type, body) = match req.uri().path() {
-                        "/metrics" => (StatusCode::OK, CONTENT_TYPE, render()),
-                        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
-                        _ => (
-                            StatusCode::NOT_FOUND,
-                            "text/plain",
-                            "not found\n".to_owned(),
-                        ),
-                    };
-                    let mut resp = Response::new(Full::new(Bytes::from(body)));
-                    *resp.status_mut() = status;
-                    resp.headers_mut().insert(
-                        hyper::header::CONTENT_TYPE,
-                        hyper::header::HeaderValue::from_static(content_type),
-                    );
-                    Ok::<_, std::convert::Infallible>(resp)
-                }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await
-            {
-                tracing::debug!(error = %e, "metrics connection");
-            }
-        });
-    }
+    let router = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || async move { body(StatusCode::OK, CONTENT_TYPE, render()) }),
+        )
+        .route(
+            "/healthz",
+            get(|| async { body(StatusCode::OK, "text/plain", "ok\n") }),
+        )
+        .fallback(|| async { body(StatusCode::NOT_FOUND, "text/plain", "not found\n") });
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    fgpu_plumbing::server::serve(listener, router, Limits::PROBES, None, stopped).await;
 }
 
 #[cfg(test)]

@@ -17,6 +17,9 @@ use crate::{Backend, BackendArgs, BadInput};
 /// Flags of `serve`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    kube: fgpu_plumbing::client::KubeArgs,
+
     /// Kubernetes node name (the DaemonSet sets it from the downward API).
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     node: String,
@@ -198,10 +201,9 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let runtime = fgpu_kubelet_plugin::serve::runtime(args.worker_threads)
         .context("cannot start the async runtime")?;
+    let args_kube = args.kube.clone();
     runtime.block_on(async move {
-        let client = kube::Client::try_default()
-            .await
-            .context("cannot configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
+        let client = args_kube.client().await?;
         serve(
             cfg,
             client,

@@ -28,43 +28,7 @@ pub const MIN_MEMORY_SHARE: u64 = 256 << 20;
 pub const MEMORY_STEP: u64 = 1 << 20;
 
 /// The `resource.k8s.io` versions the plugin speaks, newest first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ApiVersion {
-    /// `resource.k8s.io/v1` (1.34+).
-    V1,
-    /// `resource.k8s.io/v1beta2` (1.33+, off by default).
-    V1beta2,
-    /// `resource.k8s.io/v1beta1` (1.32+, off by default): devices wrap their fields in `basic`.
-    V1beta1,
-}
-
-impl ApiVersion {
-    /// Preference order.
-    pub const ALL: [Self; 3] = [Self::V1, Self::V1beta2, Self::V1beta1];
-
-    /// The version part (`v1`).
-    pub fn version(self) -> &'static str {
-        match self {
-            Self::V1 => "v1",
-            Self::V1beta2 => "v1beta2",
-            Self::V1beta1 => "v1beta1",
-        }
-    }
-
-    /// `resource.k8s.io/<version>`.
-    pub fn api_version(self) -> String {
-        format!("resource.k8s.io/{}", self.version())
-    }
-
-    /// The newest version among those the API server serves for `resource.k8s.io` (as
-    /// discovery lists them: `v1`, `v1beta1`, ...), or `None` when DRA is off.
-    pub fn negotiate<'a>(served: impl IntoIterator<Item = &'a str>) -> Option<Self> {
-        let served: Vec<&str> = served.into_iter().collect();
-        Self::ALL
-            .into_iter()
-            .find(|v| served.contains(&v.version()))
-    }
-}
+pub use fgpu_api::dra::ApiVersion;
 
 /// Semantic version for a version attribute: `9.0` → `9.0.0`, `535.104.05` → `535.104.5`
 /// (leading zeros are not allowed in semver). `None` if the parts are not numbers.

@@ -7,9 +7,7 @@ use fgpu_api::names::{DriverName, attr};
 fn device_classes_match_the_driver_names() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/deviceclasses.yaml");
     let text = std::fs::read_to_string(path).unwrap();
-    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .collect();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
     let driver = DriverName::default();
     let names: Vec<&str> = docs
         .iter()

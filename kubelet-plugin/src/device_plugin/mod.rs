@@ -279,6 +279,10 @@ pub enum BackendChoice {
 /// Flags of the device-plugin subcommand.
 #[derive(Debug, clap::Args)]
 pub struct DevicePluginArgs {
+    #[command(flatten)]
+    /// The API client's flags (`--kubeconfig`).
+    pub kube: fgpu_plumbing::client::KubeArgs,
+
     /// Kubernetes node name.
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node: String,
@@ -370,10 +374,10 @@ pub struct DevicePluginArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub health_seconds: u64,
     /// Seconds between cleanups of gone pods' files and Node annotation checks.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub resync_seconds: u64,
     /// Async worker threads.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub worker_threads: u16,
     /// The kubelet's pod resources socket, read at each Allocate to learn which pod the
     /// kubelet is admitting; empty: not read (the earliest bind decides).
@@ -435,9 +439,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
     let runtime =
         crate::serve::runtime(args.worker_threads).context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let client = kube::Client::try_default()
-            .await
-            .context("cannot configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
+        let client = args.kube.client().await?;
         let writer = NodeAnnotationWriter::new(
             client.clone(),
             &args.node,

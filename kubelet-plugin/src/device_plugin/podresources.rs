@@ -91,7 +91,7 @@ mod tests {
     type Container<'a> = (&'a str, &'a [(&'a str, &'a [&'a str])]);
 
     /// A response: (namespace/name, containers).
-    fn response(pods: &[(&str, &[Container])]) -> pr::ListPodResourcesResponse {
+    fn response(pods: &[(&str, &[Container<'_>])]) -> pr::ListPodResourcesResponse {
         pr::ListPodResourcesResponse {
             pod_resources: pods
                 .iter()
