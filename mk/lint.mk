@@ -4,10 +4,11 @@
 #   make lint-shell      shellcheck over hack/*.sh and tests/e2e/**/*.sh (installs it if missing)
 #   make deny            cargo deny: licenses, bans, sources (deny.toml; offline, no advisories)
 #   make module-cycles   dependency cycles between the modules of each crate
+#   make flags-check     every binary spells the shared flags the same way (--help of each)
 #
 # cargo-deny is built once per machine into $(FGPU_CACHE)/tools/cargo-deny-<version>
 # (hack/cargo-deny.sh).
-.PHONY: lint-shell deny module-cycles
+.PHONY: lint-shell deny module-cycles flags-check
 
 lint-shell: ## shellcheck over every harness script (hack/, tests/e2e/)
 	hack/lint-shell.sh
@@ -21,5 +22,10 @@ deny: ## cargo deny: licenses, bans and sources of the dependency graph (deny.to
 module-cycles: ## report dependency cycles between the modules of each crate
 	hack/check-module-cycles.py
 
+flags-check: ## the binaries' shared flags: same names, value names and env vars (--help)
+	hack/check-flags.py --self-test >/dev/null
+	$(CARGO) build -q -p fgpu-kubelet-plugin -p fgpu-controller -p fgpu-sim
+	hack/check-flags.py $(CARGO_TARGET_DIR)/debug
+
 # First among the area suites: they take seconds, the others minutes.
-TEST_TARGETS := lint-shell deny $(TEST_TARGETS)
+TEST_TARGETS := lint-shell deny $(TEST_TARGETS) flags-check

@@ -36,7 +36,7 @@ start_controller() {
   MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}" RUST_LOG="${FGPU_E2E_CONTROLLER_LOG:-info}" "$work/bin/fgpu-controller" run \
     --kubeconfig "$KUBECONFIG" \
     --webhook-addr "$CONTROLLER_WEBHOOK_ADDR" --tls-cert "$work/pki/tls.crt" --tls-key "$work/pki/tls.key" \
-    --metrics-addr "$CONTROLLER_METRICS_ADDR" --resync 5 "$@" \
+    --metrics-address "$CONTROLLER_METRICS_ADDR" --resync-seconds 5 "$@" \
     </dev/null >>"$work/controller${CONTROLLER_TAG:-}.log" 2>&1 &
   controller_pid=$!
   say "controller started (pid $controller_pid): $*"

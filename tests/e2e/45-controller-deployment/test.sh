@@ -34,7 +34,7 @@ SYS_NS=fgpu-system
 SA="system:serviceaccount:$SYS_NS:fgpu-controller"
 SEL=app.kubernetes.io/component=controller
 IMAGE=fgpu.local/controller:dev
-# the manifest's --webhook-addr / --metrics-addr (0.0.0.0:9443, 0.0.0.0:19500), on the host
+# the manifest's --webhook-addr / --metrics-address (0.0.0.0:9443, 0.0.0.0:19500), on the host
 CONTROLLER_WEBHOOK_ADDR=127.0.0.1:9443
 METRICS=127.0.0.1:19500
 WORKLOAD="$E2E_DIR/../40-controller-quota/workload.yaml"
