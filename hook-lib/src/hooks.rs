@@ -3,52 +3,14 @@
 //! every body runs in `guard`.
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
-use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
+pub use crate::boundary::guard;
+use crate::boundary::{forward, in_driver, nested};
 use crate::ffi::*;
 use crate::process::{self, Quota, config, current_quota, quota_of};
 use crate::real;
 use crate::track::{Rec, Tracker};
-
-thread_local! {
-    /// Set while this thread is inside a driver call made by the shim.
-    static IN_DRIVER: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs a driver call on behalf of a counted operation. If the driver calls its own
-/// exported entry points meanwhile (they resolve to ours), those nested calls are
-/// forwarded uncounted: no double counting, no re-entered lock.
-#[inline]
-fn in_driver<R>(f: impl FnOnce() -> R) -> R {
-    let prev = IN_DRIVER.with(|c| c.replace(true));
-    let r = f();
-    IN_DRIVER.with(|c| c.set(prev));
-    r
-}
-
-#[inline]
-pub(crate) fn nested() -> bool {
-    IN_DRIVER.with(|c| c.get())
-}
-
-/// Runs `f`, turning a panic into `err`.
-#[inline(always)]
-pub fn guard<R>(err: R, f: impl FnOnce() -> R) -> R {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or(err)
-}
-
-/// Calls the real entry point, or answers `CUDA_ERROR_NOT_INITIALIZED` with no driver.
-macro_rules! forward {
-    ($name:ident ( $($a:expr),* )) => {
-        match real::$name() {
-            // SAFETY: the driver's function, called with the caller's own arguments.
-            Some(f) => unsafe { f($($a),*) },
-            None => CUDA_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
 
 /// Writes through a caller's out-pointer if it is not null.
 fn put<T>(p: *mut T, v: T) {

@@ -15,7 +15,9 @@
 //! - [`procaddr`]: `cuGetProcAddress[_v2]` answers and the hook table.
 //! - `dlsym`: the exported `dlsym` (assembly stub + hook).
 //! - [`real`]: the real driver, resolved lazily.
+//! - [`boundary`]: the panic guard, the re-entrancy flag and the forwarding call.
 
+pub mod boundary;
 pub mod config;
 pub mod core;
 mod dlsym;
