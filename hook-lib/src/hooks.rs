@@ -798,41 +798,6 @@ pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream)
     forward!(cuGraphLaunch_ptsz(exec, stream))
 }
 
-// ------------------------------------------------------------ entry-point lookup
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        let r = forward!(cuGetProcAddress(symbol, pfn, version, flags));
-        if r == CUDA_SUCCESS {
-            crate::procaddr::substitute(symbol, pfn, version, flags);
-        }
-        r
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-    status: *mut c_int,
-) -> CUresult {
-    guard(CUDA_ERROR_UNKNOWN, || {
-        let r = forward!(cuGetProcAddress_v2(symbol, pfn, version, flags, status));
-        if r == CUDA_SUCCESS {
-            crate::procaddr::substitute(symbol, pfn, version, flags);
-        }
-        r
-    })
-}
-
 // ------------------------------------------------------------ NVML
 
 /// The CUDA ordinal this process would use for an NVML device, and its UUID.

@@ -12,7 +12,7 @@
 //! - [`process`]: per-process state, rebuilt after `fork`.
 //! - [`track`]: what this process allocated (pointer/handle → size).
 //! - [`hooks`]: the exported `cu*` / `nvml*` entry points.
-//! - [`procaddr`]: `cuGetProcAddress[_v2]` answers and the hook table.
+//! - [`procaddr`]: the exported `cuGetProcAddress[_v2]`, their answers and the hook table.
 //! - `dlsym`: the exported `dlsym` (assembly stub + hook).
 //! - [`real`]: the real driver, resolved lazily.
 //! - [`boundary`]: the panic guard, the re-entrancy flag and the forwarding call.
