@@ -24,75 +24,14 @@ fn pool_alloc(
     }
     let p = process::get();
     let size = size as u64;
-    // Book the allocation in the pool first (reusing its idle memory, charging the rest).
-    let book = || -> Result<Option<(usize, u64)>, ()> {
-        let mut pools = p.pools.lock().unwrap_or_else(|e| e.into_inner());
-        let st = pools
-            .entry(pool)
-            .or_insert_with(|| PoolStateInit::for_ordinal(ord));
-        let Some((dev, limit)) = st.dev else {
-            return Ok(None);
-        };
-        let need = size.saturating_sub(st.charged.saturating_sub(st.in_use));
-        if need > 0 && !p.acct.try_reserve(dev, need, limit) {
-            return Err(());
-        }
-        st.charged += need;
-        st.in_use += size;
-        Ok(Some((dev, need)))
-    };
-    let booked = match book() {
-        Ok(b) => b,
-        Err(()) => {
-            // What the device's pools gave back at synchronisation may make room.
-            let dev = p
-                .pools
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&pool)
-                .and_then(|st| st.dev);
-            match dev {
-                Some((d, limit)) if refresh_pools(p, d) => match book() {
-                    Ok(b) => b,
-                    Err(()) => {
-                        return oom(
-                            &Quota {
-                                proc: p,
-                                dev: d,
-                                limit,
-                            },
-                            size,
-                            what,
-                        );
-                    }
-                },
-                Some((d, limit)) => {
-                    return oom(
-                        &Quota {
-                            proc: p,
-                            dev: d,
-                            limit,
-                        },
-                        size,
-                        what,
-                    );
-                }
-                None => None,
-            }
-        }
-    };
-    let Some((dev, need)) = booked else {
-        return alloc();
+    let (dev, need) = match book_or_refresh(p, pool, ord, size) {
+        Ok(Some(booked)) => booked,
+        Ok(None) => return alloc(),
+        Err(q) => return oom(&q, size, what),
     };
     let r = in_driver(alloc);
     if r != CUDA_SUCCESS {
-        let mut pools = p.pools.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(st) = pools.get_mut(&pool) {
-            st.charged = st.charged.saturating_sub(need);
-            st.in_use = st.in_use.saturating_sub(size);
-        }
-        drop(pools);
-        p.acct.release(dev, need);
+        unbook(p, pool, dev, need, size);
         return r;
     }
     p.ptrs
@@ -100,17 +39,86 @@ fn pool_alloc(
     r
 }
 
-struct PoolStateInit;
-impl PoolStateInit {
-    fn for_ordinal(ord: Option<c_int>) -> process::PoolState {
-        let dev = ord.and_then(|o| quota_of(o).map(|q| (q.dev, q.limit)));
-        process::PoolState {
-            dev,
-            ..Default::default()
-        }
+/// An allocation from a pool would pass the quota of its device.
+struct OverQuota;
+
+/// Books `size` bytes in `pool` (reusing its idle memory, charging the rest): the device
+/// entry and the bytes newly charged, or `None` when the pool's device has no quota.
+fn book(
+    p: &process::Proc,
+    pool: CUmemoryPool,
+    ord: Option<c_int>,
+    size: u64,
+) -> Result<Option<(usize, u64)>, OverQuota> {
+    let mut pools = p.pools.lock().unwrap_or_else(|e| e.into_inner());
+    let st = pools.entry(pool).or_insert_with(|| pool_state(ord));
+    let Some((dev, limit)) = st.dev else {
+        return Ok(None);
+    };
+    let need = size.saturating_sub(st.charged.saturating_sub(st.in_use));
+    if need > 0 && !p.acct.try_reserve(dev, need, limit) {
+        return Err(OverQuota);
+    }
+    st.charged += need;
+    st.in_use += size;
+    Ok(Some((dev, need)))
+}
+
+/// [`book`]; when refused, once more after taking back what the device's pools gave
+/// back at synchronisation. Still refused (or nothing came back): the quota that
+/// refused it.
+fn book_or_refresh(
+    p: &'static process::Proc,
+    pool: CUmemoryPool,
+    ord: Option<c_int>,
+    size: u64,
+) -> Result<Option<(usize, u64)>, Quota> {
+    if let Ok(booked) = book(p, pool, ord, size) {
+        return Ok(booked);
+    }
+    // What the device's pools gave back at synchronisation may make room.
+    let dev = p
+        .pools
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&pool)
+        .and_then(|st| st.dev);
+    let Some((dev, limit)) = dev else {
+        return Ok(None);
+    };
+    let refused = Quota {
+        proc: p,
+        dev,
+        limit,
+    };
+    if !refresh_pools(p, dev) {
+        return Err(refused);
+    }
+    book(p, pool, ord, size).map_err(|OverQuota| refused)
+}
+
+/// Undoes [`book`] after the driver refused the allocation.
+fn unbook(p: &process::Proc, pool: CUmemoryPool, dev: usize, need: u64, size: u64) {
+    let mut pools = p.pools.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(st) = pools.get_mut(&pool) {
+        st.charged = st.charged.saturating_sub(need);
+        st.in_use = st.in_use.saturating_sub(size);
+    }
+    drop(pools);
+    p.acct.release(dev, need);
+}
+
+/// The state of a pool first seen now: on the device of `ord`, if that has a quota.
+fn pool_state(ord: Option<c_int>) -> process::PoolState {
+    let dev = ord.and_then(|o| quota_of(o).map(|q| (q.dev, q.limit)));
+    process::PoolState {
+        dev,
+        ..Default::default()
     }
 }
 
+/// `cuMemAllocAsync`: from the current device's default pool, or counted like
+/// `cuMemAlloc` when the device has none.
 fn async_alloc(
     dptr: *mut CUdeviceptr,
     size: usize,
@@ -232,7 +240,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
             let ord = get(props)
                 .filter(|p| p.location.kind == CU_MEM_LOCATION_TYPE_DEVICE)
                 .map(|p| p.location.id);
-            let st = PoolStateInit::for_ordinal(ord);
+            let st = pool_state(ord);
             if let Some(h) = get(pool) {
                 let p = process::get();
                 p.pools
