@@ -1,9 +1,10 @@
 //! What every exported entry point runs inside: the panic guard, the re-entrancy flag
 //! and the forwarding call to the real driver.
 //!
-//! A leaf of the module graph: the limiter ([`crate::core`]), the per-process state
-//! ([`crate::process`]) and the entry points ([`crate::hooks`], [`crate::procaddr`]) all
-//! ask [`nested`], so the flag lives below all of them.
+//! Low in the module graph (it uses only `real` and `ffi`): the limiter
+//! ([`crate::core`]), the per-process state ([`crate::process`]) and the entry points
+//! ([`crate::hooks`], [`crate::procaddr`]) all ask `nested`, so the flag lives below all
+//! of them.
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
