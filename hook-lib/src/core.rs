@@ -573,7 +573,7 @@ fn priority(dev: &Dev) {
 /// The limiter, for a launch of `units` on the current context's device.
 #[inline(never)]
 pub fn throttle(units: u64) {
-    if crate::hooks::nested() {
+    if crate::boundary::nested() {
         return;
     }
     let Some(ord) = crate::process::current_ordinal() else {

@@ -5,17 +5,29 @@
 //! configuration is read on the first CUDA call, and with no quota set every call is
 //! forwarded untouched. See README.md for the contract.
 //!
-//! Table of contents:
-//! - [`config`]: where limits come from (limits file > FGPU env > HAMi env), value syntax.
-//! - [`core`]: the core (SM) limiter (GCRA bucket + feedback on NVML) and priority.
-//! - [`state`]: the claim's shared account file (header, device table, process slots).
-//! - [`process`]: per-process state, rebuilt after `fork`.
-//! - [`track`]: what this process allocated (pointer/handle → size).
-//! - [`hooks`]: the exported `cu*` / `nvml*` entry points.
-//! - [`procaddr`]: `cuGetProcAddress[_v2]` answers and the hook table.
-//! - `dlsym`: the exported `dlsym` (assembly stub + hook).
-//! - [`real`]: the real driver, resolved lazily.
+//! Modules, top to bottom: a module uses only modules listed below it (its `uses`
+//! column; `ffi` and `log`, at the bottom, may be used by any), never one above it, so
+//! the module graph is a DAG.
+//!
+//! | layer | module | what it is | uses |
+//! |---|---|---|---|
+//! | entry | `dlsym` | the exported `dlsym` (assembly stub + hook) | `procaddr`, `real` |
+//! | entry | [`procaddr`] | the exported `cuGetProcAddress[_v2]`, their answers and the hook table | `hooks`, `process`, `real`, `boundary` |
+//! | entry | [`hooks`] | the exported `cu*` / `nvml*` entry points, one file per kind | `core`, `process`, `track`, `real`, `boundary` |
+//! | policy | [`core`] | the core (SM) limiter (GCRA bucket + feedback on NVML) and priority | `process`, `config`, `real`, `boundary` |
+//! | process | [`process`] | per-process state (configuration, account, trackers, pools), rebuilt after `fork` | `config`, `state`, `track`, `real`, `boundary` |
+//! | driver | [`boundary`] | the panic guard, the re-entrancy flag and the forwarding call | `real` |
+//! | driver | [`real`] | the real driver and NVML, resolved lazily | — |
+//! | data | [`state`] | the claim's shared account file (header, device table, process slots) | `config` |
+//! | data | [`config`] | where limits come from (limits file > FGPU env > HAMi env), value syntax | — |
+//! | data | [`track`] | what this process allocated (pointer/handle → size) | — |
+//! | base | [`ffi`] | the CUDA / NVML types and constants the shim uses | — |
+//! | base | [`log`] | `debug!`: one line per decision on stderr with `FGPU_LOG=debug` | — |
+//!
+//! Inside [`hooks`], `charge` (the booking the allocation files share) is below every
+//! other file and uses none of them.
 
+pub mod boundary;
 pub mod config;
 pub mod core;
 mod dlsym;

@@ -7,11 +7,18 @@
 //! hand out our wrapper instead. If the driver returns a private address (not its
 //! exported symbol), a name table maps (base name, version, per-thread flag) to our
 //! wrapper, the way CUDA's headers map names to versions.
+//!
+//! The exported `cuGetProcAddress[_v2]` live here, not in [`crate::hooks`]: they answer
+//! from the hook table, and the table lists them, so they belong with it (hooks then
+//! never needs this module, which is above it).
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
-use crate::ffi::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+use crate::boundary::{forward, guard};
+use crate::ffi::{
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, CUresult,
+};
 use crate::hooks::*;
 use crate::process::config;
 use crate::real::{self, Lib};
@@ -134,7 +141,7 @@ pub fn wrapper_for_request(base: &str, version: c_int, flags: u64) -> Option<usi
 }
 
 /// After a successful real `cuGetProcAddress`: replace the answer by our wrapper.
-pub(crate) fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
+fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
     if pfn.is_null() || symbol.is_null() || !config().hooked() {
         return;
     }
@@ -161,6 +168,49 @@ pub(crate) fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, version: 
         // SAFETY: pfn is non-null and writable (caller contract).
         unsafe { *pfn = w as *mut c_void };
     }
+}
+
+/// The exported `cuGetProcAddress`: the driver's answer, with our wrapper substituted.
+///
+/// # Safety
+/// The driver's contract: `symbol` is a NUL-terminated string, `pfn` a writable pointer.
+#[allow(non_snake_case)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let r = forward!(cuGetProcAddress(symbol, pfn, version, flags));
+        if r == CUDA_SUCCESS {
+            substitute(symbol, pfn, version, flags);
+        }
+        r
+    })
+}
+
+/// The exported `cuGetProcAddress_v2` (CUDA 12): as [`cuGetProcAddress`].
+///
+/// # Safety
+/// As above; `status` is null or writable.
+#[allow(non_snake_case)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let r = forward!(cuGetProcAddress_v2(symbol, pfn, version, flags, status));
+        if r == CUDA_SUCCESS {
+            substitute(symbol, pfn, version, flags);
+        }
+        r
+    })
 }
 
 #[cfg(test)]

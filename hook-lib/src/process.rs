@@ -200,7 +200,7 @@ pub struct Quota {
 /// The quota of ordinal `ord`, if one is set.
 #[inline]
 pub fn quota_of(ord: c_int) -> Option<Quota> {
-    if crate::hooks::nested() {
+    if crate::boundary::nested() {
         return None;
     }
     let limit = config().limit(ord)?;

@@ -93,6 +93,56 @@ unsafe impl Send for Account {}
 // SAFETY: as above.
 unsafe impl Sync for Account {}
 
+/// Why the claim's account file cannot be used (the process is then counted alone).
+#[derive(Debug)]
+pub enum OpenError {
+    /// The path holds a NUL byte.
+    NulInPath(std::ffi::NulError),
+    /// `open(2)` failed.
+    Open(std::io::Error),
+    /// A system call on the opened file failed.
+    Sys {
+        call: &'static str,
+        err: std::io::Error,
+    },
+    /// The file is shorter than an account (its size in bytes).
+    TooSmall(libc::off_t),
+    /// The header's magic or version is not this shim's.
+    BadHeader,
+}
+
+impl OpenError {
+    /// `call` failed with the current `errno`.
+    fn sys(call: &'static str) -> OpenError {
+        OpenError::Sys {
+            call,
+            err: std::io::Error::last_os_error(),
+        }
+    }
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::NulInPath(e) => write!(f, "{e}"),
+            OpenError::Open(e) => write!(f, "{e}"),
+            OpenError::Sys { call, err } => write!(f, "{call}: {err}"),
+            OpenError::TooSmall(size) => write!(f, "size {size} is not an fgpu account"),
+            OpenError::BadHeader => f.write_str("unknown magic or version"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenError::NulInPath(e) => Some(e),
+            OpenError::Open(e) | OpenError::Sys { err: e, .. } => Some(e),
+            OpenError::TooSmall(_) | OpenError::BadHeader => None,
+        }
+    }
+}
+
 fn monotonic_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -158,8 +208,8 @@ impl Account {
         a
     }
 
-    fn open_file(path: &Path) -> Result<Account, String> {
-        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+    fn open_file(path: &Path) -> Result<Account, OpenError> {
+        let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(OpenError::NulInPath)?;
         // SAFETY: c is a valid C string.
         let fd = unsafe {
             libc::open(
@@ -169,30 +219,30 @@ impl Account {
             )
         };
         if fd < 0 {
-            return Err(std::io::Error::last_os_error().to_string());
+            return Err(OpenError::Open(std::io::Error::last_os_error()));
         }
-        let fail = |msg: String| {
+        let fail = |e: OpenError| {
             // SAFETY: fd is ours.
             unsafe { libc::close(fd) };
-            Err(msg)
+            Err(e)
         };
         // SAFETY: fd is valid.
         if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
-            return fail(format!("flock: {}", std::io::Error::last_os_error()));
+            return fail(OpenError::sys("flock"));
         }
         // SAFETY: st is written by fstat.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: fd valid, st writable.
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            return fail(format!("fstat: {}", std::io::Error::last_os_error()));
+            return fail(OpenError::sys("fstat"));
         }
         if st.st_size == 0 {
             // SAFETY: fd valid and writable.
             if unsafe { libc::ftruncate(fd, FILE_SIZE as libc::off_t) } != 0 {
-                return fail(format!("ftruncate: {}", std::io::Error::last_os_error()));
+                return fail(OpenError::sys("ftruncate"));
             }
         } else if (st.st_size as usize) < FILE_SIZE {
-            return fail(format!("size {} is not an fgpu account", st.st_size));
+            return fail(OpenError::TooSmall(st.st_size));
         }
         // SAFETY: shared mapping of the first FILE_SIZE bytes of a file that long.
         let base = unsafe {
@@ -206,7 +256,7 @@ impl Account {
             )
         };
         if base == libc::MAP_FAILED {
-            return fail(format!("mmap: {}", std::io::Error::last_os_error()));
+            return fail(OpenError::sys("mmap"));
         }
         let a = Account {
             base: base as *mut u8,
@@ -220,7 +270,7 @@ impl Account {
         if !ok {
             // SAFETY: unmapping what we mapped; `a` is not used afterwards.
             unsafe { libc::munmap(base, FILE_SIZE) };
-            return fail("unknown magic or version".into());
+            return fail(OpenError::BadHeader);
         }
         Ok(a)
     }
@@ -578,5 +628,29 @@ mod tests {
         let d = a.device_index(&[1; 16], 0).unwrap();
         assert!(a.try_reserve(d, 10, 10));
         let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn open_file_says_why_it_refuses() {
+        let p = tmp("short");
+        std::fs::write(&p, b"not an account").unwrap();
+        let e = Account::open_file(&p).err().unwrap();
+        assert!(matches!(e, OpenError::TooSmall(14)), "{e:?}");
+        assert_eq!(e.to_string(), "size 14 is not an fgpu account");
+
+        std::fs::write(&p, vec![0xff; FILE_SIZE]).unwrap();
+        let e = Account::open_file(&p).err().unwrap();
+        assert!(matches!(e, OpenError::BadHeader), "{e:?}");
+        assert_eq!(e.to_string(), "unknown magic or version");
+        let _ = std::fs::remove_file(&p);
+
+        let e = Account::open_file(Path::new("/nonexistent-fgpu-dir/account"))
+            .err()
+            .unwrap();
+        assert!(matches!(e, OpenError::Open(_)), "{e:?}");
+        assert_eq!(e.to_string(), "No such file or directory (os error 2)");
+
+        let e = Account::open_file(Path::new("a\0b")).err().unwrap();
+        assert!(matches!(e, OpenError::NulInPath(_)), "{e:?}");
     }
 }

@@ -1,0 +1,142 @@
+//! Booking shared by the allocation entry points: take from the quota, call the
+//! driver, track what it produced, and give it back when it is freed.
+
+use crate::boundary::{in_driver, nested};
+use crate::ffi::*;
+use crate::process::{self, Quota, config};
+use crate::real;
+use crate::track::{Rec, Tracker};
+
+/// Writes through a caller's out-pointer if it is not null.
+pub(super) fn put<T>(p: *mut T, v: T) {
+    if !p.is_null() {
+        // SAFETY: a non-null out-pointer from the caller points to a writable T.
+        unsafe { p.write(v) }
+    }
+}
+
+/// Reads through a caller's in-pointer if it is not null.
+pub(super) fn get<T: Copy>(p: *const T) -> Option<T> {
+    // SAFETY: a non-null in-pointer from the caller points to a readable T.
+    (!p.is_null()).then(|| unsafe { p.read() })
+}
+
+pub(super) fn oom(q: &Quota, size: u64, what: &str) -> CUresult {
+    crate::debug!(
+        "{what}: {size} bytes refused on device entry {}: {} of {} in use",
+        q.dev,
+        q.proc.acct.used(q.dev),
+        q.limit
+    );
+    CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// Takes `size` from the quota; before refusing, takes back what the device's pools no
+/// longer hold (dead processes are reclaimed inside `try_reserve`).
+pub(super) fn reserve(q: &Quota, size: u64) -> bool {
+    q.proc.acct.try_reserve(q.dev, size, q.limit)
+        || (refresh_pools(q.proc, q.dev) && q.proc.acct.try_reserve(q.dev, size, q.limit))
+}
+
+/// Reserve `size`, call `alloc`, then track the key it produced (or undo).
+pub(super) fn charged(
+    q: Quota,
+    size: u64,
+    map: &Tracker,
+    what: &str,
+    alloc: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> u64,
+) -> CUresult {
+    if !reserve(&q, size) {
+        return oom(&q, size, what);
+    }
+    let r = in_driver(alloc);
+    if r != CUDA_SUCCESS {
+        q.proc.acct.release(q.dev, size);
+        return r;
+    }
+    map.insert(
+        key(),
+        Rec {
+            size,
+            dev: q.dev,
+            pool: 0,
+        },
+    );
+    r
+}
+
+/// Untrack `key`, call `free`; re-track if the driver refused.
+pub(super) fn uncharged(
+    map: fn(&process::Proc) -> &Tracker,
+    key: u64,
+    free: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Some(p) = (if config().enabled && !nested() {
+        process::existing()
+    } else {
+        None
+    }) else {
+        return free();
+    };
+    let tracker = map(p);
+    let Some(rec) = tracker.remove(key) else {
+        return free();
+    };
+    let r = in_driver(free);
+    if r == CUDA_SUCCESS {
+        give_back(p, rec);
+    } else {
+        tracker.insert(key, rec);
+    }
+    r
+}
+
+pub(super) fn give_back(p: &process::Proc, rec: Rec) {
+    if rec.pool == 0 {
+        p.acct.release(rec.dev, rec.size);
+        return;
+    }
+    let mut pools = p.pools.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(st) = pools.get_mut(&rec.pool) {
+        st.in_use = st.in_use.saturating_sub(rec.size);
+        if st.destroyed && st.in_use == 0 {
+            if let Some((dev, _)) = st.dev {
+                p.acct.release(dev, st.charged);
+            }
+            pools.remove(&rec.pool);
+        }
+    }
+}
+
+/// Refreshes what pools on device entry `dev` hold from the driver (a pool with a low
+/// release threshold gives memory back at synchronisation without telling us).
+/// Returns whether anything was given back.
+pub(super) fn refresh_pools(p: &process::Proc, dev: usize) -> bool {
+    let Some(get_attr) = real::cuMemPoolGetAttribute() else {
+        return false;
+    };
+    let mut released = false;
+    let mut pools = p.pools.lock().unwrap_or_else(|e| e.into_inner());
+    for (&h, st) in pools.iter_mut() {
+        if st.dev.map(|d| d.0) != Some(dev) {
+            continue;
+        }
+        let mut reserved: u64 = 0;
+        // SAFETY: the attribute is a cuuint64_t written into `reserved`.
+        let r = unsafe {
+            get_attr(
+                h,
+                CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut reserved as *mut u64).cast(),
+            )
+        };
+        if r == CUDA_SUCCESS && reserved < st.charged {
+            let keep = reserved.max(st.in_use);
+            p.acct.release(dev, st.charged - keep);
+            st.charged = keep;
+            released = true;
+        }
+    }
+    released
+}
