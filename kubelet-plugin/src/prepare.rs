@@ -271,6 +271,11 @@ impl PrepareError {
             Self::Edits(EditsError::UnknownDevice { .. }) => "unknown_device",
             Self::Edits(_) => "invalid_allocation",
             Self::Backend { .. } => "backend",
+            // A bug, not the disk: the state machine refused the change.
+            Self::Checkpoint {
+                source: CheckpointError::Refused { .. },
+                ..
+            } => "invalid_transition",
             Self::Io { .. } | Self::Checkpoint { .. } => "io",
         }
     }

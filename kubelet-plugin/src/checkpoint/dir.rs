@@ -1,6 +1,6 @@
 //! The record store on disk: the checkpoint directory, one record file per claim
-//! (`<dir>/<uid>.json`), loaded tolerantly and written atomically. Live changes reach it
-//! through [`Records`](super::Records).
+//! (`<dir>/<uid>.json`), loaded tolerantly and written atomically. It knows files, not the
+//! state machine: live changes reach it through [`Records::apply`](super::Records::apply).
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -3,6 +3,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::state::TransitionError;
+
 /// Errors reading or writing the checkpoint. Each names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -33,6 +35,16 @@ pub enum CheckpointError {
         path: PathBuf,
         /// What went wrong.
         detail: String,
+    },
+    /// A change the prepare state machine does not allow (a bug in the caller); nothing was
+    /// written.
+    #[error("checkpoint {}: {source}", path.display())]
+    Refused {
+        /// The claim's record file.
+        path: PathBuf,
+        /// The move refused.
+        #[source]
+        source: TransitionError,
     },
 }
 

@@ -16,7 +16,8 @@ pub const CHECKPOINT_DIR: &str = "checkpoint";
 /// directory: read once on start and migrated to [`CHECKPOINT_DIR`].
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 
-/// How far a claim's preparation got, as written in its record (`state`).
+/// How far a claim's preparation got, as written in its record (`state`). A claim without a
+/// record is the third state, [`ClaimState::Absent`](super::ClaimState::Absent).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PrepareState {
     /// Side effects may have started; a repeat must redo them, an unprepare undo them.

@@ -21,7 +21,9 @@
 //!   Records of different claims are different files: a write never waits for another
 //!   claim's, and costs the same whatever the number of claims ([`Records`]).
 //! * A claim is recorded `PrepareStarted` before any side effect and `PrepareCompleted`
-//!   after the last one (`crate::prepare`).
+//!   after the last one (`crate::prepare`). Every change to a record passes through
+//!   [`Records::apply`], which refuses the moves the state machine does not allow
+//!   ([`transition`]).
 //! * Written under one boot id (`/proc/sys/kernel/random/boot_id`); a record of another
 //!   boot is discarded on load (its claims are handed back so that their files can be
 //!   removed).
@@ -35,7 +37,8 @@
 //! The parts:
 //!
 //! * `format`: the records and the record file of version 2, encoding and decoding (pure).
-//! * `records`: the live store, [`Records`].
+//! * `state`: the prepare state machine, [`ClaimState`] and [`transition`] (pure).
+//! * `records`: the live store, [`Records`], and its one door, [`Records::apply`].
 //! * `dir`: the checkpoint directory on disk, [`CheckpointDir`] (load, write, remove).
 //! * `version1`: the single file of version 1, [`CheckpointFile`], read to migrate it.
 //! * `files`: write-rename, durable removal, private directories.
@@ -48,6 +51,7 @@ mod error;
 mod files;
 mod format;
 mod records;
+mod state;
 mod version1;
 
 #[cfg(test)]
@@ -62,5 +66,6 @@ pub use format::{
     CHECKPOINT_DIR, CHECKPOINT_FILE, CHECKPOINT_VERSION, ClaimRecord, PrepareState, PreparedDevice,
     RecordFile, valid_uid,
 };
-pub use records::Records;
+pub use records::{Applied, Change, Records};
+pub use state::{ClaimState, Transition, TransitionError, transition};
 pub use version1::{Checkpoint, CheckpointFile};

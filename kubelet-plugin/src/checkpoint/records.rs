@@ -1,25 +1,88 @@
-//! The live record store: the prepared claims in memory, one record file each on disk; the
-//! memory changes only after the file did.
+//! The live record store: the prepared claims in memory, one record file each on disk.
+//! Every change after start-up passes through [`Records::apply`], which asks the state
+//! machine ([`transition`]), writes the file, and only then changes the memory.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::dir::CheckpointDir;
 use super::error::CheckpointError;
 use super::files::Durability;
 use super::format::ClaimRecord;
-use std::collections::BTreeMap;
+use super::state::{ClaimState, Transition, transition};
+
+/// A change to one claim's record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Record claim `uid` as `record` (its `state` is the state the claim goes to).
+    Put {
+        /// The claim's UID.
+        uid: String,
+        /// The new record.
+        record: ClaimRecord,
+        /// Whether the write waits for the disk.
+        durability: Durability,
+    },
+    /// Remove claim `uid`'s record, durably (the claim goes to [`ClaimState::Absent`]).
+    Remove {
+        /// The claim's UID.
+        uid: String,
+    },
+}
+
+impl Change {
+    /// The claim changed.
+    pub fn uid(&self) -> &str {
+        match self {
+            Self::Put { uid, .. } | Self::Remove { uid } => uid,
+        }
+    }
+
+    /// The state the claim goes to.
+    pub fn target(&self) -> ClaimState {
+        match self {
+            Self::Put { record, .. } => record.state.into(),
+            Self::Remove { .. } => ClaimState::Absent,
+        }
+    }
+
+    /// Whether the change leaves the claim as `held` is: a [`Durability::Atomic`] put of the
+    /// record already held (nothing to write, no move to check).
+    fn is_no_op(&self, held: Option<&ClaimRecord>) -> bool {
+        matches!(self, Self::Put { record, durability: Durability::Atomic, .. }
+            if held == Some(record))
+    }
+}
+
+/// What [`Records::apply`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Nothing: the record was already held ([`Durability::Atomic`] puts only).
+    Unchanged,
+    /// The record was written, then held.
+    Written(Transition),
+    /// The record was removed; `existed` says whether there was one (on disk or in memory).
+    Removed {
+        /// Whether there was a record.
+        existed: bool,
+    },
+}
 
 /// The prepared claims: in memory, and one record file each in a [`CheckpointDir`].
 ///
-/// [`put`](Self::put) and [`remove`](Self::remove) do blocking file I/O (call them on the
-/// blocking pool) and change the in-memory copy only once the file has changed, so the
-/// memory never claims more than the disk holds. Records of different claims are different
-/// files, so writes of different claims run in parallel and never wait for each other; the
-/// caller runs one operation per claim at a time (`crate::prepare` holds the claim's lock).
+/// [`apply`](Self::apply) (and its shorthands [`put`](Self::put) and
+/// [`remove`](Self::remove)) does blocking file I/O (call it on the blocking pool) and
+/// changes the in-memory copy only once the file has changed, so the memory never claims
+/// more than the disk holds. Records of different claims are different files, so writes of
+/// different claims run in parallel and never wait for each other; the caller runs one
+/// operation per claim at a time (`crate::prepare` holds the claim's lock).
 #[derive(Debug)]
 pub struct Records {
     dir: CheckpointDir,
     boot_id: String,
-    claims: std::sync::Mutex<BTreeMap<String, ClaimRecord>>,
-    writes: std::sync::atomic::AtomicU64,
+    claims: Mutex<BTreeMap<String, ClaimRecord>>,
+    writes: AtomicU64,
 }
 
 impl Records {
@@ -32,8 +95,8 @@ impl Records {
         Self {
             dir,
             boot_id: boot_id.into(),
-            claims: std::sync::Mutex::new(claims),
-            writes: std::sync::atomic::AtomicU64::new(0),
+            claims: Mutex::new(claims),
+            writes: AtomicU64::new(0),
         }
     }
 
@@ -44,14 +107,12 @@ impl Records {
 
     /// How many record writes and removals reached the disk so far.
     pub fn writes(&self) -> u64 {
-        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+        self.writes.load(Ordering::Relaxed)
     }
 
-    fn mem(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ClaimRecord>> {
+    fn mem(&self) -> MutexGuard<'_, BTreeMap<String, ClaimRecord>> {
         // Every change is a single statement on the map; a panic elsewhere leaves it whole.
-        self.claims
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.claims.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Runs `f` on the claims.
@@ -64,32 +125,170 @@ impl Records {
         self.mem().clone()
     }
 
-    /// Records claim `uid` as `record` with `durability` (blocking). A record equal to the
-    /// one held is not written again when only [`Durability::Atomic`] is asked for.
+    /// Makes `change` (blocking): refuses a move the state machine does not allow (nothing
+    /// is written then), writes or removes the claim's record file, and only then changes
+    /// the memory. A [`Durability::Atomic`] put of the record already held writes nothing.
+    pub fn apply(&self, change: Change) -> Result<Applied, CheckpointError> {
+        let from = {
+            let mem = self.mem();
+            let held = mem.get(change.uid());
+            if change.is_no_op(held) {
+                return Ok(Applied::Unchanged);
+            }
+            ClaimState::of(held)
+        };
+        let step =
+            transition(from, change.target()).map_err(|source| CheckpointError::Refused {
+                path: self.dir.record_path(change.uid()),
+                source,
+            })?;
+        match change {
+            Change::Put {
+                uid,
+                record,
+                durability,
+            } => {
+                self.dir.write(&self.boot_id, &uid, &record, durability)?;
+                self.writes.fetch_add(1, Ordering::Relaxed);
+                self.mem().insert(uid, record);
+                Ok(Applied::Written(step))
+            }
+            Change::Remove { uid } => {
+                let on_disk = self.dir.remove(&uid)?;
+                if on_disk {
+                    self.writes.fetch_add(1, Ordering::Relaxed);
+                }
+                let in_memory = self.mem().remove(&uid).is_some();
+                Ok(Applied::Removed {
+                    existed: on_disk || in_memory,
+                })
+            }
+        }
+    }
+
+    /// Records claim `uid` as `record` with `durability` (blocking): [`apply`](Self::apply)
+    /// of a [`Change::Put`].
     pub fn put(
         &self,
         uid: &str,
         record: ClaimRecord,
         durability: Durability,
     ) -> Result<(), CheckpointError> {
-        if durability == Durability::Atomic && self.mem().get(uid) == Some(&record) {
-            return Ok(());
-        }
-        self.dir.write(&self.boot_id, uid, &record, durability)?;
-        self.writes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.mem().insert(uid.to_owned(), record);
-        Ok(())
+        self.apply(Change::Put {
+            uid: uid.to_owned(),
+            record,
+            durability,
+        })
+        .map(|_| ())
     }
 
-    /// Removes claim `uid`'s record durably (blocking); says whether there was one.
+    /// Removes claim `uid`'s record durably (blocking); says whether there was one:
+    /// [`apply`](Self::apply) of a [`Change::Remove`].
     pub fn remove(&self, uid: &str) -> Result<bool, CheckpointError> {
-        let on_disk = self.dir.remove(uid)?;
-        if on_disk {
-            self.writes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let applied = self.apply(Change::Remove {
+            uid: uid.to_owned(),
+        })?;
+        Ok(matches!(applied, Applied::Removed { existed: true }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::PrepareState;
+
+    fn record(state: PrepareState) -> ClaimRecord {
+        ClaimRecord {
+            namespace: "ns".into(),
+            name: "c".into(),
+            state,
+            ..ClaimRecord::default()
         }
-        let in_memory = self.mem().remove(uid).is_some();
-        Ok(on_disk || in_memory)
+    }
+
+    fn put(uid: &str, state: PrepareState) -> Change {
+        Change::Put {
+            uid: uid.into(),
+            record: record(state),
+            durability: Durability::Fsync,
+        }
+    }
+
+    #[test]
+    fn a_refused_change_writes_nothing_and_changes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join("checkpoint"));
+        let records = Records::new(dir.clone(), "b", dir.load("b").unwrap().claims);
+        let e = records
+            .apply(put("u1", PrepareState::PrepareCompleted))
+            .unwrap_err();
+        assert!(
+            e.to_string().starts_with(&format!(
+                "checkpoint {}: cannot go from no record to PrepareCompleted",
+                dir.record_path("u1").display()
+            )),
+            "{e}"
+        );
+        assert!(!dir.record_path("u1").exists());
+        assert!(records.claims().is_empty());
+        assert_eq!(records.writes(), 0);
+
+        assert_eq!(
+            records
+                .apply(put("u1", PrepareState::PrepareStarted))
+                .unwrap(),
+            Applied::Written(Transition::Begin)
+        );
+        assert_eq!(
+            records
+                .apply(put("u1", PrepareState::PrepareCompleted))
+                .unwrap(),
+            Applied::Written(Transition::Complete)
+        );
+        // A completed claim is not demoted: the record on disk stays PrepareCompleted.
+        assert!(matches!(
+            records.apply(put("u1", PrepareState::PrepareStarted)),
+            Err(CheckpointError::Refused { .. })
+        ));
+        assert_eq!(
+            dir.load("b").unwrap().claims["u1"].state,
+            PrepareState::PrepareCompleted
+        );
+        assert_eq!(records.claims()["u1"].state, PrepareState::PrepareCompleted);
+        assert_eq!(records.writes(), 2);
+        assert_eq!(
+            records.apply(Change::Remove { uid: "u1".into() }).unwrap(),
+            Applied::Removed { existed: true }
+        );
+        assert_eq!(
+            records.apply(Change::Remove { uid: "u1".into() }).unwrap(),
+            Applied::Removed { existed: false }
+        );
+    }
+
+    #[test]
+    fn an_atomic_repeat_of_the_held_record_is_no_change() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CheckpointDir::new(tmp.path().join("checkpoint"));
+        let records = Records::new(dir.clone(), "b", dir.load("b").unwrap().claims);
+        records
+            .apply(put("u1", PrepareState::PrepareStarted))
+            .unwrap();
+        records
+            .apply(put("u1", PrepareState::PrepareCompleted))
+            .unwrap();
+        let repeat = Change::Put {
+            uid: "u1".into(),
+            record: record(PrepareState::PrepareCompleted),
+            durability: Durability::Atomic,
+        };
+        assert_eq!(records.apply(repeat).unwrap(), Applied::Unchanged);
+        // The same with a wait for the disk is a change, and a refused one.
+        assert!(
+            records
+                .apply(put("u1", PrepareState::PrepareCompleted))
+                .is_err()
+        );
+        assert_eq!(records.writes(), 2);
     }
 }

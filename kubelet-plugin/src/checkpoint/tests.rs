@@ -65,7 +65,7 @@ fn records_round_trip_one_private_file_each() {
     records
         .put(
             "u2",
-            record(PrepareState::PrepareCompleted),
+            record(PrepareState::PrepareStarted),
             Durability::Fsync,
         )
         .unwrap();
@@ -377,18 +377,22 @@ fn records_of_different_claims_are_written_in_parallel() {
         "b",
         dir.load("b").unwrap().claims,
     ));
-    // Eight claims recorded from eight threads at once, twenty times each: every file
-    // ends with its claim's last record, and the memory agrees with the disk.
+    // Eight claims recorded from eight threads at once, twenty times each (started,
+    // completed, removed, and again, as prepare and unprepare do): every file ends with
+    // its claim's last record, and the memory agrees with the disk.
     let threads: Vec<_> = (0..8)
         .map(|i| {
             let r = records.clone();
             std::thread::spawn(move || {
                 for round in 0..20 {
                     let uid = format!("u{i}");
-                    let state = if round % 2 == 0 {
-                        PrepareState::PrepareStarted
-                    } else {
-                        PrepareState::PrepareCompleted
+                    let state = match round % 3 {
+                        0 => PrepareState::PrepareStarted,
+                        1 => PrepareState::PrepareCompleted,
+                        _ => {
+                            assert!(r.remove(&uid).unwrap());
+                            continue;
+                        }
                     };
                     r.put(&uid, record(state), Durability::Fsync).unwrap();
                 }
