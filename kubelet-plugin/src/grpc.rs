@@ -35,7 +35,7 @@ use tonic::{Request, Response, Status};
 
 use crate::checkpoint::PreparedDevice;
 use crate::edits::ClaimRef;
-use crate::prepare::{ClaimSource, Plugin};
+use crate::prepare::{ClaimSource, Plugin, PrepareError};
 
 /// The connections of `listener`, each relayed through [`crate::authority`] so that the
 /// kubelet's bare-path `:authority` (registration on every version, DRA before 1.34)
@@ -184,7 +184,7 @@ impl<S: ClaimSource> DraService<S> {
         &self,
         claims: Vec<ClaimRef>,
         grpc: &'static str,
-    ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
         let mut set = tokio::task::JoinSet::new();
         for claim in claims {
             let plugin = self.plugin.clone();
@@ -198,7 +198,7 @@ impl<S: ClaimSource> DraService<S> {
                         tracing::warn!(claim = %claim.key(), uid = %claim.uid, grpc, reason = e.reason(), error = %e, "cannot prepare claim");
                     }
                 }
-                (claim.uid, r.map_err(|e| e.to_string()))
+                (claim.uid, r)
             });
         }
         collect(set).await
@@ -208,7 +208,7 @@ impl<S: ClaimSource> DraService<S> {
         &self,
         claims: Vec<ClaimRef>,
         grpc: &'static str,
-    ) -> HashMap<String, Result<(), String>> {
+    ) -> HashMap<String, Result<(), PrepareError>> {
         let mut set = tokio::task::JoinSet::new();
         for claim in claims {
             let plugin = self.plugin.clone();
@@ -220,7 +220,7 @@ impl<S: ClaimSource> DraService<S> {
                         tracing::warn!(claim = %claim.key(), uid = %claim.uid, grpc, error = %e, "cannot unprepare claim");
                     }
                 }
-                (claim.uid, r.map_err(|e| e.to_string()))
+                (claim.uid, r)
             });
         }
         collect(set).await
@@ -228,8 +228,8 @@ impl<S: ClaimSource> DraService<S> {
 }
 
 async fn collect<T: 'static>(
-    mut set: tokio::task::JoinSet<(String, Result<T, String>)>,
-) -> HashMap<String, Result<T, String>> {
+    mut set: tokio::task::JoinSet<(String, Result<T, PrepareError>)>,
+) -> HashMap<String, Result<T, PrepareError>> {
     let mut out = HashMap::new();
     while let Some(joined) = set.join_next().await {
         match joined {
@@ -283,7 +283,7 @@ impl<S: ClaimSource> v1::dra_plugin_server::DraPlugin for DraService<S> {
                     },
                     Err(error) => v1::NodePrepareResourceResponse {
                         devices: Vec::new(),
-                        error,
+                        error: error.to_string(),
                     },
                 };
                 (uid, resp)
@@ -307,7 +307,7 @@ impl<S: ClaimSource> v1::dra_plugin_server::DraPlugin for DraService<S> {
             .await
             .into_iter()
             .map(|(uid, r)| {
-                let error = r.err().unwrap_or_default();
+                let error = r.err().map(|e| e.to_string()).unwrap_or_default();
                 (uid, v1::NodeUnprepareResourceResponse { error })
             })
             .collect();
@@ -348,7 +348,7 @@ impl<S: ClaimSource> v1beta1::dra_plugin_server::DraPlugin for DraService<S> {
                     },
                     Err(error) => v1beta1::NodePrepareResourceResponse {
                         devices: Vec::new(),
-                        error,
+                        error: error.to_string(),
                     },
                 };
                 (uid, resp)
@@ -374,7 +374,7 @@ impl<S: ClaimSource> v1beta1::dra_plugin_server::DraPlugin for DraService<S> {
             .await
             .into_iter()
             .map(|(uid, r)| {
-                let error = r.err().unwrap_or_default();
+                let error = r.err().map(|e| e.to_string()).unwrap_or_default();
                 (uid, v1beta1::NodeUnprepareResourceResponse { error })
             })
             .collect();

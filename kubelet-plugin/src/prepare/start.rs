@@ -1,0 +1,195 @@
+//! Opening the plugin's state ([`Plugin::start`]): the node's directories and preload file,
+//! then the checkpoint, loaded from its directory or migrated from a version-1 file, then
+//! the sweep of files no record accounts for (`sweep`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use fgpu_driver::backend::DeviceBackend;
+
+use super::{ClaimSource, Plugin, PluginConfig};
+use crate::checkpoint::{
+    CHECKPOINT_DIR, CHECKPOINT_FILE, CheckpointDir, CheckpointError, CheckpointFile, ClaimRecord,
+    Durability, LoadNote, Records, create_private_dir, valid_uid, write_atomic,
+};
+use crate::metrics::Metrics;
+
+/// What [`Plugin::start`] found and did, for logs and Events.
+#[derive(Debug, Default)]
+pub struct StartReport {
+    /// What loading the checkpoint found: missing; corrupt (one note per file moved aside);
+    /// records of another boot.
+    pub notes: Vec<LoadNote>,
+    /// A version-1 checkpoint (one file) was read from here, its claims written to the
+    /// checkpoint directory, and the file removed.
+    pub migrated_from: Option<PathBuf>,
+    /// Files removed that no checkpoint entry accounted for.
+    pub removed_orphans: Vec<PathBuf>,
+    /// Problems while removing leftovers (the plugin still starts).
+    pub errors: Vec<String>,
+}
+
+/// The claims the checkpoint holds at start, and what loading it found.
+struct Opened {
+    claims: BTreeMap<String, ClaimRecord>,
+    notes: Vec<LoadNote>,
+    migrated_from: Option<PathBuf>,
+}
+
+fn io_error(path: &Path, op: &'static str, source: io::Error) -> CheckpointError {
+    CheckpointError::Io {
+        path: path.to_owned(),
+        op,
+        source,
+    }
+}
+
+/// The node's shared GPU directory, exactly [`crate::edits::GPU_DIR_MODE`] whatever the
+/// umask or an earlier run left.
+fn create_shared_dir(path: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(path)?;
+    std::fs::set_permissions(
+        path,
+        std::fs::Permissions::from_mode(crate::edits::GPU_DIR_MODE),
+    )
+}
+
+/// Creates the plugin's directories (state and run roots 0700, the CDI directory, the
+/// shared GPU directory) and writes the node's preload file (0444).
+fn create_node_files(cfg: &PluginConfig) -> Result<(), CheckpointError> {
+    create_private_dir(&cfg.state_root)
+        .map_err(|e| io_error(&cfg.state_root, "create the state directory", e))?;
+    create_private_dir(&cfg.run_root)
+        .map_err(|e| io_error(&cfg.run_root, "create the run directory", e))?;
+    std::fs::create_dir_all(&cfg.cdi_dir)
+        .map_err(|e| io_error(&cfg.cdi_dir, "create the CDI directory", e))?;
+    let gpu_dir = crate::edits::gpu_dir(&cfg.state_root);
+    create_shared_dir(&gpu_dir)
+        .map_err(|e| io_error(&gpu_dir, "create the shared GPU directory", e))?;
+    let preload = cfg.state_root.join("ld.so.preload");
+    write_atomic(
+        &preload,
+        crate::edits::preload_content().as_bytes(),
+        0o444,
+        Durability::Atomic,
+    )
+    .map_err(|(op, source)| io_error(&preload, op, source))
+}
+
+/// The version-1 checkpoints (one file each) that older plugins may have left: in the state
+/// directory (plugins before the run directory), and in the run directory (last: it wins a
+/// tie of modification times).
+fn version1_checkpoints(cfg: &PluginConfig) -> Vec<CheckpointFile> {
+    let mut v = Vec::new();
+    if cfg.state_root != cfg.run_root {
+        v.push(CheckpointFile::new(cfg.state_root.join(CHECKPOINT_FILE)));
+    }
+    v.push(CheckpointFile::new(cfg.run_root.join(CHECKPOINT_FILE)));
+    v
+}
+
+/// The newest of the files found, by modification time; of equally new ones the last.
+fn newest<'a>(found: impl IntoIterator<Item = (SystemTime, &'a Path)>) -> Option<PathBuf> {
+    found
+        .into_iter()
+        .max_by_key(|(m, _)| *m)
+        .map(|(_, p)| p.to_owned())
+}
+
+/// Loads the checkpoint: from the version-1 file to migrate, if there is one (its claims
+/// become the directory's records and every version-1 file is removed), else from the
+/// directory.
+///
+/// A version-1 checkpoint (one file) exists only where an older plugin wrote it: this
+/// build removes it once migrated. So where there is one, an older plugin ran last (it
+/// ignored the checkpoint directory, and its own start removed the files of claims it
+/// did not know), or this build's migration was interrupted: either way the file is
+/// the state. Where there are two (the run and the state directory), the newer one.
+/// Its claims are written to the directory (fsynced; records no longer in it removed)
+/// before the file is removed, so an interrupted migration is simply done again.
+fn open_checkpoint(cfg: &PluginConfig, dir: &CheckpointDir) -> Result<Opened, CheckpointError> {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let version1 = version1_checkpoints(cfg);
+    let migrated_from = newest(
+        version1
+            .iter()
+            .filter_map(|f| Some((modified(f.path())?, f.path()))),
+    );
+    let Some(path) = migrated_from else {
+        let loaded = dir.load(&cfg.boot_id)?;
+        return Ok(Opened {
+            claims: loaded.claims,
+            notes: loaded.notes,
+            migrated_from: None,
+        });
+    };
+    let (mut checkpoint, note) = CheckpointFile::new(&path).load(&cfg.boot_id)?;
+    // No prepare ever accepted a UID that cannot name a file.
+    checkpoint.claims.retain(|uid, _| valid_uid(uid));
+    dir.replace_all(&cfg.boot_id, &checkpoint.claims)?;
+    for f in &version1 {
+        f.remove()?;
+    }
+    Ok(Opened {
+        claims: checkpoint.claims,
+        notes: note.into_iter().collect(),
+        migrated_from: Some(path),
+    })
+}
+
+impl<S: ClaimSource> Plugin<S> {
+    /// Opens the plugin's state: creates its directories, loads the checkpoint (a corrupt
+    /// one is moved aside, one from another boot discarded), removes files of discarded
+    /// claims and files that no entry accounts for. Fails only if the directories or the
+    /// checkpoint cannot be created or written at all.
+    pub fn start(
+        cfg: PluginConfig,
+        source: S,
+        backend: Arc<dyn DeviceBackend>,
+    ) -> Result<(Self, StartReport), CheckpointError> {
+        create_node_files(&cfg)?;
+        let dir = CheckpointDir::new(cfg.run_root.join(CHECKPOINT_DIR));
+        let Opened {
+            claims,
+            notes,
+            migrated_from,
+        } = open_checkpoint(&cfg, &dir)?;
+        let metrics = Metrics::new();
+        metrics.set_claims(&claims);
+        let plugin = Self {
+            records: Arc::new(Records::new(dir, cfg.boot_id.clone(), claims)),
+            cfg,
+            source,
+            backend,
+            locks: Mutex::new(HashMap::new()),
+            metrics,
+            inventory: Mutex::new(None),
+        };
+        let mut report = StartReport {
+            notes,
+            migrated_from,
+            ..StartReport::default()
+        };
+        plugin.remove_orphans(&mut report);
+        Ok((plugin, report))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_version1_file_is_migrated_and_the_last_wins_a_tie() {
+        let t = SystemTime::UNIX_EPOCH;
+        let later = t + std::time::Duration::from_secs(1);
+        let (state, run) = (Path::new("/state/c.json"), Path::new("/run/c.json"));
+        assert_eq!(newest([]), None);
+        assert_eq!(newest([(later, state), (t, run)]), Some(state.to_owned()));
+        assert_eq!(newest([(t, state), (t, run)]), Some(run.to_owned()));
+    }
+}

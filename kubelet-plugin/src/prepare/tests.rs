@@ -1,0 +1,629 @@
+//! The prepare operation end to end over a temporary directory: prepare, unprepare, start
+//! (migration, orphans, another boot), locking, stale claims.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+
+use fgpu_driver::backend::BackendError;
+use fgpu_driver::device::Gpu;
+use serde_json::json;
+
+use super::*;
+use crate::checkpoint::{
+    CHECKPOINT_DIR, CHECKPOINT_FILE, CheckpointFile, Durability, LoadNote, PrepareState,
+    PreparedDevice, create_private_dir,
+};
+use crate::claim::ResourceClaim;
+use crate::edits::tests::gpu;
+use crate::edits::{ClaimRef, FileMount, NodeFiles};
+
+struct StaticBackend(Mutex<Vec<Gpu>>);
+
+impl DeviceBackend for StaticBackend {
+    fn name(&self) -> &'static str {
+        "static"
+    }
+    fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
+        Ok(lock(&self.0).clone())
+    }
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    source: Arc<MapClaimSource>,
+    backend: Arc<StaticBackend>,
+}
+
+impl Env {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            source: Arc::default(),
+            backend: Arc::new(StaticBackend(Mutex::new(vec![
+                gpu(0, "0000:1b:00.0"),
+                gpu(1, "0000:2b:00.0"),
+            ]))),
+        }
+    }
+    fn cfg(&self, boot: &str) -> PluginConfig {
+        PluginConfig {
+            driver: DriverName::default(),
+            node_name: "n1".into(),
+            state_root: self.dir.path().join("state"),
+            run_root: self.dir.path().join("run"),
+            cdi_dir: self.dir.path().join("cdi"),
+            files: NodeFiles {
+                shim_library: "/opt/fgpu/libfgpu.so".into(),
+                driver_mounts: vec![FileMount::same("/usr/lib/libcuda.so.1")],
+                driver_hooks: vec![],
+            },
+            boot_id: boot.into(),
+            claim_get_timeout: CLAIM_GET_TIMEOUT,
+            test_pause: None,
+        }
+    }
+    fn start(&self, boot: &str) -> (Plugin<Arc<MapClaimSource>>, StartReport) {
+        Plugin::start(self.cfg(boot), self.source.clone(), self.backend.clone()).unwrap()
+    }
+    fn spec_path(&self, uid: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("cdi")
+            .join(format!("gpu.fgpu.dev-claim_{uid}.json"))
+    }
+    fn claim_dir(&self, uid: &str) -> PathBuf {
+        self.dir.path().join("run/claims").join(uid)
+    }
+    fn record_path(&self, uid: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("run/checkpoint")
+            .join(format!("{uid}.json"))
+    }
+    fn add(&self, name: &str, uid: &str, device: &str) -> ClaimRef {
+        self.source.insert(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": uid},
+                "status": {"allocation": {"devices": {"results": [{
+                    "request": "gpu", "driver": "gpu.fgpu.dev", "pool": "n1",
+                    "device": device, "shareID": "s1",
+                    "consumedCapacity": {"memory": "10Gi", "cores": "30"}}]}}}
+            }))
+            .unwrap(),
+        );
+        ClaimRef {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[tokio::test]
+async fn prepare_is_idempotent_and_unprepare_removes_everything() {
+    let env = Env::new();
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.notes, [LoadNote::Missing]);
+    // The node's shared GPU directory: world-writable with the sticky bit.
+    let gpus = env.dir.path().join("state/gpus");
+    assert_eq!(mode(&gpus), 0o1777);
+    let c = env.add("c", "uid-1", "gpu-1");
+    let devices = plugin.prepare(&c).await.unwrap();
+    assert_eq!(devices.len(), 1);
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        ["gpu.fgpu.dev/claim=uid-1-gpu-1-s1"]
+    );
+    assert_eq!(devices[0].memory_bytes, 10 << 30);
+
+    let dir = env.claim_dir("uid-1");
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&dir.join("state")), 0o700);
+    assert_eq!(mode(&dir.join("limits")), 0o444);
+    let preload = env.dir.path().join("state/ld.so.preload");
+    assert_eq!(mode(&preload), 0o444);
+    assert_eq!(
+        std::fs::read_to_string(&preload).unwrap(),
+        "/usr/lib/fgpu/libfgpu.so\n"
+    );
+    assert_eq!(mode(&env.spec_path("uid-1")), 0o644);
+    let limits = std::fs::read_to_string(dir.join("limits")).unwrap();
+    assert!(
+        limits.contains("FGPU_MEMORY_LIMIT_0=10737418240\n"),
+        "{limits}"
+    );
+    let spec = std::fs::read_to_string(env.spec_path("uid-1")).unwrap();
+    let spec = fgpu_driver::cdi::CdiSpec::from_json(&spec).unwrap();
+    assert_eq!(spec.qualified_names(), devices[0].cdi_device_ids);
+    assert_eq!(
+        plugin.claims()["uid-1"].state,
+        PrepareState::PrepareCompleted
+    );
+    // The claim's record: its own file in the checkpoint directory.
+    let record = env.record_path("uid-1");
+    assert_eq!(mode(&record), 0o600);
+    assert_eq!(mode(record.parent().unwrap()), 0o700);
+    let on_disk: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(on_disk["claim"]["state"], "PrepareCompleted");
+    assert_eq!(on_disk["bootId"], "b1");
+
+    let metrics = plugin.metrics().encode();
+    for phase in [
+        "ClaimGet",
+        "Build",
+        "RecordStarted",
+        "Files",
+        "RecordCompleted",
+    ] {
+        let count = format!(
+            "fgpu_kubelet_plugin_prepare_phase_duration_seconds_count{{phase=\"{phase}\"}} 1\n"
+        );
+        assert!(metrics.contains(&count), "{count} in {metrics}");
+    }
+
+    // Repeated prepare answers from the checkpoint, even with the claim gone.
+    env.source.remove("ns", "c");
+    assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
+
+    plugin.unprepare(&c).await.unwrap();
+    assert!(!dir.exists());
+    assert!(!env.spec_path("uid-1").exists());
+    assert!(!record.exists());
+    assert!(plugin.claims().is_empty());
+    plugin.unprepare(&c).await.unwrap();
+    // A restart sees no claim.
+    drop(plugin);
+    assert!(env.start("b1").0.claims().is_empty());
+}
+
+#[tokio::test]
+async fn bad_claims_fail_without_side_effects() {
+    let env = Env::new();
+    let (plugin, _) = env.start("b1");
+    let mut gone = env.add("gone", "uid-g", "gpu-0");
+    env.source.remove("ns", "gone");
+    let replaced = ClaimRef {
+        uid: "uid-old".into(),
+        ..env.add("r", "uid-new", "gpu-0")
+    };
+    let vanished = env.add("v", "uid-v", "gpu-9");
+    let cases: Vec<(ClaimRef, &str, &str)> = vec![
+        (gone.clone(), "not_found", "claim ns/gone: not found"),
+        (
+            replaced,
+            "uid_mismatch",
+            "claim ns/r: metadata.uid is uid-new, the kubelet asked for uid-old",
+        ),
+        (
+            vanished,
+            "unknown_device",
+            "claim ns/v: status.allocation.devices.results[0].device: \"gpu-9\"",
+        ),
+    ];
+    for (c, reason, msg) in cases {
+        let e = plugin.prepare(&c).await.unwrap_err();
+        assert_eq!(e.reason(), reason, "{e}");
+        assert!(e.to_string().starts_with(msg), "{e}");
+        assert!(!env.claim_dir(&c.uid).exists());
+        assert!(!env.spec_path(&c.uid).exists());
+    }
+    gone.uid = "../../etc".into();
+    assert_eq!(plugin.prepare(&gone).await.unwrap_err().reason(), "bad_uid");
+    assert_eq!(
+        plugin.unprepare(&gone).await.unwrap_err().reason(),
+        "bad_uid"
+    );
+    assert!(plugin.claims().is_empty());
+    // The plugin still works.
+    plugin
+        .prepare(&env.add("ok", "uid-ok", "gpu-0"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn restart_keeps_state_and_reboot_discards_it() {
+    let env = Env::new();
+    let c = env.add("c", "uid-1", "gpu-0");
+    let devices = {
+        let (plugin, _) = env.start("b1");
+        plugin.prepare(&c).await.unwrap()
+    };
+    {
+        let (plugin, report) = env.start("b1");
+        assert_eq!(report.notes, []);
+        assert!(report.removed_orphans.is_empty());
+        env.source.remove("ns", "c");
+        assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
+    }
+    let (plugin, report) = env.start("b2");
+    match &report.notes[..] {
+        [
+            LoadNote::BootChanged {
+                previous,
+                discarded,
+            },
+        ] => {
+            assert_eq!(previous, "b1");
+            assert!(discarded.contains_key("uid-1"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(plugin.claims().is_empty());
+    assert!(!env.claim_dir("uid-1").exists());
+    assert!(!env.spec_path("uid-1").exists());
+    assert!(!env.record_path("uid-1").exists());
+    assert_eq!(report.removed_orphans.len(), 2);
+}
+
+#[tokio::test]
+async fn interrupted_prepare_is_redone_and_a_corrupt_record_loses_only_its_claim() {
+    let env = Env::new();
+    let c = env.add("c", "uid-1", "gpu-0");
+    let other = env.add("other", "uid-2", "gpu-1");
+    {
+        let (plugin, _) = env.start("b1");
+        plugin.prepare(&other).await.unwrap();
+        // Simulate a crash after PrepareStarted and the directory, before the spec.
+        plugin
+            .records
+            .put(
+                "uid-1",
+                ClaimRecord {
+                    namespace: "ns".into(),
+                    name: "c".into(),
+                    ..ClaimRecord::default()
+                },
+                Durability::Atomic,
+            )
+            .unwrap();
+        create_private_dir(&env.claim_dir("uid-1")).unwrap();
+    }
+    let tmp = env
+        .dir
+        .path()
+        .join("cdi/.gpu.fgpu.dev-claim_uid-1.json.tmp");
+    std::fs::write(&tmp, b"{").unwrap();
+    let (plugin, report) = env.start("b1");
+    // The entry accounts for the claim directory; the interrupted write is a leftover.
+    assert_eq!(report.removed_orphans, [tmp]);
+    assert_eq!(plugin.claims()["uid-1"].state, PrepareState::PrepareStarted);
+    let devices = plugin.prepare(&c).await.unwrap();
+    assert_eq!(devices[0].device_name, "gpu-0");
+    assert!(env.spec_path("uid-1").exists());
+    drop(plugin);
+
+    std::fs::write(env.record_path("uid-1"), b"not json").unwrap();
+    let (plugin, report) = env.start("b1");
+    let [LoadNote::Corrupt { moved_to, .. }] = &report.notes[..] else {
+        panic!("{:?}", report.notes)
+    };
+    assert_eq!(
+        *moved_to,
+        env.dir.path().join("run/checkpoint/uid-1.json.corrupt-1")
+    );
+    // Files of the lost entry are orphans now and removed; the other claim is untouched.
+    assert!(!env.spec_path("uid-1").exists());
+    assert!(!env.claim_dir("uid-1").exists());
+    assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-2"]);
+    assert!(env.spec_path("uid-2").exists());
+    plugin.prepare(&c).await.unwrap();
+}
+
+/// The record of one claim in a version-1 checkpoint (one file), exactly as plugins
+/// before the checkpoint directory wrote it, made from this build's record of `uid`.
+fn version1_checkpoint(env: &Env, boot: &str, uids: &[&str]) -> String {
+    let claims: serde_json::Map<String, serde_json::Value> = uids
+        .iter()
+        .map(|uid| {
+            let rec: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(env.record_path(uid)).unwrap()).unwrap();
+            ((*uid).to_owned(), rec["claim"].clone())
+        })
+        .collect();
+    serde_json::to_string(&json!({"version": 1, "bootId": boot, "claims": claims})).unwrap()
+}
+
+#[tokio::test]
+async fn an_upgrade_from_the_single_file_checkpoint_keeps_prepared_claims() {
+    let env = Env::new();
+    let c1 = env.add("c1", "uid-1", "gpu-0");
+    let c2 = env.add("c2", "uid-2", "gpu-1");
+    let run = env.dir.path().join("run");
+    let (devices1, devices2) = {
+        let (plugin, _) = env.start("b1");
+        (
+            plugin.prepare(&c1).await.unwrap(),
+            plugin.prepare(&c2).await.unwrap(),
+        )
+    };
+    // What an older plugin leaves: its claims' files and one checkpoint.json, no
+    // checkpoint directory.
+    let v1 = version1_checkpoint(&env, "b1", &["uid-1", "uid-2"]);
+    assert!(v1.contains(r#""state":"PrepareCompleted""#), "{v1}");
+    std::fs::remove_dir_all(run.join(CHECKPOINT_DIR)).unwrap();
+    std::fs::write(run.join(CHECKPOINT_FILE), &v1).unwrap();
+
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.notes, []);
+    assert_eq!(report.migrated_from, Some(run.join(CHECKPOINT_FILE)));
+    assert!(
+        report.removed_orphans.is_empty(),
+        "{:?}",
+        report.removed_orphans
+    );
+    assert!(
+        !run.join(CHECKPOINT_FILE).exists(),
+        "migrated, then removed"
+    );
+    assert!(env.record_path("uid-1").exists() && env.record_path("uid-2").exists());
+    // Still prepared: the same CDI ids without reading the claims again.
+    env.source.remove("ns", "c1");
+    env.source.remove("ns", "c2");
+    assert_eq!(plugin.prepare(&c1).await.unwrap(), devices1);
+    assert_eq!(plugin.prepare(&c2).await.unwrap(), devices2);
+    let metrics = plugin.metrics().encode();
+    assert!(
+        metrics.contains("fgpu_kubelet_plugin_prepared_claims 2\n"),
+        "{metrics}"
+    );
+    plugin.unprepare(&c1).await.unwrap();
+    assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
+    drop(plugin);
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.migrated_from, None);
+    assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-2"]);
+    drop(plugin);
+
+    // A migration interrupted after some records were written (and with a record the
+    // file does not have): the file is the state and the migration is done again.
+    std::fs::write(run.join(CHECKPOINT_FILE), &v1).unwrap();
+    std::fs::remove_file(env.record_path("uid-2")).unwrap();
+    std::fs::write(
+        env.record_path("uid-stale"),
+        br#"{"version": 2, "bootId": "b1", "uid": "uid-stale", "claim": {}}"#,
+    )
+    .unwrap();
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.migrated_from, Some(run.join(CHECKPOINT_FILE)));
+    assert_eq!(
+        plugin.claims().keys().collect::<Vec<_>>(),
+        ["uid-1", "uid-2"]
+    );
+    assert!(!env.record_path("uid-stale").exists());
+    drop(plugin);
+
+    // A version-1 checkpoint of another boot: discarded like records of another boot.
+    std::fs::write(run.join(CHECKPOINT_FILE), v1.replace("\"b1\"", "\"b0\"")).unwrap();
+    let (plugin, report) = env.start("b1");
+    assert!(
+        matches!(&report.notes[..], [LoadNote::BootChanged { previous, .. }] if previous == "b0"),
+        "{:?}",
+        report.notes
+    );
+    assert!(plugin.claims().is_empty());
+    assert!(!env.record_path("uid-1").exists());
+    assert!(
+        !env.spec_path("uid-2").exists(),
+        "files of discarded claims removed"
+    );
+    drop(plugin);
+
+    // A corrupt version-1 checkpoint: moved aside, reported, a clean start.
+    std::fs::write(run.join(CHECKPOINT_FILE), b"{garbage").unwrap();
+    let (plugin, report) = env.start("b1");
+    assert!(
+        matches!(&report.notes[..], [LoadNote::Corrupt { moved_to, .. }]
+            if *moved_to == run.join("checkpoint.json.corrupt-1")),
+        "{:?}",
+        report.notes
+    );
+    assert!(plugin.claims().is_empty());
+    assert!(!run.join(CHECKPOINT_FILE).exists());
+}
+
+#[tokio::test]
+async fn a_checkpoint_in_the_state_dir_is_migrated() {
+    let env = Env::new();
+    let c = env.add("c", "uid-1", "gpu-0");
+    let state = env.dir.path().join("state");
+    let run = env.dir.path().join("run");
+    // An older plugin that kept everything under the state directory: its claim's
+    // directory there, its checkpoint.json there.
+    let devices = {
+        let cfg = PluginConfig {
+            run_root: state.clone(),
+            ..env.cfg("b1")
+        };
+        let (plugin, _) = Plugin::start(cfg, env.source.clone(), env.backend.clone()).unwrap();
+        plugin.prepare(&c).await.unwrap()
+    };
+    let old_dir = state.join("claims/uid-1");
+    assert!(old_dir.join("limits").exists());
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.join("checkpoint/uid-1.json")).unwrap())
+            .unwrap();
+    std::fs::remove_dir_all(state.join(CHECKPOINT_DIR)).unwrap();
+    let v1 = json!({"version": 1, "bootId": "b1", "claims": {"uid-1": record["claim"]}});
+    std::fs::write(state.join(CHECKPOINT_FILE), v1.to_string()).unwrap();
+    create_private_dir(&state.join("claims/uid-orphan")).unwrap();
+
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.notes, []);
+    assert_eq!(report.migrated_from, Some(state.join(CHECKPOINT_FILE)));
+    assert_eq!(report.removed_orphans, [state.join("claims/uid-orphan")]);
+    assert!(!state.join(CHECKPOINT_FILE).exists());
+    assert!(env.record_path("uid-1").exists());
+    // The claim is still prepared, its files where they were.
+    env.source.remove("ns", "c");
+    assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
+    assert!(old_dir.exists());
+    plugin.unprepare(&c).await.unwrap();
+    assert!(!old_dir.exists());
+    assert!(!env.spec_path("uid-1").exists());
+    drop(plugin);
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.migrated_from, None);
+    assert!(plugin.claims().is_empty());
+    drop(plugin);
+
+    // Version-1 files in both places (an older plugin ran again): the newer is the
+    // state, both are removed.
+    let older = CheckpointFile::new(run.join(CHECKPOINT_FILE));
+    let mut cp = crate::checkpoint::Checkpoint::new("b1");
+    cp.claims.insert("uid-run".into(), ClaimRecord::default());
+    older.save(&cp).unwrap();
+    let newer = CheckpointFile::new(state.join(CHECKPOINT_FILE));
+    cp.claims.clear();
+    cp.claims.insert("uid-old".into(), ClaimRecord::default());
+    newer.save(&cp).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(10);
+    std::fs::File::options()
+        .write(true)
+        .open(newer.path())
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.migrated_from, Some(newer.path().to_owned()));
+    assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-old"]);
+    assert!(!newer.path().exists() && !older.path().exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_prepare_keeps_the_claim_locked_until_its_files_are_done() {
+    let env = Env::new();
+    let cfg = PluginConfig {
+        test_pause: Some(std::time::Duration::from_millis(300)),
+        ..env.cfg("b1")
+    };
+    let (plugin, _) = Plugin::start(cfg, env.source.clone(), env.backend.clone()).unwrap();
+    let plugin = Arc::new(plugin);
+    let c = env.add("c", "uid-1", "gpu-0");
+    let task = {
+        let (plugin, c) = (plugin.clone(), c.clone());
+        tokio::spawn(async move { plugin.prepare(&c).await })
+    };
+    // The kubelet gives up on the call while the claim's files are being written.
+    while !env.spec_path("uid-1").exists() {
+        tokio::task::yield_now().await;
+    }
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    // The unprepare that follows waits for the dropped prepare's task, then removes
+    // everything it wrote: nothing is left behind.
+    plugin.unprepare(&c).await.unwrap();
+    assert!(!env.spec_path("uid-1").exists());
+    assert!(!env.claim_dir("uid-1").exists());
+    assert!(!env.record_path("uid-1").exists());
+    assert!(plugin.claims().is_empty());
+}
+
+#[tokio::test]
+async fn a_gpu_the_last_reading_missed_is_read_again() {
+    let env = Env::new();
+    let (plugin, _) = env.start("b1");
+    plugin
+        .prepare(&env.add("a", "uid-a", "gpu-0"))
+        .await
+        .unwrap();
+    // Prepares use the last reading; a device it lacks makes them read the backend.
+    lock(&env.backend.0).push(gpu(2, "0000:3b:00.0"));
+    let devices = plugin
+        .prepare(&env.add("b", "uid-b", "gpu-2"))
+        .await
+        .unwrap();
+    assert_eq!(devices[0].device_name, "gpu-2");
+    // What the backend no longer lists stays usable until the next reading.
+    lock(&env.backend.0).clear();
+    plugin
+        .prepare(&env.add("c", "uid-c", "gpu-1"))
+        .await
+        .unwrap();
+    plugin.set_inventory(NodeInventory::new("n1", vec![]));
+    let e = plugin
+        .prepare(&env.add("d", "uid-d", "gpu-1"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "unknown_device", "{e}");
+}
+
+#[tokio::test]
+async fn stale_claims_are_cleaned_up() {
+    let env = Env::new();
+    let (plugin, _) = env.start("b1");
+    let keep = env.add("keep", "uid-k", "gpu-0");
+    let gone = env.add("gone", "uid-g", "gpu-0");
+    let replaced = env.add("repl", "uid-r", "gpu-1");
+    for c in [&keep, &gone, &replaced] {
+        plugin.prepare(c).await.unwrap();
+    }
+    env.source.remove("ns", "gone");
+    env.add("repl", "uid-r2", "gpu-1");
+    let report = plugin.cleanup_stale().await;
+    assert_eq!(report.errors, Vec::<String>::new());
+    assert_eq!(report.removed, ["ns/gone (uid-g)", "ns/repl (uid-r)"]);
+    assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-k"]);
+    assert!(!env.claim_dir("uid-g").exists());
+    assert!(env.claim_dir("uid-k").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_prepares() {
+    let env = Env::new();
+    let (plugin, _) = env.start("b1");
+    let plugin = Arc::new(plugin);
+    let claims: Vec<ClaimRef> = (0..6)
+        .map(|i| env.add(&format!("c{}", i % 3), &format!("uid-{}", i % 3), "gpu-0"))
+        .collect();
+    let mut set = tokio::task::JoinSet::new();
+    for c in claims.clone() {
+        let p = plugin.clone();
+        set.spawn(async move { (c.uid.clone(), p.prepare(&c).await.unwrap()) });
+    }
+    let mut by_uid: HashMap<String, Vec<PreparedDevice>> = HashMap::new();
+    while let Some(r) = set.join_next().await {
+        let (uid, devices) = r.unwrap();
+        if let Some(prev) = by_uid.insert(uid, devices.clone()) {
+            assert_eq!(prev, devices);
+        }
+    }
+    assert_eq!(by_uid.len(), 3);
+    assert_eq!(plugin.claims().len(), 3);
+    assert!(lock(&plugin.locks).is_empty(), "locks are released");
+}
+
+struct Hanging;
+
+impl ClaimSource for Hanging {
+    async fn get(&self, _: &str, _: &str) -> Result<Option<ResourceClaim>, SourceError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_silent_api_server_fails_the_claim_in_time() {
+    let env = Env::new();
+    let cfg = PluginConfig {
+        claim_get_timeout: std::time::Duration::from_millis(20),
+        ..env.cfg("b1")
+    };
+    let (plugin, _) = Plugin::start(cfg, Hanging, env.backend.clone()).unwrap();
+    let c = ClaimRef {
+        namespace: "ns".into(),
+        name: "c".into(),
+        uid: "uid-1".into(),
+    };
+    let e = plugin.prepare(&c).await.unwrap_err();
+    assert_eq!(e.reason(), "api");
+    assert_eq!(
+        e.to_string(),
+        "claim ns/c: cannot read it: no answer within 20ms"
+    );
+    assert!(plugin.claims().is_empty());
+}
