@@ -1,9 +1,9 @@
 # Lints that need no build of the workspace: the harness's shell scripts, the dependency
-# graph's licenses, bans and sources, and (not yet part of `make test`) module cycles.
+# graph's licenses, bans and sources, and module cycles.
 #
 #   make lint-shell      shellcheck over hack/*.sh and tests/e2e/**/*.sh (installs it if missing)
 #   make deny            cargo deny: licenses, bans, sources (deny.toml; offline, no advisories)
-#   make module-cycles   dependency cycles between the modules of each crate
+#   make module-cycles   dependency cycles between the modules of each crate (fails on any)
 #   make flags-check     every binary spells the shared flags the same way (--help of each)
 #
 # cargo-deny is built once per machine into $(FGPU_CACHE)/tools/cargo-deny-<version>
@@ -28,4 +28,4 @@ flags-check: ## the binaries' shared flags: same names, value names and env vars
 	hack/check-flags.py $(CARGO_TARGET_DIR)/debug
 
 # First among the area suites: they take seconds, the others minutes.
-TEST_TARGETS := lint-shell deny $(TEST_TARGETS) flags-check
+TEST_TARGETS := lint-shell deny module-cycles $(TEST_TARGETS) flags-check

@@ -168,8 +168,8 @@ pub fn device_uuid(ord: c_int) -> Option<[u8; 16]> {
         }
     }
     let getter = real::cuDeviceGetUuid_v2().or_else(real::cuDeviceGetUuid);
-    // SAFETY: u is a 16-byte out-buffer (CUuuid).
     if let Some(f) = getter
+        // SAFETY: u is a 16-byte out-buffer (CUuuid).
         && unsafe { f(&mut u, dev) } == CUDA_SUCCESS
         && u != [0; 16]
     {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use fgpu_driver::device::NodeInventory;
 
 use super::files::ClaimFiles;
-use super::{ClaimSource, Plugin, PrepareError, SourceError, lock};
+use super::{ClaimSource, Plugin, PrepareError, SourceError, unpoisoned};
 use crate::checkpoint::{ClaimRecord, PrepareState, PreparedDevice};
 use crate::claim::ResourceClaim;
 use crate::edits::{self, ClaimRef, EditsError, PlannedDevice};
@@ -62,7 +62,7 @@ impl<S: ClaimSource> Plugin<S> {
         claim: &ClaimRef,
         fresh: bool,
     ) -> Result<(Arc<NodeInventory>, bool), PrepareError> {
-        if !fresh && let Some(inv) = lock(&self.inventory).clone() {
+        if !fresh && let Some(inv) = unpoisoned(&self.inventory).clone() {
             return Ok((inv, true));
         }
         let inv =
@@ -73,7 +73,7 @@ impl<S: ClaimSource> Plugin<S> {
                     detail: e.to_string(),
                 })?;
         let inv = Arc::new(inv);
-        *lock(&self.inventory) = Some(inv.clone());
+        *unpoisoned(&self.inventory) = Some(inv.clone());
         Ok((inv, false))
     }
 

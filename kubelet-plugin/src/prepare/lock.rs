@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::{ClaimSource, Plugin, PrepareError, lock};
+use super::{ClaimSource, Plugin, PrepareError, unpoisoned};
 use crate::checkpoint::valid_uid;
 use crate::edits::ClaimRef;
 use crate::metrics::Operation;
@@ -15,11 +15,14 @@ pub(super) type ClaimGuard = tokio::sync::OwnedMutexGuard<()>;
 
 impl<S: ClaimSource> Plugin<S> {
     fn claim_lock(&self, uid: &str) -> Arc<tokio::sync::Mutex<()>> {
-        lock(&self.locks).entry(uid.to_owned()).or_default().clone()
+        unpoisoned(&self.locks)
+            .entry(uid.to_owned())
+            .or_default()
+            .clone()
     }
 
     fn release_lock(&self, uid: &str, l: Arc<tokio::sync::Mutex<()>>) {
-        let mut locks = lock(&self.locks);
+        let mut locks = unpoisoned(&self.locks);
         // Ours plus the map's: nobody else waits for this claim, and no task of an earlier
         // operation still holds it.
         if Arc::strong_count(&l) == 2 {

@@ -129,7 +129,7 @@ pub struct Plugin<S> {
     inventory: Mutex<Option<Arc<NodeInventory>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+fn unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The data behind these locks stays consistent between statements; a panic elsewhere
     // must not take the plugin down.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -149,7 +149,7 @@ impl<S: ClaimSource> Plugin<S> {
     /// Replaces the GPUs that prepares use (the caller read them from the backend, e.g.
     /// to publish the ResourceSlice).
     pub fn set_inventory(&self, inventory: NodeInventory) {
-        *lock(&self.inventory) = Some(Arc::new(inventory));
+        *unpoisoned(&self.inventory) = Some(Arc::new(inventory));
     }
 
     /// A copy of the checkpoint's claims.

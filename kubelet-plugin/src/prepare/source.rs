@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use super::lock;
+use super::unpoisoned;
 use crate::claim::ResourceClaim;
 use crate::metrics::ClaimRead;
 
@@ -60,18 +60,18 @@ impl MapClaimSource {
             claim.metadata.namespace.clone(),
             claim.metadata.name.clone(),
         );
-        lock(&self.claims).insert(key, claim);
+        unpoisoned(&self.claims).insert(key, claim);
     }
 
     /// Removes a claim.
     pub fn remove(&self, namespace: &str, name: &str) {
-        lock(&self.claims).remove(&(namespace.to_owned(), name.to_owned()));
+        unpoisoned(&self.claims).remove(&(namespace.to_owned(), name.to_owned()));
     }
 }
 
 impl ClaimSource for MapClaimSource {
     async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, SourceError> {
-        Ok(lock(&self.claims)
+        Ok(unpoisoned(&self.claims)
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned())
     }

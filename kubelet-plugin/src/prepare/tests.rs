@@ -24,7 +24,7 @@ impl DeviceBackend for StaticBackend {
         "static"
     }
     fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
-        Ok(lock(&self.0).clone())
+        Ok(unpoisoned(&self.0).clone())
     }
 }
 
@@ -533,14 +533,14 @@ async fn a_gpu_the_last_reading_missed_is_read_again() {
         .await
         .unwrap();
     // Prepares use the last reading; a device it lacks makes them read the backend.
-    lock(&env.backend.0).push(gpu(2, "0000:3b:00.0"));
+    unpoisoned(&env.backend.0).push(gpu(2, "0000:3b:00.0"));
     let devices = plugin
         .prepare(&env.add("b", "uid-b", "gpu-2"))
         .await
         .unwrap();
     assert_eq!(devices[0].device_name, "gpu-2");
     // What the backend no longer lists stays usable until the next reading.
-    lock(&env.backend.0).clear();
+    unpoisoned(&env.backend.0).clear();
     plugin
         .prepare(&env.add("c", "uid-c", "gpu-1"))
         .await
@@ -595,7 +595,7 @@ async fn concurrent_prepares() {
     }
     assert_eq!(by_uid.len(), 3);
     assert_eq!(plugin.claims().len(), 3);
-    assert!(lock(&plugin.locks).is_empty(), "locks are released");
+    assert!(unpoisoned(&plugin.locks).is_empty(), "locks are released");
 }
 
 struct Hanging;
