@@ -5,9 +5,11 @@
 //! clients and servers. Transport helpers (`connect`) are left out: this crate does no I/O,
 //! and the binaries bring their own channel (a Unix socket).
 
+#[cfg(feature = "proto")]
 use std::error::Error;
 
 /// Proto files, relative to `proto/`. Each has its own package, hence its own output file.
+#[cfg(feature = "proto")]
 const PROTOS: &[&str] = &[
     "dra/v1/api.proto",
     "dra/v1beta1/api.proto",
@@ -18,6 +20,11 @@ const PROTOS: &[&str] = &[
     "podresources/v1/api.proto",
 ];
 
+/// Without feature `proto` there is nothing to generate.
+#[cfg(not(feature = "proto"))]
+fn main() {}
+
+#[cfg(feature = "proto")]
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=proto");
     for proto in PROTOS {

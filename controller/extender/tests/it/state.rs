@@ -535,19 +535,25 @@ fn daemon_flags_are_checked() {
         #[command(flatten)]
         args: fgpu_extender::ExtenderArgs,
     }
-    let ok = Cli::parse_from(["x", "--policy", "spread/binpack"])
+    let ok = Cli::parse_from(["x", "--default-policy", "spread/binpack"])
         .args
         .config()
         .unwrap();
     assert_eq!(ok.default_policy.to_string(), "spread/binpack");
     let default = Cli::parse_from(["x"]).args.config().unwrap();
     assert_eq!(default.default_policy.to_string(), "binpack/spread");
-    let e = Cli::parse_from(["x", "--policy", "fastest"])
+    // The old spelling is still accepted; errors name the flag as --help shows it.
+    let old = Cli::parse_from(["x", "--policy", "spread/binpack"]).args;
+    assert_eq!(
+        old.config().unwrap().default_policy.to_string(),
+        "spread/binpack"
+    );
+    let e = Cli::parse_from(["x", "--default-policy", "fastest"])
         .args
         .config()
         .unwrap_err();
     assert!(
-        format!("{e:#}").starts_with("--policy: unknown policy \"fastest\""),
+        format!("{e:#}").starts_with("--default-policy: unknown policy \"fastest\""),
         "{e:#}"
     );
     let e = Cli::parse_from(["x", "--driver-name", "Bad"])
