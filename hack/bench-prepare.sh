@@ -31,7 +31,8 @@
 #   nocache=--claim-cache=false;cache=--claim-cache=true
 # A summary table compares the modes (same cluster, same claims, same session).
 # Everything it created (namespace, plugin, slice, files) is removed at the end.
-# FGPU_E2E_PROFILE=release (default) or debug: which build of the plugin and dra_call runs.
+# FGPU_E2E_PROFILE=release (default) or debug: which build of the plugin and dra_call runs;
+# FGPU_E2E_BIN_FROM=<dir> runs the binaries in that directory instead (compare two builds).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 claims="${1:-100}" rounds="${2:-10}"

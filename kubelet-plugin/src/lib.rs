@@ -4,7 +4,7 @@
 //!
 //! Pure computation:
 //!
-//! * [`claim`]: the parts of a ResourceClaim the plugin reads (tolerant serde structs).
+//! * [`claim`]: the ResourceClaim model (`fgpu_api::dra::claim`: tolerant serde structs).
 //! * [`grant`]: what each allocated device grants (consumedCapacity, opaque config, whole
 //!   device), with errors naming the claim and the field.
 //! * [`edits`]: a claim's container edits and CDI spec, device ordinals in container order.

@@ -15,6 +15,7 @@
 //! * [`discovery`]: the `resource.k8s.io` version the API server serves ([`ApiVersion`]),
 //!   and the dynamic resources of DRA at that version.
 //! * [`leader`]: Lease-based leader election.
+//! * [`events`]: one Event writer (`events.k8s.io/v1`).
 //! * [`backoff`]: the doubling retry delays of the daemons' loops.
 //!
 //! Feature `http` (default):
@@ -39,6 +40,8 @@ pub mod backoff;
 pub mod client;
 #[cfg(feature = "kube")]
 pub mod discovery;
+#[cfg(feature = "kube")]
+pub mod events;
 #[cfg(feature = "kube")]
 pub mod leader;
 

@@ -3,7 +3,8 @@
 # (tests/e2e/3*-dra-*/test.sh; sourced after lib.sh). The plugin itself is started by
 # tests/e2e/30-dra-quota/plugin.sh (also used by make demo).
 #
-#   plugin_setup <tag>  build this checkout's plugin and dra_call (no-op when up to date), copy
+#   plugin_setup <tag>  build this checkout's plugin and dra_call (no-op when up to date; with
+#                       FGPU_E2E_BIN_FROM=<dir>, take the binaries from that directory), copy
 #                       them and the libraries into a fresh work dir ($work, bins in $work/bin,
 #                       exported as FGPU_E2E_BIN_DIR, so a build elsewhere cannot swap them);
 #                       FGPU_E2E_PROFILE=release takes the release build (the bench does);
@@ -33,13 +34,21 @@ plugin_setup() {
   local target f profile="${FGPU_E2E_PROFILE:-debug}" flags=()
   target="${CARGO_TARGET_DIR:-${FGPU_CACHE:-/var/cache/fgpu}/target}/$profile"
   [ "$profile" = debug ] || flags=(--profile "$profile")
-  (cd "$E2E_LIB_DIR/../.." && cargo build -q "${flags[@]}" -p fgpu-kubelet-plugin --bin fgpu-kubelet-plugin --example dra_call) >&2 \
-    || fail "cargo build -p fgpu-kubelet-plugin failed"
+  if [ -n "${FGPU_E2E_BIN_FROM:-}" ]; then
+    # Prebuilt binaries (e.g. another commit's, to compare builds in one cluster session).
+    target="$FGPU_E2E_BIN_FROM"
+  else
+    (cd "$E2E_LIB_DIR/../.." && cargo build -q "${flags[@]}" -p fgpu-kubelet-plugin --bin fgpu-kubelet-plugin --example dra_call) >&2 \
+      || fail "cargo build -p fgpu-kubelet-plugin failed"
+  fi
   work="$(mktemp -d "/tmp/fgpu-e2e-$1.XXXXXX")"
   mkdir -p "$work/bin"
+  local src
   for f in fgpu-kubelet-plugin examples/dra_call libfgpu.so libfgpu_fake_cuda.so; do
-    [ -f "$target/$f" ] || fail "$target/$f is missing: build the workspace first (make build)"
-    cp "$target/$f" "$work/bin/"
+    src="$target/$f"
+    [ -f "$src" ] || src="$target/${f##*/}" # a flat directory of prebuilt binaries
+    [ -f "$src" ] || fail "$target/$f is missing: build the workspace first (make build)"
+    cp "$src" "$work/bin/"
   done
   export FGPU_E2E_BIN_DIR="$work/bin"
   run_dir="$work/run"

@@ -23,12 +23,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 
-use kube::runtime::events::EventType;
+use fgpu_plumbing::events::{self, EventType, Reporter};
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -283,7 +281,7 @@ struct Controller {
     /// The mode of the last pass (logged and exported when it changes).
     decided: Option<Mode>,
     /// `reportingController` / `reportingInstance` of the Events it publishes.
-    reporter: (String, String),
+    reporter: Reporter,
     claims_ar: ApiResource,
     overlay: Overlay,
     /// The views of the stored objects and the inventory, kept between passes.
@@ -306,20 +304,6 @@ struct Controller {
     next_settle: Option<Instant>,
     /// The shared DeviceClass as last read (None: it does not exist), and when.
     class: Option<(Instant, Option<Value>)>,
-}
-
-/// The name of an Event about the object `name` created at `nanos` (Unix time): the
-/// object's name, a dot, the time in hex — the convention of client-go's recorders, unique
-/// as one process tells one object at a time. (A `generateName` of `name.` is refused: it
-/// must itself be a DNS subdomain.) Long names are cut to keep the whole within 253.
-fn event_name(name: &str, nanos: i128) -> String {
-    let stamp = format!("{:x}", nanos.max(0));
-    let room = 253 - 1 - stamp.len();
-    let mut base: String = name.chars().take(room).collect();
-    while base.ends_with(['.', '-']) {
-        base.pop();
-    }
-    format!("{base}.{stamp}")
 }
 
 /// A 64-bit hash of `v` (what the controller remembers instead of the value itself).
@@ -347,7 +331,10 @@ impl Controller {
             .filter(|i| !i.is_empty())
             .unwrap_or_else(|| "fgpu-controller".into());
         Self {
-            reporter: ("fgpu-controller".into(), instance),
+            reporter: Reporter {
+                controller: "fgpu-controller".into(),
+                instance,
+            },
             claims_ar: claim_resource(shared.api),
             shared,
             settings,
@@ -927,38 +914,21 @@ impl Controller {
         } else {
             self.shared.api.api_version().to_owned()
         };
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let event = Event {
-            metadata: ObjectMeta {
-                name: Some(event_name(&obj.name, now.as_nanosecond())),
-                namespace: Some(obj.namespace.clone()),
-                ..Default::default()
-            },
-            event_time: Some(MicroTime(now)),
-            type_: Some(
-                match type_ {
-                    EventType::Normal => "Normal",
-                    EventType::Warning => "Warning",
-                }
-                .into(),
-            ),
-            reason: Some(reason.to_owned()),
-            action: Some("Allocate".into()),
-            note: Some(message.chars().take(1000).collect()),
-            regarding: Some(ObjectReference {
-                api_version: Some(api_version),
-                kind: Some(kind.to_owned()),
-                name: Some(obj.name.clone()),
-                namespace: Some(obj.namespace.clone()),
-                uid: Some(obj.uid.clone()),
-                ..Default::default()
-            }),
-            reporting_controller: Some(self.reporter.0.clone()),
-            reporting_instance: Some(self.reporter.1.clone()),
-            ..Default::default()
+        let regarding = events::Regarding {
+            api_version,
+            kind: kind.to_owned(),
+            namespace: obj.namespace.clone(),
+            name: obj.name.clone(),
+            uid: obj.uid.clone(),
         };
-        let events: Api<Event> = Api::namespaced(self.shared.client.clone(), &obj.namespace);
-        if let Err(e) = events.create(&PostParams::default(), &event).await {
+        let said = events::Said {
+            type_,
+            reason,
+            action: "Allocate",
+            note: message,
+        };
+        let event = events::event(&self.reporter, &regarding, said, Timestamp::now());
+        if let Err(e) = events::publish(&self.shared.client, &event).await {
             tracing::warn!(object = %obj.key(), "event not published: {e}");
         }
         true
@@ -968,29 +938,6 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn event_names_are_dns_subdomains() {
-        let valid = |n: &str| {
-            n.len() <= 253
-                && n.split('.').all(|l| {
-                    !l.is_empty()
-                        && l.chars()
-                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                        && !l.starts_with('-')
-                        && !l.ends_with('-')
-                })
-        };
-        let n = event_name("quota-4g-gpu-vmc7t", 1_796_012_289_102_421_433);
-        assert_eq!(n, "quota-4g-gpu-vmc7t.18ecb7a9482f9db9");
-        assert!(valid(&n), "{n}");
-        let long = "a".repeat(250);
-        let n = event_name(&long, 1);
-        assert!(n.len() <= 253 && valid(&n), "{n}");
-        // Cut where a dash or dot would end the name's part.
-        let n = event_name(&format!("{}-b", "a".repeat(250)), 1);
-        assert!(valid(&n), "{n}");
-    }
 
     #[test]
     fn backoff_doubles_up_to_256_seconds() {

@@ -1,6 +1,13 @@
-//! The `resource.k8s.io` API group as fgpu speaks it: which versions exist and how they
-//! are chosen. (The typed, tolerant object model of claims, slices and classes grows here;
-//! today the kubelet plugin's claim model lives in `fgpu-kubelet-plugin::claim`.)
+//! The `resource.k8s.io` API group as fgpu speaks it: which versions exist and how one is
+//! chosen ([`ApiVersion`]), and the typed, tolerant object model, one for every served
+//! version:
+//!
+//! * [`claim`]: a ResourceClaim's identity and allocation (what the node side reads).
+//!
+//! Slices and classes are still read as JSON by the controller (`fgpu-dra-controller`'s
+//! `objects`, `inventory`, `request`); they join this model next.
+
+pub mod claim;
 
 /// The API group of DRA.
 pub const GROUP: &str = "resource.k8s.io";
