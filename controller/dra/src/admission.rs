@@ -58,10 +58,20 @@ pub fn gate_patch(pod: &Value, gate: &str) -> Option<Value> {
 
 pub use fgpu_plumbing::admission::response;
 
+/// Why [`validate`] denies a claim or template: a configuration of this driver in it does
+/// not read. The message names the object, then the field path and the problem.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{object}: {source}")]
+pub struct Invalid {
+    /// `<kind> <namespace>/<name>`.
+    pub object: String,
+    pub source: fgpu_api::config::ConfigError,
+}
+
 /// Checks a ResourceClaim or ResourceClaimTemplate (`kind`) of any served version for
-/// `driver`: `Err(message)` denies (the message names the object and the field path),
+/// `driver`: `Err` denies (its message names the object and the field path),
 /// `Ok(warnings)` admits.
-pub fn validate(obj: &Value, kind: &str, driver: &DriverName) -> Result<Vec<String>, String> {
+pub fn validate(obj: &Value, kind: &str, driver: &DriverName) -> Result<Vec<String>, Invalid> {
     let (devices, prefix) = match kind {
         "ResourceClaimTemplate" => (&obj["spec"]["spec"]["devices"], "spec.spec.devices"),
         _ => (&obj["spec"]["devices"], "spec.devices"),
@@ -89,8 +99,13 @@ pub fn validate(obj: &Value, kind: &str, driver: &DriverName) -> Result<Vec<Stri
             continue;
         }
         let path = format!("{prefix}.config[{i}].opaque.parameters");
-        let c = GpuShareConfig::from_value(&e["opaque"]["parameters"], &path)
-            .map_err(|err| format!("{name}: {err}"))?;
+        let c =
+            GpuShareConfig::from_value(&e["opaque"]["parameters"], &path).map_err(|source| {
+                Invalid {
+                    object: name.clone(),
+                    source,
+                }
+            })?;
         let requests = e["requests"]
             .as_array()
             .into_iter()
@@ -176,7 +191,9 @@ mod tests {
             ),
         ];
         for (params, prefix) in cases {
-            let e = validate(&claim(params.clone()), "ResourceClaim", &driver()).unwrap_err();
+            let e = validate(&claim(params.clone()), "ResourceClaim", &driver())
+                .unwrap_err()
+                .to_string();
             assert!(e.starts_with(prefix), "{params}: {e}");
         }
     }
@@ -199,7 +216,9 @@ mod tests {
         );
         let mut bad = t.clone();
         bad["spec"]["spec"]["devices"]["config"] = json!([{"opaque": {"driver": "gpu.fgpu.dev", "parameters": {"kind": "GpuShareConfig"}}}]);
-        let e = validate(&bad, "ResourceClaimTemplate", &driver()).unwrap_err();
+        let e = validate(&bad, "ResourceClaimTemplate", &driver())
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("ResourceClaimTemplate ns/t: spec.spec.devices.config[0].opaque.parameters.apiVersion:"), "{e}");
     }
 

@@ -15,7 +15,7 @@
 //!   published devices kept `allowMultipleAllocations` (the API server has consumable
 //!   capacity), else `controller`, decided again on every pass and logged when it changes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
 use std::sync::Arc;
@@ -146,9 +146,43 @@ fn slice_entry(mut o: DynamicObject, driver: &str, packer: &Packer) -> Option<Pa
     packer.pack(&o)
 }
 
-/// Runs the daemon until SIGTERM / Ctrl-C.
+/// Runs the daemon until SIGTERM / Ctrl-C: checks the flags, connects, starts the
+/// servers, then reconciles (as the leader, with `--leader-election-namespace`).
 pub fn run(args: RunArgs) -> Result<()> {
     fgpu_plumbing::tls_provider();
+    let settings = settings_of(&args)?;
+    let tls = args.webhook.tls()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let shared = connect(&args, &settings.driver).await?;
+        crate::server::spawn_plain(args.metrics_address, shared.clone()).await?;
+        if let Some((addr, cfg)) = tls {
+            crate::server::spawn_webhooks(addr, cfg, shared.clone()).await?;
+        }
+        let mut ctl = Controller::new(shared.clone(), settings, args.mode);
+        ctl.settle = Duration::from_millis(args.settle_ms);
+        ctl.list_page = args.list_page_size;
+        let resync = Duration::from_secs(args.resync_seconds.max(1));
+        match &args.leader_election_namespace {
+            None => tokio::select! {
+                r = ctl.run(resync) => r,
+                _ = shutdown() => {
+                    tracing::info!("shutting down");
+                    Ok(())
+                }
+            },
+            Some(ns) => lead(ctl, &shared, ns, &args.leader_election_lease, resync).await,
+        }
+    })
+}
+
+/// The settings the flags give: a valid driver name, `--class` (when set) its shared
+/// class, a valid default policy.
+fn settings_of(args: &RunArgs) -> Result<Settings> {
     let driver = DriverName::new(args.driver_name.clone())
         .map_err(|e| anyhow::anyhow!("--driver-name: {e}"))?;
     if let Some(class) = &args.class
@@ -165,86 +199,78 @@ pub fn run(args: RunArgs) -> Result<()> {
         .default_policy
         .parse()
         .map_err(|e| anyhow::anyhow!("--default-policy: {e}"))?;
-    let tls = args.webhook.tls()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    rt.block_on(async move {
-        let client = args.kube.client().await?;
-        let api = negotiate(&client).await?;
-        tracing::info!(
-            api = api.api_version(),
-            mode = args.mode.as_str(),
-            driver = driver.as_str(),
-            "connected"
-        );
-        let shared = Arc::new(Shared {
-            driver: driver.clone(),
-            api,
-            client: client.clone(),
-            mode: ModeCell::default(),
-            metrics: Metrics::new(),
-            ready: AtomicBool::new(false),
-        });
-        if args.mode != Mode::Auto {
-            shared.mode.set(args.mode);
-        }
-        crate::server::spawn_plain(args.metrics_address, shared.clone()).await?;
-        if let Some((addr, cfg)) = tls {
-            crate::server::spawn_webhooks(addr, cfg, shared.clone()).await?;
-        }
-        let settings = Settings {
-            driver,
-            default_policy,
-        };
-        let mut ctl = Controller::new(shared.clone(), settings, args.mode);
-        ctl.settle = Duration::from_millis(args.settle_ms);
-        ctl.list_page = args.list_page_size;
-        let resync = Duration::from_secs(args.resync_seconds.max(1));
-        let Some(ns) = &args.leader_election_namespace else {
-            return tokio::select! {
-                r = ctl.run(resync) => r,
-                _ = shutdown() => {
-                    tracing::info!("shutting down");
-                    Ok(())
-                }
-            };
-        };
-        let me = format!(
-            "{}_{}",
-            std::env::var("POD_NAME")
-                .or_else(|_| std::env::var("HOSTNAME"))
-                .unwrap_or_else(|_| "fgpu-controller".into()),
-            uuid::Uuid::new_v4()
-        );
-        let elector = fgpu_plumbing::leader::Elector::new(
-            client.clone(),
-            ns,
-            &args.leader_election_lease,
-            me,
-        );
-        // A standby serves the webhooks: ready. The leader is ready once its caches sync.
-        shared.ready.store(true, Ordering::Relaxed);
-        tokio::select! {
-            _ = elector.acquire() => shared.ready.store(false, Ordering::Relaxed),
-            _ = shutdown() => {
-                tracing::info!("shutting down (standby)");
-                return Ok(());
-            }
-        }
-        let r = tokio::select! {
-            r = ctl.run(resync) => r,
-            e = elector.hold() => Err(e.into()),
-            _ = shutdown() => {
-                tracing::info!("shutting down");
-                Ok(())
-            }
-        };
-        elector.release().await;
-        r
+    Ok(Settings {
+        driver,
+        default_policy,
     })
+}
+
+/// Connects to the API server, picks the `resource.k8s.io` version, and builds what the
+/// loop and the servers share (the mode fixed unless `auto`).
+async fn connect(args: &RunArgs, driver: &DriverName) -> Result<Arc<Shared>> {
+    let client = args.kube.client().await?;
+    let api = negotiate(&client).await?;
+    tracing::info!(
+        api = api.api_version(),
+        mode = args.mode.as_str(),
+        driver = driver.as_str(),
+        "connected"
+    );
+    let shared = Arc::new(Shared {
+        driver: driver.clone(),
+        api,
+        client,
+        mode: ModeCell::default(),
+        metrics: Metrics::new(),
+        ready: AtomicBool::new(false),
+    });
+    if args.mode != Mode::Auto {
+        shared.mode.set(args.mode);
+    }
+    Ok(shared)
+}
+
+/// This replica's leader-election identity: the pod (or host) name and a fresh UUID.
+fn candidate_identity() -> String {
+    format!(
+        "{}_{}",
+        std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "fgpu-controller".into()),
+        uuid::Uuid::new_v4()
+    )
+}
+
+/// Waits (ready, serving the webhooks) until this replica holds the Lease `lease` in
+/// `ns`, then reconciles while it holds it; releases it on the way out.
+async fn lead(
+    mut ctl: Controller,
+    shared: &Shared,
+    ns: &str,
+    lease: &str,
+    resync: Duration,
+) -> Result<()> {
+    let elector =
+        fgpu_plumbing::leader::Elector::new(shared.client.clone(), ns, lease, candidate_identity());
+    // A standby serves the webhooks: ready. The leader is ready once its caches sync.
+    shared.ready.store(true, Ordering::Relaxed);
+    tokio::select! {
+        _ = elector.acquire() => shared.ready.store(false, Ordering::Relaxed),
+        _ = shutdown() => {
+            tracing::info!("shutting down (standby)");
+            return Ok(());
+        }
+    }
+    let r = tokio::select! {
+        r = ctl.run(resync) => r,
+        e = elector.hold() => Err(e.into()),
+        _ = shutdown() => {
+            tracing::info!("shutting down");
+            Ok(())
+        }
+    };
+    elector.release().await;
+    r
 }
 
 use fgpu_plumbing::shutdown::requested as shutdown;
@@ -316,6 +342,22 @@ fn hash_of(v: impl std::hash::Hash) -> u64 {
 
 fn conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.is_conflict())
+}
+
+/// The mode of a pass and why: `auto` is `capacity` when this driver's devices are
+/// consumable, else `controller`; any other configured mode is kept.
+fn decide_mode(configured: Mode, consumable: bool) -> (Mode, &'static str) {
+    match configured {
+        Mode::Auto if consumable => (
+            Mode::Capacity,
+            "auto: this driver's devices kept allowMultipleAllocations (consumable capacity)",
+        ),
+        Mode::Auto => (
+            Mode::Controller,
+            "auto: no device of this driver allows multiple allocations (no consumable capacity, or no slice yet)",
+        ),
+        m => (m, "set by --mode"),
+    }
 }
 
 impl Controller {
@@ -456,7 +498,8 @@ impl Controller {
         }
     }
 
-    /// One pass; true when something was written.
+    /// One pass; true when something was written: refresh the views, decide the mode,
+    /// track the claims' allocations, plan ([`reconcile::plan_views`]), perform the plan.
     async fn pass(
         &mut self,
         claims: &Mirror<Packed>,
@@ -471,35 +514,70 @@ impl Controller {
             &mut self.overlay,
         );
         let consumable = self.views.consumable;
-        let mode = match self.configured {
-            Mode::Auto if consumable => Mode::Capacity,
-            Mode::Auto => Mode::Controller,
-            m => m,
+        let mode = self.note_mode(consumable);
+        let (cleared, unsettled) = self.track_allocations(Instant::now());
+        self.tell_cleared(cleared).await;
+        let avoid: BTreeMap<String, BTreeSet<String>> = self
+            .retries
+            .iter()
+            .map(|(uid, r)| (uid.clone(), r.avoid.clone()))
+            .collect();
+        let class = if mode == Mode::Controller {
+            self.device_class().await
+        } else {
+            None
         };
+        let plan = {
+            let claim_views = self.views.claims();
+            let pod_views = self.views.pods();
+            let whole = |id: &ObjectId| self.views.whole_claim(&self.overlay, id);
+            let views = Views {
+                claims: &claim_views,
+                pods: &pod_views,
+                inventory: &self.views.inventory,
+                consumable,
+                claim: &whole,
+                avoid: &avoid,
+                unsettled: &unsettled,
+                class: class.as_ref(),
+                max_allocations: MAX_ALLOCATIONS_PER_PASS,
+            };
+            reconcile::plan_views(views, &self.settings, mode == Mode::Controller)
+        };
+        self.report_plan(&plan);
+        let mut wrote = false;
+        for action in plan.actions {
+            wrote |= self.act(action).await;
+        }
+        wrote
+    }
+
+    /// This pass's mode ([`decide_mode`]), published to the servers; logged and exported
+    /// when it changes.
+    fn note_mode(&mut self, consumable: bool) -> Mode {
+        let (mode, reason) = decide_mode(self.configured, consumable);
         self.shared.mode.set(mode);
         if self.decided != Some(mode) {
             self.decided = Some(mode);
-            let reason = match self.configured {
-                Mode::Auto if consumable => {
-                    "auto: this driver's devices kept allowMultipleAllocations (consumable capacity)"
-                }
-                Mode::Auto => {
-                    "auto: no device of this driver allows multiple allocations (no consumable capacity, or no slice yet)"
-                }
-                _ => "set by --mode",
-            };
             tracing::info!(mode = mode.as_str(), reason, "allocation mode");
             self.shared.metrics.set_mode(mode.as_str(), reason);
         }
+        mode
+    }
 
-        // One walk over the claims: allocations kube-scheduler cleared since the last pass
-        // (our finalizer, no allocation, and this process had allocated the claim), and how
-        // long each allocation has been seen (settling).
-        let now = Instant::now();
+    /// One walk over the claims at `now`: the allocations kube-scheduler cleared since the
+    /// last pass (our finalizer, no allocation, and this process had allocated the claim),
+    /// each with its node and backoff, and the claims whose allocation has not settled
+    /// yet. Updates the retries, the settle times and [`Controller::next_settle`], and
+    /// forgets claims that are gone.
+    fn track_allocations(
+        &mut self,
+        now: Instant,
+    ) -> (Vec<(ObjectId, String, Duration)>, BTreeSet<String>) {
         let mut cleared = Vec::new();
         let mut present = std::collections::HashSet::new();
         let mut allocated = std::collections::HashSet::new();
-        let mut unsettled = std::collections::BTreeSet::new();
+        let mut unsettled = BTreeSet::new();
         self.next_settle = None;
         for c in self.views.claims() {
             let id = &c.id;
@@ -534,6 +612,14 @@ impl Controller {
             .retain(|uid, _| present.contains(&hash_of(uid)));
         self.allocated_on.retain(|h, _| present.contains(h));
         self.seen_allocated.retain(|h, _| allocated.contains(h));
+        (cleared, unsettled)
+    }
+
+    /// Tells each claim whose allocation kube-scheduler cleared ([`track_allocations`]'s
+    /// list) that it is allocated again, away from that node, after its backoff.
+    ///
+    /// [`track_allocations`]: Controller::track_allocations
+    async fn tell_cleared(&mut self, cleared: Vec<(ObjectId, String, Duration)>) {
         for (id, node, wait) in cleared {
             let m = format!(
                 "the allocation on node {node} was cleared (kube-scheduler found no node for the pod); allocating again away from it in {}s",
@@ -550,33 +636,11 @@ impl Controller {
             )
             .await;
         }
-        let avoid: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = self
-            .retries
-            .iter()
-            .map(|(uid, r)| (uid.clone(), r.avoid.clone()))
-            .collect();
-        let class = if mode == Mode::Controller {
-            self.device_class().await
-        } else {
-            None
-        };
-        let plan = {
-            let claim_views = self.views.claims();
-            let pod_views = self.views.pods();
-            let whole = |id: &ObjectId| self.views.whole_claim(&self.overlay, id);
-            let views = Views {
-                claims: &claim_views,
-                pods: &pod_views,
-                inventory: &self.views.inventory,
-                consumable,
-                claim: &whole,
-                avoid: &avoid,
-                unsettled: &unsettled,
-                class: class.as_ref(),
-                max_allocations: MAX_ALLOCATIONS_PER_PASS,
-            };
-            reconcile::plan_views(views, &self.settings, mode == Mode::Controller)
-        };
+    }
+
+    /// Logs what the plan left out and exports its figures (GPUs, fragmentation, usage,
+    /// claims pending or rejected).
+    fn report_plan(&self, plan: &reconcile::Plan) {
         for e in &plan.slice_errors {
             tracing::warn!("{e}");
         }
@@ -592,13 +656,9 @@ impl Controller {
             .filter(|a| matches!(a, Action::Pending { .. } | Action::Rejected { .. }))
             .count();
         self.shared.metrics.claims_pending.set(pending as i64);
-        let mut wrote = false;
-        for action in plan.actions {
-            wrote |= self.act(action).await;
-        }
-        wrote
     }
 
+    /// Performs one planned action; true when something was written.
     async fn act(&mut self, action: Action) -> bool {
         match action {
             Action::Allocate {
@@ -608,71 +668,15 @@ impl Controller {
                 message,
                 retry,
             } => {
-                let id = claim;
-                if retry
-                    && self
-                        .retries
-                        .get(&id.uid)
-                        .is_some_and(|r| r.next > Instant::now())
-                {
-                    return false; // backing off
-                }
-                let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
-                    return false; // changed since planned: the next pass
-                };
-                let node = allocation.grant.node.clone();
-                let started = Instant::now();
-                match self.allocate(claim, &allocation.allocation).await {
-                    Ok(()) => {
-                        self.allocated_on.insert(hash_of(&id.uid), node);
-                        self.shared.metrics.allocated.inc();
-                        self.shared
-                            .metrics
-                            .allocation_seconds
-                            .observe(started.elapsed().as_secs_f64());
-                        tracing::info!(claim = %id.key(), pod = %pod.key(), "{message}");
-                        self.tell(
-                            &id,
-                            "ResourceClaim",
-                            EventType::Normal,
-                            "Allocated",
-                            &message,
-                        )
-                        .await;
-                        let m = format!("claim {}: {message}", id.name);
-                        self.tell(&pod, "Pod", EventType::Normal, "GpuAllocated", &m)
-                            .await;
-                        true
-                    }
-                    Err(e) => {
-                        let reason = if conflict(&e) { "conflict" } else { "api" };
-                        self.shared.metrics.failure(reason);
-                        tracing::warn!(claim = %id.key(), "allocation not written (retried next pass): {e}");
-                        false
-                    }
-                }
+                self.act_allocate(claim, pod, allocation, message, retry)
+                    .await
             }
             Action::Pending {
                 claim,
                 pod,
                 message,
             } => {
-                self.shared.metrics.failure("no_fit");
-                let m = format!("claim {} waits: {message}", claim.name);
-                if self
-                    .tell(&pod, "Pod", EventType::Warning, "GpuAllocationPending", &m)
-                    .await
-                {
-                    tracing::info!(claim = %claim.key(), pod = %pod.key(), "{message}");
-                    self.tell(
-                        &claim,
-                        "ResourceClaim",
-                        EventType::Warning,
-                        "Pending",
-                        &message,
-                    )
-                    .await;
-                }
+                self.act_pending(claim, pod, message).await;
                 false
             }
             Action::Rejected {
@@ -680,109 +684,200 @@ impl Controller {
                 pod,
                 message,
             } => {
-                self.shared.metrics.failure("rejected");
-                let m = format!("claim {}: {message}", claim.name);
-                if self
-                    .tell(&pod, "Pod", EventType::Warning, "GpuClaimRejected", &m)
-                    .await
-                {
-                    tracing::warn!(claim = %claim.key(), pod = %pod.key(), "{message}");
-                    self.tell(
-                        &claim,
-                        "ResourceClaim",
-                        EventType::Warning,
-                        "Rejected",
-                        &message,
-                    )
-                    .await;
-                }
+                self.act_rejected(claim, pod, message).await;
                 false
             }
-            Action::Ungate { pod, keep } => {
-                let patch = json!({
-                    "metadata": {"resourceVersion": pod.resource_version},
-                    "spec": {"schedulingGates": keep},
-                });
-                match self
-                    .pods(&pod.namespace)
-                    .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(o) => {
-                        tracing::info!(pod = %pod.key(), "scheduling gate lifted");
-                        if let Ok(v) = serde_json::to_value(&o) {
-                            self.overlay.put(v);
-                        }
-                        true
-                    }
-                    Err(e) if conflict(&e) => {
-                        tracing::debug!(pod = %pod.key(), "ungate: conflict, next pass");
-                        false
-                    }
-                    Err(e) => {
-                        tracing::warn!(pod = %pod.key(), "ungate failed: {e}");
-                        false
-                    }
-                }
-            }
+            Action::Ungate { pod, keep } => self.act_ungate(pod, keep).await,
             Action::Revoke {
                 claim,
                 pod,
                 message,
-            } => {
-                let id = claim;
-                let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
-                    return false; // changed since planned: the next pass
-                };
-                self.shared.metrics.failure("revoked");
-                match self.deallocate(claim).await {
-                    Ok(_) => {
-                        // Not a clearing by kube-scheduler: no backoff, no node to avoid.
-                        self.allocated_on.remove(&hash_of(&id.uid));
-                        self.seen_allocated.remove(&hash_of(&id.uid));
-                        tracing::warn!(claim = %id.key(), pod = %pod.key(), "revoked: {message}");
-                        self.tell(
-                            &id,
-                            "ResourceClaim",
-                            EventType::Warning,
-                            "AllocationRevoked",
-                            &message,
-                        )
-                        .await;
-                        if !pod.name.is_empty() {
-                            let m = format!("claim {}: {message}", id.name);
-                            self.tell(&pod, "Pod", EventType::Warning, "GpuAllocationRevoked", &m)
-                                .await;
-                        }
-                        true
-                    }
-                    Err(e) if conflict(&e) => false,
-                    Err(e) => {
-                        tracing::warn!(claim = %id.key(), "revocation failed (retried next pass): {e}");
-                        false
-                    }
-                }
-            }
+            } => self.act_revoke(claim, pod, message).await,
             Action::Release {
                 claim,
                 deallocate,
                 reason,
-            } => {
-                let id = claim;
-                let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
-                    return false; // changed since planned: the next pass
-                };
-                match self.release(claim, deallocate).await {
-                    Ok(()) => {
-                        tracing::info!(claim = %id.key(), deallocated = deallocate, "released: {reason}");
-                        true
-                    }
-                    Err(e) if conflict(&e) => false,
-                    Err(e) => {
-                        tracing::warn!(claim = %id.key(), "release failed (retried next pass): {e}");
-                        false
-                    }
+            } => self.act_release(claim, deallocate, reason).await,
+        }
+    }
+
+    /// [`Action::Allocate`]: writes the allocation unless the claim backs off (a retry
+    /// before its time) or changed since planned, then tells the claim and the pod.
+    async fn act_allocate(
+        &mut self,
+        id: ObjectId,
+        pod: ObjectId,
+        allocation: crate::allocation::Allocation,
+        message: String,
+        retry: bool,
+    ) -> bool {
+        if retry
+            && self
+                .retries
+                .get(&id.uid)
+                .is_some_and(|r| r.next > Instant::now())
+        {
+            return false; // backing off
+        }
+        let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
+            return false; // changed since planned: the next pass
+        };
+        let node = allocation.grant.node.clone();
+        let started = Instant::now();
+        match self.allocate(claim, &allocation.allocation).await {
+            Ok(()) => {
+                self.allocated_on.insert(hash_of(&id.uid), node);
+                self.shared.metrics.allocated.inc();
+                self.shared
+                    .metrics
+                    .allocation_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                tracing::info!(claim = %id.key(), pod = %pod.key(), "{message}");
+                self.tell(
+                    &id,
+                    "ResourceClaim",
+                    EventType::Normal,
+                    "Allocated",
+                    &message,
+                )
+                .await;
+                let m = format!("claim {}: {message}", id.name);
+                self.tell(&pod, "Pod", EventType::Normal, "GpuAllocated", &m)
+                    .await;
+                true
+            }
+            Err(e) => {
+                let reason = if conflict(&e) { "conflict" } else { "api" };
+                self.shared.metrics.failure(reason);
+                tracing::warn!(claim = %id.key(), "allocation not written (retried next pass): {e}");
+                false
+            }
+        }
+    }
+
+    /// [`Action::Pending`]: counts the failure and tells the pod, then the claim (once per
+    /// change of the message).
+    async fn act_pending(&mut self, claim: ObjectId, pod: ObjectId, message: String) {
+        self.shared.metrics.failure("no_fit");
+        let m = format!("claim {} waits: {message}", claim.name);
+        if self
+            .tell(&pod, "Pod", EventType::Warning, "GpuAllocationPending", &m)
+            .await
+        {
+            tracing::info!(claim = %claim.key(), pod = %pod.key(), "{message}");
+            self.tell(
+                &claim,
+                "ResourceClaim",
+                EventType::Warning,
+                "Pending",
+                &message,
+            )
+            .await;
+        }
+    }
+
+    /// [`Action::Rejected`]: counts the failure and tells the pod, then the claim (once per
+    /// change of the message).
+    async fn act_rejected(&mut self, claim: ObjectId, pod: ObjectId, message: String) {
+        self.shared.metrics.failure("rejected");
+        let m = format!("claim {}: {message}", claim.name);
+        if self
+            .tell(&pod, "Pod", EventType::Warning, "GpuClaimRejected", &m)
+            .await
+        {
+            tracing::warn!(claim = %claim.key(), pod = %pod.key(), "{message}");
+            self.tell(
+                &claim,
+                "ResourceClaim",
+                EventType::Warning,
+                "Rejected",
+                &message,
+            )
+            .await;
+        }
+    }
+
+    /// [`Action::Ungate`]: writes the pod's remaining gates (conditional on its resource
+    /// version); a conflict waits for the next pass.
+    async fn act_ungate(&mut self, pod: ObjectId, keep: Vec<Value>) -> bool {
+        let patch = json!({
+            "metadata": {"resourceVersion": pod.resource_version},
+            "spec": {"schedulingGates": keep},
+        });
+        match self
+            .pods(&pod.namespace)
+            .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(o) => {
+                tracing::info!(pod = %pod.key(), "scheduling gate lifted");
+                if let Ok(v) = serde_json::to_value(&o) {
+                    self.overlay.put(v);
                 }
+                true
+            }
+            Err(e) if conflict(&e) => {
+                tracing::debug!(pod = %pod.key(), "ungate: conflict, next pass");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(pod = %pod.key(), "ungate failed: {e}");
+                false
+            }
+        }
+    }
+
+    /// [`Action::Revoke`]: clears the tentative claim's allocation unless it changed since
+    /// planned, forgets where it was, and tells the claim and (when known) the pod.
+    async fn act_revoke(&mut self, id: ObjectId, pod: ObjectId, message: String) -> bool {
+        let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
+            return false; // changed since planned: the next pass
+        };
+        self.shared.metrics.failure("revoked");
+        match self.deallocate(claim).await {
+            Ok(_) => {
+                // Not a clearing by kube-scheduler: no backoff, no node to avoid.
+                self.allocated_on.remove(&hash_of(&id.uid));
+                self.seen_allocated.remove(&hash_of(&id.uid));
+                tracing::warn!(claim = %id.key(), pod = %pod.key(), "revoked: {message}");
+                self.tell(
+                    &id,
+                    "ResourceClaim",
+                    EventType::Warning,
+                    "AllocationRevoked",
+                    &message,
+                )
+                .await;
+                if !pod.name.is_empty() {
+                    let m = format!("claim {}: {message}", id.name);
+                    self.tell(&pod, "Pod", EventType::Warning, "GpuAllocationRevoked", &m)
+                        .await;
+                }
+                true
+            }
+            Err(e) if conflict(&e) => false,
+            Err(e) => {
+                tracing::warn!(claim = %id.key(), "revocation failed (retried next pass): {e}");
+                false
+            }
+        }
+    }
+
+    /// [`Action::Release`]: clears the allocation (when `deallocate`) and removes the
+    /// finalizer, unless the claim changed since planned.
+    async fn act_release(&mut self, id: ObjectId, deallocate: bool, reason: String) -> bool {
+        let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
+            return false; // changed since planned: the next pass
+        };
+        match self.release(claim, deallocate).await {
+            Ok(()) => {
+                tracing::info!(claim = %id.key(), deallocated = deallocate, "released: {reason}");
+                true
+            }
+            Err(e) if conflict(&e) => false,
+            Err(e) => {
+                tracing::warn!(claim = %id.key(), "release failed (retried next pass): {e}");
+                false
             }
         }
     }
@@ -944,5 +1039,21 @@ mod tests {
         let s = |n| backoff(n).as_secs();
         assert_eq!([s(1), s(2), s(3), s(10), s(100)], [0, 1, 2, 256, 256]);
         assert!(backoff(u32::MAX) <= Duration::from_secs(300));
+    }
+
+    #[test]
+    fn auto_mode_follows_consumable_capacity() {
+        assert_eq!(decide_mode(Mode::Auto, true).0, Mode::Capacity);
+        assert_eq!(decide_mode(Mode::Auto, false).0, Mode::Controller);
+        for consumable in [true, false] {
+            assert_eq!(
+                decide_mode(Mode::Controller, consumable),
+                (Mode::Controller, "set by --mode")
+            );
+            assert_eq!(
+                decide_mode(Mode::Capacity, consumable),
+                (Mode::Capacity, "set by --mode")
+            );
+        }
     }
 }

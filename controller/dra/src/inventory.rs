@@ -167,10 +167,10 @@ fn read_slice(spec: &Value) -> Result<(String, i64, Vec<Gpu>), FieldError> {
             ),
         };
         let memory = quantity_u64(&body["capacity"][capacity::MEMORY]["value"])
-            .map_err(|p| (field("capacity.memory.value"), p))?;
+            .map_err(|p| (field("capacity.memory.value"), p.to_string()))?;
         let cores = match &body["capacity"][capacity::CORES]["value"] {
             Value::Null => capacity::CORES_PER_GPU,
-            v => quantity_u64(v).map_err(|p| (field("capacity.cores.value"), p))?,
+            v => quantity_u64(v).map_err(|p| (field("capacity.cores.value"), p.to_string()))?,
         };
         let cores = u32::try_from(cores)
             .ok()

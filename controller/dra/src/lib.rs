@@ -59,14 +59,60 @@ pub fn object_key(obj: &serde_json::Value) -> String {
     }
 }
 
+/// Why a JSON value is not a whole-number quantity ([`quantity_u64`]); the message reads
+/// as the predicate of a sentence whose subject is the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    /// A string that does not parse as a whole-number quantity.
+    #[error(transparent)]
+    Parse(#[from] fgpu_api::quantity::QuantityError),
+    /// A JSON number that is negative or not an integer.
+    #[error("{0} is not a non-negative integer")]
+    NotANonNegativeInteger(serde_json::Number),
+    /// No value.
+    #[error("missing")]
+    Missing,
+    /// Neither a string nor a number.
+    #[error("{0} is not a quantity")]
+    NotAQuantity(serde_json::Value),
+}
+
 /// A quantity (string, or a JSON integer) resolved to a whole number.
-pub(crate) fn quantity_u64(v: &serde_json::Value) -> Result<u64, String> {
+pub(crate) fn quantity_u64(v: &serde_json::Value) -> Result<u64, QuantityError> {
     match v {
-        serde_json::Value::String(s) => fgpu_api::quantity::parse_u64(s).map_err(|e| e.to_string()),
+        serde_json::Value::String(s) => Ok(fgpu_api::quantity::parse_u64(s)?),
         serde_json::Value::Number(n) => n
             .as_u64()
-            .ok_or_else(|| format!("{n} is not a non-negative integer")),
-        serde_json::Value::Null => Err("missing".to_owned()),
-        other => Err(format!("{other} is not a quantity")),
+            .ok_or_else(|| QuantityError::NotANonNegativeInteger(n.clone())),
+        serde_json::Value::Null => Err(QuantityError::Missing),
+        other => Err(QuantityError::NotAQuantity(other.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn quantity_errors_say_what_is_wrong() {
+        assert_eq!(quantity_u64(&json!("2Gi")), Ok(2 << 30));
+        assert_eq!(quantity_u64(&json!(7)), Ok(7));
+        let messages = [
+            (json!(-1), "-1 is not a non-negative integer"),
+            (json!(1.5), "1.5 is not a non-negative integer"),
+            (json!(null), "missing"),
+            (json!(true), "true is not a quantity"),
+        ];
+        for (v, want) in messages {
+            assert_eq!(quantity_u64(&v).unwrap_err().to_string(), want, "{v}");
+        }
+        let parse = quantity_u64(&json!("0.1Ki")).unwrap_err();
+        assert_eq!(
+            parse.to_string(),
+            fgpu_api::quantity::parse_u64("0.1Ki")
+                .unwrap_err()
+                .to_string()
+        );
     }
 }

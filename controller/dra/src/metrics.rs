@@ -172,7 +172,10 @@ impl Metrics {
             ("mode".to_owned(), mode.to_owned()),
             ("reason".to_owned(), reason.to_owned()),
         ];
-        let mut last = self.last_mode.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self
+            .last_mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(old) = last.take() {
             self.mode.remove(&old);
         }

@@ -278,8 +278,6 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
 /// Plans one pass over `snap`. Without `allocate` (capacity mode: kube-scheduler
 /// allocates) only releases are planned, and every gated pod is ungated.
 pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan {
-    let driver = settings.driver.as_str();
-    let consumable = snap.consumable;
     let gpus = snap
         .inventory
         .inventory
@@ -290,64 +288,153 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
     // Claims by namespace/name.
     let claims: BTreeMap<&str, &ClaimView> =
         snap.claims.iter().map(|c| (c.key.as_str(), *c)).collect();
-    let live_pods = || snap.pods.iter().filter(|p| p.live);
-    // Claim keys referenced by live pods → whether every one of those pods is gated.
+    let referenced = referenced_claims(snap.pods);
+    // 1. Ledger.
+    let ledgered = build_ledger(&snap, &claims, &referenced, allocate);
+    let mut placer = Placer {
+        snap,
+        settings,
+        ledger: ledgered.ledger,
+        actions: ledgered.revokes,
+        planned: BTreeSet::new(),
+        allocations: 0,
+    };
+    // 2. Release.
+    placer.actions.extend(releases(&claims, &referenced));
+    // 3 + 4 + 5. Gated pods and pods whose allocation was cleared, oldest first.
+    for pod in pods_to_place(snap.pods, &claims, allocate) {
+        if placer.allocations >= snap.max_allocations {
+            break; // the rest next pass: a pass holds at most this many allocations
+        }
+        match pod_step(pod, &claims, &ledgered.revoked, snap.unsettled, allocate) {
+            PodStep::Wait => {}
+            PodStep::Ungate => placer.actions.push(Action::Ungate {
+                pod: pod.id.clone(),
+                keep: pod.other_gates.clone(),
+            }),
+            PodStep::Place(shared) => placer.place_pod(pod, shared),
+        }
+    }
+    let ledger = placer.ledger;
+    Plan {
+        actions: placer.actions,
+        slice_errors: snap.inventory.errors.clone(),
+        usage_errors: ledgered.usage_errors,
+        consumable: snap.consumable,
+        gpus,
+        fragmentation: fragmentation(&ledger),
+        usage: ledger.inventory().clone(),
+    }
+}
+
+/// The claim keys live pods reference → whether every one of those pods is gated.
+fn referenced_claims(pods: &[&PodView]) -> BTreeMap<String, bool> {
     let mut referenced: BTreeMap<String, bool> = BTreeMap::new();
-    for pod in live_pods() {
+    for pod in pods.iter().filter(|p| p.live) {
         for k in pod.claim_keys() {
             *referenced.entry(k).or_insert(true) &= pod.gated;
         }
     }
+    referenced
+}
 
-    // 1. Ledger: committed claims first, then tentative ones, oldest allocation first.
-    let is_tentative = |c: &ClaimView| {
-        allocate
-            && c.ours
-            && c.allocated
-            && !c.deleting
-            && !c.reserved
-            && referenced.get(&c.key) == Some(&true)
-    };
-    let (mut tentative, committed): (Vec<&ClaimView>, Vec<&ClaimView>) =
-        claims.values().copied().partition(|c| is_tentative(c));
+/// Whether `claim` is tentative (rule 1): this controller's, allocated, not being
+/// deleted, not reserved, and every live pod that references it still gated.
+fn is_tentative(claim: &ClaimView, referenced: &BTreeMap<String, bool>, allocate: bool) -> bool {
+    allocate
+        && claim.ours
+        && claim.allocated
+        && !claim.deleting
+        && !claim.reserved
+        && referenced.get(&claim.key) == Some(&true)
+}
+
+/// The claims split into (tentative, committed); the tentative ones oldest allocation
+/// first, the order in which they are granted.
+fn split_tentative<'v>(
+    claims: &BTreeMap<&str, &'v ClaimView>,
+    referenced: &BTreeMap<String, bool>,
+    allocate: bool,
+) -> (Vec<&'v ClaimView>, Vec<&'v ClaimView>) {
+    let (mut tentative, committed): (Vec<&ClaimView>, Vec<&ClaimView>) = claims
+        .values()
+        .copied()
+        .partition(|c| is_tentative(c, referenced, allocate));
+    tentative.sort_by(|a, b| (&a.allocated_at, &a.key).cmp(&(&b.allocated_at, &b.key)));
+    (tentative, committed)
+}
+
+/// Rule 1's outcome: the ledger, the claims left out of it, and the tentative claims
+/// that no longer fit (with their revocations).
+struct Ledgered<'v> {
+    ledger: Ledger,
+    usage_errors: Vec<UsageError>,
+    revokes: Vec<Action>,
+    revoked: BTreeSet<&'v str>,
+}
+
+/// Rule 1: the inventory with the committed claims granted, then the tentative ones;
+/// a tentative claim that no longer fits is revoked.
+fn build_ledger<'v>(
+    snap: &Views<'v>,
+    claims: &BTreeMap<&str, &'v ClaimView>,
+    referenced: &BTreeMap<String, bool>,
+    allocate: bool,
+) -> Ledgered<'v> {
+    let (tentative, committed) = split_tentative(claims, referenced, allocate);
     let usage = usage::rebuild_from(
         snap.inventory.inventory.clone(),
         committed.iter().map(|c| (c.key.as_str(), &c.grant)),
     );
-    let mut ledger = usage.ledger;
-    let mut usage_errors = usage.errors;
-    let mut actions = Vec::new();
-    tentative.sort_by(|a, b| (&a.allocated_at, &a.key).cmp(&(&b.allocated_at, &b.key)));
-    let mut revoked: BTreeSet<&str> = BTreeSet::new();
+    let mut out = Ledgered {
+        ledger: usage.ledger,
+        usage_errors: usage.errors,
+        revokes: Vec::new(),
+        revoked: BTreeSet::new(),
+    };
     for claim in tentative {
-        let granted = claim.grant.clone().map(|g| g.map(|g| ledger.grant(g)));
+        let granted = claim.grant.clone().map(|g| g.map(|g| out.ledger.grant(g)));
         match granted {
             Ok(None | Some(Ok(()))) => {}
-            Err(e) => usage_errors.push(e),
+            Err(e) => out.usage_errors.push(e),
             Ok(Some(Err(e))) => {
-                revoked.insert(&claim.key);
-                let pod = live_pods()
-                    .find(|p| p.claim_keys().any(|k| k == claim.key))
-                    .map(|p| p.id.clone())
-                    .unwrap_or_default();
-                let node = claim.node.as_deref().unwrap_or("?");
-                actions.push(Action::Revoke {
-                    claim: claim.id.clone(),
-                    pod,
-                    message: format!(
-                        "the allocation on node {node} no longer fits beside claims another allocator granted at the same time ({e}); allocating again"
-                    ),
-                });
+                out.revoked.insert(&claim.key);
+                out.revokes.push(revoke(claim, snap.pods, &e));
             }
         }
     }
+    out
+}
 
-    // 2. Release.
-    for (key, claim) in &claims {
-        if !claim.ours || claim.reserved || referenced.contains_key(*key) {
-            continue;
-        }
-        actions.push(Action::Release {
+/// The revocation of tentative `claim`, which no longer fits (`e`), told to the first
+/// live pod that uses it.
+fn revoke(claim: &ClaimView, pods: &[&PodView], e: &impl std::fmt::Display) -> Action {
+    let pod = pods
+        .iter()
+        .filter(|p| p.live)
+        .find(|p| p.claim_keys().any(|k| k == claim.key))
+        .map(|p| p.id.clone())
+        .unwrap_or_default();
+    let node = claim.node.as_deref().unwrap_or("?");
+    Action::Revoke {
+        claim: claim.id.clone(),
+        pod,
+        message: format!(
+            "the allocation on node {node} no longer fits beside claims another allocator granted at the same time ({e}); allocating again"
+        ),
+    }
+}
+
+/// Rule 2: this controller's claims that are not reserved and that no live pod
+/// references are released.
+fn releases(
+    claims: &BTreeMap<&str, &ClaimView>,
+    referenced: &BTreeMap<String, bool>,
+) -> Vec<Action> {
+    claims
+        .iter()
+        .filter(|(key, claim)| claim.ours && !claim.reserved && !referenced.contains_key(**key))
+        .map(|(_, claim)| Action::Release {
             claim: claim.id.clone(),
             deallocate: claim.allocated && !claim.deleting,
             reason: if claim.deleting {
@@ -355,148 +442,206 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
             } else {
                 "no pod uses the claim any more".into()
             },
-        });
-    }
+        })
+        .collect()
+}
 
-    // 3 + 4 + 5. Gated pods and pods whose allocation was cleared, oldest first.
-    let reclaimed = |p: &PodView| {
-        allocate
-            && p.live
-            && !p.bound
-            && p.claim_keys().any(|k| {
-                claims
-                    .get(k.as_str())
-                    .is_some_and(|c| c.ours && !c.allocated && !c.deleting && c.shared)
-            })
-    };
-    let mut gated: Vec<&PodView> = snap
-        .pods
+/// Whether live, unbound `pod` has a shared claim of this controller's whose allocation
+/// was cleared (rule 5).
+fn reclaimed(pod: &PodView, claims: &BTreeMap<&str, &ClaimView>, allocate: bool) -> bool {
+    allocate
+        && pod.live
+        && !pod.bound
+        && pod.claim_keys().any(|k| {
+            claims
+                .get(k.as_str())
+                .is_some_and(|c| c.ours && !c.allocated && !c.deleting && c.shared)
+        })
+}
+
+/// The pods rules 3–5 look at (gated or [`reclaimed`], not being deleted), oldest first.
+fn pods_to_place<'v>(
+    pods: &[&'v PodView],
+    claims: &BTreeMap<&str, &ClaimView>,
+    allocate: bool,
+) -> Vec<&'v PodView> {
+    let mut out: Vec<&PodView> = pods
         .iter()
         .copied()
-        .filter(|p| !p.deleting && (p.gated || reclaimed(p)))
+        .filter(|p| !p.deleting && (p.gated || reclaimed(p, claims, allocate)))
         .collect();
-    gated.sort_by(|a, b| {
+    out.sort_by(|a, b| {
         (&a.created, &a.id.namespace, &a.id.name).cmp(&(&b.created, &b.id.namespace, &b.id.name))
     });
-    let mut planned: BTreeSet<&str> = BTreeSet::new();
-    let mut allocations = 0;
-    for pod in gated {
-        if allocations >= snap.max_allocations {
-            break; // the rest next pass: a pass holds at most this many allocations
+    out
+}
+
+/// A pod's claims of the shared class that exist, and whether any of its claims is
+/// missing (not generated, or not in the cache, yet).
+fn shared_claims<'v>(
+    pod: &PodView,
+    claims: &BTreeMap<&str, &'v ClaimView>,
+) -> (Vec<&'v ClaimView>, bool) {
+    let mut waiting = false;
+    let mut shared = Vec::new();
+    for n in &pod.claims {
+        match n
+            .as_ref()
+            .and_then(|n| claims.get(format!("{}/{n}", pod.id.namespace).as_str()))
+        {
+            Some(c) if c.shared => shared.push(*c),
+            Some(_) => {}
+            None => waiting = true,
         }
-        let retry = !pod.gated;
-        let pod_id = &pod.id;
-        let mut waiting = false;
-        let mut shared: Vec<&ClaimView> = Vec::new();
-        for n in &pod.claims {
-            match n
-                .as_ref()
-                .and_then(|n| claims.get(format!("{}/{n}", pod_id.namespace).as_str()))
-            {
-                Some(c) => {
-                    if c.shared {
-                        shared.push(c);
-                    }
-                }
-                None => waiting = true, // not generated (or not in the cache) yet
-            }
+    }
+    (shared, waiting)
+}
+
+/// What rules 3–5 do with one pod.
+#[derive(Debug)]
+enum PodStep<'v> {
+    /// Nothing this pass (claims missing, revoked, settling, or nothing to allocate).
+    Wait,
+    /// Every shared claim is allocated and settled (or capacity mode): remove the gate.
+    Ungate,
+    /// Allocate these shared claims (those not allocated yet).
+    Place(Vec<&'v ClaimView>),
+}
+
+/// Decides rules 3–5 for `pod`: a gated pod waits for its claims to exist, is ungated
+/// once they are all allocated and settled, and otherwise has them placed; a reclaimed
+/// pod (not gated) has its cleared claims placed again.
+fn pod_step<'v>(
+    pod: &PodView,
+    claims: &BTreeMap<&str, &'v ClaimView>,
+    revoked: &BTreeSet<&str>,
+    unsettled: &BTreeSet<String>,
+    allocate: bool,
+) -> PodStep<'v> {
+    let retry = !pod.gated;
+    let (shared, waiting) = shared_claims(pod, claims);
+    if waiting && allocate && !retry {
+        return PodStep::Wait;
+    }
+    if shared.iter().any(|c| revoked.contains(c.key.as_str())) {
+        return PodStep::Wait; // placed again once the revocation is written
+    }
+    let all_allocated = shared.iter().all(|c| c.allocated);
+    if retry && all_allocated {
+        return PodStep::Wait;
+    }
+    if !retry && (!allocate || all_allocated) {
+        if allocate && shared.iter().any(|c| unsettled.contains(&c.id.uid)) {
+            return PodStep::Wait; // ungated once the allocations have settled
         }
-        if waiting && allocate && !retry {
-            continue;
-        }
-        if shared.iter().any(|c| revoked.contains(c.key.as_str())) {
-            continue; // placed again once the revocation is written
-        }
-        if retry && shared.iter().all(|c| c.allocated) {
-            continue;
-        }
-        if !retry && (!allocate || shared.iter().all(|c| c.allocated)) {
-            let settling = allocate && shared.iter().any(|c| snap.unsettled.contains(&c.id.uid));
-            if settling {
-                continue; // ungated once the allocations have settled
-            }
-            actions.push(Action::Ungate {
-                pod: pod_id.clone(),
-                keep: pod.other_gates.clone(),
-            });
-            continue;
-        }
+        return PodStep::Ungate;
+    }
+    PodStep::Place(shared)
+}
+
+/// Rules 3 and 5 over one pass: the ledger with every planned grant, the actions so far,
+/// the claims already planned (a claim shared by two pods is placed once).
+struct Placer<'v, 's> {
+    snap: Views<'v>,
+    settings: &'s Settings,
+    ledger: Ledger,
+    actions: Vec<Action>,
+    planned: BTreeSet<&'v str>,
+    allocations: usize,
+}
+
+impl<'v> Placer<'v, '_> {
+    /// Places `pod`'s shared claims that are not allocated, on the node of those that
+    /// are; stops at the first claim that is rejected or does not fit.
+    fn place_pod(&mut self, pod: &PodView, shared: Vec<&'v ClaimView>) {
         let mut node: Option<String> = shared.iter().find_map(|c| c.node.clone());
         for claim in shared.into_iter().filter(|c| !c.allocated && !c.deleting) {
-            let claim_id = claim.id.clone();
-            if !planned.insert(&claim.key) {
+            if !self.planned.insert(&claim.key) {
                 continue; // shared by an earlier pod of this pass
             }
-            let Some(whole) = (snap.claim)(&claim.id) else {
+            let Some(action) = self.place_one(pod, claim, node.as_deref()) else {
                 continue; // changed since the view was taken: the next pass
             };
-            let pendings = match request::requests_in_class(
-                &whole,
-                snap.class,
-                &pod.annotations,
-                &pod_id.key(),
-                &settings.driver,
-                settings.default_policy,
-            ) {
-                Ok(p) => p,
-                Err(e) => {
-                    actions.push(rejected(claim_id, pod_id.clone(), &e));
-                    break;
-                }
+            let placed = match &action {
+                Action::Allocate { allocation, .. } => Some(allocation.grant.node.clone()),
+                _ => None,
             };
-            drop(whole);
-            match place_claim(
-                &mut ledger,
-                &pendings,
-                node.as_deref(),
-                snap.avoid.get(&claim_id.uid),
-            ) {
-                Ok(parts) => {
-                    let (allocation, devices) = allocation::assemble(driver, &parts, consumable);
-                    let grant = Grant {
-                        id: claim.grant_id(),
-                        node: parts[0].1.node.clone(),
-                        cpu_milli: 0,
-                        memory_mib: 0,
-                        devices,
-                    };
-                    node = Some(grant.node.clone());
-                    allocations += 1;
-                    actions.push(Action::Allocate {
-                        claim: claim_id,
-                        pod: pod_id.clone(),
-                        message: explain::allocated(&grant),
-                        allocation: Allocation { allocation, grant },
-                        retry,
-                    });
+            self.actions.push(action);
+            match placed {
+                Some(n) => {
+                    node = Some(n);
+                    self.allocations += 1;
                 }
-                Err(NotPlaced::Rejected(message)) => {
-                    actions.push(Action::Rejected {
-                        claim: claim_id,
-                        pod: pod_id.clone(),
-                        message,
-                    });
-                    break;
-                }
-                Err(NotPlaced::Pending(message)) => {
-                    actions.push(Action::Pending {
-                        claim: claim_id,
-                        pod: pod_id.clone(),
-                        message,
-                    });
-                    break;
-                }
+                None => break,
             }
         }
     }
-    Plan {
-        actions,
-        slice_errors: snap.inventory.errors.clone(),
-        usage_errors,
-        consumable,
-        gpus,
-        fragmentation: fragmentation(&ledger),
-        usage: ledger.inventory().clone(),
+
+    /// The action for one claim of `pod` (`Allocate`, `Pending` or `Rejected`), placed on
+    /// `node` when given; `None` when the claim changed since its view was taken.
+    fn place_one(
+        &mut self,
+        pod: &PodView,
+        claim: &ClaimView,
+        node: Option<&str>,
+    ) -> Option<Action> {
+        let snap = &self.snap;
+        let pod_id = &pod.id;
+        let whole = (snap.claim)(&claim.id)?;
+        let pendings = match request::requests_in_class(
+            &whole,
+            snap.class,
+            &pod.annotations,
+            &pod_id.key(),
+            &self.settings.driver,
+            self.settings.default_policy,
+        ) {
+            Ok(p) => p,
+            Err(e) => return Some(rejected(claim.id.clone(), pod_id.clone(), &e)),
+        };
+        drop(whole);
+        let avoid = snap.avoid.get(&claim.id.uid);
+        Some(
+            match place_claim(&mut self.ledger, &pendings, node, avoid) {
+                Ok(parts) => self.allocated(claim, pod, &parts),
+                Err(NotPlaced::Rejected(message)) => Action::Rejected {
+                    claim: claim.id.clone(),
+                    pod: pod_id.clone(),
+                    message,
+                },
+                Err(NotPlaced::Pending(message)) => Action::Pending {
+                    claim: claim.id.clone(),
+                    pod: pod_id.clone(),
+                    message,
+                },
+            },
+        )
+    }
+
+    /// The `Allocate` action for `claim` placed as `parts` (a retry when the pod is not
+    /// gated).
+    fn allocated(
+        &self,
+        claim: &ClaimView,
+        pod: &PodView,
+        parts: &[(&request::PendingClaim, Grant)],
+    ) -> Action {
+        let driver = self.settings.driver.as_str();
+        let (allocation, devices) = allocation::assemble(driver, parts, self.snap.consumable);
+        let grant = Grant {
+            id: claim.grant_id(),
+            node: parts[0].1.node.clone(),
+            cpu_milli: 0,
+            memory_mib: 0,
+            devices,
+        };
+        Action::Allocate {
+            claim: claim.id.clone(),
+            pod: pod.id.clone(),
+            message: explain::allocated(&grant),
+            allocation: Allocation { allocation, grant },
+            retry: !pod.gated,
+        }
     }
 }
 
@@ -519,84 +664,12 @@ fn place_claim<'p>(
     avoid: Option<&BTreeSet<String>>,
 ) -> Result<Vec<(&'p request::PendingClaim, Grant)>, NotPlaced> {
     let mut parts: Vec<(&request::PendingClaim, Grant)> = Vec::new();
-    let mut node = node.map(str::to_owned);
-    let outcome = (|| {
-        for pending in pendings {
-            let mut inv_now = match (&node, avoid) {
-                (Some(n), _) => restrict(ledger.inventory(), n),
-                (None, Some(avoid)) => {
-                    let away = Inventory {
-                        nodes: ledger
-                            .inventory()
-                            .nodes
-                            .iter()
-                            .filter(|n| !avoid.contains(&n.name))
-                            .cloned()
-                            .collect(),
-                    };
-                    if away.nodes.is_empty() {
-                        ledger.inventory().clone()
-                    } else {
-                        away
-                    }
-                }
-                (None, None) => ledger.inventory().clone(),
-            };
-            // A claim takes a GPU once (the node side names devices per claim and GPU).
-            for n in &mut inv_now.nodes {
-                n.gpus.retain(|g| {
-                    !parts
-                        .iter()
-                        .any(|(_, p)| p.node == n.name && p.devices.iter().any(|d| d.gpu == g.id))
-                });
-            }
-            let ctx = ScoreContext {
-                workload: None,
-                max_spec: inv_now.max_spec(),
-            };
-            let which = if pendings.len() > 1 {
-                format!("request {}: ", pending.request_name)
-            } else {
-                String::new()
-            };
-            match engine::choose(&inv_now, &pending.request, pending.policy, &ctx, 0) {
-                Ok(p) => {
-                    let id = format!("{}#{}", pending.id, pending.request_name);
-                    let part = Grant::from_placement(id, &inv_now, &pending.request, &p);
-                    if let Err(e) = ledger.grant(part.clone()) {
-                        // The engine and the ledger disagree: report, write nothing.
-                        return Err(NotPlaced::Pending(format!(
-                            "internal: the ledger refused the placement: {e}"
-                        )));
-                    }
-                    node = Some(part.node.clone());
-                    parts.push((pending, part));
-                }
-                Err(engine::NoFit::Invalid(why)) => {
-                    return Err(NotPlaced::Rejected(format!("not allocated: {which}{why}")));
-                }
-                Err(engine::NoFit::Insufficient { .. }) => {
-                    let mut message =
-                        format!("{which}{}", explain::pending(&inv_now, &pending.request));
-                    match (&node, parts.is_empty()) {
-                        (Some(n), true) => {
-                            message.push_str(&format!(" (the pod's other claims are on node {n})"))
-                        }
-                        (Some(n), false) => message
-                            .push_str(&format!(" (the claim's other requests are on node {n})")),
-                        (None, _) => {}
-                    }
-                    return Err(NotPlaced::Pending(message));
-                }
-            }
-        }
-        Ok(())
-    })();
+    let outcome = place_parts(ledger, pendings, node, avoid, &mut parts);
     // The parts leave the ledger either way; on success the whole claim goes back in.
     for (_, part) in &parts {
         let _ = ledger.release(&part.id);
     }
-    outcome?;
+    let node = outcome?;
     let grant = Grant {
         id: pendings.first().map(|p| p.id.clone()).unwrap_or_default(),
         node: node.unwrap_or_default(),
@@ -610,6 +683,103 @@ fn place_claim<'p>(
         )));
     }
     Ok(parts)
+}
+
+/// Places the requests one by one, each granted in the ledger as a part (pushed to
+/// `parts`) so the next sees it; returns the node they are on (`None` with no request).
+/// Stops at the first request that does not fit.
+fn place_parts<'p>(
+    ledger: &mut Ledger,
+    pendings: &'p [request::PendingClaim],
+    node: Option<&str>,
+    avoid: Option<&BTreeSet<String>>,
+    parts: &mut Vec<(&'p request::PendingClaim, Grant)>,
+) -> Result<Option<String>, NotPlaced> {
+    let mut node = node.map(str::to_owned);
+    for pending in pendings {
+        let mut inv_now = candidates(ledger.inventory(), node.as_deref(), avoid);
+        without_taken(&mut inv_now, parts);
+        let ctx = ScoreContext {
+            workload: None,
+            max_spec: inv_now.max_spec(),
+        };
+        let which = if pendings.len() > 1 {
+            format!("request {}: ", pending.request_name)
+        } else {
+            String::new()
+        };
+        match engine::choose(&inv_now, &pending.request, pending.policy, &ctx, 0) {
+            Ok(p) => {
+                let id = format!("{}#{}", pending.id, pending.request_name);
+                let part = Grant::from_placement(id, &inv_now, &pending.request, &p);
+                if let Err(e) = ledger.grant(part.clone()) {
+                    // The engine and the ledger disagree: report, write nothing.
+                    return Err(NotPlaced::Pending(format!(
+                        "internal: the ledger refused the placement: {e}"
+                    )));
+                }
+                node = Some(part.node.clone());
+                parts.push((pending, part));
+            }
+            Err(engine::NoFit::Invalid(why)) => {
+                return Err(NotPlaced::Rejected(format!("not allocated: {which}{why}")));
+            }
+            Err(engine::NoFit::Insufficient { .. }) => {
+                let message = format!("{which}{}", explain::pending(&inv_now, &pending.request));
+                return Err(NotPlaced::Pending(
+                    message + &where_others_are(node.as_deref(), parts.is_empty()),
+                ));
+            }
+        }
+    }
+    Ok(node)
+}
+
+/// The nodes a request may go to: `node` alone when the claim (or its pod) is already
+/// there, else every node away from `avoid` (every node when that leaves none).
+fn candidates(inv: &Inventory, node: Option<&str>, avoid: Option<&BTreeSet<String>>) -> Inventory {
+    match (node, avoid) {
+        (Some(n), _) => restrict(inv, n),
+        (None, Some(avoid)) => {
+            let away = Inventory {
+                nodes: inv
+                    .nodes
+                    .iter()
+                    .filter(|n| !avoid.contains(&n.name))
+                    .cloned()
+                    .collect(),
+            };
+            if away.nodes.is_empty() {
+                inv.clone()
+            } else {
+                away
+            }
+        }
+        (None, None) => inv.clone(),
+    }
+}
+
+/// Removes from `inv` the GPUs the claim's earlier requests (`parts`) took: a claim takes
+/// a GPU once (the node side names devices per claim and GPU).
+fn without_taken(inv: &mut Inventory, parts: &[(&request::PendingClaim, Grant)]) {
+    for n in &mut inv.nodes {
+        n.gpus.retain(|g| {
+            !parts
+                .iter()
+                .any(|(_, p)| p.node == n.name && p.devices.iter().any(|d| d.gpu == g.id))
+        });
+    }
+}
+
+/// The end of a pending message that says why only `node` was tried: the pod's other
+/// claims are there (`first`: no request of this claim placed yet) or the claim's other
+/// requests are.
+fn where_others_are(node: Option<&str>, first: bool) -> String {
+    match (node, first) {
+        (Some(n), true) => format!(" (the pod's other claims are on node {n})"),
+        (Some(n), false) => format!(" (the claim's other requests are on node {n})"),
+        (None, _) => String::new(),
+    }
 }
 
 fn rejected(claim: ObjectId, pod: ObjectId, e: &RequestError) -> Action {
@@ -1254,5 +1424,75 @@ mod tests {
             pod_claim_names(&p),
             [Some("direct".to_owned()), Some("p-b-x".to_owned()), None]
         );
+    }
+
+    /// [`pod_step`] for `pod` over the claims `claims`, as a word (`place` with the keys).
+    fn step(
+        pod_json: &Value,
+        claims: &[Value],
+        revoked: &[&str],
+        unsettled: &[&str],
+        allocate: bool,
+    ) -> String {
+        let driver = DriverName::default();
+        let inv = inventory::from_slices(driver.as_str(), &[slice(&[40], true)]);
+        let views: Vec<ClaimView> = claims
+            .iter()
+            .map(|c| ClaimView::of(c, &driver, &inv.inventory))
+            .collect();
+        let by_key: BTreeMap<&str, &ClaimView> =
+            views.iter().map(|c| (c.key.as_str(), c)).collect();
+        let pod = PodView::of(pod_json, &driver.scheduling_gate());
+        let revoked: BTreeSet<&str> = revoked.iter().copied().collect();
+        let unsettled: BTreeSet<String> = unsettled.iter().map(|u| (*u).to_owned()).collect();
+        match pod_step(&pod, &by_key, &revoked, &unsettled, allocate) {
+            PodStep::Wait => "wait".into(),
+            PodStep::Ungate => "ungate".into(),
+            PodStep::Place(c) => {
+                let keys: Vec<&str> = c.iter().map(|c| c.key.as_str()).collect();
+                format!("place {}", keys.join(","))
+            }
+        }
+    }
+
+    #[test]
+    fn a_pod_step_waits_ungates_or_places() {
+        let claims = [claim("a", 4), allocated("b", 4, "gpu-0")];
+        let on_a = pod("p", "2024-01-01T00:00:00Z", true, &[("g", Some("a"))]);
+        let on_b = pod("p", "2024-01-01T00:00:00Z", true, &[("g", Some("b"))]);
+        let missing = pod("p", "2024-01-01T00:00:00Z", true, &[("g", None)]);
+        assert_eq!(step(&on_a, &claims, &[], &[], true), "place ns/a");
+        assert_eq!(step(&on_a, &claims, &[], &[], false), "ungate");
+        assert_eq!(step(&on_b, &claims, &[], &[], true), "ungate");
+        assert_eq!(step(&on_b, &claims, &[], &["uid-b"], true), "wait");
+        assert_eq!(step(&on_b, &claims, &["ns/b"], &[], true), "wait");
+        assert_eq!(step(&missing, &claims, &[], &[], true), "wait");
+        assert_eq!(step(&missing, &claims, &[], &[], false), "ungate");
+    }
+
+    #[test]
+    fn candidates_keep_the_claims_node_or_avoid_nodes_while_some_are_left() {
+        let driver = DriverName::default();
+        let inv = inventory::from_slices(driver.as_str(), &[slice(&[40], true)]).inventory;
+        let names = |i: &Inventory| i.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
+        let avoid_a: BTreeSet<String> = ["node-a".to_owned()].into();
+        let avoid_b: BTreeSet<String> = ["node-b".to_owned()].into();
+        assert_eq!(names(&candidates(&inv, None, None)), ["node-a"]);
+        assert_eq!(
+            names(&candidates(&inv, Some("node-b"), None)),
+            Vec::<String>::new()
+        );
+        assert_eq!(names(&candidates(&inv, None, Some(&avoid_b))), ["node-a"]);
+        // Avoiding every node would leave none: every node stays.
+        assert_eq!(names(&candidates(&inv, None, Some(&avoid_a))), ["node-a"]);
+        assert_eq!(
+            where_others_are(Some("n"), true),
+            " (the pod's other claims are on node n)"
+        );
+        assert_eq!(
+            where_others_are(Some("n"), false),
+            " (the claim's other requests are on node n)"
+        );
+        assert_eq!(where_others_are(None, true), "");
     }
 }

@@ -126,7 +126,9 @@ pub fn requests_in_class(
         .collect()
 }
 
-/// Request `index` (`req`) of `claim`.
+/// Request `index` (`req`) of `claim`: its name, the device count ([`check_exact`]), the
+/// effective configuration ([`effective_config`], then [`apply_capacity`]), the share
+/// ([`share_of`]) and the pod's placement annotations.
 #[allow(clippy::too_many_arguments)]
 fn read_request(
     claim: &Value,
@@ -139,32 +141,91 @@ fn read_request(
     default_policy: Policy,
 ) -> Result<PendingClaim, RequestError> {
     let key = object_key(claim);
-    let err = |path: &str, problem: String| RequestError {
-        object: format!("claim {key}"),
-        path: path.to_owned(),
-        problem,
-    };
     let req_path = format!("spec.devices.requests[{index}]");
+    let here = At::new(&key, &req_path);
     let name = req["name"]
         .as_str()
-        .ok_or_else(|| err(&format!("{req_path}.name"), "missing".into()))?;
+        .ok_or_else(|| here.err(&format!("{req_path}.name"), "missing".into()))?;
     if !req["firstAvailable"].is_null() {
-        return Err(err(
+        return Err(here.err(
             &format!("{req_path}.firstAvailable"),
             "prioritized alternatives are not supported by the controller; use exactly".into(),
         ));
     }
     // v1/v1beta2: fields under `exactly`; v1beta1: directly in the request.
-    let (exact, base) = if req["exactly"].is_object() {
-        (&req["exactly"], format!("{req_path}.exactly"))
+    let (exact, here) = if req["exactly"].is_object() {
+        (
+            &req["exactly"],
+            At::new(&key, &format!("{req_path}.exactly")),
+        )
     } else {
-        (req, req_path.clone())
+        (req, here)
     };
-    let at = |f: &str| format!("{base}.{f}");
+    let count = check_exact(exact, &here, driver)?;
+    let mut entries = effective_config(claim, name, device_class, driver, &here)?;
+    apply_capacity(&mut entries.config, exact, &here)?;
+    let config = entries.config;
+    let mut request = Request::new(count, share_of(&config, &here)?);
+    request.cores = config.cores.map(|c| u32::from(c.get()));
+
+    let placement = hami::pod_annotations(pod_annotations, pod_key, default_policy)?;
+    placement.constrain(&mut request);
+    let policy = placement.policy;
+    Ok(PendingClaim {
+        key,
+        id: crate::usage::grant_id(claim),
+        request_name: name.to_owned(),
+        request,
+        policy,
+        config,
+        claim_config: entries.claim_config,
+        class_config: entries.class_config,
+    })
+}
+
+/// Where in a claim a request's fields are: errors name the claim and the field.
+struct At {
+    /// `claim <namespace/name>`.
+    object: String,
+    /// The request's path (`spec.devices.requests[i]`, or its `.exactly`).
+    base: String,
+}
+
+impl At {
+    fn new(key: &str, base: &str) -> Self {
+        Self {
+            object: format!("claim {key}"),
+            base: base.to_owned(),
+        }
+    }
+
+    /// The path of field `f` of the request.
+    fn at(&self, f: &str) -> String {
+        format!("{}.{f}", self.base)
+    }
+
+    /// An error at `path` of the claim.
+    fn err(&self, path: &str, problem: String) -> RequestError {
+        RequestError {
+            object: self.object.clone(),
+            path: path.to_owned(),
+            problem,
+        }
+    }
+
+    /// An error at field `f` of the request.
+    fn field(&self, f: &str, problem: String) -> RequestError {
+        self.err(&self.at(f), problem)
+    }
+}
+
+/// Checks the `exactly` part of a request (`exact`): the shared class, `ExactCount`, no
+/// selectors, no admin access; returns its count (default 1, at most 32).
+fn check_exact(exact: &Value, here: &At, driver: &DriverName) -> Result<u32, RequestError> {
     let class = driver.shared_class();
     if exact["deviceClassName"].as_str() != Some(class.as_str()) {
-        return Err(err(
-            &at("deviceClassName"),
+        return Err(here.field(
+            "deviceClassName",
             format!(
                 "{}; the controller allocates class {class}",
                 exact["deviceClassName"]
@@ -174,33 +235,56 @@ fn read_request(
     match exact["allocationMode"].as_str() {
         None | Some("ExactCount") => {}
         Some(m) => {
-            return Err(err(
-                &at("allocationMode"),
+            return Err(here.field(
+                "allocationMode",
                 format!("{m:?}; only ExactCount is supported"),
             ));
         }
     }
     if exact["selectors"].as_array().is_some_and(|s| !s.is_empty()) {
-        return Err(err(&at("selectors"), "CEL selectors are not supported by the controller; use pod annotations nvidia.com/use-gputype or nvidia.com/use-gpuuuid".into()));
+        return Err(here.field("selectors", "CEL selectors are not supported by the controller; use pod annotations nvidia.com/use-gputype or nvidia.com/use-gpuuuid".into()));
     }
     if exact["adminAccess"] == Value::Bool(true) {
-        return Err(err(
-            &at("adminAccess"),
+        return Err(here.field(
+            "adminAccess",
             "admin access is not allocated by the controller".into(),
         ));
     }
-    let count = match &exact["count"] {
-        Value::Null => 1,
+    match &exact["count"] {
+        Value::Null => Ok(1),
         v => v
             .as_u64()
             .filter(|&c| (1..=32).contains(&c))
-            .ok_or_else(|| err(&at("count"), format!("{v}; use an integer 1 to 32")))?
-            as u32,
-    };
+            .map(|c| c as u32)
+            .ok_or_else(|| here.field("count", format!("{v}; use an integer 1 to 32"))),
+    }
+}
 
-    let mut config = GpuShareConfig::default();
-    let mut claim_config = Vec::new();
-    let mut class_config = Vec::new();
+/// A request's configuration and the config entries to copy into its allocation.
+struct ConfigEntries {
+    /// This driver's configuration that applies to the request, class first.
+    config: GpuShareConfig,
+    /// Every entry of the claim's `spec.devices.config`.
+    claim_config: Vec<Value>,
+    /// Every entry of the class's `spec.config`.
+    class_config: Vec<Value>,
+}
+
+/// The configuration of request `name`: this driver's `GpuShareConfig`s of the class,
+/// then those of the claim that apply to the request, later fields winning; every entry
+/// is kept to be copied into the allocation.
+fn effective_config(
+    claim: &Value,
+    name: &str,
+    device_class: Option<&Value>,
+    driver: &DriverName,
+    here: &At,
+) -> Result<ConfigEntries, RequestError> {
+    let mut out = ConfigEntries {
+        config: GpuShareConfig::default(),
+        claim_config: Vec::new(),
+        class_config: Vec::new(),
+    };
     let class_name = device_class
         .and_then(|c| c["metadata"]["name"].as_str())
         .unwrap_or_default();
@@ -218,9 +302,9 @@ fn read_request(
         .map(|(i, e)| (false, i, e));
     for (from_class, i, e) in class_entries.chain(claim_entries) {
         if from_class {
-            class_config.push(e.clone());
+            out.class_config.push(e.clone());
         } else {
-            claim_config.push(e.clone());
+            out.claim_config.push(e.clone());
         }
         if e["opaque"]["driver"].as_str() != Some(driver.as_str()) {
             continue;
@@ -237,79 +321,83 @@ fn read_request(
         } else {
             let path = format!("spec.devices.config[{i}].opaque.parameters");
             GpuShareConfig::from_value(&e["opaque"]["parameters"], &path)
-                .map_err(|e| err(&e.path, e.problem.to_string()))?
+                .map_err(|e| here.err(&e.path, e.problem.to_string()))?
         };
-        let applies = e["requests"]
-            .as_array()
-            .is_none_or(|r| r.is_empty() || r.iter().any(|q| q == name));
-        if applies {
-            let present = |f: &str| {
-                e["opaque"]["parameters"]
-                    .get(f)
-                    .is_some_and(|v| !v.is_null())
-            };
-            config.memory = c.memory.or(config.memory);
-            config.cores = c.cores.or(config.cores);
-            if present("priority") {
-                config.priority = c.priority;
-            }
-            if present("oversubscribe") {
-                config.oversubscribe = c.oversubscribe;
-            }
+        if entry_applies(e, name) {
+            merge_config(&mut out.config, &c, &e["opaque"]["parameters"]);
         }
     }
-    let capacity_requests = &exact["capacity"]["requests"];
-    if let Some(obj) = capacity_requests.as_object() {
-        if let Some(unknown) = obj
-            .keys()
-            .find(|k| *k != capacity::MEMORY && *k != capacity::CORES)
-        {
-            return Err(err(
-                &at(&format!("capacity.requests.{unknown}")),
-                "unknown capacity; valid are memory and cores".into(),
-            ));
-        }
-        if let Some(m) = obj.get(capacity::MEMORY) {
-            let path = at("capacity.requests.memory");
-            config.memory = Some(quantity_u64(m).map_err(|p| err(&path, p))?);
-        }
-        if let Some(c) = obj.get(capacity::CORES) {
-            let path = at("capacity.requests.cores");
-            let n = quantity_u64(c).map_err(|p| err(&path, p))?;
-            config.cores = Some(
-                u8::try_from(n)
-                    .ok()
-                    .and_then(CorePercent::new)
-                    .ok_or_else(|| err(&path, format!("{n} is above the maximum 100")))?,
-            );
-        }
-    }
-    let share = match config.memory {
-        Some(0) => {
-            return Err(err(
-                &at("capacity.requests.memory"),
-                "0; a share needs some memory".into(),
-            ));
-        }
-        Some(bytes) => GpuShare::Memory { bytes },
-        None => GpuShare::Whole,
-    };
-    let mut request = Request::new(count, share);
-    request.cores = config.cores.map(|c| u32::from(c.get()));
+    Ok(out)
+}
 
-    let placement = hami::pod_annotations(pod_annotations, pod_key, default_policy)?;
-    placement.constrain(&mut request);
-    let policy = placement.policy;
-    Ok(PendingClaim {
-        key,
-        id: crate::usage::grant_id(claim),
-        request_name: name.to_owned(),
-        request,
-        policy,
-        config,
-        claim_config,
-        class_config,
-    })
+/// Whether config entry `e` applies to request `name`: it names no request, or names it.
+fn entry_applies(e: &Value, name: &str) -> bool {
+    e["requests"]
+        .as_array()
+        .is_none_or(|r| r.is_empty() || r.iter().any(|q| q == name))
+}
+
+/// Lays `c` (read from `params`) over `config`: memory and cores where `c` has them,
+/// priority and oversubscribe where `params` names them.
+fn merge_config(config: &mut GpuShareConfig, c: &GpuShareConfig, params: &Value) {
+    let present = |f: &str| params.get(f).is_some_and(|v| !v.is_null());
+    config.memory = c.memory.or(config.memory);
+    config.cores = c.cores.or(config.cores);
+    if present("priority") {
+        config.priority = c.priority;
+    }
+    if present("oversubscribe") {
+        config.oversubscribe = c.oversubscribe;
+    }
+}
+
+/// Lays the request's `capacity.requests` (`memory`, `cores`; nothing else) over
+/// `config`.
+fn apply_capacity(
+    config: &mut GpuShareConfig,
+    exact: &Value,
+    here: &At,
+) -> Result<(), RequestError> {
+    let Some(obj) = exact["capacity"]["requests"].as_object() else {
+        return Ok(());
+    };
+    if let Some(unknown) = obj
+        .keys()
+        .find(|k| *k != capacity::MEMORY && *k != capacity::CORES)
+    {
+        return Err(here.field(
+            &format!("capacity.requests.{unknown}"),
+            "unknown capacity; valid are memory and cores".into(),
+        ));
+    }
+    if let Some(m) = obj.get(capacity::MEMORY) {
+        let path = here.at("capacity.requests.memory");
+        config.memory = Some(quantity_u64(m).map_err(|p| here.err(&path, p.to_string()))?);
+    }
+    if let Some(c) = obj.get(capacity::CORES) {
+        let path = here.at("capacity.requests.cores");
+        let n = quantity_u64(c).map_err(|p| here.err(&path, p.to_string()))?;
+        config.cores = Some(
+            u8::try_from(n)
+                .ok()
+                .and_then(CorePercent::new)
+                .ok_or_else(|| here.err(&path, format!("{n} is above the maximum 100")))?,
+        );
+    }
+    Ok(())
+}
+
+/// What each GPU of the request gives: its memory, or the whole GPU without memory
+/// (memory 0 is refused).
+fn share_of(config: &GpuShareConfig, here: &At) -> Result<GpuShare, RequestError> {
+    match config.memory {
+        Some(0) => Err(here.field(
+            "capacity.requests.memory",
+            "0; a share needs some memory".into(),
+        )),
+        Some(bytes) => Ok(GpuShare::Memory { bytes }),
+        None => Ok(GpuShare::Whole),
+    }
 }
 
 #[cfg(test)]
@@ -620,5 +708,41 @@ mod tests {
                 "{what}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn config_entries_apply_to_the_requests_they_name_and_later_fields_win() {
+        assert!(entry_applies(&json!({}), "gpu"));
+        assert!(entry_applies(&json!({"requests": []}), "gpu"));
+        assert!(entry_applies(&json!({"requests": ["a", "gpu"]}), "gpu"));
+        assert!(!entry_applies(&json!({"requests": ["a"]}), "gpu"));
+        let read = |mut p: Value| {
+            p["apiVersion"] = json!("gpu.fgpu.dev/v1alpha1");
+            p["kind"] = json!("GpuShareConfig");
+            (GpuShareConfig::from_value(&p, "p").unwrap(), p)
+        };
+        let mut config = GpuShareConfig::default();
+        let (first, p1) = read(json!({"memory": "1Gi", "cores": 10}));
+        merge_config(&mut config, &first, &p1);
+        let (second, p2) = read(json!({"memory": "2Gi"}));
+        merge_config(&mut config, &second, &p2);
+        assert_eq!(config.memory, Some(2 << 30));
+        assert_eq!(config.cores, first.cores);
+    }
+
+    #[test]
+    fn the_share_is_the_memory_or_the_whole_gpu() {
+        let here = At::new("ns/c", "spec.devices.requests[0].exactly");
+        let mut config = GpuShareConfig::default();
+        assert_eq!(share_of(&config, &here), Ok(GpuShare::Whole));
+        config.memory = Some(5);
+        assert_eq!(share_of(&config, &here), Ok(GpuShare::Memory { bytes: 5 }));
+        config.memory = Some(0);
+        let e = share_of(&config, &here).unwrap_err();
+        assert_eq!(e.object, "claim ns/c");
+        assert_eq!(
+            e.path,
+            "spec.devices.requests[0].exactly.capacity.requests.memory"
+        );
     }
 }

@@ -152,7 +152,8 @@ async fn webhook(req: Request, shared: &Shared) -> Response {
                 .unwrap_or("ResourceClaim");
             match admission::validate(&review["request"]["object"], kind, &shared.driver) {
                 Ok(w) => admission::response(&review, true, None, None, &w),
-                Err(m) => {
+                Err(e) => {
+                    let m = e.to_string();
                     tracing::info!("denied: {m}");
                     admission::response(&review, false, Some(&m), None, &[])
                 }

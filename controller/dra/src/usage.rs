@@ -152,8 +152,9 @@ pub fn claim_grant(
                 let get = |name: &str| {
                     cc.get(name)
                         .map(|v| {
-                            quantity_u64(v)
-                                .map_err(|p| invalid(path(&format!("consumedCapacity.{name}")), p))
+                            quantity_u64(v).map_err(|p| {
+                                invalid(path(&format!("consumedCapacity.{name}")), p.to_string())
+                            })
                         })
                         .transpose()
                 };

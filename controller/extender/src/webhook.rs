@@ -99,18 +99,35 @@ pub enum Decision {
     Deny(String),
 }
 
+/// Why a body is not a usable `AdmissionReview` (the server answers 400 with the message).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReviewError {
+    #[error("the body is not an AdmissionReview: not a JSON object")]
+    NotAnObject,
+    #[error("the AdmissionReview has no request")]
+    NoRequest,
+    #[error("the AdmissionReview has no request.uid (a string)")]
+    NoUid,
+    #[error("the AdmissionReview's request.object is not a Pod object")]
+    NotAPod,
+}
+
 /// Answers an `AdmissionReview` (any JSON). `Err` is a body that is not a usable review
 /// (the server answers 400 with it); everything else is an answer to send.
-pub fn review(review: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Result<Value, String> {
+pub fn review(
+    review: &Value,
+    cfg: &WebhookConfig,
+    inv: &GpuInventory,
+) -> Result<Value, ReviewError> {
     if !review.is_object() {
-        return Err("the body is not an AdmissionReview: not a JSON object".into());
+        return Err(ReviewError::NotAnObject);
     }
     let req = &review["request"];
     if !req.is_object() {
-        return Err("the AdmissionReview has no request".into());
+        return Err(ReviewError::NoRequest);
     }
     if !req["uid"].is_string() {
-        return Err("the AdmissionReview has no request.uid (a string)".into());
+        return Err(ReviewError::NoUid);
     }
     let answer = |d: Decision| match d {
         Decision::Allow { patch, warnings } => {
@@ -128,7 +145,7 @@ pub fn review(review: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Result
     }
     let pod = &req["object"];
     if !pod.is_object() {
-        return Err("the AdmissionReview's request.object is not a Pod object".into());
+        return Err(ReviewError::NotAPod);
     }
     let mut pod = pod.clone();
     // The namespace is not always in a new pod's metadata (it comes from the URL).
@@ -173,122 +190,278 @@ fn value_text(v: &Value) -> Option<String> {
     }
 }
 
-/// Decides on one pod (`pod` is the Pod object, namespace filled in).
+/// Decides on one pod (`pod` is the Pod object, namespace filled in): a pod fgpu does not
+/// handle passes unchanged ([`pass_through`]); otherwise every check runs, the patch is
+/// built, and the mutated pod goes through the extender's own reader ([`extender_check`]).
 pub fn admit_pod(pod: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Decision {
-    let names = &cfg.names;
-    let managed = [
-        &names.gpu,
-        &names.memory,
-        &names.memory_percentage,
-        &names.cores,
-    ];
-    let m = &pod["metadata"];
-    let key = {
-        let n = m["name"]
-            .as_str()
-            .filter(|s| !s.is_empty())
-            .or_else(|| m["generateName"].as_str())
-            .unwrap_or("<unnamed>");
-        match m["namespace"].as_str() {
-            Some(ns) if !ns.is_empty() => format!("{ns}/{n}"),
-            _ => n.to_owned(),
+    let ctx = Admission {
+        cfg,
+        inv,
+        managed: managed_names(&cfg.names),
+        key: pod_key(&pod["metadata"]),
+    };
+    let containers = pod_list(pod, "containers");
+    let inits = pod_list(pod, "initContainers");
+    if let Some(d) = ctx.pass_through(pod, containers, inits) {
+        return d;
+    }
+    let mut found = Findings::default();
+    let mut patch = Patch::of(pod);
+    ctx.pod_problems(pod, containers, inits, &mut found);
+    ctx.scheduler_patch(pod, &mut patch);
+    for (i, c) in containers.iter().enumerate() {
+        if ctx.asks(c) {
+            ctx.container(i, c, &mut found, &mut patch);
         }
-    };
-    let asks = |c: &Value| {
-        ["limits", "requests"].iter().any(|k| {
-            c["resources"][k]
-                .as_object()
-                .is_some_and(|r| managed.iter().any(|n| r.contains_key(n.as_str())))
-        })
-    };
-    let containers: &[Value] = pod["spec"]["containers"]
-        .as_array()
-        .map_or(&[], Vec::as_slice);
-    let inits: &[Value] = pod["spec"]["initContainers"]
-        .as_array()
-        .map_or(&[], Vec::as_slice);
-    if !containers.iter().chain(inits).any(asks) {
-        return Decision::Allow {
-            patch: vec![],
-            warnings: vec![],
-        };
     }
-    // A mirror pod reflects a static pod the kubelet already runs; nothing to place.
-    if m["annotations"][ANNOTATION_MIRROR_POD].is_string() {
-        return Decision::Allow {
-            patch: vec![],
-            warnings: vec![],
-        };
+    ctx.annotations(&pod["metadata"], &mut found);
+    if found.problems.is_empty()
+        && let Err(e) = extender_check(patch.pod, &cfg.names, cfg.default_policy)
+    {
+        found.problems.push(e);
     }
-    let mut warnings = Vec::new();
-    let current = pod["spec"]["schedulerName"].as_str().unwrap_or("");
-    if !current.is_empty() && current != KUBE_DEFAULT_SCHEDULER && current != cfg.scheduler_name {
-        return Decision::Allow {
-            patch: vec![],
-            warnings: vec![format!(
-                "fgpu: pod {key} asks for GPU resources but names scheduler {current:?}; fgpu leaves it alone and will not place its GPUs (remove spec.schedulerName or set it to {:?})",
-                cfg.scheduler_name
-            )],
-        };
+    ctx.decide(found, patch.ops)
+}
+
+/// The four managed resource names, in the order their values are read and copied.
+fn managed_names(names: &LegacyResourceNames) -> [&str; 4] {
+    [
+        names.gpu.as_str(),
+        names.memory.as_str(),
+        names.memory_percentage.as_str(),
+        names.cores.as_str(),
+    ]
+}
+
+/// How messages name the pod: `namespace/name`, the `generateName` when it has no name
+/// yet, `<unnamed>` when it has neither.
+fn pod_key(meta: &Value) -> String {
+    let n = meta["name"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .or_else(|| meta["generateName"].as_str())
+        .unwrap_or("<unnamed>");
+    match meta["namespace"].as_str() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{n}"),
+        _ => n.to_owned(),
+    }
+}
+
+/// The pod's `spec.<field>` array (containers or init containers); empty when absent.
+fn pod_list<'v>(pod: &'v Value, field: &str) -> &'v [Value] {
+    pod["spec"][field].as_array().map_or(&[], Vec::as_slice)
+}
+
+/// Whether container `c` names one of the `managed` resources in its limits or requests.
+fn asks_for(c: &Value, managed: &[&str; 4]) -> bool {
+    ["limits", "requests"].iter().any(|k| {
+        c["resources"][k]
+            .as_object()
+            .is_some_and(|r| managed.iter().any(|n| r.contains_key(*n)))
+    })
+}
+
+/// Pod annotation `a`, trimmed.
+fn annotation<'v>(meta: &'v Value, a: &str) -> Option<&'v str> {
+    meta["annotations"][a].as_str().map(str::trim)
+}
+
+/// How messages name annotation `a`.
+fn at_annotation(a: &str) -> String {
+    format!("metadata.annotations[{a:?}]")
+}
+
+/// `"a", "b"`: each item quoted, comma-separated.
+fn quoted<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> String {
+    items
+        .into_iter()
+        .map(|t| format!("{:?}", t.as_ref()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An admission with nothing to patch and nothing to say.
+fn unchanged() -> Decision {
+    Decision::Allow {
+        patch: vec![],
+        warnings: vec![],
+    }
+}
+
+/// What the checks of one pod found: the refusals and the warnings, in the order found.
+#[derive(Debug, Default)]
+struct Findings {
+    problems: Vec<String>,
+    warnings: Vec<String>,
+}
+
+/// The JSON patch being built and the pod as it will be with it applied.
+struct Patch {
+    ops: Vec<Value>,
+    pod: Value,
+}
+
+impl Patch {
+    fn of(pod: &Value) -> Self {
+        Self {
+            ops: Vec::new(),
+            pod: pod.clone(),
+        }
+    }
+}
+
+/// A container's managed values (limit, else request), as numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Asked {
+    count: Option<u64>,
+    memory: Option<u64>,
+    percentage: Option<u64>,
+    cores: Option<u64>,
+}
+
+impl Asked {
+    /// Whether a share of a GPU (memory, percentage or cores) is named.
+    fn share(&self) -> bool {
+        self.memory.is_some() || self.percentage.is_some() || self.cores.is_some()
+    }
+}
+
+/// One pod's admission: the configuration, the cluster's GPUs and how the pod is named.
+struct Admission<'a> {
+    cfg: &'a WebhookConfig,
+    inv: &'a GpuInventory,
+    managed: [&'a str; 4],
+    key: String,
+}
+
+impl Admission<'_> {
+    /// Whether container `c` asks for GPU resources.
+    fn asks(&self, c: &Value) -> bool {
+        asks_for(c, &self.managed)
     }
 
-    let mut problems: Vec<String> = Vec::new();
-    let mut patch: Vec<Value> = Vec::new();
-    let mut mutated = pod.clone();
-    if let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
-        problems.push(format!(
-            "spec.nodeName: {node:?} is set, so no scheduler places the pod and its GPUs are never chosen; remove it (pin the node with a nodeSelector on kubernetes.io/hostname instead)"
-        ));
+    /// The decision for a pod fgpu leaves alone (`None`: fgpu handles it): one that asks
+    /// for no GPU resource, a mirror pod, one that names another scheduler (warned).
+    fn pass_through(&self, pod: &Value, containers: &[Value], inits: &[Value]) -> Option<Decision> {
+        if !containers.iter().chain(inits).any(|c| self.asks(c)) {
+            return Some(unchanged());
+        }
+        // A mirror pod reflects a static pod the kubelet already runs; nothing to place.
+        if pod["metadata"]["annotations"][ANNOTATION_MIRROR_POD].is_string() {
+            return Some(unchanged());
+        }
+        let current = pod["spec"]["schedulerName"].as_str().unwrap_or("");
+        let ours = &self.cfg.scheduler_name;
+        if !current.is_empty() && current != KUBE_DEFAULT_SCHEDULER && current != ours {
+            return Some(Decision::Allow {
+                patch: vec![],
+                warnings: vec![format!(
+                    "fgpu: pod {} asks for GPU resources but names scheduler {current:?}; fgpu leaves it alone and will not place its GPUs (remove spec.schedulerName or set it to {ours:?})",
+                    self.key
+                )],
+            });
+        }
+        None
     }
-    for (section, list) in [("containers", containers), ("initContainers", inits)] {
-        for (i, c) in list.iter().enumerate() {
-            if asks(c) && c["securityContext"]["privileged"] == true {
-                problems.push(format!(
-                    "container {:?} (spec.{section}[{i}]): securityContext.privileged: a privileged container sees every GPU of the node, so its GPU quota cannot be enforced; drop privileged or the GPU resources",
+
+    /// Problems of the pod as a whole: a preset `spec.nodeName`, privileged containers
+    /// asking for GPUs, init containers asking for GPUs.
+    fn pod_problems(
+        &self,
+        pod: &Value,
+        containers: &[Value],
+        inits: &[Value],
+        found: &mut Findings,
+    ) {
+        if let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+            found.problems.push(format!(
+                "spec.nodeName: {node:?} is set, so no scheduler places the pod and its GPUs are never chosen; remove it (pin the node with a nodeSelector on kubernetes.io/hostname instead)"
+            ));
+        }
+        for (section, list) in [("containers", containers), ("initContainers", inits)] {
+            for (i, c) in list.iter().enumerate() {
+                if self.asks(c) && c["securityContext"]["privileged"] == true {
+                    found.problems.push(format!(
+                        "container {:?} (spec.{section}[{i}]): securityContext.privileged: a privileged container sees every GPU of the node, so its GPU quota cannot be enforced; drop privileged or the GPU resources",
+                        c["name"].as_str().unwrap_or("")
+                    ));
+                }
+            }
+        }
+        for (i, c) in inits.iter().enumerate() {
+            if self.asks(c) {
+                found.problems.push(format!(
+                    "init container {:?} (spec.initContainers[{i}]): asks for GPU resources; fgpu places GPUs for regular containers only",
                     c["name"].as_str().unwrap_or("")
                 ));
             }
         }
     }
-    if current != cfg.scheduler_name {
+
+    /// Sets `spec.schedulerName` to fgpu's scheduler unless the pod names it already.
+    fn scheduler_patch(&self, pod: &Value, patch: &mut Patch) {
+        let name = &self.cfg.scheduler_name;
+        if pod["spec"]["schedulerName"].as_str().unwrap_or("") == name {
+            return;
+        }
         let op = if pod["spec"].get("schedulerName").is_some() {
             "replace"
         } else {
             "add"
         };
-        patch.push(json!({"op": op, "path": "/spec/schedulerName", "value": cfg.scheduler_name}));
-        mutated["spec"]["schedulerName"] = json!(cfg.scheduler_name);
+        patch
+            .ops
+            .push(json!({"op": op, "path": "/spec/schedulerName", "value": name}));
+        patch.pod["spec"]["schedulerName"] = json!(name);
     }
 
-    for (i, c) in inits.iter().enumerate() {
-        if asks(c) {
-            problems.push(format!(
-                "init container {:?} (spec.initContainers[{i}]): asks for GPU resources; fgpu places GPUs for regular containers only",
-                c["name"].as_str().unwrap_or("")
+    /// Checks regular container `i` (which asks for GPUs) and patches in its defaults.
+    fn container(&self, i: usize, c: &Value, found: &mut Findings, patch: &mut Patch) {
+        let at = format!(
+            "container {:?} (spec.containers[{i}])",
+            c["name"].as_str().unwrap_or("")
+        );
+        let asked = self.values(c, &at, &mut found.problems);
+        if asked.count == Some(0) && !asked.share() {
+            return; // no GPU: nothing to check or default
+        }
+        let field = |n: &str| {
+            let section = if c["resources"]["limits"].get(n).is_some() {
+                "limits"
+            } else {
+                "requests"
+            };
+            format!("{at}: resources.{section}[{n:?}]")
+        };
+        self.check_values(asked, &field, &mut found.problems);
+        let names = &self.cfg.names;
+        if asked.memory.is_some() && asked.percentage.is_some() {
+            found.warnings.push(format!(
+                "fgpu: pod {}: {at}: both {} and {} are set; {} is used",
+                self.key, names.memory, names.memory_percentage, names.memory
             ));
         }
+        let defaults = self.defaults(asked, &at, &mut found.warnings);
+        for (section, add) in self.additions(c, defaults) {
+            add_resources(patch, i, section, &add);
+        }
     }
 
-    let max_mib = inv.max_memory_bytes >> 20;
-    for (i, c) in containers.iter().enumerate() {
-        if !asks(c) {
-            continue;
-        }
-        let cname = c["name"].as_str().unwrap_or("");
-        let at = format!("container {cname:?} (spec.containers[{i}])");
-        // Each managed value, limit else request; every present value must be a number.
+    /// Each managed value of `c`, the limit where both are set; every present value must
+    /// be a whole number (a problem otherwise, and the value is left out).
+    fn values(&self, c: &Value, at: &str, problems: &mut Vec<String>) -> Asked {
         let mut val: BTreeMap<&str, u64> = BTreeMap::new();
         for section in ["requests", "limits"] {
             let Some(map) = c["resources"][section].as_object() else {
                 continue;
             };
-            for n in managed {
-                let Some(v) = map.get(n.as_str()) else {
+            for n in self.managed {
+                let Some(v) = map.get(n) else {
                     continue;
                 };
                 match value_text(v).as_deref().map(fgpu_api::quantity::parse_u64) {
                     Some(Ok(x)) => {
-                        val.insert(n.as_str(), x);
+                        val.insert(n, x);
                     }
                     Some(Err(e)) => problems.push(format!(
                         "{at}: resources.{section}[{n:?}]: {e}; use a whole number"
@@ -299,47 +472,53 @@ pub fn admit_pod(pod: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Decisi
                 }
             }
         }
-        let field = |n: &str| {
-            let section = if c["resources"]["limits"].get(n).is_some() {
-                "limits"
-            } else {
-                "requests"
-            };
-            format!("{at}: resources.{section}[{n:?}]")
-        };
-        let count = val.get(names.gpu.as_str()).copied();
-        let mem = val.get(names.memory.as_str()).copied();
-        let pct = val.get(names.memory_percentage.as_str()).copied();
-        let cores = val.get(names.cores.as_str()).copied();
-        let share_asked = mem.is_some() || pct.is_some() || cores.is_some();
-        match count {
-            Some(0) if share_asked => problems.push(format!(
+        let [gpu, memory, percentage, cores] = self.managed;
+        Asked {
+            count: val.get(gpu).copied(),
+            memory: val.get(memory).copied(),
+            percentage: val.get(percentage).copied(),
+            cores: val.get(cores).copied(),
+        }
+    }
+
+    /// Problems of a container's values: a GPU count of 0 with a share or above the
+    /// maximum, memory 0 or above the largest GPU, percentage 0 or above 100, cores above
+    /// 100. `field` names a resource's field in the container.
+    fn check_values(
+        &self,
+        asked: Asked,
+        field: &dyn Fn(&str) -> String,
+        problems: &mut Vec<String>,
+    ) {
+        let names = &self.cfg.names;
+        let max_mib = self.inv.max_memory_bytes >> 20;
+        match asked.count {
+            Some(0) => problems.push(format!(
                 "{}: 0 while GPU memory or cores are asked for; ask for 1 or more GPUs",
                 field(&names.gpu)
             )),
-            Some(0) => continue,
             Some(n) if n > MAX_GPUS_PER_CONTAINER => problems.push(format!(
                 "{}: {n} is above the maximum {MAX_GPUS_PER_CONTAINER}",
                 field(&names.gpu)
             )),
             _ => {}
         }
-        match mem {
+        match asked.memory {
             Some(0) => problems.push(format!(
                 "{}: 0; ask for 1 MiB or more, or leave it out for the whole memory",
                 field(&names.memory)
             )),
-            Some(m) if !inv.is_empty() && m > max_mib => problems.push(format!(
+            Some(m) if !self.inv.is_empty() && m > max_mib => problems.push(format!(
                 "{}: {m} MiB is more than the largest GPU in the cluster has ({max_mib} MiB, {})",
                 field(&names.memory),
-                inv.max_memory_model
+                self.inv.max_memory_model
             )),
             Some(m) if m > u64::MAX >> 20 => {
                 problems.push(format!("{}: {m} MiB is too large", field(&names.memory)))
             }
             _ => {}
         }
-        match pct {
+        match asked.percentage {
             Some(0) => problems.push(format!(
                 "{}: 0; use 1 to 100",
                 field(&names.memory_percentage)
@@ -350,205 +529,261 @@ pub fn admit_pod(pod: &Value, cfg: &WebhookConfig, inv: &GpuInventory) -> Decisi
             )),
             _ => {}
         }
-        if let Some(k) = cores.filter(|&k| k > 100) {
+        if let Some(k) = asked.cores.filter(|&k| k > 100) {
             problems.push(format!(
                 "{}: {k} is above the maximum 100",
                 field(&names.cores)
             ));
         }
-        if mem.is_some() && pct.is_some() {
-            warnings.push(format!(
-                "fgpu: pod {key}: {at}: both {} and {} are set; {} is used",
-                names.memory, names.memory_percentage, names.memory
-            ));
-        }
+    }
 
-        // Defaults. Limits always (the API server requires a limit for an extended
-        // resource, and the device manager reads limits); requests too when the container
-        // lists our resources there (as every pod does once the API server has defaulted
-        // requests from limits), since they must equal the limits.
+    /// The values a container gets where it names none: a GPU count of 1, the configured
+    /// default memory (warned when no GPU has that much) and cores.
+    fn defaults(&self, asked: Asked, at: &str, warnings: &mut Vec<String>) -> Vec<(&str, String)> {
+        let cfg = self.cfg;
+        let [gpu, memory, _, cores] = self.managed;
+        let max_mib = self.inv.max_memory_bytes >> 20;
         let mut defaults: Vec<(&str, String)> = Vec::new();
-        if count.is_none() {
-            defaults.push((names.gpu.as_str(), "1".into()));
+        if asked.count.is_none() {
+            defaults.push((gpu, "1".into()));
         }
-        if mem.is_none() && pct.is_none() && cfg.default_memory_mib > 0 {
-            if !inv.is_empty() && cfg.default_memory_mib > max_mib {
+        if asked.memory.is_none() && asked.percentage.is_none() && cfg.default_memory_mib > 0 {
+            if !self.inv.is_empty() && cfg.default_memory_mib > max_mib {
                 warnings.push(format!(
-                    "fgpu: pod {key}: {at}: the default memory {} MiB is more than the largest GPU has ({max_mib} MiB); the pod will not fit",
-                    cfg.default_memory_mib
+                    "fgpu: pod {}: {at}: the default memory {} MiB is more than the largest GPU has ({max_mib} MiB); the pod will not fit",
+                    self.key, cfg.default_memory_mib
                 ));
             }
-            defaults.push((names.memory.as_str(), cfg.default_memory_mib.to_string()));
+            defaults.push((memory, cfg.default_memory_mib.to_string()));
         }
-        if cores.is_none() && cfg.default_cores > 0 {
-            defaults.push((names.cores.as_str(), cfg.default_cores.to_string()));
+        if asked.cores.is_none() && cfg.default_cores > 0 {
+            defaults.push((cores, cfg.default_cores.to_string()));
         }
+        defaults
+    }
+
+    /// What to add to the container's limits and requests. Limits always get the
+    /// defaults (the API server requires a limit for an extended resource, and the device
+    /// manager reads limits), and our resources set as requests only (the same value as
+    /// the limit); requests get the defaults when the container lists our resources there
+    /// (as every pod does once the API server has defaulted requests from limits), since
+    /// they must equal the limits.
+    fn additions<'s>(
+        &'s self,
+        c: &Value,
+        defaults: Vec<(&'s str, String)>,
+    ) -> [(&'static str, Vec<(&'s str, String)>); 2] {
         let requests = c["resources"]["requests"].as_object();
         let limits = c["resources"]["limits"].as_object();
         let mut add_limits = defaults.clone();
-        // Our resources set as requests only: the same value as the limit.
-        for n in managed {
-            if let Some(v) = requests.and_then(|r| r.get(n.as_str()))
-                && limits.is_none_or(|l| !l.contains_key(n.as_str()))
+        for n in self.managed {
+            if let Some(v) = requests.and_then(|r| r.get(n))
+                && limits.is_none_or(|l| !l.contains_key(n))
                 && let Some(t) = value_text(v)
             {
-                add_limits.push((n.as_str(), t));
+                add_limits.push((n, t));
             }
         }
         let add_requests =
-            if requests.is_some_and(|r| managed.iter().any(|n| r.contains_key(n.as_str()))) {
+            if requests.is_some_and(|r| self.managed.iter().any(|n| r.contains_key(*n))) {
                 defaults
             } else {
                 Vec::new()
             };
-        for (section, add) in [("limits", add_limits), ("requests", add_requests)] {
-            if add.is_empty() {
+        [("limits", add_limits), ("requests", add_requests)]
+    }
+
+    /// Checks the pod's annotations: policies, GPU models, GPU UUIDs, NUMA binding.
+    fn annotations(&self, meta: &Value, found: &mut Findings) {
+        policy_problems(meta, &mut found.problems);
+        self.gpu_types(meta, found);
+        self.gpu_uuids(meta, found);
+        if let Some(v) = annotation(meta, ANNOTATION_NUMA_BIND)
+            && !matches!(v, "true" | "false" | "")
+        {
+            found.problems.push(format!(
+                "{}: {v:?}; valid are \"true\" and \"false\"",
+                at_annotation(ANNOTATION_NUMA_BIND)
+            ));
+        }
+    }
+
+    /// The model names in `use-gputype` / `nouse-gputype`: each must match a known GPU
+    /// (warned, not checked, while no node has published its GPUs).
+    fn gpu_types(&self, meta: &Value, found: &mut Findings) {
+        for a in [
+            legacy::ANNOTATION_USE_GPU_TYPE,
+            legacy::ANNOTATION_NOUSE_GPU_TYPE,
+        ] {
+            let Some(v) = annotation(meta, a) else {
+                continue;
+            };
+            if self.inv.is_empty() {
+                if !list(v).is_empty() {
+                    found.warnings.push(format!(
+                        "fgpu: pod {}: {}: no node has published its GPUs yet, so the model names are not checked",
+                        self.key,
+                        at_annotation(a)
+                    ));
+                }
                 continue;
             }
-            let base = format!("/spec/containers/{i}/resources/{section}");
-            let target = &mut mutated["spec"]["containers"][i]["resources"][section];
-            if target.is_object() {
-                for (n, v) in &add {
-                    patch.push(
-                        json!({"op": "add", "path": format!("{base}/{}", token(n)), "value": v}),
-                    );
-                    target[*n] = json!(v);
-                }
-            } else {
-                let obj: Map<String, Value> = add
-                    .iter()
-                    .map(|(n, v)| ((*n).to_owned(), json!(v)))
-                    .collect();
-                patch.push(json!({"op": "add", "path": base, "value": obj}));
-                *target = Value::Object(obj);
+            let unknown: Vec<&str> = list(v)
+                .into_iter()
+                .filter(|t| !self.inv.has_model(t))
+                .collect();
+            if !unknown.is_empty() {
+                found.problems.push(format!(
+                    "{}: no GPU in the cluster matches {}; known models: {}",
+                    at_annotation(a),
+                    quoted(&unknown),
+                    quoted(&self.inv.models)
+                ));
             }
         }
     }
 
-    // Annotations.
-    let ann = |a: &str| m["annotations"][a].as_str().map(str::trim);
-    let at_ann = |a: &str| format!("metadata.annotations[{a:?}]");
+    /// The UUIDs in `use-gpuuuid` / `nouse-gpuuuid`: each must be well formed; those no
+    /// known node has, and any exclusion (not supported yet), are warned.
+    fn gpu_uuids(&self, meta: &Value, found: &mut Findings) {
+        for a in [legacy::ANNOTATION_USE_GPU_UUID, ANNOTATION_NOUSE_GPU_UUID] {
+            let Some(v) = annotation(meta, a) else {
+                continue;
+            };
+            let ids = list(v);
+            if let Some(problem) = malformed_uuids(a, &ids) {
+                found.problems.push(problem);
+                continue;
+            }
+            if a == ANNOTATION_NOUSE_GPU_UUID && !ids.is_empty() {
+                found.warnings.push(format!(
+                    "fgpu: pod {}: {}: excluding GPUs by UUID is not supported by the extender yet; the pod may get those GPUs (use {} to pin GPUs instead)",
+                    self.key,
+                    at_annotation(a),
+                    legacy::ANNOTATION_USE_GPU_UUID
+                ));
+            }
+            if !self.inv.is_empty() {
+                let unknown: Vec<&str> = ids
+                    .iter()
+                    .copied()
+                    .filter(|u| !self.inv.uuids.contains(&u.to_ascii_lowercase()))
+                    .collect();
+                if !unknown.is_empty() {
+                    found.warnings.push(format!(
+                        "fgpu: pod {}: {}: no known node has {}",
+                        self.key,
+                        at_annotation(a),
+                        unknown.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The answer from what was found: refused with every problem, else admitted with the
+    /// patch and the warnings (one more while no node has published its GPUs).
+    fn decide(&self, mut found: Findings, patch: Vec<Value>) -> Decision {
+        if !found.problems.is_empty() {
+            return Decision::Deny(format!(
+                "fgpu: pod {}: {}",
+                self.key,
+                found.problems.join("; ")
+            ));
+        }
+        if self.inv.is_empty() {
+            found.warnings.push(format!(
+                "fgpu: pod {}: no node has published its GPUs yet; the pod stays pending until one does",
+                self.key
+            ));
+        }
+        Decision::Allow {
+            patch,
+            warnings: found.warnings,
+        }
+    }
+}
+
+/// Adds `add` (resource name, value) to `resources.<section>` of container `i`: one
+/// operation per entry when the section exists, else one that creates it.
+fn add_resources(patch: &mut Patch, i: usize, section: &str, add: &[(&str, String)]) {
+    if add.is_empty() {
+        return;
+    }
+    let base = format!("/spec/containers/{i}/resources/{section}");
+    let target = &mut patch.pod["spec"]["containers"][i]["resources"][section];
+    if target.is_object() {
+        for (n, v) in add {
+            patch
+                .ops
+                .push(json!({"op": "add", "path": format!("{base}/{}", token(n)), "value": v}));
+            target[*n] = json!(v);
+        }
+    } else {
+        let obj: Map<String, Value> = add
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), json!(v)))
+            .collect();
+        patch
+            .ops
+            .push(json!({"op": "add", "path": base, "value": obj}));
+        *target = Value::Object(obj);
+    }
+}
+
+/// Problems of the policy annotations: only `binpack` and `spread` are valid.
+fn policy_problems(meta: &Value, problems: &mut Vec<String>) {
     for a in [
         legacy::ANNOTATION_NODE_SCHEDULER_POLICY,
         legacy::ANNOTATION_GPU_SCHEDULER_POLICY,
     ] {
-        if let Some(v) = ann(a)
+        if let Some(v) = annotation(meta, a)
             && v != "binpack"
             && v != "spread"
         {
             problems.push(format!(
                 "{}: {v:?}; valid are binpack and spread",
-                at_ann(a)
+                at_annotation(a)
             ));
         }
     }
-    for a in [
-        legacy::ANNOTATION_USE_GPU_TYPE,
-        legacy::ANNOTATION_NOUSE_GPU_TYPE,
-    ] {
-        let Some(v) = ann(a) else { continue };
-        if inv.is_empty() {
-            if !list(v).is_empty() {
-                warnings.push(format!(
-                    "fgpu: pod {key}: {}: no node has published its GPUs yet, so the model names are not checked",
-                    at_ann(a)
-                ));
-            }
-            continue;
-        }
-        let unknown: Vec<&str> = list(v).into_iter().filter(|t| !inv.has_model(t)).collect();
-        if !unknown.is_empty() {
-            problems.push(format!(
-                "{}: no GPU in the cluster matches {}; known models: {}",
-                at_ann(a),
-                unknown
-                    .iter()
-                    .map(|t| format!("{t:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                inv.models
-                    .iter()
-                    .map(|t| format!("{t:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-    }
-    for a in [legacy::ANNOTATION_USE_GPU_UUID, ANNOTATION_NOUSE_GPU_UUID] {
-        let Some(v) = ann(a) else { continue };
-        let ids = list(v);
-        let bad: Vec<String> = ids
-            .iter()
-            .filter(|u| !valid_gpu_uuid(u))
-            .map(|u| format!("{u:?}"))
-            .collect();
-        if !bad.is_empty() {
-            problems.push(format!(
-                "{}: {} not a GPU UUID; write them as NVML does, e.g. GPU-6c8e2f1a-0b3d-4e5f-8a9b-0c1d2e3f4a5b",
-                at_ann(a),
-                if bad.len() == 1 {
-                    format!("{} is", bad[0])
-                } else {
-                    format!("{} are", bad.join(", "))
-                }
-            ));
-            continue;
-        }
-        if a == ANNOTATION_NOUSE_GPU_UUID && !ids.is_empty() {
-            warnings.push(format!(
-                "fgpu: pod {key}: {}: excluding GPUs by UUID is not supported by the extender yet; the pod may get those GPUs (use {} to pin GPUs instead)",
-                at_ann(a),
-                legacy::ANNOTATION_USE_GPU_UUID
-            ));
-        }
-        if !inv.is_empty() {
-            let unknown: Vec<&str> = ids
-                .iter()
-                .copied()
-                .filter(|u| !inv.uuids.contains(&u.to_ascii_lowercase()))
-                .collect();
-            if !unknown.is_empty() {
-                warnings.push(format!(
-                    "fgpu: pod {key}: {}: no known node has {}",
-                    at_ann(a),
-                    unknown.join(", ")
-                ));
-            }
-        }
-    }
-    if let Some(v) = ann(ANNOTATION_NUMA_BIND)
-        && !matches!(v, "true" | "false" | "")
-    {
-        problems.push(format!(
-            "{}: {v:?}; valid are \"true\" and \"false\"",
-            at_ann(ANNOTATION_NUMA_BIND)
-        ));
-    }
+}
 
-    if problems.is_empty() {
-        // The extender's own reader on the pod as it will be stored: whatever it would
-        // refuse at filter time is refused now.
-        let parsed = serde_json::from_value::<fgpu_api::extender::Pod>(mutated)
-            .map_err(|e| format!("the pod does not decode: {e}"))
-            .and_then(|p| {
-                fgpu_driver::hami::pod_request(&p, names, cfg.default_policy)
-                    .map(drop)
-                    .map_err(|e| format!("{}: {}", e.path, e.problem))
-            });
-        if let Err(e) = parsed {
-            problems.push(e);
-        }
+/// The problem with the UUIDs of annotation `a` that are not GPU UUIDs, if any.
+fn malformed_uuids(a: &str, ids: &[&str]) -> Option<String> {
+    let bad: Vec<String> = ids
+        .iter()
+        .filter(|u| !valid_gpu_uuid(u))
+        .map(|u| format!("{u:?}"))
+        .collect();
+    if bad.is_empty() {
+        return None;
     }
-    if problems.is_empty() {
-        if inv.is_empty() {
-            warnings.push(format!(
-                "fgpu: pod {key}: no node has published its GPUs yet; the pod stays pending until one does"
-            ));
+    Some(format!(
+        "{}: {} not a GPU UUID; write them as NVML does, e.g. GPU-6c8e2f1a-0b3d-4e5f-8a9b-0c1d2e3f4a5b",
+        at_annotation(a),
+        if bad.len() == 1 {
+            format!("{} is", bad[0])
+        } else {
+            format!("{} are", bad.join(", "))
         }
-        Decision::Allow { patch, warnings }
-    } else {
-        Decision::Deny(format!("fgpu: pod {key}: {}", problems.join("; ")))
-    }
+    ))
+}
+
+/// The extender's own reader on the pod as it will be stored: whatever it would refuse
+/// at filter time is refused now.
+fn extender_check(
+    mutated: Value,
+    names: &LegacyResourceNames,
+    policy: Policy,
+) -> Result<(), String> {
+    serde_json::from_value::<fgpu_api::extender::Pod>(mutated)
+        .map_err(|e| format!("the pod does not decode: {e}"))
+        .and_then(|p| {
+            fgpu_driver::hami::pod_request(&p, names, policy)
+                .map(drop)
+                .map_err(|e| format!("{}: {}", e.path, e.problem))
+        })
 }
 
 #[cfg(test)]
@@ -1066,5 +1301,101 @@ mod tests {
         ] {
             assert!(review(&b, &cfg, &inv).is_err(), "{b}");
         }
+    }
+
+    #[test]
+    fn pod_key_names_namespace_and_name_or_generate_name() {
+        let cases = [
+            (json!({"name": "p", "namespace": "ns"}), "ns/p"),
+            (
+                json!({"name": "", "generateName": "job-", "namespace": "ns"}),
+                "ns/job-",
+            ),
+            (json!({"name": "p", "namespace": ""}), "p"),
+            (json!({}), "<unnamed>"),
+        ];
+        for (meta, want) in cases {
+            assert_eq!(pod_key(&meta), want, "{meta}");
+        }
+    }
+
+    #[test]
+    fn a_container_asks_for_gpus_in_limits_or_requests() {
+        let names = LegacyResourceNames::default();
+        let managed = managed_names(&names);
+        assert!(asks_for(&ctr("c", json!({"nvidia.com/gpu": 1})), &managed));
+        assert!(asks_for(
+            &json!({"resources": {"requests": {"nvidia.com/gpucores": "10"}}}),
+            &managed
+        ));
+        assert!(!asks_for(&ctr("c", json!({"cpu": "1"})), &managed));
+        assert!(!asks_for(&json!({"name": "c"}), &managed));
+    }
+
+    #[test]
+    fn values_prefer_limits_and_report_what_is_not_a_number() {
+        let cfg = WebhookConfig::default();
+        let inv = inventory();
+        let ctx = Admission {
+            cfg: &cfg,
+            inv: &inv,
+            managed: managed_names(&cfg.names),
+            key: "ns/p".into(),
+        };
+        let c = json!({"resources": {
+            "requests": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "100"},
+            "limits": {"nvidia.com/gpumem": "200", "nvidia.com/gpucores": "1.5"},
+        }});
+        let mut problems = Vec::new();
+        let asked = ctx.values(&c, "here", &mut problems);
+        assert_eq!(
+            asked,
+            Asked {
+                count: Some(2),
+                memory: Some(200),
+                percentage: None,
+                cores: None,
+            }
+        );
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("here: resources.limits[\"nvidia.com/gpucores\"]: "),
+            "{problems:?}"
+        );
+        assert!(asked.share());
+        assert!(!Asked::default().share());
+    }
+
+    #[test]
+    fn malformed_uuids_are_listed_in_one_problem() {
+        assert_eq!(malformed_uuids("a", &[UUID_A, UUID_B]), None);
+        let one = malformed_uuids("a", &["x", UUID_A]).unwrap();
+        assert!(
+            one.starts_with("metadata.annotations[\"a\"]: \"x\" is not"),
+            "{one}"
+        );
+        let two = malformed_uuids("a", &["x", "y"]).unwrap();
+        assert!(two.contains("\"x\", \"y\" are not"), "{two}");
+    }
+
+    #[test]
+    fn bodies_that_are_not_reviews_say_why() {
+        let (cfg, inv) = (WebhookConfig::default(), inventory());
+        let cases = [
+            (json!([]), ReviewError::NotAnObject),
+            (json!({}), ReviewError::NoRequest),
+            (json!({"request": {}}), ReviewError::NoUid),
+            (
+                json!({"request": {"uid": "u", "operation": "CREATE", "object": 1}}),
+                ReviewError::NotAPod,
+            ),
+        ];
+        for (body, want) in cases {
+            assert_eq!(review(&body, &cfg, &inv), Err(want), "{body}");
+        }
+        assert_eq!(
+            ReviewError::NoUid.to_string(),
+            "the AdmissionReview has no request.uid (a string)"
+        );
     }
 }
