@@ -1,184 +1,20 @@
-//! `cluster` against an in-memory stand-in for the API server (a tower service behind a
-//! real `kube::Client`): version negotiation, claim GET, slice create/update, and the
+//! `cluster` against the fake API server of `fgpu_plumbing::testing` (a tower service behind
+//! a real `kube::Client`): version negotiation, claim GET, slice create/update, and the
 //! fallback when the API server drops consumable capacity.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use fgpu_api::names::DriverName;
 use fgpu_driver::device::{ComputeCapability, DeviceNode, Gpu, Health, NodeInventory};
 use fgpu_kubelet_plugin::cluster::{KubeClaimSource, SlicePublisher, negotiate};
 use fgpu_kubelet_plugin::prepare::ClaimSource as _;
 use fgpu_kubelet_plugin::slices::ApiVersion;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt as _, Full, StreamBody};
-use hyper::body::{Bytes, Frame};
-use kube::client::Body;
+use fgpu_plumbing::testing::{Answer, FakeApiServer};
+use http::Method;
 use serde_json::{Value, json};
 
-#[derive(Default)]
-struct FakeApiServer {
-    versions: Vec<&'static str>,
-    /// Strip consumable-capacity fields on write, as an API server with the gate off does.
-    drop_consumable: bool,
-    objects: HashMap<String, Value>,
-    writes: Vec<String>,
-    next_rv: u64,
-    /// What a list of all ResourceClaims returns (the claim watch's list); `None`: 404.
-    claim_list: Option<Vec<Value>>,
-    /// Claim watches started (each answered with a stream that stays open, without events).
-    watches: usize,
-}
-
-/// What the stand-in answers: an object, or a watch stream that stays open.
-enum Answer {
-    Object(StatusCode, Value),
-    Watch,
-}
-
-impl FakeApiServer {
-    fn answer(&mut self, method: &Method, path: &str, watch: bool, body: Option<Value>) -> Answer {
-        let (status, value) = self.handle(method, path, watch, body);
-        if watch && status == StatusCode::OK {
-            Answer::Watch
-        } else {
-            Answer::Object(status, value)
-        }
-    }
-
-    fn handle(
-        &mut self,
-        method: &Method,
-        path: &str,
-        watch: bool,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let not_found = || {
-            (
-                StatusCode::NOT_FOUND,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                       "message": format!("{path} not found"), "reason": "NotFound", "code": 404}),
-            )
-        };
-        if path == "/apis" {
-            let versions: Vec<Value> = self
-                .versions
-                .iter()
-                .map(|v| json!({"groupVersion": format!("resource.k8s.io/{v}"), "version": v}))
-                .collect();
-            let groups = if versions.is_empty() {
-                json!([])
-            } else {
-                json!([{"name": "resource.k8s.io", "versions": versions, "preferredVersion": versions[0]}])
-            };
-            return (
-                StatusCode::OK,
-                json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
-            );
-        }
-        match *method {
-            Method::GET if path == CLAIMS_V1 => match (&self.claim_list, watch) {
-                (None, _) => not_found(),
-                (Some(_), true) => {
-                    self.watches += 1;
-                    (StatusCode::OK, Value::Null)
-                }
-                (Some(items), false) => (
-                    StatusCode::OK,
-                    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
-                           "metadata": {"resourceVersion": "100"}, "items": items}),
-                ),
-            },
-            Method::GET => self
-                .objects
-                .get(path)
-                .map_or_else(not_found, |o| (StatusCode::OK, o.clone())),
-            Method::POST => {
-                let mut obj = body.unwrap();
-                if obj["metadata"]["name"].is_null() {
-                    let generated = format!(
-                        "{}{}",
-                        obj["metadata"]["generateName"].as_str().unwrap(),
-                        self.next_rv
-                    );
-                    obj["metadata"]["name"] = json!(generated);
-                }
-                let path = format!("{path}/{}", obj["metadata"]["name"].as_str().unwrap());
-                self.store(&mut obj);
-                self.writes.push(format!("create {path}"));
-                self.objects.insert(path, obj.clone());
-                (StatusCode::CREATED, obj)
-            }
-            Method::PUT => {
-                let mut obj = body.unwrap();
-                let current = &self.objects[path];
-                assert_eq!(
-                    obj["metadata"]["resourceVersion"],
-                    current["metadata"]["resourceVersion"]
-                );
-                self.store(&mut obj);
-                self.writes.push(format!("replace {path}"));
-                self.objects.insert(path.to_owned(), obj.clone());
-                (StatusCode::OK, obj)
-            }
-            _ => panic!("unexpected {method} {path}"),
-        }
-    }
-
-    fn store(&mut self, obj: &mut Value) {
-        self.next_rv += 1;
-        obj["metadata"]["resourceVersion"] = json!(self.next_rv.to_string());
-        if self.drop_consumable {
-            for d in obj["spec"]["devices"].as_array_mut().unwrap() {
-                let d = d.as_object_mut().unwrap();
-                d.remove("allowMultipleAllocations");
-                for c in d["capacity"].as_object_mut().unwrap().values_mut() {
-                    c.as_object_mut().unwrap().remove("requestPolicy");
-                }
-            }
-        }
-    }
-}
-
-fn client(server: Arc<Mutex<FakeApiServer>>) -> kube::Client {
-    let service = tower::service_fn(move |req: Request<Body>| {
-        let server = server.clone();
-        async move {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect().await.unwrap().to_bytes();
-            let body = (!bytes.is_empty()).then(|| serde_json::from_slice(&bytes).unwrap());
-            let watch = parts.uri.query().unwrap_or("").contains("watch=true");
-            let answer =
-                server
-                    .lock()
-                    .unwrap()
-                    .answer(&parts.method, parts.uri.path(), watch, body);
-            let resp = match answer {
-                Answer::Object(status, value) => Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(
-                        Full::new(Bytes::from(serde_json::to_vec(&value).unwrap()))
-                            .map_err(|never| match never {})
-                            .boxed(),
-                    )
-                    .unwrap(),
-                // A watch without events that the server never ends.
-                Answer::Watch => Response::builder()
-                    .status(StatusCode::OK)
-                    .header("content-type", "application/json")
-                    .body(
-                        StreamBody::new(tokio_stream::pending::<
-                            Result<Frame<Bytes>, std::convert::Infallible>,
-                        >())
-                        .boxed(),
-                    )
-                    .unwrap(),
-            };
-            Ok::<_, std::convert::Infallible>(resp)
-        }
-    });
-    kube::Client::new(service, "default")
+fn client(server: FakeApiServer) -> kube::Client {
+    server.client()
 }
 
 fn inventory(healthy: bool) -> NodeInventory {
@@ -208,17 +44,32 @@ fn inventory(healthy: bool) -> NodeInventory {
     NodeInventory::new("node-a", vec![gpu(0), gpu(1)])
 }
 
-fn server(versions: Vec<&'static str>, drop_consumable: bool) -> Arc<Mutex<FakeApiServer>> {
-    let mut s = FakeApiServer {
-        versions,
-        drop_consumable,
-        ..FakeApiServer::default()
-    };
-    s.objects.insert(
-        "/api/v1/nodes/node-a".into(),
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "uid": "node-uid"}}),
-    );
-    Arc::new(Mutex::new(s))
+/// Serves `resource.k8s.io` at `versions`, with Node `node-a`; `drop_consumable`: strips
+/// consumable-capacity fields from slices on write, as an API server with the gate off does.
+fn server(versions: Vec<&'static str>, drop_consumable: bool) -> FakeApiServer {
+    let s = FakeApiServer::new().group("resource.k8s.io", &versions);
+    {
+        let mut state = s.lock().unwrap();
+        state.insert(
+            "/api/v1/nodes/node-a",
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "uid": "node-uid"}}),
+        );
+        if drop_consumable {
+            state.on_write(|key, obj| {
+                if !key.contains("/resourceslices/") {
+                    return;
+                }
+                for d in obj["spec"]["devices"].as_array_mut().unwrap() {
+                    let d = d.as_object_mut().unwrap();
+                    d.remove("allowMultipleAllocations");
+                    for c in d["capacity"].as_object_mut().unwrap().values_mut() {
+                        c.as_object_mut().unwrap().remove("requestPolicy");
+                    }
+                }
+            });
+        }
+    }
+    s
 }
 
 /// All ResourceClaims at v1 (the claim watch's list and watch).
@@ -417,6 +268,9 @@ mod serve_loop {
                        {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-a", "device": "gpu-0",
                         "shareID": "s1", "consumedCapacity": {"memory": "1Gi", "cores": "10"}}]}}}}),
         );
+        s.lock().unwrap().intercept(|req| {
+            (req.path == CLAIMS_V1).then(|| Answer::not_found("no list or watch of claims here"))
+        });
         let cfg = ServeConfig {
             metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
             // On, but the stand-in serves no list of claims: the watch keeps failing and
@@ -540,7 +394,15 @@ mod serve_loop {
             let other_node = json!({"metadata": {"name": "d", "namespace": "team", "uid": "uid-d", "resourceVersion": "8"},
                 "status": {"allocation": {"devices": {"results": [
                     {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-b", "device": "gpu-0"}]}}}});
-            server.claim_list = Some(vec![claim("s-list"), other_node]);
+            let items = vec![claim("s-list"), other_node];
+            server.intercept(move |req| {
+                (req.method == Method::GET && req.path == CLAIMS_V1 && !req.is_watch()).then(|| {
+                    Answer::ok(
+                        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                                      "metadata": {"resourceVersion": "100"}, "items": items}),
+                    )
+                })
+            });
         }
         let cfg = serve_config(dir.path(), boot_id, Duration::from_secs(3600));
         let backend = Arc::new(fgpu_driver::backend::FakeBackend::open(&profile, None).unwrap());

@@ -28,8 +28,14 @@
 //!
 //! With either: [`shutdown`], the future that completes on SIGTERM or Ctrl-C.
 //!
+//! Feature `testing` (off; tests only):
+//!
+//! * `testing`: the one fake API server of the tests, an in-memory object store behind a
+//!   real `kube::Client`.
+//!
 //! Layering: `logging` and `exit` use nothing here; `discovery`, `client`, `leader` and
-//! `backoff` use nothing here; `server` uses `tls`; `admission` uses nothing here.
+//! `backoff` use nothing here; `server` uses `tls`; `admission` and `testing` use nothing
+//! here.
 
 pub mod exit;
 pub mod logging;
@@ -54,6 +60,9 @@ pub mod tls;
 
 #[cfg(any(feature = "kube", feature = "http"))]
 pub mod shutdown;
+
+#[cfg(feature = "testing")]
+pub mod testing;
 
 #[cfg(feature = "kube")]
 pub use discovery::ApiVersion;
