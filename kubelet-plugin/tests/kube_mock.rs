@@ -322,7 +322,13 @@ mod serve_loop {
 
         // The claim is deleted behind the kubelet's back: the periodic cleanup removes it.
         s.lock().unwrap().objects.remove(CLAIM);
-        eventually("the stale claim's spec to go", || !spec.exists()).await;
+        // Unprepare removes the spec, then the claim's directory: wait for both, else the
+        // check below races the second removal on a loaded machine.
+        let claim_dir = dir.path().join("run/claims/uid-c");
+        eventually("the stale claim's spec and directory to go", || {
+            !spec.exists() && !claim_dir.exists()
+        })
+        .await;
         assert!(!dir.path().join("run/claims/uid-c").exists());
 
         // The kubelet refuses the registration: the loop stops with that reason.
