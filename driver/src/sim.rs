@@ -581,11 +581,22 @@ pub fn paper_counterpart(policy: &str) -> Option<&'static str> {
     }
 }
 
+/// A `--seeds` value that is not a seed list; the caller adds the flag.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SeedListError {
+    /// A part is not `N` or `N-M` with `N <= M` (the whole list as given).
+    #[error("bad seed list {0:?}: use N, N-M or a comma-separated list of those")]
+    Bad(String),
+    /// The list names no seed (as given).
+    #[error("empty seed list {0:?}")]
+    Empty(String),
+}
+
 /// Parses a seed list: `42`, `42-51`, `42,45,50-51`.
-pub fn parse_seeds(s: &str) -> Result<Vec<u64>, String> {
+pub fn parse_seeds(s: &str) -> Result<Vec<u64>, SeedListError> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = || format!("bad seed list {s:?}: use N, N-M or a comma-separated list of those");
+        let bad = || SeedListError::Bad(s.to_owned());
         match part.split_once('-') {
             Some((a, b)) => {
                 let a: u64 = a.trim().parse().map_err(|_| bad())?;
@@ -599,7 +610,7 @@ pub fn parse_seeds(s: &str) -> Result<Vec<u64>, String> {
         }
     }
     if out.is_empty() {
-        return Err(format!("empty seed list {s:?}"));
+        return Err(SeedListError::Empty(s.to_owned()));
     }
     Ok(out)
 }

@@ -24,6 +24,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use anyhow::{anyhow, bail};
 use fgpu_api::proto::dra::v1;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -135,7 +136,7 @@ async fn timed(
     prepare: bool,
     claim: v1::Claim,
     device: Option<String>,
-) -> Result<Duration, String> {
+) -> anyhow::Result<Duration> {
     let uid = claim.uid.clone();
     let t = Instant::now();
     let error = if prepare {
@@ -143,8 +144,7 @@ async fn timed(
             .node_prepare_resources(v1::NodePrepareResourcesRequest {
                 claims: vec![claim],
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let entry = r.into_inner().claims.remove(&uid);
         if let (Some(c), Some(device)) = (&entry, device)
             && c.error.is_empty()
@@ -152,9 +152,7 @@ async fn timed(
             let want = format!("={uid}-{device}");
             let ids: Vec<&String> = c.devices.iter().flat_map(|d| &d.cdi_device_ids).collect();
             if ids.is_empty() || !ids.iter().all(|id| id.ends_with(&want)) {
-                return Err(format!(
-                    "claim {uid}: prepared {ids:?}, want the device {device}"
-                ));
+                bail!("claim {uid}: prepared {ids:?}, want the device {device}");
             }
         }
         entry.map(|c| c.error)
@@ -163,15 +161,14 @@ async fn timed(
             .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
                 claims: vec![claim],
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         r.into_inner().claims.remove(&uid).map(|c| c.error)
     };
     let elapsed = t.elapsed();
     match error {
         Some(e) if e.is_empty() => Ok(elapsed),
-        Some(e) => Err(format!("claim {uid}: {e}")),
-        None => Err(format!("claim {uid}: no entry in the response")),
+        Some(e) => Err(anyhow!("claim {uid}: {e}")),
+        None => Err(anyhow!("claim {uid}: no entry in the response")),
     }
 }
 
@@ -181,7 +178,7 @@ async fn phase(
     claims: &[(v1::Claim, Option<String>)],
     prepare: bool,
     parallel: usize,
-) -> Result<Vec<Duration>, String> {
+) -> anyhow::Result<Vec<Duration>> {
     let mut out = Vec::with_capacity(claims.len());
     let mut set = tokio::task::JoinSet::new();
     for (claim, device) in claims {

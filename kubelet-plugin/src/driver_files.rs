@@ -242,15 +242,20 @@ pub fn resolve(spec_dirs: &[PathBuf], driver_root: &Path) -> Result<DriverFiles,
     Ok(files)
 }
 
+/// A `--driver-file` value with a relative path (the value as given).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--driver-file {0:?}: paths must be absolute, e.g. /usr/lib/x86_64-linux-gnu/libcuda.so.1 or /opt/fake/libcuda.so.1:/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+)]
+pub struct DriverFileError(pub String);
+
 /// One `--driver-file` value, `HOST[:CONTAINER]` (the container path defaults to the host
 /// path); both must be absolute. The error says what was given and what is expected.
-pub fn parse_driver_file(spec: &str) -> Result<FileMount, String> {
+pub fn parse_driver_file(spec: &str) -> Result<FileMount, DriverFileError> {
     let (host, container) = spec.split_once(':').unwrap_or((spec, spec));
     let (host, container) = (PathBuf::from(host), PathBuf::from(container));
     if !host.is_absolute() || !container.is_absolute() {
-        return Err(format!(
-            "--driver-file {spec:?}: paths must be absolute, e.g. /usr/lib/x86_64-linux-gnu/libcuda.so.1 or /opt/fake/libcuda.so.1:/usr/lib/x86_64-linux-gnu/libcuda.so.1"
-        ));
+        return Err(DriverFileError(spec.to_owned()));
     }
     Ok(FileMount {
         host_path: host,
@@ -307,6 +312,7 @@ mod tests {
         assert!(
             parse_driver_file("libcuda.so.1")
                 .unwrap_err()
+                .to_string()
                 .contains("paths must be absolute")
         );
     }

@@ -149,7 +149,7 @@ pub(crate) struct ServeArgs {
 }
 
 fn file_mount(spec: &str) -> anyhow::Result<FileMount> {
-    driver_files::parse_driver_file(spec).map_err(|e| BadInput(e).into())
+    driver_files::parse_driver_file(spec).map_err(|e| BadInput(e.to_string()).into())
 }
 
 /// Runs `serve` until SIGTERM / SIGINT, or until the kubelet refuses the registration.

@@ -35,7 +35,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{BackendError, DeviceBackend, ProfileError};
-use crate::device::{Architecture, ComputeCapability, DeviceNode, Gpu, Health, NodeInventory};
+use crate::device::{
+    Architecture, ComputeCapability, DeviceNode, Gpu, Health, NodeInventory,
+    ParseComputeCapabilityError,
+};
 
 /// Driver version used when a profile names none.
 pub const DEFAULT_DRIVER_VERSION: &str = "550.54.15";
@@ -295,7 +298,7 @@ impl Parser<'_> {
         let raw: RawNode = self.typed(value, Some(&label), None)?;
         let name = raw.name.as_str();
         if let Err(why) = check_node_name(name) {
-            return Err(self.err(Some(&label), Some("name".into()), why));
+            return Err(self.err(Some(&label), Some("name".into()), why.to_string()));
         }
         if raw.gpus.is_empty() {
             return Err(self.err(
@@ -344,7 +347,7 @@ impl Parser<'_> {
             let f = |field: &str| Some(format!("gpu[{i}].{field}"));
             let g: RawGpu = self.typed(value, Some(name), Some(&format!("gpu[{i}]")))?;
 
-            check_uuid(&g.uuid).map_err(|why| self.err(Some(name), f("uuid"), why))?;
+            check_uuid(&g.uuid).map_err(|why| self.err(Some(name), f("uuid"), why.to_string()))?;
             if let Some((other_node, other_pos)) = uuids.get(&g.uuid) {
                 let at = if other_node == name {
                     format!("gpu[{other_pos}] of the same node")
@@ -367,8 +370,8 @@ impl Parser<'_> {
                     "must not be empty (e.g. NVIDIA H100 80GB HBM3)",
                 ));
             }
-            let memory_bytes =
-                memory(&g.memory).map_err(|why| self.err(Some(name), f("memory"), why))?;
+            let memory_bytes = memory(&g.memory)
+                .map_err(|why| self.err(Some(name), f("memory"), why.to_string()))?;
             if g.sm_count == 0 {
                 return Err(self.err(
                     Some(name),
@@ -377,10 +380,10 @@ impl Parser<'_> {
                 ));
             }
             let cc = compute_capability(&g.compute_capability)
-                .map_err(|why| self.err(Some(name), f("computeCapability"), why))?;
+                .map_err(|why| self.err(Some(name), f("computeCapability"), why.to_string()))?;
             let pci_bus_id = match &g.pci_bus_id {
                 Some(id) => normalize_pci_bus_id(id)
-                    .map_err(|why| self.err(Some(name), f("pciBusID"), why))?,
+                    .map_err(|why| self.err(Some(name), f("pciBusID"), why.to_string()))?,
                 None => synthetic_pci_bus_id(i).ok_or_else(|| {
                     self.err(
                         Some(name),
@@ -390,7 +393,8 @@ impl Parser<'_> {
                 })?,
             };
             if let Some(root) = &g.pcie_root {
-                check_pcie_root(root).map_err(|why| self.err(Some(name), f("pcieRoot"), why))?;
+                check_pcie_root(root)
+                    .map_err(|why| self.err(Some(name), f("pcieRoot"), why.to_string()))?;
             }
             let health = match g.unhealthy {
                 None => Health::Healthy,
@@ -468,7 +472,53 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn check_node_name(name: &str) -> Result<(), String> {
+/// Why the value of one profile field is invalid: what is wrong and what would be valid.
+/// [`Parser::err`] adds the file, the node and the field path; the NVML backend reuses
+/// [`InvalidValue::PciBusId`] for the address the driver reports.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum InvalidValue {
+    /// `name` is not a DNS-1123 subdomain.
+    #[error(
+        "{0:?} is not a valid Kubernetes node name (lower-case letters, digits, '-' and '.', e.g. gpu-node-1)"
+    )]
+    NodeName(String),
+    /// `uuid` is not `GPU-` followed by hex digits and dashes.
+    #[error(
+        "{0:?} is not a GPU UUID (\"GPU-\" followed by hex digits and dashes, e.g. GPU-8a3c1f2e-5b6d-4e7f-9a0b-1c2d3e4f5a6b)"
+    )]
+    Uuid(String),
+    /// `memory` is a string that is not a Kubernetes quantity of whole bytes.
+    #[error(transparent)]
+    Quantity(#[from] fgpu_api::quantity::QuantityError),
+    /// `memory` is a number that is not a non-negative integer.
+    #[error("{0} is not a positive byte count (e.g. 80Gi)")]
+    ByteCount(serde_json::Number),
+    /// `memory` is neither a string nor a number (the kind found).
+    #[error("expected a quantity such as 80Gi, found {0}")]
+    MemoryType(&'static str),
+    /// `memory` is 0.
+    #[error("must be greater than 0 (e.g. 80Gi)")]
+    ZeroMemory,
+    /// `computeCapability` is neither a string nor a number (the kind found).
+    #[error("expected MAJOR.MINOR such as \"9.0\", found {0}")]
+    ComputeCapabilityType(&'static str),
+    /// `computeCapability` is not `MAJOR.MINOR`.
+    #[error(transparent)]
+    ComputeCapability(#[from] ParseComputeCapabilityError),
+    /// `computeCapability` parses but names no architecture this driver knows.
+    #[error(
+        "{0} is not a known NVIDIA architecture (6.x Pascal to 12.x Blackwell, e.g. \"8.0\" or \"9.0\")"
+    )]
+    UnknownArchitecture(ComputeCapability),
+    /// `pciBusID` is not `DOMAIN:BUS:DEVICE.FUNCTION`.
+    #[error("{0:?} is not a PCI address (DOMAIN:BUS:DEVICE.FUNCTION, e.g. 0000:1b:00.0)")]
+    PciBusId(String),
+    /// `pcieRoot` is not `pciDDDD:BB`.
+    #[error("{0:?} is not a PCIe root (pciDDDD:BB as in /sys/devices, e.g. pci0000:00)")]
+    PcieRoot(String),
+}
+
+fn check_node_name(name: &str) -> Result<(), InvalidValue> {
     let ok_label = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
@@ -480,13 +530,11 @@ fn check_node_name(name: &str) -> Result<(), String> {
     if name.len() <= 253 && name.split('.').all(ok_label) {
         Ok(())
     } else {
-        Err(format!(
-            "{name:?} is not a valid Kubernetes node name (lower-case letters, digits, '-' and '.', e.g. gpu-node-1)"
-        ))
+        Err(InvalidValue::NodeName(name.to_owned()))
     }
 }
 
-fn check_uuid(uuid: &str) -> Result<(), String> {
+fn check_uuid(uuid: &str) -> Result<(), InvalidValue> {
     let rest = uuid.strip_prefix("GPU-").unwrap_or_default();
     if !rest.is_empty()
         && rest.bytes().any(|b| b.is_ascii_hexdigit())
@@ -494,32 +542,25 @@ fn check_uuid(uuid: &str) -> Result<(), String> {
     {
         Ok(())
     } else {
-        Err(format!(
-            "{uuid:?} is not a GPU UUID (\"GPU-\" followed by hex digits and dashes, e.g. GPU-8a3c1f2e-5b6d-4e7f-9a0b-1c2d3e4f5a6b)"
-        ))
+        Err(InvalidValue::Uuid(uuid.to_owned()))
     }
 }
 
-fn memory(v: &Value) -> Result<u64, String> {
+fn memory(v: &Value) -> Result<u64, InvalidValue> {
     let bytes = match v {
-        Value::String(s) => fgpu_api::quantity::parse_u64(s).map_err(|e| e.to_string())?,
+        Value::String(s) => fgpu_api::quantity::parse_u64(s)?,
         Value::Number(n) => n
             .as_u64()
-            .ok_or_else(|| format!("{n} is not a positive byte count (e.g. 80Gi)"))?,
-        other => {
-            return Err(format!(
-                "expected a quantity such as 80Gi, found {}",
-                kind_of(other)
-            ));
-        }
+            .ok_or_else(|| InvalidValue::ByteCount(n.clone()))?,
+        other => return Err(InvalidValue::MemoryType(kind_of(other))),
     };
     if bytes == 0 {
-        return Err("must be greater than 0 (e.g. 80Gi)".into());
+        return Err(InvalidValue::ZeroMemory);
     }
     Ok(bytes)
 }
 
-fn compute_capability(v: &Value) -> Result<ComputeCapability, String> {
+fn compute_capability(v: &Value) -> Result<ComputeCapability, InvalidValue> {
     let text = match v {
         Value::String(s) => s.clone(),
         // `computeCapability: 8.6` without quotes arrives as a float; keep one decimal.
@@ -527,18 +568,11 @@ fn compute_capability(v: &Value) -> Result<ComputeCapability, String> {
             Some(f) if n.is_f64() => format!("{f:.1}"),
             _ => format!("{n}"),
         },
-        other => {
-            return Err(format!(
-                "expected MAJOR.MINOR such as \"9.0\", found {}",
-                kind_of(other)
-            ));
-        }
+        other => return Err(InvalidValue::ComputeCapabilityType(kind_of(other))),
     };
-    let cc: ComputeCapability = text.parse().map_err(|e| format!("{e}"))?;
+    let cc: ComputeCapability = text.parse()?;
     if cc.architecture() == Architecture::Unknown {
-        return Err(format!(
-            "{cc} is not a known NVIDIA architecture (6.x Pascal to 12.x Blackwell, e.g. \"8.0\" or \"9.0\")"
-        ));
+        return Err(InvalidValue::UnknownArchitecture(cc));
     }
     Ok(cc)
 }
@@ -578,9 +612,8 @@ fn is_dotted_version(v: &str) -> bool {
 }
 
 /// `DDDD:BB:DD.F` (or NVML's 8-digit domain) → sysfs form, lower-case with a 4-digit domain.
-pub(crate) fn normalize_pci_bus_id(id: &str) -> Result<String, String> {
-    let bad =
-        || format!("{id:?} is not a PCI address (DOMAIN:BUS:DEVICE.FUNCTION, e.g. 0000:1b:00.0)");
+pub(crate) fn normalize_pci_bus_id(id: &str) -> Result<String, InvalidValue> {
+    let bad = || InvalidValue::PciBusId(id.to_owned());
     let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
     let mut parts = id.trim().split(':');
     let (Some(domain), Some(bus), Some(devfn), None) =
@@ -606,7 +639,7 @@ fn synthetic_pci_bus_id(pos: usize) -> Option<String> {
     Some(format!("0000:{bus:02x}:00.0"))
 }
 
-fn check_pcie_root(root: &str) -> Result<(), String> {
+fn check_pcie_root(root: &str) -> Result<(), InvalidValue> {
     let ok = root
         .strip_prefix("pci")
         .and_then(|r| r.split_once(':'))
@@ -618,9 +651,7 @@ fn check_pcie_root(root: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{root:?} is not a PCIe root (pciDDDD:BB as in /sys/devices, e.g. pci0000:00)"
-        ))
+        Err(InvalidValue::PcieRoot(root.to_owned()))
     }
 }
 

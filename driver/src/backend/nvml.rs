@@ -81,12 +81,11 @@ impl NvmlBackend {
             u32::try_from(cc.minor).unwrap_or_default(),
         );
         let pci = dev.pci_info().map_err(call("nvmlDeviceGetPciInfo"))?;
-        let pci_bus_id =
-            normalize_pci_bus_id(&pci.bus_id).map_err(|detail| BackendError::Nvml {
-                call: "nvmlDeviceGetPciInfo",
-                gpu: Some(index),
-                detail,
-            })?;
+        let pci_bus_id = normalize_pci_bus_id(&pci.bus_id).map_err(|e| BackendError::Nvml {
+            call: "nvmlDeviceGetPciInfo",
+            gpu: Some(index),
+            detail: e.to_string(),
+        })?;
         // SM count: nvmlDeviceGetAttributes answers on many drivers; otherwise derive it
         // from the CUDA core count and the cores per SM of the architecture.
         let sm_count = dev

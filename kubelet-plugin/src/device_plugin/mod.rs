@@ -393,7 +393,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         .driver_files
         .iter()
         .filter(|s| !s.is_empty())
-        .map(|s| crate::driver_files::parse_driver_file(s).map_err(anyhow::Error::msg))
+        .map(|s| crate::driver_files::parse_driver_file(s).map_err(anyhow::Error::from))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (driver_mounts, driver_hooks) = crate::driver_files::for_node(
         explicit,

@@ -13,7 +13,7 @@
 //! to the earliest-bind rule when the socket cannot be read.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fgpu_api::proto::podresources::v1 as pr;
@@ -66,20 +66,63 @@ impl KubeletPods {
     }
 }
 
+/// The kubelet's pod resources API could not be read; each message names the socket and
+/// the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesError {
+    /// The socket path does not make an endpoint URI.
+    #[error("pod resources API at {}: {source}", socket.display())]
+    Endpoint {
+        /// The socket.
+        socket: PathBuf,
+        /// Why the URI was refused.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// Nothing answered on the socket.
+    #[error("pod resources API at {}: connect: {source}", socket.display())]
+    Connect {
+        /// The socket.
+        socket: PathBuf,
+        /// Why the connection failed.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The kubelet answered `List` with an error.
+    #[error("pod resources API at {}: List: {code}: {message}", socket.display())]
+    List {
+        /// The socket.
+        socket: PathBuf,
+        /// The gRPC status code.
+        code: tonic::Code,
+        /// The status message.
+        message: String,
+    },
+}
+
 /// Reads the kubelet's pods from the pod resources socket; the error says what failed.
-pub async fn list(socket: &Path, resource: &str) -> Result<KubeletPods, String> {
-    let what = || format!("pod resources API at {}", socket.display());
+pub async fn list(socket: &Path, resource: &str) -> Result<KubeletPods, PodResourcesError> {
     let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", socket.display()))
-        .map_err(|e| format!("{}: {e}", what()))?
+        .map_err(|source| PodResourcesError::Endpoint {
+            socket: socket.to_owned(),
+            source,
+        })?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(5))
         .connect()
         .await
-        .map_err(|e| format!("{}: connect: {e}", what()))?;
+        .map_err(|source| PodResourcesError::Connect {
+            socket: socket.to_owned(),
+            source,
+        })?;
     let resp = pr::pod_resources_lister_client::PodResourcesListerClient::new(channel)
         .list(pr::ListPodResourcesRequest {})
         .await
-        .map_err(|s| format!("{}: List: {}: {}", what(), s.code(), s.message()))?;
+        .map_err(|s| PodResourcesError::List {
+            socket: socket.to_owned(),
+            code: s.code(),
+            message: s.message().to_owned(),
+        })?;
     Ok(KubeletPods::from_response(resp.get_ref(), resource))
 }
 

@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::annotations::{AssignmentError, ContainerAssignment, PodAssignment};
 use super::podresources::KubeletPods;
@@ -93,29 +93,27 @@ pub struct MapPodSource {
 }
 
 impl MapPodSource {
+    /// The map, also after a panic while it was held: each use is a single map operation,
+    /// so the map is never left half-changed.
+    fn pods(&self) -> MutexGuard<'_, BTreeMap<String, PodInfo>> {
+        self.pods.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Adds or replaces a pod (by its UID).
     pub fn insert(&self, pod: PodInfo) {
-        self.pods
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(pod.uid.clone(), pod);
+        self.pods().insert(pod.uid.clone(), pod);
     }
 
     /// Removes a pod by UID.
     pub fn remove(&self, uid: &str) {
-        self.pods
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(uid);
+        self.pods().remove(uid);
     }
 }
 
 impl PodSource for MapPodSource {
     async fn pods_on_node(&self, node: &str) -> Result<Vec<PodInfo>, PodSourceError> {
         Ok(self
-            .pods
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .pods()
             .values()
             .filter(|p| p.node_name == node)
             .cloned()

@@ -1,7 +1,7 @@
 //! `v1beta1.DevicePlugin`: the kubelet's device manager calls it on `<dir>/fgpu.sock`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fgpu_api::names::kubelet;
@@ -197,13 +197,44 @@ impl<P: PodSource> DevicePluginService<P> {
     }
 }
 
+/// The claim's CDI spec cannot be turned into legacy edits; the caller adds the claim.
+#[derive(Debug, thiserror::Error)]
+pub enum LegacyEditsError {
+    /// The spec file cannot be read.
+    #[error("cannot read the CDI spec {}: {source}", spec.display())]
+    Read {
+        /// The spec file.
+        spec: PathBuf,
+        /// The read error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The spec file is not JSON.
+    #[error("CDI spec {}: {source}", spec.display())]
+    Parse {
+        /// The spec file.
+        spec: PathBuf,
+        /// Where and why parsing stopped.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Fills `resp`'s env, mounts and device nodes from the CDI spec at `spec` (its common edits
 /// and every device's: the spec holds only this container's devices).
-pub fn legacy_edits(spec: &Path, resp: &mut dp::ContainerAllocateResponse) -> Result<(), String> {
-    let text = std::fs::read_to_string(spec)
-        .map_err(|e| format!("cannot read the CDI spec {}: {e}", spec.display()))?;
+pub fn legacy_edits(
+    spec: &Path,
+    resp: &mut dp::ContainerAllocateResponse,
+) -> Result<(), LegacyEditsError> {
+    let text = std::fs::read_to_string(spec).map_err(|source| LegacyEditsError::Read {
+        spec: spec.to_owned(),
+        source,
+    })?;
     let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("CDI spec {}: {e}", spec.display()))?;
+        serde_json::from_str(&text).map_err(|source| LegacyEditsError::Parse {
+            spec: spec.to_owned(),
+            source,
+        })?;
     let mut edits = vec![&v["containerEdits"]];
     if let Some(devs) = v["devices"].as_array() {
         edits.extend(devs.iter().map(|d| &d["containerEdits"]));
