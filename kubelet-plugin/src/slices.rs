@@ -189,24 +189,6 @@ mod tests {
     }
 
     #[test]
-    fn api_version_negotiation() {
-        let cases: [(&[&str], Option<ApiVersion>); 5] = [
-            (&["v1", "v1beta2", "v1beta1"], Some(ApiVersion::V1)),
-            (&["v1beta1", "v1beta2"], Some(ApiVersion::V1beta2)),
-            (&["v1beta1"], Some(ApiVersion::V1beta1)),
-            (&["v1alpha3"], None),
-            (&[], None),
-        ];
-        for (served, want) in cases {
-            assert_eq!(
-                ApiVersion::negotiate(served.iter().copied()),
-                want,
-                "{served:?}"
-            );
-        }
-    }
-
-    #[test]
     fn semver_table() {
         let cases = [
             ("9.0", Some("9.0.0")),
