@@ -172,17 +172,6 @@ pub async fn serve(
     }
 }
 
-/// A plain-text response (a newline appended).
-pub fn text(status: StatusCode, message: impl Into<String>) -> axum::response::Response {
-    let mut m = message.into();
-    m.push('\n');
-    axum::response::IntoResponse::into_response((
-        status,
-        [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        m,
-    ))
-}
-
 /// A response with `body` of `content_type`.
 pub fn body(
     status: StatusCode,

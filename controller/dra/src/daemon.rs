@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 
+use fgpu_plumbing::discovery;
 use fgpu_plumbing::events::{self, EventType, Reporter};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -33,7 +34,6 @@ use tokio::sync::Notify;
 use fgpu_api::names::DriverName;
 use fgpu_driver::engine::Policy;
 
-use crate::ApiVersion;
 use crate::cache::{Overlay, ViewCache};
 use crate::metrics::Metrics;
 use crate::mirror::{Mirror, Packed, Packer};
@@ -97,25 +97,6 @@ pub struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "fgpu-controller")]
     pub leader_election_lease: String,
-}
-
-/// The claim resource at `api`.
-pub fn claim_resource(api: ApiVersion) -> ApiResource {
-    fgpu_plumbing::discovery::claims(api)
-}
-
-/// The claim template resource at `api`.
-pub fn template_resource(api: ApiVersion) -> ApiResource {
-    fgpu_plumbing::discovery::claim_templates(api)
-}
-
-fn pod_resource() -> ApiResource {
-    fgpu_plumbing::discovery::pods()
-}
-
-/// Picks the `resource.k8s.io` version from what the API server serves.
-pub async fn negotiate(client: &kube::Client) -> Result<ApiVersion> {
-    Ok(fgpu_plumbing::discovery::negotiate(client).await?)
 }
 
 /// A claim as the mirror keeps it: trimmed ([`slim::claim`]), as packed text.
@@ -209,7 +190,7 @@ fn settings_of(args: &RunArgs) -> Result<Settings> {
 /// loop and the servers share (the mode fixed unless `auto`).
 async fn connect(args: &RunArgs, driver: &DriverName) -> Result<Arc<Shared>> {
     let client = args.kube.client().await?;
-    let api = negotiate(&client).await?;
+    let api = discovery::negotiate(&client).await?;
     tracing::info!(
         api = api.api_version(),
         mode = args.mode.as_str(),
@@ -377,7 +358,7 @@ impl Controller {
                 controller: "fgpu-controller".into(),
                 instance,
             },
-            claims_ar: claim_resource(shared.api),
+            claims_ar: discovery::claims(shared.api),
             shared,
             settings,
             configured,
@@ -422,7 +403,7 @@ impl Controller {
     }
 
     fn pods(&self, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.shared.client.clone(), namespace, &pod_resource())
+        Api::namespaced_with(self.shared.client.clone(), namespace, &discovery::pods())
     }
 
     async fn run(&mut self, resync: Duration) -> Result<()> {
@@ -441,7 +422,7 @@ impl Controller {
         );
         let gate = self.settings.driver.scheduling_gate();
         let mut pods = Mirror::start(
-            Api::all_with(client.clone(), &pod_resource()),
+            Api::all_with(client.clone(), &discovery::pods()),
             "pods",
             self.list_page,
             wake.clone(),
