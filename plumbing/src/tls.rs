@@ -149,3 +149,82 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         .with_cert_resolver(resolver);
     Ok(Arc::new(cfg))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::{File, FileTimes};
+    use std::path::PathBuf;
+
+    /// The extender's test serving pair (`controller/extender/tests/data/webhook-tls`).
+    fn data(file: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../controller/extender/tests/data/webhook-tls")
+            .join(file)
+    }
+
+    /// Writes `bytes` to `path` and moves its modification time `secs` forward, so that a
+    /// change within the file system's time granularity is still seen.
+    fn rewrite(path: &Path, bytes: &[u8], secs: u64) {
+        std::fs::write(path, bytes).unwrap();
+        let t = SystemTime::now() + Duration::from_secs(secs);
+        File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_times(FileTimes::new().set_modified(t))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_renewal_is_served_and_a_broken_one_keeps_the_last_good_pair() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let (good_cert, good_key) = (
+            std::fs::read(data("tls.crt")).unwrap(),
+            std::fs::read(data("tls.key")).unwrap(),
+        );
+        std::fs::write(&cert, &good_cert).unwrap();
+        std::fs::write(&key, &good_key).unwrap();
+        let r = ReloadingCert::new(&cert, &key).unwrap();
+        let first = r.current();
+
+        assert!(!r.refresh(Duration::ZERO), "nothing changed");
+        rewrite(&key, b"not a key\n", 10);
+        assert!(
+            !r.refresh(Duration::ZERO),
+            "an unreadable key is not served"
+        );
+        assert!(
+            Arc::ptr_eq(&first, &r.current()),
+            "the last good pair stays"
+        );
+
+        rewrite(&key, &good_key, 20);
+        assert!(
+            !r.refresh(Duration::from_secs(3600)),
+            "not looked at again so soon"
+        );
+        assert!(r.refresh(Duration::ZERO), "the renewed pair is read");
+        assert!(!Arc::ptr_eq(&first, &r.current()));
+        assert_eq!(r.current().cert, first.cert);
+    }
+
+    #[test]
+    fn load_errors_name_the_flag_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let e = load_pair(&empty, &data("tls.key")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--tls-cert ") && e.ends_with("no certificate in the file"),
+            "{e}"
+        );
+        let e = load_pair(&data("tls.crt"), &empty).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--tls-key ") && e.ends_with("no private key in the file"),
+            "{e}"
+        );
+    }
+}
