@@ -47,12 +47,6 @@ collect_diagnostics() {
   timeout 30 "$(containerd_bindir)/ctr" --address "$CONTAINERD_ADDRESS" -n k8s.io containers ls >"$d/containers.txt" 2>&1 || true
 }
 
-# The workload image (built by cluster-up) carries the shim and the fake CUDA driver, which
-# are cdylibs: `cargo test` does not leave them in the target dir, so on a fresh machine
-# `make test` would build an image without them. Build them here (a no-op when up to date).
-log "building libfgpu.so and the fake CUDA driver for the workload image"
-(cd "$FGPU_ROOT" && cargo build -q -p fgpu-hook -p fgpu-fake-cuda) || die "cargo build -p fgpu-hook -p fgpu-fake-cuda failed"
-
 if [ "${FGPU_E2E_REUSE:-0}" = 1 ] && [ -f "$CLUSTER_STATE/env" ]; then
   log "reusing the running cluster"
 else

@@ -81,6 +81,11 @@ build() {
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
   gcc -O2 -Wall -o "$r/usr/local/bin/fgpu-probe" "$FGPU_ROOT/tests/images/fgpu-probe.c" -ldl
   local fake shim have=()
+  # The shim and the fake CUDA driver are cdylibs, which `cargo test` does not leave in the
+  # target dir: build them (a no-op when up to date), so that a fresh machine's first image
+  # has them whoever starts the cluster (make test, make demo, a bench).
+  (cd "$FGPU_ROOT" && cargo build -q -p fgpu-hook -p fgpu-fake-cuda) \
+    || log "NOTE: cargo build -p fgpu-hook -p fgpu-fake-cuda failed: using what the target dir holds"
   fake="$(cargo_artifact libfgpu_fake_cuda.so)"
   shim="$(cargo_artifact libfgpu.so)"
   if [ -n "$fake" ]; then
