@@ -4,7 +4,8 @@
 set -uo pipefail
 
 HOOK_DIR=${HOOK_DIR:?set HOOK_DIR to \$CARGO_TARGET_DIR/debug}
-SHIM=$HOOK_DIR/libfgpu.so
+# FGPU_TEST_SHIM: run the suite against another build of the shim (e.g. an older one).
+SHIM=${FGPU_TEST_SHIM:-$HOOK_DIR/libfgpu.so}
 FAKE=$HOOK_DIR/fake-cuda
 BIN=$HOOK_DIR/fgpu-hook-test
 WORK=$(mktemp -d /tmp/fgpu-hook-test.XXXXXX)
