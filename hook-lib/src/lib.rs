@@ -28,11 +28,14 @@
 //! other file and uses none of them.
 
 pub mod boundary;
+pub mod claims;
 pub mod config;
 pub mod core;
 mod dlsym;
+pub mod feed;
 pub mod ffi;
 pub mod hooks;
+pub mod identity;
 pub mod log;
 pub mod procaddr;
 pub mod process;

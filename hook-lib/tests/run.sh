@@ -62,7 +62,9 @@ run "quota on all paths, driver re-entering its own API (counted once, no deadlo
 must_fail "without the shim the same checks fail" env HT_QUOTA=$Q "$BIN/hooktest" paths
 run "quota without a state dir (process-local account)" \
   env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi HT_QUOTA=$Q "$BIN/hooktest" paths
-run "state dir missing: falls back to a process-local account" \
+# A configured account that cannot be used refuses (a private account would multiply
+# the quota by the number of processes).
+must_fail "state dir missing: every allocation refused, never a private account" \
   env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR=/nonexistent/fgpu HT_QUOTA=$Q "$BIN/hooktest" paths
 
 echo "== what the process is told"
