@@ -217,10 +217,11 @@ fn map_file(path: &Path, size: usize, how: Open) -> Result<*mut u8, String> {
             Err("not a regular file".to_string())
         } else {
             match how {
+                // A hard link planted to another file: refused (it would be stamped).
+                Open::Create(_) if st.st_nlink != 1 => Err("has other hard links".to_string()),
                 Open::Create(m) => {
-                    // Only a file of our own making is opened up to other claims (never
-                    // a hard link planted to another file).
-                    if st.st_nlink == 1 && st.st_uid == libc::geteuid() {
+                    // Only a file of our own making is opened up to other claims.
+                    if st.st_uid == libc::geteuid() {
                         libc::fchmod(fd, m as libc::mode_t);
                     }
                     if (st.st_size as usize) >= size
@@ -622,8 +623,7 @@ fn measure(e: &Entry, dev: &Dev, last_us: u64, now: u64) -> Option<(f64, bool)> 
         .and_then(|f| f.sm_permille(&dev.uuid));
     let nvml = dev.nvml;
     // An unidentified process of the claim is launching: NVML's samples cannot tell
-    // the claim's work from others'. Without a feed: no measurement (the estimate is
-    // kept; "no sample of mine" is never read as "idle").
+    // the claim's work from others' ("no sample of mine" must never read as "idle").
     let unknown = now.saturating_sub(e.unknown_ns.load(Ordering::Relaxed)) < UNKNOWN_NS;
     let f = real::nvmlDeviceGetProcessUtilization().filter(|_| nvml != 0);
     if let Some(permille) = from_feed {
@@ -632,13 +632,13 @@ fn measure(e: &Entry, dev: &Dev, last_us: u64, now: u64) -> Option<(f64, bool)> 
         // claim's PIDs are all known; otherwise assume someone is (never relax).
         let others = unknown
             || f.is_none()
-            || measure_nvml(e, f?, nvml, now_us, window_us).is_none_or(|m| m.1);
+            || measure_nvml(e, f?, nvml, now_us, window_us, false).is_none_or(|m| m.1);
         return Some((busy, others));
     }
-    if unknown {
-        return None;
-    }
-    measure_nvml(e, f?, nvml, now_us, window_us)
+    // With a process of the claim unidentified, every process's work is counted as the
+    // claim's: an upper bound (exact alone on the card), so the estimate can only err
+    // towards throttling more, never towards failing open.
+    measure_nvml(e, f?, nvml, now_us, window_us, unknown).map(|(b, o)| (b, o || unknown))
 }
 
 type UtilFn =
@@ -650,6 +650,7 @@ fn measure_nvml(
     nvml: usize,
     now_us: u64,
     window_us: u64,
+    all: bool,
 ) -> Option<(f64, bool)> {
     let mut buf = [NvmlProcessUtilizationSample::default(); 64];
     let mut n: c_uint = buf.len() as c_uint;
@@ -684,7 +685,7 @@ fn measure_nvml(
     let mut others = false;
     for (pid, sum, cnt) in per {
         let u = sum as f64 / cnt as f64;
-        if mine.contains(&pid) {
+        if all || mine.contains(&pid) {
             pct += u;
         } else if u > 0.0 {
             others = true;

@@ -219,5 +219,8 @@ gn=$(share_of "$WORK/core-bare")
 if awk -v g="$gn" 'BEGIN { exit !(g != "" && g > 90) }'; then ok "without the shim the same workload takes $gn % of the GPU"; else ko "bare workload: '$gn'"; fi
 if grep -q stalled "$WORK/prio-low" && [ ! -s "$WORK/prio-high" ]; then ok "priority: low $(cat "$WORK/prio-low")"; else ko "priority"; sed 's/^/      /' "$WORK/prio-low" "$WORK/prio-high"; fi
 
+# shellcheck source=hook-lib/tests/hostile.sh
+. "$(dirname "$0")/hostile.sh"
+
 echo "== $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

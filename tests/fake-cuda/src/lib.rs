@@ -410,14 +410,19 @@ fn current_device() -> Result<usize, CUresult> {
     ctx_device(CURRENT.with(|c| c.get())).ok_or(CUDA_ERROR_INVALID_CONTEXT)
 }
 
+fn visible() -> &'static [usize] {
+    procs::visible(config().sizes.len(), |i| uuid_string(&device_uuid(i)))
+}
+
 fn check_dev(dev: CUdevice) -> Result<usize, CUresult> {
     if !INITIALIZED.load(Ordering::Relaxed) {
         return Err(CUDA_ERROR_NOT_INITIALIZED);
     }
-    if dev < 0 || dev as usize >= config().sizes.len() {
-        return Err(CUDA_ERROR_INVALID_DEVICE);
-    }
-    Ok(dev as usize)
+    // The ordinal as the process sees it (after CUDA_VISIBLE_DEVICES) → the device.
+    visible()
+        .get(usize::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?)
+        .copied()
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)
 }
 
 /// Writes `v` through `p` if it is not null.
@@ -601,12 +606,13 @@ exports! {
         if !INITIALIZED.load(Ordering::Relaxed) {
             return CUDA_ERROR_NOT_INITIALIZED;
         }
-        if put(n, config().sizes.len() as c_int) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+        if put(n, visible().len() as c_int) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
 
     fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) {
-        let d = tri!(check_dev(ordinal));
-        if put(dev, d as CUdevice) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+        tri!(check_dev(ordinal));
+        // The handle is the ordinal (every entry point maps it through check_dev).
+        if put(dev, ordinal) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
 
     fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) {
@@ -697,7 +703,8 @@ exports! {
 
     fn cuCtxGetDevice(dev: *mut CUdevice) {
         let d = tri!(current_device());
-        if put(dev, d as CUdevice) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+        let ord = visible().iter().position(|&v| v == d).unwrap_or(d);
+        if put(dev, ord as CUdevice) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
 
     fn cuCtxSynchronize() {

@@ -206,13 +206,61 @@ pub struct ProcessInfoV2 {
 /// NVML's `0xFFFFFFFF`: no MIG instance.
 const NO_INSTANCE: c_uint = u32::MAX;
 
+/// NVML's `NVML_VALUE_NOT_AVAILABLE` for `usedGpuMemory`.
+pub const VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+
+/// `FAKE_CUDA_NVML_HIDE_MEMORY=1`: the list reports no per-process memory (as NVML
+/// does on some configurations), so nobody can recognise itself in it.
+fn hide_memory() -> bool {
+    static H: OnceLock<bool> = OnceLock::new();
+    *H.get_or_init(|| std::env::var("FAKE_CUDA_NVML_HIDE_MEMORY").is_ok_and(|v| v == "1"))
+}
+
 /// The list NVML reports for `dev`: (NVML PID, used bytes).
 pub fn reported(dev: usize) -> Vec<(u32, u64)> {
     table()
         .running(dev)
         .into_iter()
-        .map(|(pid, used)| (nvml_pid(pid), used))
+        .map(|(pid, used)| {
+            (
+                nvml_pid(pid),
+                if hide_memory() {
+                    VALUE_NOT_AVAILABLE
+                } else {
+                    used
+                },
+            )
+        })
         .collect()
+}
+
+/// CUDA ordinal → simulated device, from `CUDA_VISIBLE_DEVICES` as the real driver
+/// reads it (indices or `GPU-` UUID prefixes; the list stops at the first entry that
+/// matches nothing). `n` = simulated devices; `uuid(i)` = device i's NVML UUID.
+/// NVML is not affected (as on a real node).
+pub fn visible(n: usize, uuid: impl Fn(usize) -> String) -> &'static [usize] {
+    static V: OnceLock<Vec<usize>> = OnceLock::new();
+    V.get_or_init(|| match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) => parse_visible(&v, n, uuid),
+        Err(_) => (0..n).collect(),
+    })
+}
+
+pub fn parse_visible(v: &str, n: usize, uuid: impl Fn(usize) -> String) -> Vec<usize> {
+    let mut out = Vec::new();
+    for e in v.split(',').map(str::trim) {
+        let d = match e.parse::<usize>() {
+            Ok(i) if i < n => Some(i),
+            Ok(_) => None,
+            Err(_) if !e.is_empty() => (0..n).find(|&i| uuid(i).starts_with(e)),
+            Err(_) => None,
+        };
+        match d {
+            Some(d) if !out.contains(&d) => out.push(d),
+            _ => break,
+        }
+    }
+    out
 }
 
 /// Fills a caller's buffer as `nvmlDeviceGetComputeRunningProcesses*` do: `*count` in =
@@ -286,6 +334,15 @@ mod tests {
         assert!(t.running(5).is_empty());
         t.slot(5, me, true);
         assert_eq!(d[0].pid.load(Ordering::Relaxed), me);
+    }
+
+    #[test]
+    fn visible_devices_like_the_driver() {
+        let u = |i: usize| format!("GPU-{i}abc");
+        assert_eq!(parse_visible("1,0", 2, u), vec![1, 0]);
+        assert_eq!(parse_visible("GPU-1,0", 2, u), vec![1, 0]);
+        assert_eq!(parse_visible("0,7,1", 2, u), vec![0]);
+        assert_eq!(parse_visible("", 2, u), Vec::<usize>::new());
     }
 
     #[test]
