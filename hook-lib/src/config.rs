@@ -139,11 +139,12 @@ impl Config {
     /// Launches go through the core limiter (a core quota, or a priority other than
     /// normal with a GPU directory to coordinate through).
     pub fn core_active(&self) -> bool {
-        if self.claims.is_some() {
-            return self
-                .claim_gpus
-                .iter()
-                .any(|g| g.2.cores.is_some() || g.2.priority_file.is_some());
+        if let Some(view) = &self.claims {
+            return self.claim_gpus.iter().any(|g| {
+                g.2.cores.is_some()
+                    || (g.2.priority_file.is_some()
+                        && view.claims[g.0].priority != Priority::Normal)
+            });
         }
         self.core_source != Source::None
             || (self.priority != Priority::Normal && self.gpu_dir.is_some())
@@ -217,13 +218,10 @@ impl Config {
             cfg.feed_path = first.feed.clone();
             cfg.state_path = Some(first.memory_account.clone());
             cfg.core_state_path = first.core_account.clone();
-            if cfg.core_active() || gpus.iter().any(|g| g.2.cores.is_some()) {
-                cfg.core_source = Source::File;
-            }
         }
         cfg.claim_gpus = gpus;
         cfg.claims = Some(view);
-        if cfg.claim_gpus.iter().any(|g| g.2.cores.is_some()) {
+        if cfg.core_active() {
             cfg.core_source = Source::File;
         }
         cfg
@@ -232,6 +230,16 @@ impl Config {
     /// Claim mode: the claim (index) that owns GPU `uuid`, if exactly one does.
     pub fn claim_of(&self, uuid: &[u8; 16]) -> Option<usize> {
         self.claim_gpus.iter().find(|g| g.1 == *uuid).map(|g| g.0)
+    }
+
+    /// Claim mode: the memory quota of GPU `uuid` as NVML names it (`Some(0)`: refused;
+    /// `None`: no quota). For NVML paths, which know the UUID without a CUDA context.
+    pub fn limit_of_uuid(&self, uuid: &[u8; 16]) -> Option<u64> {
+        self.claims.as_ref()?;
+        match self.claim_gpus.iter().find(|g| g.1 == *uuid) {
+            Some(g) => g.2.memory,
+            None => Some(0),
+        }
     }
 
     /// Claim mode: the priority file and priority of GPU `uuid`'s claim.
@@ -652,6 +660,55 @@ mod tests {
         assert!(!c.core_active(), "priority needs FGPU_GPU_DIR");
         let c = Config::from_sources(None, &env_of(&[("FGPU_CORE_LIMIT", "250")]));
         assert_eq!((c.core_limit(0), c.warnings.len()), (None, 1));
+    }
+
+    #[test]
+    fn claim_mode_keys_limits_by_uuid_and_ignores_the_environment() {
+        use crate::claims::View;
+        let g = |i: u8| format!("GPU-fa4ec0da-0000-0000-8000-0000000000{i:02x}");
+        let text = format!(
+            "version=2\nclaim_uid=u1\nmemory_account=/a\ncore_account=/c\npriority=low\n\
+             context_overhead=1048576\ngpu.{}.memory=100\ngpu.{}.memory=200\ngpu.{}.cores=30\n\
+             gpu.{}.priority_file=/run/fgpu/gpus/x.priority\n",
+            g(0),
+            g(1),
+            g(1),
+            g(1)
+        );
+        let view = View::build(vec![("/l".into(), true, Ok(text))]);
+        let env = env_of(&[("FGPU_MEMORY_LIMIT", "1Gi"), ("FGPU_CORE_LIMIT", "90")]);
+        let mut c = Config::from_claims(view, &env);
+        // Ordinal 0 is GPU 1 and ordinal 1 is GPU 0 (CUDA_VISIBLE_DEVICES=1,0); 2 is
+        // GPU 2, which no claim names.
+        c.uuid_of = Some(|o| {
+            let map = [1u8, 0, 2];
+            let i = *map.get(o as usize)?;
+            crate::ffi::parse_uuid(&format!("GPU-fa4ec0da-0000-0000-8000-0000000000{i:02x}"))
+        });
+        assert!(c.enabled && c.core_active());
+        assert_eq!(
+            (c.limit(0), c.limit(1), c.limit(2)),
+            (Some(200), Some(100), Some(0))
+        );
+        assert_eq!((c.core_limit(0), c.core_limit(1)), (Some(30), None));
+        assert_eq!(
+            c.limit(9),
+            Some(0),
+            "an ordinal the driver does not know is refused"
+        );
+        assert_eq!(c.context_overhead, 1 << 20);
+        assert_eq!(c.state_path, Some(PathBuf::from("/a")));
+        let u1 = crate::ffi::parse_uuid(&g(1)).unwrap();
+        assert_eq!(c.priority_of(&u1).0, Priority::Low);
+        assert_eq!(c.limit_of_uuid(&u1), Some(200));
+    }
+
+    #[test]
+    fn context_overhead_from_the_environment() {
+        let c = Config::from_sources(None, &env_of(&[("FGPU_CONTEXT_OVERHEAD", "300Mi")]));
+        assert_eq!(c.context_overhead, 300 << 20);
+        let c = Config::from_sources(None, &env_of(&[]));
+        assert_eq!(c.context_overhead, 0);
     }
 
     #[test]

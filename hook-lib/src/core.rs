@@ -531,10 +531,17 @@ impl CoreProc {
         if REGISTERED_RESET.load(Ordering::Relaxed) == 1
             && REGISTERED_RESET.swap(0, Ordering::Relaxed) == 1
         {
-            // A forked child is another process: another NVML PID.
+            // A forked child is another process: another NVML PID on every device.
             self.registered.store(0, Ordering::Relaxed);
-            dev.nvml_pid.store(0, Ordering::Relaxed);
-            dev.attempts.store(0, Ordering::Relaxed);
+            for d in &self.devs {
+                let d = d.load(Ordering::Acquire);
+                if !d.is_null() {
+                    // SAFETY: a leaked Box<Dev>, never freed.
+                    let d = unsafe { &*d };
+                    d.nvml_pid.store(0, Ordering::Relaxed);
+                    d.attempts.store(0, Ordering::Relaxed);
+                }
+            }
         }
         let i = dev.entry;
         if self.registered.load(Ordering::Relaxed) & (1 << i) != 0 {

@@ -114,7 +114,18 @@ fn device_uuid_strict(ord: c_int) -> Option<[u8; 16]> {
     let mut dev: CUdevice = ord;
     let get = real::cuDeviceGet()?;
     // SAFETY: dev is a valid out-pointer.
-    if unsafe { get(&mut dev, ord) } != CUDA_SUCCESS {
+    let mut r = unsafe { get(&mut dev, ord) };
+    if r == CUDA_ERROR_NOT_INITIALIZED
+        && let Some(init) = real::cuInit()
+    {
+        // An NVML-only program (nvidia-smi) asks before anyone initialised CUDA;
+        // cuInit creates no context.
+        // SAFETY: cuInit(0) may be called any number of times.
+        unsafe { init(0) };
+        // SAFETY: as above.
+        r = unsafe { get(&mut dev, ord) };
+    }
+    if r != CUDA_SUCCESS {
         return None;
     }
     let mut u = [0u8; 16];
