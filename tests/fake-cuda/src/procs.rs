@@ -15,7 +15,7 @@
 
 use std::ffi::c_uint;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// Offset added to every PID the fake's NVML reports, unless configured.
 pub const DEFAULT_OFFSET: u32 = 400_000;
@@ -173,15 +173,37 @@ impl Table {
     }
 }
 
-/// The calling process now has a context on `dev`.
-pub fn has_context(dev: usize) {
-    table().slot(dev, own_pid(), true);
+/// This process's slot per device (null: no context there yet). Cleared in a forked
+/// child, which is another process.
+static OWN: [AtomicPtr<Slot>; DEVICES] = [const { AtomicPtr::new(std::ptr::null_mut()) }; DEVICES];
+
+extern "C" fn forget_own() {
+    for o in &OWN {
+        o.store(std::ptr::null_mut(), Ordering::Relaxed);
+    }
 }
 
-/// The calling process holds `bytes` of device memory on `dev` (after any change).
+/// The calling process now has a context on `dev`.
+pub fn has_context(dev: usize) {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: registering a handler that only stores atomics.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_own)) };
+    });
+    if let (Some(s), Some(o)) = (table().slot(dev, own_pid(), true), OWN.get(dev)) {
+        o.store(s as *const Slot as *mut Slot, Ordering::Relaxed);
+    }
+}
+
+/// The calling process holds `bytes` of device memory on `dev` (after any change):
+/// one load and one store (the allocation path of the bare fake stays cheap).
 pub fn set_used(dev: usize, bytes: u64) {
-    if let Some(s) = table().slot(dev, own_pid(), false) {
-        s.used.store(bytes, Ordering::Relaxed);
+    let s = OWN
+        .get(dev)
+        .map_or(std::ptr::null_mut(), |o| o.load(Ordering::Relaxed));
+    if !s.is_null() {
+        // SAFETY: a slot of the table's mapping, never unmapped.
+        unsafe { &*s }.used.store(bytes, Ordering::Relaxed);
     }
 }
 
