@@ -122,6 +122,7 @@ pub fn probe_size(i: u32, salt: u64) -> u64 {
 /// One identification attempt on NVML device `dev`, from a thread whose current
 /// context is on that device. `None`: not identified this time.
 pub fn identify(dev: NvmlDevice, salt: u64) -> Option<u32> {
+    let _relaxed = RelaxedCapture::enter();
     let alloc = real::cuMemAlloc_v2()?;
     let free = real::cuMemFree_v2()?;
     for i in 0..PROBES {
@@ -149,6 +150,43 @@ pub fn identify(dev: NvmlDevice, salt: u64) -> Option<u32> {
         );
     }
     None
+}
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_RELAXED: i32 = 2;
+type ExchangeFn = unsafe extern "C" fn(*mut i32) -> CUresult;
+
+/// The calling thread's stream-capture mode set to relaxed while the probe runs: a
+/// `cuMemAlloc` during another capture (global mode) would otherwise invalidate the
+/// application's graph capture. Restored on drop.
+struct RelaxedCapture {
+    prev: Option<(ExchangeFn, i32)>,
+}
+
+impl RelaxedCapture {
+    fn enter() -> RelaxedCapture {
+        let p = real::lookup(Lib::Cuda, c"cuThreadExchangeStreamCaptureMode");
+        if p.is_null() {
+            return RelaxedCapture { prev: None };
+        }
+        // SAFETY: cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode).
+        let f = unsafe { std::mem::transmute::<*mut c_void, ExchangeFn>(p) };
+        let mut mode = CAPTURE_RELAXED;
+        // SAFETY: mode is a valid in/out pointer.
+        let ok = unsafe { f(&mut mode) } == CUDA_SUCCESS;
+        RelaxedCapture {
+            prev: ok.then_some((f, mode)),
+        }
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some((f, mut mode)) = self.prev {
+            // SAFETY: as in `enter`; puts the thread's previous mode back.
+            unsafe { f(&mut mode) };
+        }
+    }
 }
 
 #[cfg(test)]
