@@ -323,3 +323,21 @@ pub fn current_quota() -> Option<Quota> {
     }
     quota_of(current_ordinal()?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn mount_points_come_from_mountinfo_with_escapes() {
+        let mi = "22 1 0:21 / / rw - overlay overlay rw\n\
+                  67 66 0:39 /lim /etc/fgpu/claims/u1/limits ro,relatime - tmpfs tmpfs rw\n\
+                  68 66 0:39 /x /etc/fgpu/claims/a\\040b/limits ro - tmpfs tmpfs rw\n";
+        assert!(is_mount_point(mi, Path::new("/etc/fgpu/claims/u1/limits")));
+        assert!(is_mount_point(mi, Path::new("/etc/fgpu/claims/a b/limits")));
+        assert!(!is_mount_point(mi, Path::new("/etc/fgpu/claims/u2/limits")));
+        // A root (field 4) that names the path is not a mount point of it.
+        assert!(!is_mount_point(mi, Path::new("/lim")));
+    }
+}

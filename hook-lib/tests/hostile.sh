@@ -261,3 +261,32 @@ gc=$(share_of "$WORK/core-claim")
 if within "$gz" 30 3; then ok "control, NVML PIDs = own PIDs (offset 0): 30 % quota -> $gz %"; else ko "offset 0: '$gz'"; cat "$WORK/core-zero"; fi
 if within "$gh" 30 3; then ok "unidentifiable process (NVML hides memory): never fails open, 30 % quota -> $gh %"; else ko "unidentified: '$gh'"; cat "$WORK/core-hidden"; fi
 if within "$gc" 40 3; then ok "claim mode: gpu.<UUID>.cores=40 with foreign PIDs -> $gc %"; else ko "claim-mode core quota: '$gc'"; cat "$WORK/core-claim"; fi
+
+# The node's feed is preferred: claim A (30 %, unidentifiable: NVML hides memory) shares
+# GPU 3 with claim B (50 %). Without a feed A can only count B's time as its own (the
+# upper bound) and stays far below its quota: closed, not open. With a fresh feed saying
+# A's own utilisation (written as the node monitor would), A gets its 30 %.
+mkdir -p "$WORK/fa" "$WORK/fb" "$WORK/fa2" "$WORK/fb2"
+core2 FAKE_CUDA_NVML_HIDE_MEMORY=1 FGPU_CORE_LIMIT=30 FGPU_STATE_DIR="$WORK/fa" HT_DEV=3 \
+  FGPU_FEED_FILE="$WORK/feed" "$BIN/hooktest" work 7 2 >"$WORK/feed-a" 2>&1 &
+a=$!
+core2 FGPU_CORE_LIMIT=50 FGPU_STATE_DIR="$WORK/fb" HT_DEV=3 "$BIN/hooktest" work 7 2 >"$WORK/feed-b" 2>&1 &
+env FAKE_CUDA_GPUS=4 FAKE_CUDA_STATE="$WORK/fake-gpu-hostile" "$H" feed "$WORK/feed" "$(uuid 3)" 3 $a 7 &
+wait
+core2 FAKE_CUDA_NVML_HIDE_MEMORY=1 FGPU_CORE_LIMIT=30 FGPU_STATE_DIR="$WORK/fa2" HT_DEV=2 \
+  "$BIN/hooktest" work 7 2 >"$WORK/nofeed-a" 2>&1 &
+core2 FGPU_CORE_LIMIT=50 FGPU_STATE_DIR="$WORK/fb2" HT_DEV=2 "$BIN/hooktest" work 7 2 >"$WORK/nofeed-b" 2>&1 &
+wait
+fa=$(share_of "$WORK/feed-a") fb=$(share_of "$WORK/feed-b")
+na=$(share_of "$WORK/nofeed-a") nb=$(share_of "$WORK/nofeed-b")
+if within "$fa" 30 3 && within "$fb" 50 3; then
+  ok "a fresh utilisation feed is preferred: unidentifiable 30 % claim at $fa % beside 50 % at $fb %"
+else
+  ko "feed: '$fa' + '$fb'"
+  cat "$WORK/feed-a" "$WORK/feed-b"
+fi
+if awk -v a="$na" 'BEGIN { exit !(a != "" && a < 27) }' && within "$nb" 50 3; then
+  ok "without the feed the unidentifiable claim errs closed: $na % (quota 30) beside $nb %"
+else
+  ko "no feed: '$na' + '$nb'"
+fi

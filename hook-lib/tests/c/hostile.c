@@ -9,6 +9,8 @@
 //                            "holding", sleeps
 //   max-gap SECS DEV         launches synchronously for SECS; prints the longest gap
 //   forge FILE SECS AHEAD_MS stamps FILE (a priority file) with now + AHEAD_MS every 2 ms
+//   feed FILE UUID DEV PID SECS  plays the node monitor: every 100 ms writes the
+//                            utilisation feed (contract v1) with PID's share of DEV
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -150,6 +152,35 @@ static int s_forge(const char *file, double secs, double ahead_ms) {
     return 0;
 }
 
+static unsigned long long real_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (unsigned long long)t.tv_sec * 1000ull + (unsigned long long)t.tv_nsec / 1000000ull;
+}
+
+static int s_feed(const char *file, const char *uuid, int dev, int pid, double secs) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) fail("dlopen libcuda.so.1: %s", dlerror());
+    unsigned long long (*busy)(int, int) = (unsigned long long (*)(int, int))sym(h, "fakeCudaBusyNs");
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    unsigned long long t0 = mono_ns(), last_t = t0, last_b = busy(dev, pid);
+    while (mono_ns() - t0 < (unsigned long long)(secs * 1e9)) {
+        usleep(100000);
+        unsigned long long t = mono_ns(), b = busy(dev, pid);
+        unsigned permille = (unsigned)((double)(b - last_b) * 1000.0 / (double)(t - last_t) + 0.5);
+        if (permille > 1000) permille = 1000;
+        last_t = t;
+        last_b = b;
+        FILE *o = fopen(tmp, "w");
+        if (!o) fail("cannot write %s", tmp);
+        fprintf(o, "version=1\nsampled_unix_ms=%llu\nwindow_ms=100\ngpu.%s.sm_permille=%u\n", real_ms(), uuid, permille);
+        fclose(o);
+        if (rename(tmp, file)) fail("rename %s", tmp);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     const char *s = argv[1];
@@ -158,6 +189,8 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "hold") && argc > 4) return s_hold(atoi(argv[2]), strtoull(argv[3], NULL, 0), argv[4]);
     if (!strcmp(s, "max-gap") && argc > 3) return s_max_gap(atof(argv[2]), atoi(argv[3]));
     if (!strcmp(s, "forge") && argc > 4) return s_forge(argv[2], atof(argv[3]), atof(argv[4]));
+    if (!strcmp(s, "feed") && argc > 6)
+        return s_feed(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atof(argv[6]));
     fprintf(stderr, "unknown scenario %s\n", s);
     return 2;
 }
