@@ -77,6 +77,11 @@ refused() {
 }
 
 S=(env LD_PRELOAD="$SHIM")
+# The claim-mode cases need root (a private mount namespace); without it they fail
+# loudly rather than pass unseen.
+if ! in_ns ":" true 2>"$WORK/err"; then
+  ko "claim-mode cases need root and a private mount namespace (unshare -m): $(head -n1 "$WORK/err")"
+fi
 G0=$(uuid 0) G1=$(uuid 1)
 
 echo "== claim mode: the plugin's limits files are the only source"
