@@ -159,7 +159,8 @@ pub struct Entry {
 
 const HEADER_SIZE: usize = 64;
 const ENTRY_SIZE: usize = 256;
-const FILE_SIZE: usize = HEADER_SIZE + MAX_DEVICES * ENTRY_SIZE;
+/// Size of a core account (`core.state`): the plugin creates it zero-filled at this size.
+pub const FILE_SIZE: usize = HEADER_SIZE + MAX_DEVICES * ENTRY_SIZE;
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<Entry>() == ENTRY_SIZE);
 
@@ -283,21 +284,30 @@ impl CoreFile {
         } else {
             Open::Create(0o660)
         };
-        let mapped = map_file(p, FILE_SIZE, how).and_then(|base| {
-            // SAFETY: base maps FILE_SIZE bytes; Header is atomics + plain integers.
-            let h = unsafe { &*(base as *const Header) };
-            match h.magic.load(Ordering::Acquire) {
-                // All-zero is a valid empty state; the header only names the format.
-                0 => {
-                    let _ = h
-                        .magic
-                        .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
-                    Ok(base)
+        let exact = match std::fs::symlink_metadata(p) {
+            Ok(m) if claim_mode && m.len() != FILE_SIZE as u64 => Err(format!(
+                "size {}, expected exactly {FILE_SIZE} (core::FILE_SIZE)",
+                m.len()
+            )),
+            _ => Ok(()),
+        };
+        let mapped = exact
+            .and_then(|()| map_file(p, FILE_SIZE, how))
+            .and_then(|base| {
+                // SAFETY: base maps FILE_SIZE bytes; Header is atomics + plain integers.
+                let h = unsafe { &*(base as *const Header) };
+                match h.magic.load(Ordering::Acquire) {
+                    // All-zero is a valid empty state; the header only names the format.
+                    0 => {
+                        let _ =
+                            h.magic
+                                .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
+                        Ok(base)
+                    }
+                    MAGIC => Ok(base),
+                    _ => Err("unknown magic".to_string()),
                 }
-                MAGIC => Ok(base),
-                _ => Err("unknown magic".to_string()),
-            }
-        });
+            });
         match mapped {
             Ok(base) => CoreFile {
                 base,

@@ -259,12 +259,26 @@ CQ=$(claim_file core "gpu.$(uuid 2).cores=40" "gpu.$(uuid 2).memory=$((64 * MI))
 in_ns "mount_claim core $CQ" env FAKE_CUDA_GPUS=4 FAKE_CUDA_STATE="$WORK/fake-gpu-hostile" \
   FAKE_CUDA_BLOCK_NS=10000 FAKE_CUDA_GRAPH_NS=3000000 LD_PRELOAD="$SHIM" HT_DEV=2 \
   "$BIN/hooktest" work 7 2 >"$WORK/core-claim" 2>&1 &
+# A damaged core account (wrong size): the claim cannot share its quota, so its GPU is
+# held to 1 % (closed), with one line on stderr.
+CB=$(claim_file corebad "gpu.$(uuid 3).cores=50" "gpu.$(uuid 3).memory=$((64 * MI))")
+truncate -s 100 "$WORK/claims/corebad/core.state"
+in_ns "mount_claim corebad $CB" env FAKE_CUDA_GPUS=4 FAKE_CUDA_STATE="$WORK/fake-gpu-hostile" \
+  FAKE_CUDA_BLOCK_NS=10000 FAKE_CUDA_GRAPH_NS=3000000 LD_PRELOAD="$SHIM" HT_DEV=3 \
+  "$BIN/hooktest" work 4 1 >"$WORK/core-bad" 2>"$WORK/core-bad-err" &
 wait
 gz=$(share_of "$WORK/core-zero")
 gh=$(share_of "$WORK/core-hidden")
 gc=$(share_of "$WORK/core-claim")
 if within "$gz" 30 3; then ok "control, NVML PIDs = own PIDs (offset 0): 30 % quota -> $gz %"; else ko "offset 0: '$gz'"; cat "$WORK/core-zero"; fi
 if within "$gh" 30 3; then ok "unidentifiable process (NVML hides memory): never fails open, 30 % quota -> $gh %"; else ko "unidentified: '$gh'"; cat "$WORK/core-hidden"; fi
+gb=$(share_of "$WORK/core-bad")
+if awk -v g="$gb" 'BEGIN { exit !(g != "" && g < 5) }' && grep -q "core account" "$WORK/core-bad-err"; then
+  ok "a damaged core account holds its claim to 1 % (asked 50 %): $gb %; $(head -c 110 "$WORK/core-bad-err")"
+else
+  ko "damaged core account: '$gb'"
+  cat "$WORK/core-bad" "$WORK/core-bad-err"
+fi
 if within "$gc" 40 3; then ok "claim mode: gpu.<UUID>.cores=40 with foreign PIDs -> $gc %"; else ko "claim-mode core quota: '$gc'"; cat "$WORK/core-claim"; fi
 
 # The node's feed is preferred: claim A (30 %, unidentifiable: NVML hides memory) shares
