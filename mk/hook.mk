@@ -22,6 +22,7 @@ define hook_build_steps
 	ln -sf ../libfgpu_fake_cuda.so $(CARGO_TARGET_DIR)/$(1)/fake-cuda/libcuda.so.1
 	ln -sf ../libfgpu_fake_cuda.so $(CARGO_TARGET_DIR)/$(1)/fake-cuda/libnvidia-ml.so.1
 	$(HOOK_CC) $(HOOK_CFLAGS) -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/hooktest $(HOOK_TEST_SRC) -ldl -lpthread
+	$(HOOK_CC) $(HOOK_CFLAGS) -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/hostile hook-lib/tests/c/hostile.c -ldl
 	$(HOOK_CC) $(HOOK_CFLAGS) -DDIRECT -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/hooktest-direct $(HOOK_TEST_SRC) \
 	  -L$(CARGO_TARGET_DIR)/$(1)/fake-cuda -l:libcuda.so.1 -ldl -lpthread
 endef

@@ -12,9 +12,18 @@
 //! (HAMi's `CUDA_TASK_PRIORITY`) and `FGPU_GPU_DIR` come from the file, else the
 //! environment.
 //!
-//! Pure code: the caller passes the file text and an environment lookup.
+//! **Claim mode** overrides all of the above: when `/etc/fgpu/claims` exists, the
+//! plugin's limits files mounted there are the only source ([`crate::claims`],
+//! `docs/shim-contract.md`); no variable redirects or loosens them, limits are keyed by
+//! GPU UUID, and a problem refuses every device allocation.
+//!
+//! Pure code: the caller passes the file text and an environment lookup (claim mode:
+//! the parsed view, and later the ordinal → UUID resolver).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::claims::{GpuLimits, Rule, View};
 
 /// Devices with a per-device limit and a column in the accounting file.
 pub const MAX_DEVICES: usize = 16;
@@ -27,22 +36,7 @@ pub const STATE_FILE_NAME: &str = "fgpu-memory.state";
 /// Name of the core limiter's file inside `FGPU_STATE_DIR`.
 pub const CORE_FILE_NAME: &str = "fgpu-core.state";
 
-/// Task priority (`FGPU_PRIORITY`, or HAMi's `CUDA_TASK_PRIORITY`: 0 high, 1 low).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Priority {
-    High,
-    Normal,
-    Low,
-}
-
-/// Core-quota policy (`FGPU_CORE_POLICY`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CorePolicy {
-    /// The quota is a ceiling, alone on the card or not (default, `limit`).
-    Limit,
-    /// Idle GPU time may be used while no other claim is on the card (`share`).
-    Share,
-}
+pub use crate::claims::{CorePolicy, Priority};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -52,7 +46,10 @@ pub enum Source {
     HamiEnv,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Resolves a CUDA ordinal to its GPU's UUID (`None`: no such device).
+pub type UuidOf = fn(i32) -> Option<[u8; 16]>;
+
+#[derive(Debug)]
 pub struct Config {
     /// Any limit set: memory calls are checked and counted. Otherwise pure pass-through.
     pub enabled: bool,
@@ -74,6 +71,35 @@ pub struct Config {
     pub core_state_path: Option<PathBuf>,
     /// Problems found while reading (logged once by the caller when debug is on).
     pub warnings: Vec<String>,
+    /// Bytes charged per context (`context_overhead=` / `FGPU_CONTEXT_OVERHEAD`).
+    pub context_overhead: u64,
+    /// The node's utilisation feed (claim mode: the file's `feed=`; env mode:
+    /// `FGPU_FEED_FILE`).
+    pub feed_path: Option<PathBuf>,
+    /// Claim mode: the container's claims. `None`: env mode.
+    pub claims: Option<View>,
+    /// Claim mode: ordinal → rule cache (0 unresolved, 1 refused, 2 + i: GPU i of
+    /// [`Config::claim_gpus`]).
+    ord_rule: [AtomicU32; MAX_DEVICES],
+    /// Claim mode: (claim index, UUID, limits) of every GPU named by exactly one claim.
+    claim_gpus: Vec<(usize, [u8; 16], GpuLimits)>,
+    /// Claim mode: how ordinals become UUIDs (set by the caller, which has the driver).
+    pub uuid_of: Option<UuidOf>,
+}
+
+/// What claim mode says about one device ordinal.
+#[derive(Debug, Clone, Copy)]
+pub enum Gpu<'a> {
+    /// Env mode: the per-ordinal settings apply.
+    Env,
+    /// Allocations refused.
+    Refused,
+    /// Named by claim `claim` with these limits.
+    Claimed {
+        claim: usize,
+        uuid: &'a [u8; 16],
+        limits: &'a GpuLimits,
+    },
 }
 
 impl Config {
@@ -82,6 +108,12 @@ impl Config {
     pub fn limit(&self, ordinal: i32) -> Option<u64> {
         if !self.enabled {
             return None;
+        }
+        if self.claims.is_some() {
+            return match self.gpu(ordinal) {
+                Gpu::Claimed { limits, .. } => limits.memory,
+                _ => Some(0),
+            };
         }
         let per = usize::try_from(ordinal)
             .ok()
@@ -92,6 +124,12 @@ impl Config {
     /// The core quota (percent, 1–99) of device ordinal `i`; `None` = not throttled.
     #[inline]
     pub fn core_limit(&self, ordinal: i32) -> Option<u32> {
+        if self.claims.is_some() {
+            return match self.gpu(ordinal) {
+                Gpu::Claimed { limits, .. } => limits.cores,
+                _ => None,
+            };
+        }
         let per = usize::try_from(ordinal)
             .ok()
             .and_then(|i| self.core_limits.get(i).copied().flatten());
@@ -101,8 +139,118 @@ impl Config {
     /// Launches go through the core limiter (a core quota, or a priority other than
     /// normal with a GPU directory to coordinate through).
     pub fn core_active(&self) -> bool {
+        if let Some(view) = &self.claims {
+            return self.claim_gpus.iter().any(|g| {
+                g.2.cores.is_some()
+                    || (g.2.priority_file.is_some()
+                        && view.claims[g.0].priority != Priority::Normal)
+            });
+        }
         self.core_source != Source::None
             || (self.priority != Priority::Normal && self.gpu_dir.is_some())
+    }
+
+    /// Claim mode: the rule of device `ordinal` (resolved once, then cached). A refusal
+    /// is written to stderr once, naming the GPU and why.
+    pub fn gpu(&self, ordinal: i32) -> Gpu<'_> {
+        let Some(view) = &self.claims else {
+            return Gpu::Env;
+        };
+        let Some(o) = usize::try_from(ordinal).ok().filter(|&o| o < MAX_DEVICES) else {
+            return Gpu::Refused;
+        };
+        let mut v = self.ord_rule[o].load(Ordering::Relaxed);
+        if v == 0 {
+            let Some(uuid) = self.uuid_of.and_then(|f| f(ordinal)) else {
+                return Gpu::Refused; // not cached: the driver may answer later
+            };
+            v = match self.claim_gpus.iter().position(|g| g.1 == uuid) {
+                Some(i) => i as u32 + 2,
+                None => {
+                    if let Rule::Refused(why) = view.rule(&uuid) {
+                        crate::log::always(format_args!(
+                            "refusing device allocations on {} (device {ordinal}): {why}",
+                            crate::claims::uuid_string(&uuid)
+                        ));
+                    }
+                    1
+                }
+            };
+            self.ord_rule[o].store(v, Ordering::Relaxed);
+        }
+        match v {
+            1 => Gpu::Refused,
+            v => {
+                let g = &self.claim_gpus[v as usize - 2];
+                Gpu::Claimed {
+                    claim: g.0,
+                    uuid: &g.1,
+                    limits: &g.2,
+                }
+            }
+        }
+    }
+
+    /// Claim mode: the configuration of the container's claims. Every device allocation
+    /// is checked (and refused where the view says so); nothing in `env` counts except
+    /// `FGPU_LOG`.
+    pub fn from_claims(view: View, env: &dyn Fn(&str) -> Option<String>) -> Config {
+        let mut cfg = Config::from_sources(None, &|k| (k == "FGPU_LOG").then(|| env(k)).flatten());
+        cfg.enabled = true;
+        cfg.source = Source::File;
+        if let Some(why) = &view.refuse_all {
+            crate::log::always(format_args!("refusing every device allocation: {why}"));
+        }
+        let mut gpus = Vec::new();
+        for (ci, c) in view.claims.iter().enumerate() {
+            cfg.warnings.extend(c.warnings.iter().cloned());
+            for (uuid, g) in &c.gpus {
+                if matches!(view.rule(uuid), Rule::Claimed(..)) {
+                    gpus.push((ci, *uuid, g.clone()));
+                }
+            }
+        }
+        if view.refuse_all.is_none() {
+            let first = &view.claims[0];
+            cfg.priority = first.priority;
+            cfg.core_policy = first.core_policy;
+            cfg.context_overhead = first.context_overhead;
+            cfg.feed_path = first.feed.clone();
+            cfg.state_path = Some(first.memory_account.clone());
+            cfg.core_state_path = first.core_account.clone();
+        }
+        cfg.claim_gpus = gpus;
+        cfg.claims = Some(view);
+        if cfg.core_active() {
+            cfg.core_source = Source::File;
+        }
+        cfg
+    }
+
+    /// Claim mode: the claim (index) that owns GPU `uuid`, if exactly one does.
+    pub fn claim_of(&self, uuid: &[u8; 16]) -> Option<usize> {
+        self.claim_gpus.iter().find(|g| g.1 == *uuid).map(|g| g.0)
+    }
+
+    /// Claim mode: the memory quota of GPU `uuid` as NVML names it (`Some(0)`: refused;
+    /// `None`: no quota). For NVML paths, which know the UUID without a CUDA context.
+    pub fn limit_of_uuid(&self, uuid: &[u8; 16]) -> Option<u64> {
+        self.claims.as_ref()?;
+        match self.claim_gpus.iter().find(|g| g.1 == *uuid) {
+            Some(g) => g.2.memory,
+            None => Some(0),
+        }
+    }
+
+    /// Claim mode: the priority file and priority of GPU `uuid`'s claim.
+    pub fn priority_of(&self, uuid: &[u8; 16]) -> (Priority, Option<&Path>) {
+        let Some(view) = &self.claims else {
+            return (self.priority, None);
+        };
+        match self.claim_gpus.iter().find(|g| g.1 == *uuid) {
+            Some(g) => (view.claims[g.0].priority, g.2.priority_file.as_deref()),
+            None => (Priority::Normal, None),
+        }
     }
 
     /// Any reason to hand out our wrappers.
@@ -138,6 +286,12 @@ impl Config {
             gpu_dir: None,
             core_state_path: None,
             warnings: Vec::new(),
+            context_overhead: 0,
+            feed_path: None,
+            claims: None,
+            ord_rule: Default::default(),
+            claim_gpus: Vec::new(),
+            uuid_of: None,
         };
 
         let (d, l) = read_limits(&file_get, "FGPU_MEMORY_LIMIT", parse_fgpu, &mut warnings);
@@ -230,6 +384,18 @@ impl Config {
                 .filter(|d| !d.is_empty())
                 .map(|d| PathBuf::from(d).join(CORE_FILE_NAME)),
         };
+        cfg.context_overhead = match pick("FGPU_CONTEXT_OVERHEAD") {
+            None => 0,
+            Some(v) => parse_fgpu(&v).unwrap_or_else(|| {
+                warnings.push(format!(
+                    "ignoring FGPU_CONTEXT_OVERHEAD={v:?}: not a byte count"
+                ));
+                0
+            }),
+        };
+        cfg.feed_path = pick("FGPU_FEED_FILE")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
         cfg.warnings = warnings;
         cfg
     }
@@ -272,6 +438,8 @@ fn any_fgpu_name(env: &dyn Fn(&str) -> Option<String>) -> bool {
         "FGPU_PRIORITY",
         "FGPU_CORE_POLICY",
         "FGPU_GPU_DIR",
+        "FGPU_CONTEXT_OVERHEAD",
+        "FGPU_FEED_FILE",
     ]
     .iter()
     .any(|n| env(n).is_some())
@@ -492,6 +660,55 @@ mod tests {
         assert!(!c.core_active(), "priority needs FGPU_GPU_DIR");
         let c = Config::from_sources(None, &env_of(&[("FGPU_CORE_LIMIT", "250")]));
         assert_eq!((c.core_limit(0), c.warnings.len()), (None, 1));
+    }
+
+    #[test]
+    fn claim_mode_keys_limits_by_uuid_and_ignores_the_environment() {
+        use crate::claims::View;
+        let g = |i: u8| format!("GPU-fa4ec0da-0000-0000-8000-0000000000{i:02x}");
+        let text = format!(
+            "version=2\nclaim_uid=u1\nmemory_account=/a\ncore_account=/c\npriority=low\n\
+             context_overhead=1048576\ngpu.{}.memory=100\ngpu.{}.memory=200\ngpu.{}.cores=30\n\
+             gpu.{}.priority_file=/run/fgpu/gpus/x.priority\n",
+            g(0),
+            g(1),
+            g(1),
+            g(1)
+        );
+        let view = View::build(vec![("/l".into(), true, Ok(text))]);
+        let env = env_of(&[("FGPU_MEMORY_LIMIT", "1Gi"), ("FGPU_CORE_LIMIT", "90")]);
+        let mut c = Config::from_claims(view, &env);
+        // Ordinal 0 is GPU 1 and ordinal 1 is GPU 0 (CUDA_VISIBLE_DEVICES=1,0); 2 is
+        // GPU 2, which no claim names.
+        c.uuid_of = Some(|o| {
+            let map = [1u8, 0, 2];
+            let i = *map.get(o as usize)?;
+            crate::ffi::parse_uuid(&format!("GPU-fa4ec0da-0000-0000-8000-0000000000{i:02x}"))
+        });
+        assert!(c.enabled && c.core_active());
+        assert_eq!(
+            (c.limit(0), c.limit(1), c.limit(2)),
+            (Some(200), Some(100), Some(0))
+        );
+        assert_eq!((c.core_limit(0), c.core_limit(1)), (Some(30), None));
+        assert_eq!(
+            c.limit(9),
+            Some(0),
+            "an ordinal the driver does not know is refused"
+        );
+        assert_eq!(c.context_overhead, 1 << 20);
+        assert_eq!(c.state_path, Some(PathBuf::from("/a")));
+        let u1 = crate::ffi::parse_uuid(&g(1)).unwrap();
+        assert_eq!(c.priority_of(&u1).0, Priority::Low);
+        assert_eq!(c.limit_of_uuid(&u1), Some(200));
+    }
+
+    #[test]
+    fn context_overhead_from_the_environment() {
+        let c = Config::from_sources(None, &env_of(&[("FGPU_CONTEXT_OVERHEAD", "300Mi")]));
+        assert_eq!(c.context_overhead, 300 << 20);
+        let c = Config::from_sources(None, &env_of(&[]));
+        assert_eq!(c.context_overhead, 0);
     }
 
     #[test]

@@ -30,6 +30,7 @@ use crate::config::{CorePolicy, MAX_DEVICES, Priority};
 use crate::ffi::*;
 use crate::process::config;
 use crate::real;
+use crate::{feed, identity};
 
 /// Control period of the feedback loop.
 pub const PERIOD_NS: u64 = 100_000_000;
@@ -48,6 +49,8 @@ pub const QUIET_NS: u64 = 40_000_000;
 const PRIO_POLL_NS: u64 = 5_000_000;
 /// Longest single wait of a launch (bounds the damage of a corrupted file).
 const MAX_WAIT_NS: u64 = 1_000_000_000;
+/// An unidentified process launching this recently makes NVML's samples unusable.
+const UNKNOWN_NS: u64 = 1_000_000_000;
 
 // ------------------------------------------------------------ pure parts
 
@@ -145,28 +148,23 @@ pub struct Entry {
     units: AtomicU64,
     next_ctrl: AtomicU64,
     last_ctrl_us: AtomicU64,
+    /// NVML PIDs of the claim's identified processes (host PIDs; 0 free). A PID that
+    /// is not in the device's running-process list any more is free for reuse.
     pids: [AtomicU32; PIDS],
-    _reserved: [u64; 7],
+    /// Last launch (`CLOCK_MONOTONIC_COARSE` ns) of a process of the claim that could
+    /// not identify itself: while recent, NVML's samples cannot tell the claim's work.
+    unknown_ns: AtomicU64,
+    _reserved: [u64; 6],
 }
 
 const HEADER_SIZE: usize = 64;
 const ENTRY_SIZE: usize = 256;
-const FILE_SIZE: usize = HEADER_SIZE + MAX_DEVICES * ENTRY_SIZE;
+/// Size of a core account (`core.state`): the plugin creates it zero-filled at this size.
+pub const FILE_SIZE: usize = HEADER_SIZE + MAX_DEVICES * ENTRY_SIZE;
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<Entry>() == ENTRY_SIZE);
 
-fn map(path: Option<&Path>, size: usize) -> *mut u8 {
-    if let Some(p) = path
-        && let Some(m) = map_file(p, size, 0o660)
-    {
-        return m;
-    }
-    if let Some(p) = path {
-        crate::debug!(
-            "core state {}: cannot map; limiting this process alone",
-            p.display()
-        );
-    }
+fn private_map(size: usize) -> *mut u8 {
     // SAFETY: anonymous zeroed mapping.
     let m = unsafe {
         libc::mmap(
@@ -185,47 +183,85 @@ fn map(path: Option<&Path>, size: usize) -> *mut u8 {
     }
 }
 
-/// Maps `path` shared, creating it (zero-filled: a valid empty state) if needed.
-fn map_file(path: &Path, size: usize, mode: libc::c_uint) -> Option<*mut u8> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: c is a valid C string.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-            mode,
-        )
+/// How a shared file is opened.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    /// Env mode: created if missing (mode given), grown to the size.
+    Create(libc::c_uint),
+    /// Claim mode: the plugin's file, read-write, never created, exactly the size.
+    Existing,
+    /// Claim mode, read only (a priority file of a claim that is not high priority).
+    ReadOnly,
+}
+
+/// Maps `path` shared. Never follows a symlink; only a regular file; `Err` says why.
+fn map_file(path: &Path, size: usize, how: Open) -> Result<*mut u8, String> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+    let (flags, mode) = match how {
+        Open::Create(m) => (libc::O_RDWR | libc::O_CREAT, m),
+        Open::Existing => (libc::O_RDWR, 0),
+        Open::ReadOnly => (libc::O_RDONLY, 0),
     };
+    // SAFETY: c is a valid C string.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC, mode) };
     if fd < 0 {
-        return None;
+        return Err(std::io::Error::last_os_error().to_string());
     }
+    // SAFETY: st is written by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fd is ours. Growing a file zero-fills it; two processes growing it to the
-    // same size concurrently is harmless. fchmod lifts the umask (the GPU file is
-    // shared between claims).
-    let ok = unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        libc::fchmod(fd, mode as libc::mode_t);
-        libc::fstat(fd, &mut st) == 0
-            && ((st.st_size as usize) >= size || libc::ftruncate(fd, size as libc::off_t) == 0)
+    // same size concurrently is harmless.
+    let checked = unsafe {
+        if libc::fstat(fd, &mut st) != 0 {
+            Err(std::io::Error::last_os_error().to_string())
+        } else if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            Err("not a regular file".to_string())
+        } else {
+            match how {
+                // A hard link planted to another file: refused (it would be stamped).
+                Open::Create(_) if st.st_nlink != 1 => Err("has other hard links".to_string()),
+                Open::Create(m) => {
+                    // Only a file of our own making is opened up to other claims.
+                    if st.st_uid == libc::geteuid() {
+                        libc::fchmod(fd, m as libc::mode_t);
+                    }
+                    if (st.st_size as usize) >= size
+                        || libc::ftruncate(fd, size as libc::off_t) == 0
+                    {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error().to_string())
+                    }
+                }
+                _ if (st.st_size as usize) < size => {
+                    Err(format!("size {}, expected at least {size}", st.st_size))
+                }
+                _ => Ok(()),
+            }
+        }
+    };
+    let prot = if how == Open::ReadOnly {
+        libc::PROT_READ
+    } else {
+        libc::PROT_READ | libc::PROT_WRITE
     };
     // SAFETY: shared mapping of a file at least `size` long.
-    let m = ok.then(|| unsafe {
-        libc::mmap(
-            null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    });
+    let m =
+        checked.map(|()| unsafe { libc::mmap(null_mut(), size, prot, libc::MAP_SHARED, fd, 0) });
     // SAFETY: fd is ours; the mapping outlives it.
     unsafe { libc::close(fd) };
-    m.filter(|&m| m != libc::MAP_FAILED).map(|m| m as *mut u8)
+    match m {
+        Ok(m) if m != libc::MAP_FAILED => Ok(m as *mut u8),
+        Ok(_) => Err(std::io::Error::last_os_error().to_string()),
+        Err(e) => Err(e),
+    }
 }
 
 struct CoreFile {
     base: *mut u8,
+    /// Configured but unusable: the claim's quota cannot be shared, so its devices are
+    /// held to the smallest quota (fail closed).
+    broken: bool,
 }
 
 // SAFETY: the mapping is only accessed through atomics.
@@ -234,21 +270,60 @@ unsafe impl Sync for CoreFile {}
 unsafe impl Send for CoreFile {}
 
 impl CoreFile {
-    fn open(path: Option<&Path>) -> CoreFile {
-        let f = CoreFile {
-            base: map(path, FILE_SIZE),
+    /// The claim's limiter file. Env mode creates it; claim mode needs the plugin's
+    /// file with a zero or valid header. Unusable: `broken` (the caller fails closed).
+    fn open(path: Option<&Path>, claim_mode: bool) -> CoreFile {
+        let Some(p) = path else {
+            return CoreFile {
+                base: private_map(FILE_SIZE),
+                broken: false,
+            };
         };
-        let h = f.header();
-        if h.magic.load(Ordering::Acquire) != MAGIC {
-            // All-zero is a valid empty state; the header only names the format. A file
-            // with another magic is taken over (it is ours by name).
-            h.magic.store(MAGIC, Ordering::Release);
+        let how = if claim_mode {
+            Open::Existing
+        } else {
+            Open::Create(0o660)
+        };
+        let exact = match std::fs::symlink_metadata(p) {
+            Ok(m) if claim_mode && m.len() != FILE_SIZE as u64 => Err(format!(
+                "size {}, expected exactly {FILE_SIZE} (core::FILE_SIZE)",
+                m.len()
+            )),
+            _ => Ok(()),
+        };
+        let mapped = exact
+            .and_then(|()| map_file(p, FILE_SIZE, how))
+            .and_then(|base| {
+                // SAFETY: base maps FILE_SIZE bytes; Header is atomics + plain integers.
+                let h = unsafe { &*(base as *const Header) };
+                match h.magic.load(Ordering::Acquire) {
+                    // All-zero is a valid empty state; the header only names the format.
+                    0 => {
+                        let _ =
+                            h.magic
+                                .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
+                        Ok(base)
+                    }
+                    MAGIC => Ok(base),
+                    _ => Err("unknown magic".to_string()),
+                }
+            });
+        match mapped {
+            Ok(base) => CoreFile {
+                base,
+                broken: false,
+            },
+            Err(e) => {
+                crate::log::always(format_args!(
+                    "core account {}: {e}; launches limited to 1% until it is fixed",
+                    p.display()
+                ));
+                CoreFile {
+                    base: private_map(FILE_SIZE),
+                    broken: true,
+                }
+            }
         }
-        f
-    }
-    fn header(&self) -> &Header {
-        // SAFETY: base maps FILE_SIZE bytes; Header is atomics + plain integers.
-        unsafe { &*(self.base as *const Header) }
     }
     fn entry(&self, i: usize) -> &Entry {
         // SAFETY: i < MAX_DEVICES; entries lie inside the mapping.
@@ -297,14 +372,24 @@ impl CoreFile {
 // ------------------------------------------------------------ per process
 
 struct Dev {
+    /// Index of the claim's file in [`CoreProc::files`].
+    file: usize,
     entry: usize,
+    priority: Priority,
+    policy: CorePolicy,
     pct: Option<u32>,
     nvml: usize,
     prio: *const AtomicU64,
+    uuid: [u8; 16],
+    /// This process's NVML PID on the device (0: not identified).
+    nvml_pid: AtomicU32,
+    /// Identification attempts made (at most [`identity::ATTEMPTS`]).
+    attempts: AtomicU32,
 }
 
 struct CoreProc {
-    file: CoreFile,
+    /// One limiter file per claim (env mode: one).
+    files: Vec<CoreFile>,
     /// CUDA ordinal → leaked `Dev` (null: not resolved yet).
     devs: [AtomicPtr<Dev>; MAX_DEVICES],
     /// Bit i: this process's pid is registered in entry i (cleared after fork).
@@ -324,23 +409,22 @@ fn core_proc() -> &'static CoreProc {
         // SAFETY: registering a handler that only stores an atomic.
         unsafe { libc::pthread_atfork(None, None, Some(core_after_fork_child)) };
         CoreProc {
-            file: CoreFile::open(config().core_state_path.as_deref()),
+            files: match &config().claims {
+                Some(view) if view.refuse_all.is_none() => view
+                    .claims
+                    .iter()
+                    .map(|c| CoreFile::open(c.core_account.as_deref(), true))
+                    .collect(),
+                Some(_) => vec![CoreFile::open(None, true)],
+                None => vec![CoreFile::open(config().core_state_path.as_deref(), false)],
+            },
             devs: Default::default(),
             registered: AtomicU32::new(0),
         }
     })
 }
 
-fn uuid_string(u: &[u8; 16]) -> String {
-    let mut s = String::from("GPU-");
-    for (i, b) in u.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
-        }
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
+use crate::claims::uuid_string;
 
 fn nvml_handle(uuid: &[u8; 16]) -> usize {
     static INIT: OnceLock<bool> = OnceLock::new();
@@ -374,21 +458,68 @@ impl CoreProc {
         }
         let uuid = crate::process::device_uuid(ord)?;
         let cfg = config();
-        let prio = match (&cfg.gpu_dir, cfg.priority) {
-            (Some(dir), Priority::High | Priority::Low) => map_file(
-                &dir.join(format!("{}.priority", uuid_string(&uuid))),
-                64,
-                0o666,
-            )
-            .map_or(std::ptr::null(), |m| m as *const AtomicU64),
+        let (claim, priority, policy, prio_file) = match &cfg.claims {
+            Some(view) => {
+                let c = cfg.claim_of(&uuid);
+                let (prio, path) = cfg.priority_of(&uuid);
+                let policy = c.map_or(CorePolicy::Limit, |c| view.claims[c].core_policy);
+                (
+                    c.unwrap_or(0),
+                    prio,
+                    policy,
+                    path.map(|p| (p.to_path_buf(), false)),
+                )
+            }
+            None => (
+                0,
+                cfg.priority,
+                cfg.core_policy,
+                cfg.gpu_dir
+                    .as_ref()
+                    .map(|d| (d.join(format!("{}.priority", uuid_string(&uuid))), true)),
+            ),
+        };
+        let file = claim.min(self.files.len() - 1);
+        let prio = match (prio_file, priority) {
+            (Some((path, env_mode)), Priority::High | Priority::Low) => {
+                let how = match (env_mode, priority) {
+                    (true, _) => Open::Create(0o666),
+                    (false, Priority::High) => Open::Existing,
+                    (false, _) => Open::ReadOnly,
+                };
+                match map_file(&path, 64, how) {
+                    Ok(m) => m as *const AtomicU64,
+                    Err(e) => {
+                        crate::log::always(format_args!(
+                            "priority file {}: {e}; priority ignored on this GPU",
+                            path.display()
+                        ));
+                        std::ptr::null()
+                    }
+                }
+            }
             _ => std::ptr::null(),
         };
+        let pct = if self.files[file].broken {
+            Some(1)
+        } else {
+            cfg.core_limit(ord)
+        };
         let dev = Box::leak(Box::new(Dev {
-            entry: self.file.entry_for(&uuid)?,
-            pct: cfg.core_limit(ord),
+            file,
+            entry: self.files[file].entry_for(&uuid)?,
+            priority,
+            policy,
+            pct,
             nvml: nvml_handle(&uuid),
             prio,
+            uuid,
+            nvml_pid: AtomicU32::new(0),
+            attempts: AtomicU32::new(0),
         }));
+        if dev.pct.is_some() {
+            try_identify(dev);
+        }
         crate::debug!(
             "core: device {ord} quota {:?} policy {:?} priority {:?} nvml {}",
             dev.pct,
@@ -403,22 +534,51 @@ impl CoreProc {
         }
     }
 
-    fn register(&self, i: usize) {
+    /// Records this process's NVML PID in the entry (once), or, while it is unknown,
+    /// that an unidentified process of the claim is launching.
+    #[inline]
+    fn register(&self, dev: &Dev, now: u64) {
         if REGISTERED_RESET.load(Ordering::Relaxed) == 1
             && REGISTERED_RESET.swap(0, Ordering::Relaxed) == 1
         {
+            // A forked child is another process: another NVML PID on every device.
             self.registered.store(0, Ordering::Relaxed);
+            for d in &self.devs {
+                let d = d.load(Ordering::Acquire);
+                if !d.is_null() {
+                    // SAFETY: a leaked Box<Dev>, never freed.
+                    let d = unsafe { &*d };
+                    d.nvml_pid.store(0, Ordering::Relaxed);
+                    d.attempts.store(0, Ordering::Relaxed);
+                }
+            }
         }
+        let i = dev.entry;
         if self.registered.load(Ordering::Relaxed) & (1 << i) != 0 {
             return;
         }
-        // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() } as u32;
-        let e = self.file.entry(i);
+        let e = self.files[dev.file].entry(i);
+        let me = dev.nvml_pid.load(Ordering::Relaxed);
+        if me == 0 {
+            e.unknown_ns.store(now, Ordering::Relaxed);
+            return;
+        }
+        self.register_pid(dev, me);
+    }
+
+    #[cold]
+    fn register_pid(&self, dev: &Dev, me: u32) {
+        let i = dev.entry;
+        let e = self.files[dev.file].entry(i);
+        // Liveness that works across PID namespaces: a registered PID is alive while
+        // NVML lists it among the device's processes (NVML sees host PIDs).
+        let live: Vec<u32> = identity::running(dev.nvml as NvmlDevice)
+            .map(|l| l.into_iter().map(|x| x.0).collect())
+            .unwrap_or_default();
         let done = e.pids.iter().any(|p| p.load(Ordering::Relaxed) == me)
             || e.pids.iter().any(|p| {
                 let cur = p.load(Ordering::Relaxed);
-                (cur == 0 || !pid_alive(cur))
+                (cur == 0 || !live.contains(&cur))
                     && p.compare_exchange(cur, me, Ordering::AcqRel, Ordering::Relaxed)
                         .is_ok()
             });
@@ -429,10 +589,22 @@ impl CoreProc {
     }
 }
 
-fn pid_alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks existence.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+/// One identification attempt for `dev` (see [`identity`]), while attempts remain.
+#[cold]
+fn try_identify(dev: &Dev) {
+    if dev.nvml == 0
+        || dev.nvml_pid.load(Ordering::Relaxed) != 0
+        || dev.attempts.fetch_add(1, Ordering::Relaxed) >= identity::ATTEMPTS
+    {
+        return;
+    }
+    // SAFETY: getpid has no preconditions (only a salt for the probe sizes).
+    let salt = unsafe { libc::getpid() } as u64 ^ clock(libc::CLOCK_MONOTONIC);
+    if let Some(pid) =
+        crate::boundary::in_driver(|| identity::identify(dev.nvml as NvmlDevice, salt))
+    {
+        dev.nvml_pid.store(pid, Ordering::Relaxed);
+    }
 }
 
 fn clock(id: libc::clockid_t) -> u64 {
@@ -457,13 +629,46 @@ fn sleep_ns(ns: u64) {
 
 /// The claim's measured busy time (ns) over the last `window_us`, and whether any
 /// other process used the GPU meanwhile. `None`: NVML cannot tell.
-fn measure(e: &Entry, nvml: usize, last_us: u64) -> Option<(f64, bool)> {
-    let f = real::nvmlDeviceGetProcessUtilization()?;
-    if nvml == 0 {
-        return None;
-    }
+fn measure(e: &Entry, dev: &Dev, last_us: u64, now: u64) -> Option<(f64, bool)> {
     let now_us = clock(libc::CLOCK_REALTIME) / 1000;
     let window_us = now_us.saturating_sub(last_us).clamp(1_000, 1_000_000);
+    // The node's feed, when fresh, says the claim's utilisation directly.
+    let from_feed = config()
+        .feed_path
+        .as_deref()
+        .and_then(|p| feed::read(p, now_us / 1000))
+        .and_then(|f| f.sm_permille(&dev.uuid));
+    let nvml = dev.nvml;
+    // An unidentified process of the claim is launching: NVML's samples cannot tell
+    // the claim's work from others' ("no sample of mine" must never read as "idle").
+    let unknown = now.saturating_sub(e.unknown_ns.load(Ordering::Relaxed)) < UNKNOWN_NS;
+    let f = real::nvmlDeviceGetProcessUtilization().filter(|_| nvml != 0);
+    if let Some(permille) = from_feed {
+        let busy = permille as f64 / 1000.0 * window_us as f64 * 1000.0;
+        // Whether anyone else is on the card: only NVML can say, and only when the
+        // claim's PIDs are all known; otherwise assume someone is (never relax).
+        let others = unknown
+            || f.is_none()
+            || measure_nvml(e, f?, nvml, now_us, window_us, false).is_none_or(|m| m.1);
+        return Some((busy, others));
+    }
+    // With a process of the claim unidentified, every process's work is counted as the
+    // claim's: an upper bound (exact alone on the card), so the estimate can only err
+    // towards throttling more, never towards failing open.
+    measure_nvml(e, f?, nvml, now_us, window_us, unknown).map(|(b, o)| (b, o || unknown))
+}
+
+type UtilFn =
+    unsafe extern "C" fn(NvmlDevice, *mut NvmlProcessUtilizationSample, *mut c_uint, u64) -> c_int;
+
+fn measure_nvml(
+    e: &Entry,
+    f: UtilFn,
+    nvml: usize,
+    now_us: u64,
+    window_us: u64,
+    all: bool,
+) -> Option<(f64, bool)> {
     let mut buf = [NvmlProcessUtilizationSample::default(); 64];
     let mut n: c_uint = buf.len() as c_uint;
     // SAFETY: buf holds n samples.
@@ -497,7 +702,7 @@ fn measure(e: &Entry, nvml: usize, last_us: u64) -> Option<(f64, bool)> {
     let mut others = false;
     for (pid, sum, cnt) in per {
         let u = sum as f64 / cnt as f64;
-        if mine.contains(&pid) {
+        if all || mine.contains(&pid) {
             pct += u;
         } else if u > 0.0 {
             others = true;
@@ -522,7 +727,13 @@ fn control(e: &Entry, dev: &Dev, now: u64) {
     if last_us == 0 {
         return; // first period: nothing measured yet
     }
-    let Some((busy, others)) = measure(e, dev.nvml, last_us) else {
+    if dev.nvml_pid.load(Ordering::Relaxed) == 0 {
+        try_identify(dev);
+    }
+    let Some((busy, others)) = measure(e, dev, last_us, now) else {
+        // Cannot tell: keep the estimate, and never count as alone.
+        e.flags.fetch_and(!FLAG_ALONE, Ordering::Relaxed);
+        crate::debug!("core: no measurement of the claim this period; estimate kept");
         return;
     };
     if others {
@@ -551,21 +762,30 @@ fn priority(dev: &Dev) {
     }
     // SAFETY: prio points into a live 64-byte shared mapping, never unmapped.
     let stamp = unsafe { &*dev.prio };
-    match config().priority {
+    match dev.priority {
         Priority::High => {
             let now = clock(libc::CLOCK_MONOTONIC);
             if now.saturating_sub(stamp.load(Ordering::Relaxed)) > 1_000_000 {
                 stamp.store(now, Ordering::Relaxed);
             }
         }
-        Priority::Low => loop {
-            let now = clock(libc::CLOCK_MONOTONIC);
-            let last = stamp.load(Ordering::Relaxed);
-            if last == 0 || now.saturating_sub(last) >= QUIET_NS || last > now + QUIET_NS {
-                return;
+        Priority::Low => {
+            // A stamp from the future (forged: the clock is monotonic) is ignored, and one
+            // launch never waits longer than MAX_WAIT_NS in all.
+            let start = clock(libc::CLOCK_MONOTONIC);
+            loop {
+                let now = clock(libc::CLOCK_MONOTONIC);
+                let last = stamp.load(Ordering::Relaxed);
+                if last == 0
+                    || now.saturating_sub(last) >= QUIET_NS
+                    || last > now + PRIO_POLL_NS
+                    || now.saturating_sub(start) >= MAX_WAIT_NS
+                {
+                    return;
+                }
+                sleep_ns((last + QUIET_NS - now).min(PRIO_POLL_NS));
             }
-            sleep_ns((last + QUIET_NS - now).min(PRIO_POLL_NS));
-        },
+        }
         Priority::Normal => {}
     }
 }
@@ -587,11 +807,11 @@ pub fn throttle(units: u64) {
     let Some(pct) = dev.pct else {
         return;
     };
-    let e = p.file.entry(dev.entry);
-    p.register(dev.entry);
+    let e = p.files[dev.file].entry(dev.entry);
     // The coarse clock (a few ns, ticks of 1-4 ms): the bucket's long-run rate comes from
     // `tat`'s exact increments, and its 20 ms horizon absorbs the tick.
     let now = clock(libc::CLOCK_MONOTONIC_COARSE);
+    p.register(dev, now);
     let next = e.next_ctrl.load(Ordering::Relaxed);
     if now >= next
         && e.next_ctrl
@@ -600,9 +820,7 @@ pub fn throttle(units: u64) {
     {
         control(e, dev, now);
     }
-    if config().core_policy == CorePolicy::Share
-        && e.flags.load(Ordering::Relaxed) & FLAG_ALONE != 0
-    {
+    if dev.policy == CorePolicy::Share && e.flags.load(Ordering::Relaxed) & FLAG_ALONE != 0 {
         e.units.fetch_add(units, Ordering::Relaxed);
         return;
     }

@@ -14,12 +14,15 @@
 //! | entry | `dlsym` | the exported `dlsym` (assembly stub + hook) | `procaddr`, `real` |
 //! | entry | [`procaddr`] | the exported `cuGetProcAddress[_v2]`, their answers and the hook table | `hooks`, `process`, `real`, `boundary` |
 //! | entry | [`hooks`] | the exported `cu*` / `nvml*` entry points, one file per kind | `core`, `process`, `track`, `real`, `boundary` |
-//! | policy | [`core`] | the core (SM) limiter (GCRA bucket + feedback on NVML) and priority | `process`, `config`, `real`, `boundary` |
-//! | process | [`process`] | per-process state (configuration, account, trackers, pools), rebuilt after `fork` | `config`, `state`, `track`, `real`, `boundary` |
+//! | policy | [`core`] | the core (SM) limiter (GCRA bucket + feedback on NVML or the feed) and priority | `identity`, `feed`, `process`, `config`, `claims`, `real`, `boundary` |
+//! | policy | [`identity`] | the process's own NVML (host) PID, by a memory fingerprint | `real` |
+//! | process | [`process`] | per-process state (configuration incl. finding the claims, account, trackers, pools), rebuilt after `fork` | `config`, `claims`, `state`, `track`, `real`, `boundary` |
 //! | driver | [`boundary`] | the panic guard, the re-entrancy flag and the forwarding call | `real` |
 //! | driver | [`real`] | the real driver and NVML, resolved lazily | — |
 //! | data | [`state`] | the claim's shared account file (header, device table, process slots) | `config` |
-//! | data | [`config`] | where limits come from (limits file > FGPU env > HAMi env), value syntax | — |
+//! | data | [`config`] | where limits come from (claim mode; else limits file > FGPU env > HAMi env), value syntax | `claims` |
+//! | data | [`claims`] | the plugin's limits files (contract v2): parsing, trust, merging claims | — |
+//! | data | [`feed`] | the node's utilisation feed (contract, "The utilisation feed") | `claims` |
 //! | data | [`track`] | what this process allocated (pointer/handle → size) | — |
 //! | base | [`ffi`] | the CUDA / NVML types and constants the shim uses | — |
 //! | base | [`log`] | `debug!`: one line per decision on stderr with `FGPU_LOG=debug` | — |
@@ -28,11 +31,14 @@
 //! other file and uses none of them.
 
 pub mod boundary;
+pub mod claims;
 pub mod config;
 pub mod core;
 mod dlsym;
+pub mod feed;
 pub mod ffi;
 pub mod hooks;
+pub mod identity;
 pub mod log;
 pub mod procaddr;
 pub mod process;

@@ -23,6 +23,11 @@ pub fn write(args: std::fmt::Arguments<'_>) {
     unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
+/// A line written whatever `FGPU_LOG` says: a refusal the workload must see.
+pub fn always(args: std::fmt::Arguments<'_>) {
+    write(args);
+}
+
 /// `debug!("...", args)`: formats only when logging is on.
 #[macro_export]
 macro_rules! debug {

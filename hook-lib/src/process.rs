@@ -6,6 +6,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 
+use crate::claims::{CLAIMS_DIR, View};
 use crate::config::{Config, DEFAULT_LIMITS_FILE, MAX_DEVICES};
 use crate::ffi::*;
 use crate::real;
@@ -16,6 +17,14 @@ use crate::track::Tracker;
 pub fn config() -> &'static Config {
     static CFG: OnceLock<Config> = OnceLock::new();
     CFG.get_or_init(|| {
+        if let Some(view) = read_claims() {
+            let mut cfg = Config::from_claims(view, &|k| std::env::var(k).ok());
+            cfg.uuid_of = Some(device_uuid_strict);
+            for w in &cfg.warnings {
+                crate::debug!("{w}");
+            }
+            return cfg;
+        }
         let path = std::env::var("FGPU_LIMITS_FILE")
             .ok()
             .filter(|p| !p.is_empty());
@@ -42,6 +51,87 @@ pub fn config() -> &'static Config {
         );
         cfg
     })
+}
+
+/// Claim mode: the limits files under [`CLAIMS_DIR`], each with whether it is trusted
+/// (a mount point) and its text. `None`: the directory does not exist (env mode).
+fn read_claims() -> Option<View> {
+    let dir = std::path::Path::new(CLAIMS_DIR);
+    // symlink_metadata: a directory the workload replaced by a symlink still counts as
+    // present (claim mode), and is then found to hold no trusted file.
+    std::fs::symlink_metadata(dir).ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        let mut names: Vec<_> = rd.flatten().map(|e| e.file_name()).collect();
+        names.sort();
+        for n in names {
+            let path = dir.join(n).join("limits");
+            if std::fs::symlink_metadata(&path).is_err() {
+                continue;
+            }
+            let trusted = is_mount_point(&mounts, &path);
+            let text = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+            found.push((path, trusted, text));
+        }
+    }
+    Some(View::build(found))
+}
+
+/// Whether `path` is a mount point according to `/proc/self/mountinfo` (field 5, with
+/// the kernel's octal escapes of space, tab, newline and backslash).
+pub fn is_mount_point(mountinfo: &str, path: &std::path::Path) -> bool {
+    let want = path.as_os_str().as_encoded_bytes();
+    mountinfo.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|m| unescape_mount(m) == want)
+    })
+}
+
+fn unescape_mount(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The GPU's UUID from the driver; `None` when the driver cannot say (claim mode never
+/// guesses: limits are keyed by UUID).
+fn device_uuid_strict(ord: c_int) -> Option<[u8; 16]> {
+    let mut dev: CUdevice = ord;
+    let get = real::cuDeviceGet()?;
+    // SAFETY: dev is a valid out-pointer.
+    let mut r = unsafe { get(&mut dev, ord) };
+    if r == CUDA_ERROR_NOT_INITIALIZED
+        && let Some(init) = real::cuInit()
+    {
+        // An NVML-only program (nvidia-smi) asks before anyone initialised CUDA;
+        // cuInit creates no context.
+        // SAFETY: cuInit(0) may be called any number of times.
+        unsafe { init(0) };
+        // SAFETY: as above.
+        r = unsafe { get(&mut dev, ord) };
+    }
+    if r != CUDA_SUCCESS {
+        return None;
+    }
+    let mut u = [0u8; 16];
+    let f = real::cuDeviceGetUuid_v2().or_else(real::cuDeviceGetUuid)?;
+    // SAFETY: u is a 16-byte out-buffer (CUuuid).
+    (unsafe { f(&mut u, dev) } == CUDA_SUCCESS && u != [0; 16]).then_some(u)
 }
 
 /// Memory charged to one pool (see README: pools keep freed memory until trimmed).
@@ -126,7 +216,7 @@ fn build() -> &'static Proc {
         None => {
             let cfg = config();
             let proc = Box::leak(Box::new(Proc {
-                acct: Account::open(cfg.state_path.as_deref()),
+                acct: open_account(cfg),
                 dev_index: Default::default(),
                 ptrs: Tracker::default(),
                 arrays: Tracker::default(),
@@ -137,6 +227,22 @@ fn build() -> &'static Proc {
             PROC.store(proc, Ordering::Release);
             proc
         }
+    }
+}
+
+/// The process's account: claim mode, one part per claim (the plugin's files, never
+/// created); env mode, `FGPU_STATE_DIR`'s file (created), or none configured (local).
+fn open_account(cfg: &'static Config) -> Account {
+    match &cfg.claims {
+        Some(view) => {
+            let paths: Vec<&std::path::Path> = view
+                .claims
+                .iter()
+                .map(|c| c.memory_account.as_path())
+                .collect();
+            Account::open_claims(&paths, |uuid| cfg.claim_of(uuid))
+        }
+        None => Account::open(cfg.state_path.as_deref()),
     }
 }
 
@@ -216,4 +322,22 @@ pub fn current_quota() -> Option<Quota> {
         return None;
     }
     quota_of(current_ordinal()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn mount_points_come_from_mountinfo_with_escapes() {
+        let mi = "22 1 0:21 / / rw - overlay overlay rw\n\
+                  67 66 0:39 /lim /etc/fgpu/claims/u1/limits ro,relatime - tmpfs tmpfs rw\n\
+                  68 66 0:39 /x /etc/fgpu/claims/a\\040b/limits ro - tmpfs tmpfs rw\n";
+        assert!(is_mount_point(mi, Path::new("/etc/fgpu/claims/u1/limits")));
+        assert!(is_mount_point(mi, Path::new("/etc/fgpu/claims/a b/limits")));
+        assert!(!is_mount_point(mi, Path::new("/etc/fgpu/claims/u2/limits")));
+        // A root (field 4) that names the path is not a mount point of it.
+        assert!(!is_mount_point(mi, Path::new("/lim")));
+    }
 }

@@ -15,15 +15,25 @@
 //! Hot path: one CAS loop on `devices[i].used` (never above the limit) plus a
 //! `fetch_add` on the own slot. `flock` is taken only to initialise the file, to claim a
 //! slot, to register a device and to reap. Liveness: each live process holds a POSIX
-//! record lock on byte `LOCK_BASE + slot` of the file; the kernel drops it when the
-//! process dies (SIGKILL included) or execs, so a slot whose byte is unlocked belongs to
-//! nobody — immune to PID reuse and PID namespaces.
+//! **open-file-description** record lock (`F_OFD_SETLK`) on byte `LOCK_BASE + slot` of
+//! the file. Such a lock belongs to the open file, which the shared mapping keeps open:
+//! it survives a program closing descriptors it did not open (`close`, `closefrom`,
+//! `close_range`, `dup2` onto ours) and is dropped only when the process dies (SIGKILL
+//! included) or execs. The mapping is `MADV_DONTFORK` and a forked child closes the
+//! inherited descriptor, so a child never keeps its parent's slot alive. A slot whose
+//! byte is unlocked belongs to nobody — immune to PID reuse and PID namespaces.
+//!
+//! No private fallback: an account that is configured but cannot be used refuses every
+//! allocation it would book (one line on stderr says why). Claim mode opens the
+//! plugin's files `O_RDWR | O_NOFOLLOW`, never creating one, and checks type, size and
+//! header; env mode creates `$FGPU_STATE_DIR/fgpu-memory.state`. An [`Account`] is one
+//! part per claim; device indices carry the part (`part * MAX_DEVICES + entry`).
 
 use std::ffi::CString;
 use std::path::Path;
 use std::ptr::null_mut;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::config::MAX_DEVICES;
 
@@ -78,20 +88,66 @@ const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<DeviceEntry>() == DEVICE_SIZE);
 const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_SIZE);
 
-/// A process's view of an account (shared file, or private memory as a fallback).
-pub struct Account {
+/// One account file (or private memory when none is configured, or nothing when it is
+/// unusable: `broken`).
+struct Part {
     base: *mut u8,
-    fd: libc::c_int,
+    /// The descriptor, checked against (`dev`, `ino`) before use: the program may have
+    /// closed it or put another file at its number.
+    fd: AtomicI32,
+    dev_ino: (u64, u64),
+    path: Option<CString>,
     slot: AtomicUsize,
     /// Serialises this process's threads around `flock` (which is per open file).
     lock: Mutex<()>,
+    /// Why this account refuses everything (`None`: usable).
+    broken: Option<String>,
 }
 
 // SAFETY: the mapping is only accessed through atomics or under `lock` + flock; the raw
 // pointer stays valid for the life of the process (never unmapped).
-unsafe impl Send for Account {}
+unsafe impl Send for Part {}
 // SAFETY: as above.
-unsafe impl Sync for Account {}
+unsafe impl Sync for Part {}
+
+/// A process's view of its accounts: one part per claim, plus a last part that refuses
+/// everything (the GPUs no claim owns).
+pub struct Account {
+    parts: Vec<Part>,
+    route: Route,
+}
+
+/// Which part (claim) owns a GPU.
+type Route = Box<dyn Fn(&[u8; 16]) -> Option<usize> + Send + Sync>;
+
+/// Descriptors of this process's account files, closed in a forked child (a child
+/// must not keep its parent's liveness locks).
+static FORK_FDS: [AtomicI32; 8] = [const { AtomicI32::new(-1) }; 8];
+
+extern "C" fn close_inherited() {
+    for f in &FORK_FDS {
+        let fd = f.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: close is async-signal-safe; the descriptor is the parent's copy.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+fn remember_fd(fd: libc::c_int) {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: registering a handler that only closes descriptors.
+        unsafe { libc::pthread_atfork(None, None, Some(close_inherited)) };
+    });
+    for f in &FORK_FDS {
+        if f.compare_exchange(-1, fd, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
 
 /// Why the claim's account file cannot be used (the process is then counted alone).
 #[derive(Debug)]
@@ -107,6 +163,10 @@ pub enum OpenError {
     },
     /// The file is shorter than an account (its size in bytes).
     TooSmall(libc::off_t),
+    /// Claim mode: the plugin's file is not exactly an account's size.
+    WrongSize(libc::off_t),
+    /// Not a regular file.
+    NotRegular,
     /// The header's magic or version is not this shim's.
     BadHeader,
 }
@@ -128,6 +188,13 @@ impl std::fmt::Display for OpenError {
             OpenError::Open(e) => write!(f, "{e}"),
             OpenError::Sys { call, err } => write!(f, "{call}: {err}"),
             OpenError::TooSmall(size) => write!(f, "size {size} is not an fgpu account"),
+            OpenError::WrongSize(size) => {
+                write!(
+                    f,
+                    "size {size}, expected exactly {FILE_SIZE} (state::FILE_SIZE)"
+                )
+            }
+            OpenError::NotRegular => f.write_str("not a regular file"),
             OpenError::BadHeader => f.write_str("unknown magic or version"),
         }
     }
@@ -138,7 +205,10 @@ impl std::error::Error for OpenError {
         match self {
             OpenError::NulInPath(e) => Some(e),
             OpenError::Open(e) | OpenError::Sys { err: e, .. } => Some(e),
-            OpenError::TooSmall(_) | OpenError::BadHeader => None,
+            OpenError::TooSmall(_)
+            | OpenError::WrongSize(_)
+            | OpenError::NotRegular
+            | OpenError::BadHeader => None,
         }
     }
 }
@@ -165,22 +235,123 @@ fn own_start_time() -> u64 {
 }
 
 impl Account {
-    /// Opens (creating if needed) the shared account at `path`; on any problem, or
-    /// with no path, an account private to this process. Never fails.
+    /// Env mode: the shared account at `path`, created if needed; with no path, an
+    /// account private to this process. A path that cannot be used refuses every
+    /// allocation (never a private fallback).
     pub fn open(path: Option<&Path>) -> Account {
-        if let Some(p) = path {
-            match Self::open_file(p) {
-                Ok(a) => return a,
-                Err(e) => crate::debug!(
-                    "accounting file {}: {e}; counting this process alone",
-                    p.display()
-                ),
-            }
+        let part = match path {
+            Some(p) => Part::open_or_broken(p, true),
+            None => Part::private(None),
+        };
+        Account {
+            parts: vec![part, Part::refusing()],
+            route: Box::new(|_| Some(0)),
         }
-        Self::private()
     }
 
-    fn private() -> Account {
+    /// Claim mode: one part per claim's `memory_account` (never created); `route` says
+    /// which claim owns a GPU (`None`: none does, its allocations are refused).
+    pub fn open_claims(
+        paths: &[&Path],
+        route: impl Fn(&[u8; 16]) -> Option<usize> + Send + Sync + 'static,
+    ) -> Account {
+        let mut parts: Vec<Part> = paths
+            .iter()
+            .map(|p| Part::open_or_broken(p, false))
+            .collect();
+        parts.push(Part::refusing());
+        Account {
+            parts,
+            route: Box::new(route),
+        }
+    }
+
+    /// Whether every configured account is a shared file in use.
+    pub fn is_shared(&self) -> bool {
+        self.parts[..self.parts.len() - 1]
+            .iter()
+            .all(|p| p.fd.load(Ordering::Relaxed) >= 0)
+    }
+
+    #[inline]
+    fn split(&self, i: usize) -> (&Part, usize) {
+        let (p, l) = (i / MAX_DEVICES, i % MAX_DEVICES);
+        (&self.parts[p.min(self.parts.len() - 1)], l)
+    }
+
+    fn part_of(&self, uuid: &[u8; 16]) -> usize {
+        (self.route)(uuid)
+            .filter(|&p| p < self.parts.len() - 1)
+            .unwrap_or(self.parts.len() - 1)
+    }
+
+    /// The device index of the GPU with this UUID, registering it if new.
+    pub fn device_index(&self, uuid: &[u8; 16], ordinal: i32) -> Option<usize> {
+        let p = self.part_of(uuid);
+        Some(p * MAX_DEVICES + self.parts[p].device_index(uuid, ordinal)?)
+    }
+
+    pub fn find_device(&self, uuid: &[u8; 16]) -> Option<usize> {
+        let p = self.part_of(uuid);
+        Some(p * MAX_DEVICES + self.parts[p].find_device(uuid)?)
+    }
+
+    /// Bytes the claim holds on device `i`.
+    pub fn used(&self, i: usize) -> u64 {
+        let (p, l) = self.split(i);
+        p.used(l)
+    }
+
+    /// Bytes this process holds on device `i`.
+    pub fn own_used(&self, i: usize) -> u64 {
+        let (p, l) = self.split(i);
+        p.own_used(l)
+    }
+
+    /// Takes `size` bytes of device `i` if the claim stays within `limit`.
+    #[inline]
+    pub fn try_reserve(&self, i: usize, size: u64, limit: u64) -> bool {
+        let (p, l) = self.split(i);
+        p.try_reserve(l, size, limit)
+    }
+
+    /// Takes `size` bytes even past the limit (the driver already gave them).
+    pub fn force_reserve(&self, i: usize, size: u64) {
+        let (p, l) = self.split(i);
+        p.force_reserve(l, size)
+    }
+
+    /// Gives back `size` bytes of device `i` (never below zero).
+    #[inline]
+    pub fn release(&self, i: usize, size: u64) {
+        let (p, l) = self.split(i);
+        p.release(l, size)
+    }
+
+    /// Looks for dead processes now, in every part.
+    pub fn reap(&self) -> usize {
+        self.parts.iter().map(Part::reap).sum()
+    }
+}
+
+impl Part {
+    fn open_or_broken(path: &Path, create: bool) -> Part {
+        match Self::open_file(path, create) {
+            Ok(p) => p,
+            Err(e) => {
+                let why = format!("account {}: {e}", path.display());
+                crate::log::always(format_args!("refusing device allocations: {why}"));
+                Self::private(Some(why))
+            }
+        }
+    }
+
+    /// The part for GPUs no claim owns.
+    fn refusing() -> Part {
+        Self::private(Some("no claim owns this GPU".into()))
+    }
+
+    fn private(broken: Option<String>) -> Part {
         // SAFETY: anonymous private mapping of FILE_SIZE bytes, checked below.
         let base = unsafe {
             libc::mmap(
@@ -198,26 +369,29 @@ impl Account {
         } else {
             base as *mut u8
         };
-        let a = Account {
+        let a = Part {
             base,
-            fd: -1,
+            fd: AtomicI32::new(-1),
+            dev_ino: (0, 0),
+            path: None,
             slot: AtomicUsize::new(NO_SLOT),
             lock: Mutex::new(()),
+            broken,
         };
         a.init_header();
         a
     }
 
-    fn open_file(path: &Path) -> Result<Account, OpenError> {
+    /// Opens an account file: `create` (env mode) creates it; claim mode requires the
+    /// plugin's file, exactly [`FILE_SIZE`] long.
+    fn open_file(path: &Path, create: bool) -> Result<Part, OpenError> {
         let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(OpenError::NulInPath)?;
+        let flags = libc::O_RDWR
+            | libc::O_NOFOLLOW
+            | libc::O_CLOEXEC
+            | if create { libc::O_CREAT } else { 0 };
         // SAFETY: c is a valid C string.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-                0o660 as libc::c_uint,
-            )
-        };
+        let fd = unsafe { libc::open(c.as_ptr(), flags, 0o660 as libc::c_uint) };
         if fd < 0 {
             return Err(OpenError::Open(std::io::Error::last_os_error()));
         }
@@ -235,6 +409,12 @@ impl Account {
         // SAFETY: fd valid, st writable.
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             return fail(OpenError::sys("fstat"));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return fail(OpenError::NotRegular);
+        }
+        if !create && st.st_size as usize != FILE_SIZE {
+            return fail(OpenError::WrongSize(st.st_size));
         }
         if st.st_size == 0 {
             // SAFETY: fd valid and writable.
@@ -258,11 +438,17 @@ impl Account {
         if base == libc::MAP_FAILED {
             return fail(OpenError::sys("mmap"));
         }
-        let a = Account {
+        // SAFETY: advising our own mapping: a forked child does not inherit it (nor,
+        // with the descriptor closed at fork, the open file that holds our lock).
+        unsafe { libc::madvise(base, FILE_SIZE, libc::MADV_DONTFORK) };
+        let a = Part {
             base: base as *mut u8,
-            fd,
+            fd: AtomicI32::new(fd),
+            dev_ino: (st.st_dev, st.st_ino),
+            path: Some(c),
             slot: AtomicUsize::new(NO_SLOT),
             lock: Mutex::new(()),
+            broken: None,
         };
         let ok = a.init_header();
         // SAFETY: fd valid.
@@ -272,7 +458,47 @@ impl Account {
             unsafe { libc::munmap(base, FILE_SIZE) };
             return fail(OpenError::BadHeader);
         }
+        remember_fd(fd);
         Ok(a)
+    }
+
+    /// The account's descriptor if it still refers to the account file; re-opened
+    /// (same file, checked) if the program closed it or reused its number; `None` if
+    /// neither works (then nothing is reaped: every slot counts as alive).
+    fn fd(&self) -> Option<libc::c_int> {
+        let fd = self.fd.load(Ordering::Relaxed);
+        if fd < 0 {
+            return None;
+        }
+        let same = |fd: libc::c_int| {
+            // SAFETY: st is written by fstat; a stale fd just fails.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            (unsafe { libc::fstat(fd, &mut st) } == 0) && (st.st_dev, st.st_ino) == self.dev_ino
+        };
+        if same(fd) {
+            return Some(fd);
+        }
+        let path = self.path.as_ref()?;
+        // SAFETY: a valid C string; never created.
+        let nfd = unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if nfd < 0 {
+            return None;
+        }
+        if !same(nfd) {
+            // SAFETY: our descriptor.
+            unsafe { libc::close(nfd) };
+            return None;
+        }
+        crate::debug!("account descriptor {fd} was closed or replaced; re-opened as {nfd}");
+        self.fd.store(nfd, Ordering::Relaxed);
+        remember_fd(nfd);
+        Some(nfd)
     }
 
     /// Writes the header of a fresh file; checks that of an existing one.
@@ -304,10 +530,6 @@ impl Account {
         }
     }
 
-    pub fn is_shared(&self) -> bool {
-        self.fd >= 0
-    }
-
     fn header(&self) -> &Header {
         // SAFETY: base points to at least FILE_SIZE mapped bytes, suitably aligned (page).
         unsafe { &*(self.base as *const Header) }
@@ -328,14 +550,15 @@ impl Account {
     /// Runs `f` holding the in-process lock and the file's flock.
     fn exclusive<R>(&self, f: impl FnOnce() -> R) -> R {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        if self.fd >= 0 {
-            // SAFETY: fd valid.
-            unsafe { libc::flock(self.fd, libc::LOCK_EX) };
+        let fd = self.fd();
+        if let Some(fd) = fd {
+            // SAFETY: fd checked to be the account file.
+            unsafe { libc::flock(fd, libc::LOCK_EX) };
         }
         let r = f();
-        if self.fd >= 0 {
-            // SAFETY: fd valid.
-            unsafe { libc::flock(self.fd, libc::LOCK_UN) };
+        if let Some(fd) = fd {
+            // SAFETY: as above.
+            unsafe { libc::flock(fd, libc::LOCK_UN) };
         }
         r
     }
@@ -347,8 +570,13 @@ impl Account {
         fl.l_whence = libc::SEEK_SET as libc::c_short;
         fl.l_start = LOCK_BASE + slot as i64;
         fl.l_len = 1;
-        // SAFETY: fd valid, fl initialised.
-        let r = unsafe { libc::fcntl(self.fd, cmd, &mut fl) };
+        fl.l_pid = 0; // required for OFD locks
+        let Some(fd) = self.fd() else {
+            fl.l_type = -1;
+            return fl;
+        };
+        // SAFETY: fd checked to be the account file, fl initialised.
+        let r = unsafe { libc::fcntl(fd, cmd, &mut fl) };
         if r != 0 {
             fl.l_type = -1;
         }
@@ -357,17 +585,17 @@ impl Account {
 
     /// Does a live process own slot `i`? (Never asked about our own slot.)
     fn slot_alive(&self, i: usize) -> bool {
-        if self.fd < 0 {
+        if self.fd.load(Ordering::Relaxed) < 0 {
             return false;
         }
-        let fl = self.record_lock(i, libc::F_GETLK, libc::F_WRLCK as libc::c_short);
+        let fl = self.record_lock(i, libc::F_OFD_GETLK, libc::F_WRLCK as libc::c_short);
         // F_UNLCK: nobody holds the byte. An error (-1) counts as alive (keep memory).
         fl.l_type != libc::F_UNLCK as libc::c_short
     }
 
     /// Returns the memory of dead processes to the claim. Caller holds `exclusive`.
     fn reap_locked(&self) -> usize {
-        if self.fd < 0 {
+        if self.fd.load(Ordering::Relaxed) < 0 {
             return 0;
         }
         let own = self.slot.load(Ordering::Relaxed);
@@ -402,7 +630,7 @@ impl Account {
     }
 
     fn maybe_reap(&self) {
-        if self.fd < 0 {
+        if self.fd.load(Ordering::Relaxed) < 0 {
             return;
         }
         let h = self.header();
@@ -428,7 +656,7 @@ impl Account {
             if s != NO_SLOT {
                 return s;
             }
-            if self.fd < 0 {
+            if self.fd.load(Ordering::Relaxed) < 0 {
                 self.slot.store(0, Ordering::Release);
                 return 0;
             }
@@ -438,7 +666,7 @@ impl Account {
                 if slot.state.load(Ordering::Acquire) != 0 {
                     continue;
                 }
-                let fl = self.record_lock(i, libc::F_SETLK, libc::F_WRLCK as libc::c_short);
+                let fl = self.record_lock(i, libc::F_OFD_SETLK, libc::F_WRLCK as libc::c_short);
                 if fl.l_type == -1 {
                     continue;
                 }
@@ -517,6 +745,10 @@ impl Account {
 
     /// Takes `size` bytes of device entry `i` if the claim stays within `limit`.
     pub fn try_reserve(&self, i: usize, size: u64, limit: u64) -> bool {
+        if self.broken.is_some() {
+            crate::debug!("refused: {}", self.broken.as_deref().unwrap_or(""));
+            return false;
+        }
         let Some(slot) = self.own_slot() else {
             crate::debug!("no free slot in the accounting file; refusing");
             return false;
@@ -538,6 +770,9 @@ impl Account {
 
     /// Takes `size` bytes even past the limit (the driver already gave them).
     pub fn force_reserve(&self, i: usize, size: u64) {
+        if self.broken.is_some() {
+            return;
+        }
         if let Some(slot) = self.own_slot() {
             self.device(i).used.fetch_add(size, Ordering::AcqRel);
             slot.used[i].fetch_add(size, Ordering::Relaxed);
@@ -620,37 +855,74 @@ mod tests {
     }
 
     #[test]
-    fn bad_file_falls_back_to_private() {
+    fn an_unusable_file_refuses_instead_of_counting_alone() {
         let p = tmp("bad");
         std::fs::write(&p, b"not an account").unwrap();
         let a = Account::open(Some(&p));
         assert!(!a.is_shared());
         let d = a.device_index(&[1; 16], 0).unwrap();
-        assert!(a.try_reserve(d, 10, 10));
+        assert!(!a.try_reserve(d, 10, 1 << 30));
         let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn claim_mode_never_creates_and_checks_type_and_size() {
+        let p = tmp("claim");
+        let e = Part::open_file(&p, false).err().unwrap();
+        assert!(matches!(e, OpenError::Open(_)), "{e:?}");
+        assert!(!p.exists(), "claim mode created the account");
+        std::fs::write(&p, vec![0u8; FILE_SIZE - 8]).unwrap();
+        let e = Part::open_file(&p, false).err().unwrap();
+        assert!(matches!(e, OpenError::WrongSize(_)), "{e:?}");
+        std::fs::write(&p, vec![0u8; FILE_SIZE]).unwrap();
+        assert!(Part::open_file(&p, false).is_ok());
+        let l = tmp("link");
+        std::os::unix::fs::symlink(&p, &l).unwrap();
+        assert!(Part::open_file(&l, false).is_err(), "followed a symlink");
+        let _ = std::fs::remove_file(&l);
+        let d = tmp("dir");
+        std::fs::create_dir_all(&d).unwrap();
+        assert!(Part::open_file(&d, false).is_err());
+        let _ = std::fs::remove_dir(&d);
+        // Two claims: devices route to their claim's part; an unowned GPU is refused.
+        let q = tmp("claim2");
+        std::fs::write(&q, vec![0u8; FILE_SIZE]).unwrap();
+        let a = Account::open_claims(&[&p, &q], |u| match u[0] {
+            1 => Some(0),
+            2 => Some(1),
+            _ => None,
+        });
+        let d1 = a.device_index(&[1; 16], 0).unwrap();
+        let d2 = a.device_index(&[2; 16], 1).unwrap();
+        let d3 = a.device_index(&[3; 16], 2).unwrap();
+        assert!(a.try_reserve(d1, 10, 100) && a.try_reserve(d2, 20, 100));
+        assert!(!a.try_reserve(d3, 1, 100));
+        assert_eq!((a.used(d1), a.used(d2)), (10, 20));
+        let _ = std::fs::remove_file(&p);
+        let _ = std::fs::remove_file(&q);
     }
 
     #[test]
     fn open_file_says_why_it_refuses() {
         let p = tmp("short");
         std::fs::write(&p, b"not an account").unwrap();
-        let e = Account::open_file(&p).err().unwrap();
+        let e = Part::open_file(&p, true).err().unwrap();
         assert!(matches!(e, OpenError::TooSmall(14)), "{e:?}");
         assert_eq!(e.to_string(), "size 14 is not an fgpu account");
 
         std::fs::write(&p, vec![0xff; FILE_SIZE]).unwrap();
-        let e = Account::open_file(&p).err().unwrap();
+        let e = Part::open_file(&p, true).err().unwrap();
         assert!(matches!(e, OpenError::BadHeader), "{e:?}");
         assert_eq!(e.to_string(), "unknown magic or version");
         let _ = std::fs::remove_file(&p);
 
-        let e = Account::open_file(Path::new("/nonexistent-fgpu-dir/account"))
+        let e = Part::open_file(Path::new("/nonexistent-fgpu-dir/account"), true)
             .err()
             .unwrap();
         assert!(matches!(e, OpenError::Open(_)), "{e:?}");
         assert_eq!(e.to_string(), "No such file or directory (os error 2)");
 
-        let e = Account::open_file(Path::new("a\0b")).err().unwrap();
+        let e = Part::open_file(Path::new("a\0b"), true).err().unwrap();
         assert!(matches!(e, OpenError::NulInPath(_)), "{e:?}");
     }
 }

@@ -4,7 +4,8 @@
 set -uo pipefail
 
 HOOK_DIR=${HOOK_DIR:?set HOOK_DIR to \$CARGO_TARGET_DIR/debug}
-SHIM=$HOOK_DIR/libfgpu.so
+# FGPU_TEST_SHIM: run the suite against another build of the shim (e.g. an older one).
+SHIM=${FGPU_TEST_SHIM:-$HOOK_DIR/libfgpu.so}
 FAKE=$HOOK_DIR/fake-cuda
 BIN=$HOOK_DIR/fgpu-hook-test
 WORK=$(mktemp -d /tmp/fgpu-hook-test.XXXXXX)
@@ -61,7 +62,9 @@ run "quota on all paths, driver re-entering its own API (counted once, no deadlo
 must_fail "without the shim the same checks fail" env HT_QUOTA=$Q "$BIN/hooktest" paths
 run "quota without a state dir (process-local account)" \
   env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi HT_QUOTA=$Q "$BIN/hooktest" paths
-run "state dir missing: falls back to a process-local account" \
+# A configured account that cannot be used refuses (a private account would multiply
+# the quota by the number of processes).
+must_fail "state dir missing: every allocation refused, never a private account" \
   env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR=/nonexistent/fgpu HT_QUOTA=$Q "$BIN/hooktest" paths
 
 echo "== what the process is told"
@@ -215,6 +218,9 @@ if within "$gk" 50 3 && ! grep -q share= "$WORK/core-k3"; then ok "a process SIG
 gn=$(share_of "$WORK/core-bare")
 if awk -v g="$gn" 'BEGIN { exit !(g != "" && g > 90) }'; then ok "without the shim the same workload takes $gn % of the GPU"; else ko "bare workload: '$gn'"; fi
 if grep -q stalled "$WORK/prio-low" && [ ! -s "$WORK/prio-high" ]; then ok "priority: low $(cat "$WORK/prio-low")"; else ko "priority"; sed 's/^/      /' "$WORK/prio-low" "$WORK/prio-high"; fi
+
+# shellcheck source=hook-lib/tests/hostile.sh
+. "$(dirname "$0")/hostile.sh"
 
 echo "== $pass passed, $failed failed"
 [ "$failed" -eq 0 ]

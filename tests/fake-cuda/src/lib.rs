@@ -29,6 +29,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+pub mod procs;
 pub mod timeline;
 
 pub type CUresult = c_int;
@@ -232,6 +233,7 @@ impl State {
         match d.used.checked_add(size) {
             Some(n) if n <= d.size => {
                 d.used = n;
+                procs::set_used(dev, n);
                 Ok(())
             }
             _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
@@ -241,6 +243,7 @@ impl State {
     fn give(&mut self, dev: usize, size: u64) {
         if let Some(d) = self.devs.get_mut(dev) {
             d.used = d.used.saturating_sub(size);
+            procs::set_used(dev, d.used);
         }
     }
 
@@ -407,14 +410,19 @@ fn current_device() -> Result<usize, CUresult> {
     ctx_device(CURRENT.with(|c| c.get())).ok_or(CUDA_ERROR_INVALID_CONTEXT)
 }
 
+fn visible() -> &'static [usize] {
+    procs::visible(config().sizes.len(), |i| uuid_string(&device_uuid(i)))
+}
+
 fn check_dev(dev: CUdevice) -> Result<usize, CUresult> {
     if !INITIALIZED.load(Ordering::Relaxed) {
         return Err(CUDA_ERROR_NOT_INITIALIZED);
     }
-    if dev < 0 || dev as usize >= config().sizes.len() {
-        return Err(CUDA_ERROR_INVALID_DEVICE);
-    }
-    Ok(dev as usize)
+    // The ordinal as the process sees it (after CUDA_VISIBLE_DEVICES) → the device.
+    visible()
+        .get(usize::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?)
+        .copied()
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)
 }
 
 /// Writes `v` through `p` if it is not null.
@@ -598,12 +606,13 @@ exports! {
         if !INITIALIZED.load(Ordering::Relaxed) {
             return CUDA_ERROR_NOT_INITIALIZED;
         }
-        if put(n, config().sizes.len() as c_int) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+        if put(n, visible().len() as c_int) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
 
     fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) {
-        let d = tri!(check_dev(ordinal));
-        if put(dev, d as CUdevice) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+        tri!(check_dev(ordinal));
+        // The handle is the ordinal (every entry point maps it through check_dev).
+        if put(dev, ordinal) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
 
     fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) {
@@ -651,6 +660,7 @@ exports! {
 
     fn cuDevicePrimaryCtxRetain(ctx: *mut usize, dev: CUdevice) {
         let d = tri!(check_dev(dev));
+        procs::has_context(d);
         if put(ctx, CTX_TAG | d) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
 
@@ -663,6 +673,7 @@ exports! {
         let d = tri!(check_dev(dev));
         let serial = CTX_SERIAL.fetch_add(1, Ordering::Relaxed) as usize & 0xFF_FFFF;
         let c = CTX_TAG | (serial << 8) | d;
+        procs::has_context(d);
         CURRENT.with(|x| x.set(c));
         if put(ctx, c) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
@@ -692,7 +703,8 @@ exports! {
 
     fn cuCtxGetDevice(dev: *mut CUdevice) {
         let d = tri!(current_device());
-        if put(dev, d as CUdevice) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
+        let ord = visible().iter().position(|&v| v == d).unwrap_or(d);
+        if put(dev, ord as CUdevice) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
 
     fn cuCtxSynchronize() {
@@ -1568,7 +1580,7 @@ nvml_exports! {
             // SAFETY: the caller's buffer holds `cap` >= busy.len() samples.
             unsafe {
                 samples.add(i).write(NvmlProcessUtilizationSample {
-                    pid,
+                    pid: procs::nvml_pid(pid),
                     time_stamp: now_us,
                     sm_util: sm,
                     mem_util: 0,
@@ -1578,6 +1590,24 @@ nvml_exports! {
             };
         }
         NVML_SUCCESS
+    }
+    fn nvmlDeviceGetComputeRunningProcesses(h: *const u8, count: *mut c_uint, infos: *mut procs::ProcessInfoV1) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        // SAFETY: the caller's count and buffer, as NVML's contract.
+        unsafe { procs::fill(d, count, infos, procs::v1) }
+    }
+    fn nvmlDeviceGetComputeRunningProcesses_v2(h: *const u8, count: *mut c_uint, infos: *mut procs::ProcessInfoV2) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        // SAFETY: as above.
+        unsafe { procs::fill(d, count, infos, procs::v2) }
+    }
+    fn nvmlDeviceGetComputeRunningProcesses_v3(h: *const u8, count: *mut c_uint, infos: *mut procs::ProcessInfoV2) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        // SAFETY: as above.
+        unsafe { procs::fill(d, count, infos, procs::v2) }
     }
     fn nvmlDeviceGetUtilizationRates(h: *const u8, u: *mut NvmlUtilization) {
         tri!(nvml_ready());

@@ -1,0 +1,374 @@
+//! The fake NVML's view of processes: host-style PIDs and the running-process list.
+//!
+//! A real NVML reports *host* PIDs; a process in a container sees its own PID
+//! namespace, so `getpid()` never matches what NVML says. The fake models that with an
+//! offset: every PID the fake's NVML returns is the caller's PID plus
+//! `FAKE_CUDA_NVML_PID_OFFSET` (default [`DEFAULT_OFFSET`], non-zero so every test runs
+//! hostile unless it opts out with 0).
+//!
+//! A process appears in a device's running-process list
+//! (`nvmlDeviceGetComputeRunningProcesses[_v2|_v3]`) only once it has a context on that
+//! device, as on real NVML, with the device memory it holds (`usedGpuMemory`). The list
+//! is shared by every process naming the same `FAKE_CUDA_STATE` (file
+//! `$FAKE_CUDA_STATE.procs`), else private to the process. Dead processes drop out of
+//! it (checked with `kill(pid, 0)`: the fake plays the host, which sees every PID).
+
+use std::ffi::c_uint;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+/// Offset added to every PID the fake's NVML reports, unless configured.
+pub const DEFAULT_OFFSET: u32 = 400_000;
+/// Devices with a process list.
+pub const DEVICES: usize = 16;
+/// Processes per device in the list.
+pub const SLOTS: usize = 64;
+
+#[repr(C)]
+pub struct Slot {
+    /// The process's own PID (as `getpid()` sees it); 0 = free.
+    pid: AtomicU32,
+    _pad: u32,
+    used: AtomicU64,
+}
+
+#[repr(C)]
+pub struct Table {
+    devs: [[Slot; SLOTS]; DEVICES],
+}
+
+const TABLE_SIZE: usize = std::mem::size_of::<Table>();
+
+/// The configured offset (`FAKE_CUDA_NVML_PID_OFFSET`).
+pub fn offset() -> u32 {
+    static OFF: OnceLock<u32> = OnceLock::new();
+    *OFF.get_or_init(|| {
+        std::env::var("FAKE_CUDA_NVML_PID_OFFSET")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_OFFSET)
+    })
+}
+
+/// The PID NVML reports for a process whose own PID is `pid`.
+pub fn nvml_pid(pid: u32) -> u32 {
+    pid.wrapping_add(offset())
+}
+
+fn own_pid() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() as u32 }
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+fn map(path: Option<&str>) -> *mut u8 {
+    if let Some(p) = path
+        && let Ok(c) = std::ffi::CString::new(format!("{p}.procs"))
+    {
+        // SAFETY: c is a valid C string.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+                0o666,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: fd is ours; growing zero-fills (an empty table); concurrent growth
+            // to the same size is harmless; the mapping outlives the descriptor.
+            let m = unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                let ok = libc::fstat(fd, &mut st) == 0
+                    && ((st.st_size as usize) >= TABLE_SIZE
+                        || libc::ftruncate(fd, TABLE_SIZE as libc::off_t) == 0);
+                let m = if ok {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        TABLE_SIZE,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                        fd,
+                        0,
+                    )
+                } else {
+                    libc::MAP_FAILED
+                };
+                libc::close(fd);
+                m
+            };
+            if m != libc::MAP_FAILED {
+                return m as *mut u8;
+            }
+        }
+    }
+    // SAFETY: anonymous zeroed mapping.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            TABLE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert!(
+        m != libc::MAP_FAILED,
+        "fake-cuda: cannot map the process list"
+    );
+    m as *mut u8
+}
+
+fn table() -> &'static Table {
+    static T: OnceLock<usize> = OnceLock::new();
+    let p = *T.get_or_init(|| {
+        let path = std::env::var("FAKE_CUDA_STATE")
+            .ok()
+            .filter(|p| !p.is_empty());
+        map(path.as_deref()) as usize
+    });
+    // SAFETY: a live mapping of TABLE_SIZE bytes, never unmapped; all-zero is a valid
+    // table (atomics only).
+    unsafe { &*(p as *const Table) }
+}
+
+impl Table {
+    fn slot(&self, dev: usize, pid: u32, create: bool) -> Option<&Slot> {
+        let d = self.devs.get(dev)?;
+        if let Some(s) = d.iter().find(|s| s.pid.load(Ordering::Acquire) == pid) {
+            return Some(s);
+        }
+        if !create {
+            return None;
+        }
+        d.iter().find(|s| {
+            let cur = s.pid.load(Ordering::Acquire);
+            (cur == 0 || !alive(cur))
+                && s.pid
+                    .compare_exchange(cur, pid, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                && {
+                    s.used.store(0, Ordering::Relaxed);
+                    true
+                }
+        })
+    }
+
+    /// (own PID, used bytes) of every live process with a context on `dev`.
+    fn running(&self, dev: usize) -> Vec<(u32, u64)> {
+        let Some(d) = self.devs.get(dev) else {
+            return Vec::new();
+        };
+        d.iter()
+            .filter_map(|s| {
+                let pid = s.pid.load(Ordering::Acquire);
+                (pid != 0 && alive(pid)).then(|| (pid, s.used.load(Ordering::Relaxed)))
+            })
+            .collect()
+    }
+}
+
+/// This process's slot per device (null: no context there yet). Cleared in a forked
+/// child, which is another process.
+static OWN: [AtomicPtr<Slot>; DEVICES] = [const { AtomicPtr::new(std::ptr::null_mut()) }; DEVICES];
+
+extern "C" fn forget_own() {
+    for o in &OWN {
+        o.store(std::ptr::null_mut(), Ordering::Relaxed);
+    }
+}
+
+/// The calling process now has a context on `dev`.
+pub fn has_context(dev: usize) {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: registering a handler that only stores atomics.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_own)) };
+    });
+    if let (Some(s), Some(o)) = (table().slot(dev, own_pid(), true), OWN.get(dev)) {
+        o.store(s as *const Slot as *mut Slot, Ordering::Relaxed);
+    }
+}
+
+/// The calling process holds `bytes` of device memory on `dev` (after any change):
+/// one load and one store (the allocation path of the bare fake stays cheap).
+pub fn set_used(dev: usize, bytes: u64) {
+    let s = OWN
+        .get(dev)
+        .map_or(std::ptr::null_mut(), |o| o.load(Ordering::Relaxed));
+    if !s.is_null() {
+        // SAFETY: a slot of the table's mapping, never unmapped.
+        unsafe { &*s }.used.store(bytes, Ordering::Relaxed);
+    }
+}
+
+/// `nvmlProcessInfo_v1_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ProcessInfoV1 {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+}
+
+/// `nvmlProcessInfo_t` (= `_v2`), what `_v2` and `_v3` fill.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ProcessInfoV2 {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// NVML's `0xFFFFFFFF`: no MIG instance.
+const NO_INSTANCE: c_uint = u32::MAX;
+
+/// NVML's `NVML_VALUE_NOT_AVAILABLE` for `usedGpuMemory`.
+pub const VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+
+/// `FAKE_CUDA_NVML_HIDE_MEMORY=1`: the list reports no per-process memory (as NVML
+/// does on some configurations), so nobody can recognise itself in it.
+fn hide_memory() -> bool {
+    static H: OnceLock<bool> = OnceLock::new();
+    *H.get_or_init(|| std::env::var("FAKE_CUDA_NVML_HIDE_MEMORY").is_ok_and(|v| v == "1"))
+}
+
+/// The list NVML reports for `dev`: (NVML PID, used bytes).
+pub fn reported(dev: usize) -> Vec<(u32, u64)> {
+    table()
+        .running(dev)
+        .into_iter()
+        .map(|(pid, used)| {
+            (
+                nvml_pid(pid),
+                if hide_memory() {
+                    VALUE_NOT_AVAILABLE
+                } else {
+                    used
+                },
+            )
+        })
+        .collect()
+}
+
+/// CUDA ordinal → simulated device, from `CUDA_VISIBLE_DEVICES` as the real driver
+/// reads it (indices or `GPU-` UUID prefixes; the list stops at the first entry that
+/// matches nothing). `n` = simulated devices; `uuid(i)` = device i's NVML UUID.
+/// NVML is not affected (as on a real node).
+pub fn visible(n: usize, uuid: impl Fn(usize) -> String) -> &'static [usize] {
+    static V: OnceLock<Vec<usize>> = OnceLock::new();
+    V.get_or_init(|| match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) => parse_visible(&v, n, uuid),
+        Err(_) => (0..n).collect(),
+    })
+}
+
+pub fn parse_visible(v: &str, n: usize, uuid: impl Fn(usize) -> String) -> Vec<usize> {
+    let mut out = Vec::new();
+    for e in v.split(',').map(str::trim) {
+        let d = match e.parse::<usize>() {
+            Ok(i) if i < n => Some(i),
+            Ok(_) => None,
+            Err(_) if !e.is_empty() => (0..n).find(|&i| uuid(i).starts_with(e)),
+            Err(_) => None,
+        };
+        match d {
+            Some(d) if !out.contains(&d) => out.push(d),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Fills a caller's buffer as `nvmlDeviceGetComputeRunningProcesses*` do: `*count` in =
+/// capacity, out = the number of processes; too small (or null with processes) →
+/// `NVML_ERROR_INSUFFICIENT_SIZE` (7).
+///
+/// # Safety
+/// `count` must be valid; `infos`, when not null, must hold `*count` elements.
+pub unsafe fn fill<T>(
+    dev: usize,
+    count: *mut c_uint,
+    infos: *mut T,
+    make: fn(u32, u64) -> T,
+) -> i32 {
+    if count.is_null() {
+        return 2; // NVML_ERROR_INVALID_ARGUMENT
+    }
+    let list = reported(dev);
+    // SAFETY: count is valid (caller contract, checked non-null).
+    let cap = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = list.len() as c_uint };
+    if list.is_empty() {
+        return 0;
+    }
+    if infos.is_null() || cap < list.len() {
+        return 7;
+    }
+    for (i, &(pid, used)) in list.iter().enumerate() {
+        // SAFETY: infos holds cap >= list.len() elements (caller contract).
+        unsafe { infos.add(i).write(make(pid, used)) };
+    }
+    0
+}
+
+pub fn v1(pid: u32, used: u64) -> ProcessInfoV1 {
+    ProcessInfoV1 {
+        pid,
+        used_gpu_memory: used,
+    }
+}
+
+pub fn v2(pid: u32, used: u64) -> ProcessInfoV2 {
+    ProcessInfoV2 {
+        pid,
+        used_gpu_memory: used,
+        gpu_instance_id: NO_INSTANCE,
+        compute_instance_id: NO_INSTANCE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_listed_once_it_has_a_context_with_its_memory() {
+        let t = table();
+        let me = own_pid();
+        assert!(t.running(3).iter().all(|&(p, _)| p != me));
+        t.slot(3, me, true);
+        if let Some(s) = t.slot(3, me, false) {
+            s.used.store(4096, Ordering::Relaxed);
+        }
+        assert!(t.running(3).contains(&(me, 4096)));
+        // Another device is independent.
+        assert!(t.running(4).iter().all(|&(p, _)| p != me));
+        // A dead PID's slot is not reported and is reused.
+        let d = &t.devs[5];
+        d[0].pid.store(u32::MAX - 1, Ordering::Relaxed);
+        assert!(t.running(5).is_empty());
+        t.slot(5, me, true);
+        assert_eq!(d[0].pid.load(Ordering::Relaxed), me);
+    }
+
+    #[test]
+    fn visible_devices_like_the_driver() {
+        let u = |i: usize| format!("GPU-{i}abc");
+        assert_eq!(parse_visible("1,0", 2, u), vec![1, 0]);
+        assert_eq!(parse_visible("GPU-1,0", 2, u), vec![1, 0]);
+        assert_eq!(parse_visible("0,7,1", 2, u), vec![0]);
+        assert_eq!(parse_visible("", 2, u), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn reported_pids_are_offset() {
+        assert_eq!(nvml_pid(10), 10 + offset());
+    }
+}
