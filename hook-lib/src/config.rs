@@ -72,6 +72,9 @@ pub struct Config {
     pub gpu_dir: Option<PathBuf>,
     /// The claim's core-limiter file; `None` → local to the process.
     pub core_state_path: Option<PathBuf>,
+    /// Bytes charged for each context the process creates (limits-file key
+    /// `context_overhead`, env `FGPU_CONTEXT_OVERHEAD`; 0: contexts are not charged).
+    pub context_overhead: u64,
     /// Problems found while reading (logged once by the caller when debug is on).
     pub warnings: Vec<String>,
 }
@@ -137,6 +140,7 @@ impl Config {
             priority: Priority::Normal,
             gpu_dir: None,
             core_state_path: None,
+            context_overhead: 0,
             warnings: Vec::new(),
         };
 
@@ -230,6 +234,10 @@ impl Config {
                 .filter(|d| !d.is_empty())
                 .map(|d| PathBuf::from(d).join(CORE_FILE_NAME)),
         };
+        cfg.context_overhead = file_get("context_overhead")
+            .or_else(|| env("FGPU_CONTEXT_OVERHEAD"))
+            .and_then(|v| parse_fgpu(&v))
+            .unwrap_or(0);
         cfg.warnings = warnings;
         cfg
     }
