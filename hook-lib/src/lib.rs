@@ -11,13 +11,14 @@
 //!
 //! | layer | module | what it is | uses |
 //! |---|---|---|---|
-//! | entry | `dlsym` | the exported `dlsym` (assembly stub + hook) | `procaddr`, `real` |
+//! | entry | `dlsym` | the exported `dlsym` and `dlvsym` (assembly stubs + hooks) | `procaddr`, `real` |
 //! | entry | [`procaddr`] | the exported `cuGetProcAddress[_v2]`, their answers and the hook table | `hooks`, `process`, `real`, `boundary` |
 //! | entry | [`hooks`] | the exported `cu*` / `nvml*` entry points, one file per kind | `core`, `process`, `track`, `real`, `boundary` |
 //! | policy | [`core`] | the core (SM) limiter (GCRA bucket + feedback on NVML) and priority | `process`, `config`, `real`, `boundary` |
 //! | process | [`process`] | per-process state (configuration, account, trackers, pools), rebuilt after `fork` | `config`, `state`, `track`, `real`, `boundary` |
 //! | driver | [`boundary`] | the panic guard, the re-entrancy flag and the forwarding call | `real` |
-//! | driver | [`real`] | the real driver and NVML, resolved lazily | — |
+//! | driver | [`real`] | the real driver and NVML, resolved lazily; the real `dlsym`/`dlvsym` | `elf` |
+//! | driver | [`elf`] | a symbol from the loaded libraries' own tables (finds glibc's `dlvsym`) | — |
 //! | data | [`state`] | the claim's shared account file (header, device table, process slots) | `config` |
 //! | data | [`config`] | where limits come from (limits file > FGPU env > HAMi env), value syntax | — |
 //! | data | [`track`] | what this process allocated (pointer/handle → size) | — |
@@ -31,6 +32,7 @@ pub mod boundary;
 pub mod config;
 pub mod core;
 mod dlsym;
+pub mod elf;
 pub mod ffi;
 pub mod hooks;
 pub mod log;

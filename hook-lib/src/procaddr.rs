@@ -73,6 +73,20 @@ hook_table! {
     cuMemPoolCreate, "cuMemPoolCreate", 11020, false, Cuda;
     cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, false, Cuda;
     cuMemPoolDestroy, "cuMemPoolDestroy", 11020, false, Cuda;
+    cuCtxSynchronize, "cuCtxSynchronize", 2000, false, Cuda;
+    cuStreamSynchronize, "cuStreamSynchronize", 2000, false, Cuda;
+    cuStreamSynchronize_ptsz, "cuStreamSynchronize", 2000, true, Cuda;
+    cuEventSynchronize, "cuEventSynchronize", 2000, false, Cuda;
+    cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, false, Cuda;
+    cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, false, Cuda;
+    cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false, Cuda;
+    cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, false, Cuda;
+    cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false, Cuda;
+    cuCtxCreate_v2, "cuCtxCreate", 3020, false, Cuda;
+    cuCtxCreate_v3, "cuCtxCreate", 11040, false, Cuda;
+    cuCtxCreate_v4, "cuCtxCreate", 12050, false, Cuda;
+    cuCtxDestroy_v2, "cuCtxDestroy", 4000, false, Cuda;
+    cuCtxSetLimit, "cuCtxSetLimit", 3010, false, Cuda;
     cuMemGetInfo_v2, "cuMemGetInfo", 3020, false, Cuda;
     cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, false, Cuda;
     cuLaunchKernel, "cuLaunchKernel", 4000, false, Cuda;
@@ -252,6 +266,14 @@ mod tests {
             wrapper_for_request("cuGetProcAddress", 13000, 0),
             Some(addr("cuGetProcAddress_v2"))
         );
-        assert_eq!(wrapper_for_request("cuCtxCreate", 12000, 0), None);
+        assert_eq!(
+            wrapper_for_request("cuCtxCreate", 12000, 0),
+            Some(addr("cuCtxCreate_v3"))
+        );
+        assert_eq!(
+            wrapper_for_request("cuStreamSynchronize", 12000, 2),
+            Some(addr("cuStreamSynchronize_ptsz"))
+        );
+        assert_eq!(wrapper_for_request("cuCtxGetLimit", 12000, 0), None);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::ffi::c_int;
 
-use super::charge::{charged, get, oom, refresh_pools, uncharged};
+use super::charge::{charged, get, mark_idle, oom, refresh_pools, uncharged};
 use crate::boundary::{forward, guard, in_driver, nested};
 use crate::ffi::*;
 use crate::process::{self, Quota, config, quota_of};
@@ -265,6 +265,9 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
                 let new = st.charged.min(keep as u64).max(st.in_use);
                 p.acct.release(dev, st.charged - new);
                 st.charged = new;
+                if new > st.in_use {
+                    mark_idle();
+                }
             }
         }
         r
