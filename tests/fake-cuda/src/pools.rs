@@ -146,7 +146,12 @@ pub(crate) fn get_attribute(st: &State, pool: u64, attr: c_int, value: *mut c_vo
 /// `cuMemPoolSetAttribute`: the reuse flags and the threshold are set; a high watermark
 /// can only be reset (value 0; it then starts again from the current value); the
 /// current amounts cannot be set.
-pub(crate) fn set_attribute(st: &mut State, pool: u64, attr: c_int, value: *mut c_void) -> CUresult {
+pub(crate) fn set_attribute(
+    st: &mut State,
+    pool: u64,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
     let Some(p) = st.pools.get_mut(&pool) else {
         return CUDA_ERROR_INVALID_VALUE;
     };
