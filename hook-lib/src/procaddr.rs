@@ -71,6 +71,8 @@ hook_table! {
     cuMemFreeAsync, "cuMemFreeAsync", 11020, false, Cuda;
     cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, true, Cuda;
     cuMemPoolCreate, "cuMemPoolCreate", 11020, false, Cuda;
+    cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, false, Cuda;
+    cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, false, Cuda;
     cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, false, Cuda;
     cuMemPoolDestroy, "cuMemPoolDestroy", 11020, false, Cuda;
     cuCtxSynchronize, "cuCtxSynchronize", 2000, false, Cuda;

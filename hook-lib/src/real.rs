@@ -156,6 +156,7 @@ real_fns! { Lib::Cuda;
     cuMemFreeAsync(CUdeviceptr, CUstream) -> CUresult;
     cuMemFreeAsync_ptsz(CUdeviceptr, CUstream) -> CUresult;
     cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
+    cuDeviceGetDefaultMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
     cuMemPoolCreate(*mut CUmemoryPool, *const MemPoolProps) -> CUresult;
     cuMemPoolDestroy(CUmemoryPool) -> CUresult;
     cuMemPoolTrimTo(CUmemoryPool, usize) -> CUresult;

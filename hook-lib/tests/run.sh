@@ -129,6 +129,10 @@ for route in "HT_LOADER=dlsym" "HT_LOADER=dlsym HT_PTSZ=1" \
     run "pool after $kind synchronisation ($route)" quota $env "$bin" poolsync $kind
   done
 done
+for l in dlsym proc; do
+  run "device 1's pool used from device 0 is charged to device 1 (via $l)" quota HT_LOADER=$l "$BIN/memtest" otherdev
+done
+run "device 1's pool (direct linking)" quota "$BIN/memtest-direct" otherdev
 ctxq() { quota FGPU_CONTEXT_OVERHEAD=8Mi FAKE_CUDA_CONTEXT_MEMORY=8Mi HT_CONTEXT=$((8 << 20)) "$@"; }
 for l in dlsym proc1 proc; do
   run "8 MiB per context: 8 contexts fit in 64 MiB, the 9th is refused (cuCtxCreate via $l)" \

@@ -229,6 +229,48 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) -> 
     })
 }
 
+/// A pool handed out for device `dev`: known from now on to be on that device, so that
+/// allocations from it are charged there whatever the current context's device.
+fn note_pool(pool: *mut CUmemoryPool, dev: c_int) {
+    if !config().enabled || nested() {
+        return;
+    }
+    if let Some(h) = get(pool).filter(|&h| h != 0) {
+        let st = pool_state(Some(dev));
+        process::get()
+            .pools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(h)
+            .or_insert(st);
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
+    pool: *mut CUmemoryPool,
+    dev: c_int,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let r = forward!(cuDeviceGetDefaultMemPool(pool, dev));
+        if r == CUDA_SUCCESS {
+            note_pool(pool, dev);
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: c_int) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let r = forward!(cuDeviceGetMemPool(pool, dev));
+        if r == CUDA_SUCCESS {
+            note_pool(pool, dev);
+        }
+        r
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolCreate(
     pool: *mut CUmemoryPool,

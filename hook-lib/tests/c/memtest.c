@@ -7,7 +7,7 @@
 // is the cuGetProcAddress flag (0 default, 1 legacy stream, 2 per-thread default
 // stream: the _ptsz variants); HT_PTSZ=1 makes the dlsym route resolve the _ptsz names.
 // The quota is HT_QUOTA bytes on device 0; FGPU_STATE_DIR names the claim's account.
-// Usage: memtest poolsync ctx|stream|event|trim|threshold | contexts | setlimit | dlvsym
+// Usage: memtest poolsync ctx|stream|event|trim|threshold | otherdev | contexts | setlimit | dlvsym
 // Exit 0 = pass, 1 = a check failed (message on stderr), 2 = usage.
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -50,6 +50,8 @@ static struct {
     CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
     CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
     CUresult (*DeviceGetMemPool)(CUmemPool *, int);
+    CUresult (*DeviceGetDefaultMemPool)(CUmemPool *, int);
+    CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemPool, CUstream);
     CUresult (*MemPoolTrimTo)(CUmemPool, size_t);
     CUresult (*MemPoolSetAttribute)(CUmemPool, int, void *);
     CUresult (*MemPoolGetAttribute)(CUmemPool, int, void *);
@@ -86,7 +88,8 @@ extern CUresult cuInit(unsigned), cuDevicePrimaryCtxRetain(CUcontext *, int), cu
     cuCtxSetCurrent(CUcontext), cuCtxSynchronize(void), cuStreamCreate(CUstream *, unsigned), cuStreamSynchronize(CUstream),
     cuEventCreate(CUevent *, unsigned), cuEventRecord(CUevent, CUstream), cuEventSynchronize(CUevent), cuEventDestroy_v2(CUevent),
     cuMemAlloc_v2(CUdeviceptr *, size_t), cuMemFree_v2(CUdeviceptr), cuMemAllocAsync(CUdeviceptr *, size_t, CUstream),
-    cuMemFreeAsync(CUdeviceptr, CUstream), cuDeviceGetMemPool(CUmemPool *, int), cuMemPoolTrimTo(CUmemPool, size_t),
+    cuMemFreeAsync(CUdeviceptr, CUstream), cuDeviceGetMemPool(CUmemPool *, int), cuDeviceGetDefaultMemPool(CUmemPool *, int),
+    cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemPool, CUstream), cuMemPoolTrimTo(CUmemPool, size_t),
     cuMemPoolSetAttribute(CUmemPool, int, void *), cuMemPoolGetAttribute(CUmemPool, int, void *), cuMemGetInfo_v2(size_t *, size_t *),
     cuCtxCreate_v2(CUcontext *, unsigned, int), cuCtxDestroy_v2(CUcontext), cuCtxSetLimit(int, size_t), cuCtxGetLimit(size_t *, int);
 extern unsigned long long fakeCudaUsedBytes(int);
@@ -121,7 +124,8 @@ static void load(void) {
     cu.StreamSynchronize = cuStreamSynchronize; cu.EventCreate = cuEventCreate; cu.EventRecord = cuEventRecord;
     cu.EventSynchronize = cuEventSynchronize; cu.EventDestroy = cuEventDestroy_v2; cu.MemAlloc = cuMemAlloc_v2;
     cu.MemFree = cuMemFree_v2; cu.MemAllocAsync = cuMemAllocAsync; cu.MemFreeAsync = cuMemFreeAsync;
-    cu.DeviceGetMemPool = cuDeviceGetMemPool; cu.MemPoolTrimTo = cuMemPoolTrimTo; cu.MemPoolSetAttribute = cuMemPoolSetAttribute;
+    cu.DeviceGetMemPool = cuDeviceGetMemPool; cu.DeviceGetDefaultMemPool = cuDeviceGetDefaultMemPool;
+    cu.MemAllocFromPoolAsync = cuMemAllocFromPoolAsync; cu.MemPoolTrimTo = cuMemPoolTrimTo; cu.MemPoolSetAttribute = cuMemPoolSetAttribute;
     cu.MemPoolGetAttribute = cuMemPoolGetAttribute; cu.MemGetInfo = cuMemGetInfo_v2; cu.CtxCreate = (void *)cuCtxCreate_v2;
     cu.CtxDestroy = cuCtxDestroy_v2; cu.CtxSetLimit = cuCtxSetLimit; cu.CtxGetLimit = cuCtxGetLimit;
     fakeUsed = fakeCudaUsedBytes;
@@ -157,7 +161,8 @@ static void load(void) {
     L(StreamSynchronize, "cuStreamSynchronize", ""); L(EventCreate, "cuEventCreate", ""); L(EventRecord, "cuEventRecord", "");
     L(EventSynchronize, "cuEventSynchronize", ""); L(EventDestroy, "cuEventDestroy", v2); L(MemAlloc, "cuMemAlloc", v2);
     L(MemFree, "cuMemFree", v2); L(MemAllocAsync, "cuMemAllocAsync", ""); L(MemFreeAsync, "cuMemFreeAsync", "");
-    L(DeviceGetMemPool, "cuDeviceGetMemPool", ""); L(MemPoolTrimTo, "cuMemPoolTrimTo", ""); L(MemPoolSetAttribute, "cuMemPoolSetAttribute", "");
+    L(DeviceGetMemPool, "cuDeviceGetMemPool", ""); L(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", "");
+    L(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", ""); L(MemPoolTrimTo, "cuMemPoolTrimTo", ""); L(MemPoolSetAttribute, "cuMemPoolSetAttribute", "");
     L(MemPoolGetAttribute, "cuMemPoolGetAttribute", ""); L(MemGetInfo, "cuMemGetInfo", v2); L(CtxCreate, "cuCtxCreate", v2);
     L(CtxDestroy, "cuCtxDestroy", v2); L(CtxSetLimit, "cuCtxSetLimit", ""); L(CtxGetLimit, "cuCtxGetLimit", "");
 }
@@ -278,6 +283,30 @@ static int s_poolsync(const char *kind) {
     return 0;
 }
 
+// Device 1's default pool used from a context on device 0: charged to device 1's quota
+// (HT_QUOTA1), not to the current device's.
+static int s_otherdev(void) {
+    start();
+    size_t Q1 = getenv("HT_QUOTA1") ? strtoull(getenv("HT_QUOTA1"), NULL, 0) : 0;
+    CHECK(Q1 > 0 && Q1 < Q, "HT_QUOTA1 (device 1's quota, below device 0's) not set");
+    CUmemPool p1;
+    CUdeviceptr a, b;
+    OK(cu.DeviceGetDefaultMemPool(&p1, 1));
+    OK(cu.MemAllocFromPoolAsync(&a, Q1, p1, NULL));
+    CHECK(fakeUsed(1) == Q1 && fakeUsed(0) == 0, "driver: device 1 %llu, device 0 %llu", fakeUsed(1), fakeUsed(0));
+    CUresult r = cu.MemAllocFromPoolAsync(&b, 4096, p1, NULL);
+    CHECK(r == OOM, "device 1's pool past device 1's quota: %d, want CUDA_ERROR_OUT_OF_MEMORY (charged to device 0?)", r);
+    OK(cu.MemAlloc(&b, Q)); // device 0's quota is untouched
+    OK(cu.MemFree(b));
+    OK(cu.MemFreeAsync(a, NULL));
+    OK(cu.CtxSynchronize());
+    CHECK(fakeUsed(1) == 0, "device 1 keeps %llu", fakeUsed(1));
+    OK(cu.MemAllocFromPoolAsync(&a, Q1, p1, NULL)); // given back at synchronisation
+    OK(cu.MemFreeAsync(a, NULL));
+    printf("otherdev ok: device 1's pool charged to device 1\n");
+    return 0;
+}
+
 // One context per FGPU_CONTEXT_OVERHEAD (= FAKE_CUDA_CONTEXT_MEMORY) of the quota.
 static int s_contexts(void) {
     start();
@@ -379,11 +408,12 @@ static int s_dlvsym(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: memtest poolsync ctx|stream|event|trim|threshold | contexts | setlimit | dlvsym\n");
+        fprintf(stderr, "usage: memtest poolsync ctx|stream|event|trim|threshold | otherdev | contexts | setlimit | dlvsym\n");
         return 2;
     }
     if (!strcmp(argv[1], "poolsync") && argc > 2) return s_poolsync(argv[2]);
     if (!strcmp(argv[1], "contexts")) return s_contexts();
+    if (!strcmp(argv[1], "otherdev")) return s_otherdev();
     if (!strcmp(argv[1], "setlimit")) return s_setlimit();
     if (!strcmp(argv[1], "dlvsym")) return s_dlvsym();
     fprintf(stderr, "unknown scenario %s\n", argv[1]);
