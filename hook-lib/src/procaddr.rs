@@ -76,6 +76,10 @@ hook_table! {
     cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, false, Cuda;
     cuMemPoolDestroy, "cuMemPoolDestroy", 11020, false, Cuda;
     cuCtxSynchronize, "cuCtxSynchronize", 2000, false, Cuda;
+    // Its own name for cuGetProcAddress (never chosen for "cuCtxSynchronize" by version):
+    // a wrong guess at the version that maps the one name to the other would hand a
+    // no-argument caller a one-argument function.
+    cuCtxSynchronize_v2, "cuCtxSynchronize_v2", 12090, false, Cuda;
     cuStreamSynchronize, "cuStreamSynchronize", 2000, false, Cuda;
     cuStreamSynchronize_ptsz, "cuStreamSynchronize", 2000, true, Cuda;
     cuEventSynchronize, "cuEventSynchronize", 2000, false, Cuda;

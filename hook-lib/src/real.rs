@@ -162,6 +162,7 @@ real_fns! { Lib::Cuda;
     cuMemPoolTrimTo(CUmemoryPool, usize) -> CUresult;
     cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
     cuCtxSynchronize() -> CUresult;
+    cuCtxSynchronize_v2(CUcontext) -> CUresult;
     cuStreamSynchronize(CUstream) -> CUresult;
     cuStreamSynchronize_ptsz(CUstream) -> CUresult;
     cuEventSynchronize(*mut c_void) -> CUresult;

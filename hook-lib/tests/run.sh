@@ -124,7 +124,9 @@ for route in "HT_LOADER=dlsym" "HT_LOADER=dlsym HT_PTSZ=1" \
   "HT_LOADER=proc HT_FLAGS=2 FAKE_CUDA_PROC_INTERNAL=1" direct; do
   bin=$BIN/memtest; env=$route
   [ "$route" = direct ] && { bin=$BIN/memtest-direct; env=HT_LOADER=direct; }
-  for kind in ctx stream event trim threshold; do
+  kinds="ctx ctx2 stream event trim threshold"
+  case $route in *proc1*) kinds=${kinds/ctx2 /} ;; esac # cuCtxSynchronize_v2 is CUDA 12.9+
+  for kind in $kinds; do
     # shellcheck disable=SC2086 # $env is a list of assignments
     run "pool after $kind synchronisation ($route)" quota $env "$bin" poolsync $kind
   done

@@ -39,6 +39,14 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     })
 }
 
+/// CUDA 12.9+: the context given (null: the current one).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        synchronised(forward!(cuCtxSynchronize_v2(ctx)))
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {

@@ -7,7 +7,7 @@
 // is the cuGetProcAddress flag (0 default, 1 legacy stream, 2 per-thread default
 // stream: the _ptsz variants); HT_PTSZ=1 makes the dlsym route resolve the _ptsz names.
 // The quota is HT_QUOTA bytes on device 0; FGPU_STATE_DIR names the claim's account.
-// Usage: memtest poolsync ctx|stream|event|trim|threshold | otherdev | contexts | setlimit | dlvsym
+// Usage: memtest poolsync ctx|ctx2|stream|event|trim|threshold | otherdev | contexts | setlimit | dlvsym
 // Exit 0 = pass, 1 = a check failed (message on stderr), 2 = usage.
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -39,6 +39,7 @@ static struct {
     CUresult (*DevicePrimaryCtxRelease)(int);
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxSynchronize)(void);
+    CUresult (*CtxSynchronize_v2)(CUcontext);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*EventCreate)(CUevent *, unsigned);
@@ -67,7 +68,7 @@ static struct {
 static unsigned long long (*fakeUsed)(int);
 static const char *loader = "proc";
 static void *libcuda;
-static int ctx_version = 2, proc_version = 12080;
+static int ctx_version = 2, proc_version = 12090;
 static unsigned long long proc_flags;
 
 static void fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
@@ -85,7 +86,7 @@ static void fail(const char *fmt, ...) {
 
 #ifdef DIRECT
 extern CUresult cuInit(unsigned), cuDevicePrimaryCtxRetain(CUcontext *, int), cuDevicePrimaryCtxRelease_v2(int),
-    cuCtxSetCurrent(CUcontext), cuCtxSynchronize(void), cuStreamCreate(CUstream *, unsigned), cuStreamSynchronize(CUstream),
+    cuCtxSetCurrent(CUcontext), cuCtxSynchronize(void), cuCtxSynchronize_v2(CUcontext), cuStreamCreate(CUstream *, unsigned), cuStreamSynchronize(CUstream),
     cuEventCreate(CUevent *, unsigned), cuEventRecord(CUevent, CUstream), cuEventSynchronize(CUevent), cuEventDestroy_v2(CUevent),
     cuMemAlloc_v2(CUdeviceptr *, size_t), cuMemFree_v2(CUdeviceptr), cuMemAllocAsync(CUdeviceptr *, size_t, CUstream),
     cuMemFreeAsync(CUdeviceptr, CUstream), cuDeviceGetMemPool(CUmemPool *, int), cuDeviceGetDefaultMemPool(CUmemPool *, int),
@@ -120,7 +121,8 @@ static void load(void) {
 #ifdef DIRECT
     loader = "direct";
     cu.Init = cuInit; cu.DevicePrimaryCtxRetain = cuDevicePrimaryCtxRetain; cu.DevicePrimaryCtxRelease = cuDevicePrimaryCtxRelease_v2;
-    cu.CtxSetCurrent = cuCtxSetCurrent; cu.CtxSynchronize = cuCtxSynchronize; cu.StreamCreate = cuStreamCreate;
+    cu.CtxSetCurrent = cuCtxSetCurrent; cu.CtxSynchronize = cuCtxSynchronize; cu.CtxSynchronize_v2 = cuCtxSynchronize_v2;
+    cu.StreamCreate = cuStreamCreate;
     cu.StreamSynchronize = cuStreamSynchronize; cu.EventCreate = cuEventCreate; cu.EventRecord = cuEventRecord;
     cu.EventSynchronize = cuEventSynchronize; cu.EventDestroy = cuEventDestroy_v2; cu.MemAlloc = cuMemAlloc_v2;
     cu.MemFree = cuMemFree_v2; cu.MemAllocAsync = cuMemAllocAsync; cu.MemFreeAsync = cuMemFreeAsync;
@@ -157,7 +159,9 @@ static void load(void) {
     char n[128];
 #define L(field, name, ver) do { snprintf(n, sizeof n, "%s%s", name, ver); *(void **)&cu.field = sym(n); CHECK(cu.field, "cannot resolve %s", n); } while (0)
     L(Init, "cuInit", ""); L(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", ""); L(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", v2);
-    L(CtxSetCurrent, "cuCtxSetCurrent", ""); L(CtxSynchronize, "cuCtxSynchronize", ""); L(StreamCreate, "cuStreamCreate", "");
+    L(CtxSetCurrent, "cuCtxSetCurrent", ""); L(CtxSynchronize, "cuCtxSynchronize", "");
+    *(void **)&cu.CtxSynchronize_v2 = sym("cuCtxSynchronize_v2"); // CUDA 12.9+ only
+    L(StreamCreate, "cuStreamCreate", "");
     L(StreamSynchronize, "cuStreamSynchronize", ""); L(EventCreate, "cuEventCreate", ""); L(EventRecord, "cuEventRecord", "");
     L(EventSynchronize, "cuEventSynchronize", ""); L(EventDestroy, "cuEventDestroy", v2); L(MemAlloc, "cuMemAlloc", v2);
     L(MemFree, "cuMemFree", v2); L(MemAllocAsync, "cuMemAllocAsync", ""); L(MemFreeAsync, "cuMemFreeAsync", "");
@@ -250,6 +254,9 @@ static int s_poolsync(const char *kind) {
     CHECK(account_used() == Q && fakeUsed(0) == Q, "after cuMemFreeAsync: account %llu, driver %llu", account_used(), fakeUsed(0));
     if (!strcmp(kind, "ctx") || !strcmp(kind, "threshold")) {
         OK(cu.CtxSynchronize());
+    } else if (!strcmp(kind, "ctx2")) {
+        CHECK(cu.CtxSynchronize_v2, "cannot resolve cuCtxSynchronize_v2");
+        OK(cu.CtxSynchronize_v2(primary));
     } else if (!strcmp(kind, "stream")) {
         OK(cu.StreamSynchronize(s));
     } else if (!strcmp(kind, "event")) {
@@ -408,7 +415,7 @@ static int s_dlvsym(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: memtest poolsync ctx|stream|event|trim|threshold | otherdev | contexts | setlimit | dlvsym\n");
+        fprintf(stderr, "usage: memtest poolsync ctx|ctx2|stream|event|trim|threshold | otherdev | contexts | setlimit | dlvsym\n");
         return 2;
     }
     if (!strcmp(argv[1], "poolsync") && argc > 2) return s_poolsync(argv[2]);

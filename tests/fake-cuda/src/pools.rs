@@ -368,6 +368,17 @@ exports! {
         CUDA_SUCCESS
     }
 
+    fn cuCtxSynchronize_v2(ctx: usize) {
+        // The context given (null: the current one), as CUDA 12.9+ defines it.
+        if ctx != 0 && ctx_device(ctx).is_none() {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        tri!(current_device());
+        wait_own_work();
+        state().sync();
+        CUDA_SUCCESS
+    }
+
     fn cuStreamSynchronize(_stream: usize) {
         tri!(current_device());
         wait_own_work();
@@ -463,6 +474,7 @@ pub const PROC_TABLE: &[(&str, c_int, &str, Option<&str>)] = &[
     ("cuCtxSetLimit", 3010, "cuCtxSetLimit", None),
     ("cuCtxGetLimit", 3010, "cuCtxGetLimit", None),
     ("cuCtxSynchronize", 2000, "cuCtxSynchronize", None),
+    ("cuCtxSynchronize_v2", 12090, "cuCtxSynchronize_v2", None),
     (
         "cuStreamSynchronize",
         2000,
