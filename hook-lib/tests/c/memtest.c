@@ -3,7 +3,7 @@
 // the lookup functions (dlvsym) that would reach the unwrapped driver.
 //
 // Routes (HT_LOADER): dlsym | proc1 (cuGetProcAddress, CUDA 11.8) | proc
-// (cuGetProcAddress_v2, CUDA 12.8) | direct (the binary built with -DDIRECT); HT_FLAGS
+// (cuGetProcAddress_v2, CUDA 12.9) | direct (the binary built with -DDIRECT); HT_FLAGS
 // is the cuGetProcAddress flag (0 default, 1 legacy stream, 2 per-thread default
 // stream: the _ptsz variants); HT_PTSZ=1 makes the dlsym route resolve the _ptsz names.
 // The quota is HT_QUOTA bytes on device 0; FGPU_STATE_DIR names the claim's account.
