@@ -25,9 +25,9 @@ define hook_build_steps
 	$(HOOK_CC) $(HOOK_CFLAGS) -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/hooktest $(HOOK_TEST_SRC) -ldl -lpthread
 	$(HOOK_CC) $(HOOK_CFLAGS) -DDIRECT -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/hooktest-direct $(HOOK_TEST_SRC) \
 	  -L$(CARGO_TARGET_DIR)/$(1)/fake-cuda -l:libcuda.so.1 -ldl -lpthread
-	$(HOOK_CC) $(HOOK_CFLAGS) -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/memtest $(HOOK_MEMTEST_SRC) -ldl
+	$(HOOK_CC) $(HOOK_CFLAGS) -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/memtest $(HOOK_MEMTEST_SRC) -ldl -lpthread
 	$(HOOK_CC) $(HOOK_CFLAGS) -DDIRECT -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/memtest-direct $(HOOK_MEMTEST_SRC) \
-	  -L$(CARGO_TARGET_DIR)/$(1)/fake-cuda -l:libcuda.so.1 -ldl
+	  -L$(CARGO_TARGET_DIR)/$(1)/fake-cuda -l:libcuda.so.1 -ldl -lpthread
 endef
 
 hook-build: ## build libfgpu.so, the fake CUDA driver and the hook test programs (debug)

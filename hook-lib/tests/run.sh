@@ -132,6 +132,10 @@ for route in "HT_LOADER=dlsym" "HT_LOADER=dlsym HT_PTSZ=1" \
   done
 done
 for l in dlsym proc; do
+  run "8 threads: pool allocations, frees and synchronisations, never past the quota (via $l)" \
+    quota HT_LOADER=$l "$BIN/memtest" poolthreads
+done
+for l in dlsym proc; do
   run "device 1's pool used from device 0 is charged to device 1 (via $l)" quota HT_LOADER=$l "$BIN/memtest" otherdev
 done
 run "device 1's pool (direct linking)" quota "$BIN/memtest-direct" otherdev

@@ -7,12 +7,13 @@
 // is the cuGetProcAddress flag (0 default, 1 legacy stream, 2 per-thread default
 // stream: the _ptsz variants); HT_PTSZ=1 makes the dlsym route resolve the _ptsz names.
 // The quota is HT_QUOTA bytes on device 0; FGPU_STATE_DIR names the claim's account.
-// Usage: memtest poolsync ctx|ctx2|stream|event|trim|threshold | otherdev | contexts | setlimit | dlvsym
+// Usage: memtest poolsync ctx|ctx2|stream|event|trim|threshold | otherdev | poolthreads | contexts | setlimit | dlvsym
 // Exit 0 = pass, 1 = a check failed (message on stderr), 2 = usage.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -290,6 +291,75 @@ static int s_poolsync(const char *kind) {
     return 0;
 }
 
+// 8 threads allocate from the default pool, free and synchronise (context, stream,
+// event) at random, while the driver's holdings and the account are sampled: neither
+// ever passes the quota, and after a last synchronisation both are back to zero.
+static void *pool_worker(void *arg) {
+    unsigned seed = (unsigned)(size_t)arg;
+    OK(cu.CtxSetCurrent(primary));
+    CUstream s;
+    OK(cu.StreamCreate(&s, 0));
+    CUdeviceptr live[4] = {0};
+    for (int i = 0; i < 3000; i++) {
+        int k = rand_r(&seed) % 4;
+        if (live[k]) {
+            OK(cu.MemFreeAsync(live[k], s));
+            live[k] = 0;
+        } else {
+            CUresult r = cu.MemAllocAsync(&live[k], (1 + rand_r(&seed) % 16) * (Q / 64), s);
+            if (r == OOM) live[k] = 0;
+            else if (r) fail("cuMemAllocAsync -> %d", r);
+        }
+        switch (rand_r(&seed) % 16) {
+        case 0: OK(cu.CtxSynchronize()); break;
+        case 1: OK(cu.StreamSynchronize(s)); break;
+        case 2: {
+            CUevent e;
+            OK(cu.EventCreate(&e, 0));
+            OK(cu.EventRecord(e, s));
+            OK(cu.EventSynchronize(e));
+            OK(cu.EventDestroy(e));
+            break;
+        }
+        default: break;
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        if (live[k]) OK(cu.MemFreeAsync(live[k], s));
+    return NULL;
+}
+
+static int s_poolthreads(void) {
+    start();
+    CUdeviceptr one;
+    OK(cu.MemAlloc(&one, 4096)); // the account exists from here on
+    OK(cu.MemFree(one));
+    account_used();
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++) pthread_create(&th[i], NULL, pool_worker, (void *)(size_t)(i + 1));
+    unsigned long long peak = 0;
+    long samples = 0;
+    int joined[8] = {0};
+    for (;;) {
+        unsigned long long d = fakeUsed(0), a = account_used();
+        CHECK(d <= Q && a <= Q, "the driver holds %llu, the account says %llu: past the quota %zu", d, a, Q);
+        if (d > peak) peak = d;
+        samples++;
+        int alive = 0;
+        for (int i = 0; i < 8; i++) {
+            if (!joined[i]) joined[i] = pthread_tryjoin_np(th[i], NULL) == 0;
+            alive += !joined[i];
+        }
+        if (!alive) break;
+    }
+    OK(cu.CtxSynchronize());
+    CHECK(fakeUsed(0) == 0 && account_used() == 0, "after the last synchronisation: driver %llu, account %llu", fakeUsed(0),
+          account_used());
+    CHECK(peak > Q / 2, "the threads never got near the quota (peak %llu)", peak);
+    printf("poolthreads ok: %ld samples, driver peak %llu of %zu, both back to 0\n", samples, peak, Q);
+    return 0;
+}
+
 // Device 1's default pool used from a context on device 0: charged to device 1's quota
 // (HT_QUOTA1), not to the current device's.
 static int s_otherdev(void) {
@@ -415,12 +485,13 @@ static int s_dlvsym(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: memtest poolsync ctx|ctx2|stream|event|trim|threshold | otherdev | contexts | setlimit | dlvsym\n");
+        fprintf(stderr, "usage: memtest poolsync ctx|ctx2|stream|event|trim|threshold | otherdev | poolthreads | contexts | setlimit | dlvsym\n");
         return 2;
     }
     if (!strcmp(argv[1], "poolsync") && argc > 2) return s_poolsync(argv[2]);
     if (!strcmp(argv[1], "contexts")) return s_contexts();
     if (!strcmp(argv[1], "otherdev")) return s_otherdev();
+    if (!strcmp(argv[1], "poolthreads")) return s_poolthreads();
     if (!strcmp(argv[1], "setlimit")) return s_setlimit();
     if (!strcmp(argv[1], "dlvsym")) return s_dlvsym();
     fprintf(stderr, "unknown scenario %s\n", argv[1]);
