@@ -105,12 +105,22 @@ unsafe extern "C" fn visit(
         // SAFETY: the PT_DYNAMIC segment of a loaded object is mapped and terminated by
         // DT_NULL; the tables it points to are mapped too.
         let p = unsafe { lookup(dynamic, base, s.name) };
-        if !p.is_null() {
+        if !p.is_null() && !is_own(p, s.own_base) {
             s.found = p;
             return 1;
         }
     }
     0
+}
+
+/// Whether `p` lies in libfgpu.so itself (whose load bias the walk may not have matched:
+/// its own definition must never be taken for the one behind it).
+fn is_own(p: *mut c_void, own_base: usize) -> bool {
+    let mut info = unsafe_zeroed();
+    // SAFETY: dladdr with a valid out-struct.
+    own_base != 0
+        && unsafe { libc::dladdr(p, &mut info) } != 0
+        && info.dli_fbase as usize == own_base
 }
 
 /// Looks `name` up in the object whose dynamic section is `dynamic`.
