@@ -14,6 +14,7 @@
 HOOK_CC ?= cc
 HOOK_CFLAGS ?= -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter
 HOOK_TEST_SRC := hook-lib/tests/c/hooktest.c
+HOOK_MEMTEST_SRC := hook-lib/tests/c/memtest.c
 
 # $(1) = profile directory (debug|release), $(2) = cargo flags
 define hook_build_steps
@@ -24,6 +25,9 @@ define hook_build_steps
 	$(HOOK_CC) $(HOOK_CFLAGS) -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/hooktest $(HOOK_TEST_SRC) -ldl -lpthread
 	$(HOOK_CC) $(HOOK_CFLAGS) -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/hostile hook-lib/tests/c/hostile.c -ldl
 	$(HOOK_CC) $(HOOK_CFLAGS) -DDIRECT -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/hooktest-direct $(HOOK_TEST_SRC) \
+	  -L$(CARGO_TARGET_DIR)/$(1)/fake-cuda -l:libcuda.so.1 -ldl -lpthread
+	$(HOOK_CC) $(HOOK_CFLAGS) -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/memtest $(HOOK_MEMTEST_SRC) -ldl -lpthread
+	$(HOOK_CC) $(HOOK_CFLAGS) -DDIRECT -o $(CARGO_TARGET_DIR)/$(1)/fgpu-hook-test/memtest-direct $(HOOK_MEMTEST_SRC) \
 	  -L$(CARGO_TARGET_DIR)/$(1)/fake-cuda -l:libcuda.so.1 -ldl -lpthread
 endef
 

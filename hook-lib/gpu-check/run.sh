@@ -4,6 +4,8 @@
 #      with a 4 GiB quota (reported total, refusal past it, pass-through cost);
 #   2. nvidia-smi under the shim with the quota;
 #   3. PyTorch, if importable: mem_get_info, a tensor within and one past the quota.
+#   4. memcheck.c bare and under the shim: what contexts, pools at each synchronisation
+#      and cuCtxSetLimit take on the real driver (the fake's model and the shim's charges).
 # Plain-text output on stdout (and in $OUT/gpu-check.txt when $OUT is set).
 #
 # libfgpu.so: $FGPU_SO, else hook-lib/gpu-check/libfgpu.so, else target/release, else
@@ -73,6 +75,17 @@ EOF
   done
 else
   echo "PyTorch with CUDA not available: skipped"
+fi
+
+echo; echo "== 4. memory without a cuMemAlloc (contexts, pools, cuCtxSetLimit): driver, then shim"
+if cc -O2 -Wall -o "$WORK/memcheck" "$HERE/memcheck.c" -ldl; then
+  echo "-- bare driver"
+  "$WORK/memcheck"
+  echo "-- shim, FGPU_MEMORY_LIMIT=8Gi FGPU_CONTEXT_OVERHEAD=300Mi"
+  mkdir -p "$WORK/claim4"
+  LD_PRELOAD=$SO FGPU_MEMORY_LIMIT=8Gi FGPU_CONTEXT_OVERHEAD=300Mi FGPU_STATE_DIR=$WORK/claim4 "$WORK/memcheck"
+else
+  echo "cc memcheck.c failed"; rc=1
 fi
 
 rm -rf "$WORK"

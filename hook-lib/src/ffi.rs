@@ -10,6 +10,7 @@ pub type CUdeviceptr = u64;
 pub type CUstream = *mut c_void;
 pub type CUfunction = *mut c_void;
 pub type CUmemoryPool = u64;
+pub type CUcontext = *mut c_void;
 pub type NvmlDevice = *mut c_void;
 
 pub const CUDA_SUCCESS: CUresult = 0;
@@ -46,6 +47,14 @@ pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 /// `CUmemPool_attribute`: bytes the pool holds from the device now.
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+
+/// `CUlimit` values that take device memory.
+pub const CU_LIMIT_STACK_SIZE: c_int = 0;
+pub const CU_LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
+pub const CU_LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
+/// `CUdevice_attribute`: SM count, resident threads per SM.
+pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
 
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -71,8 +71,28 @@ hook_table! {
     cuMemFreeAsync, "cuMemFreeAsync", 11020, false, Cuda;
     cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, true, Cuda;
     cuMemPoolCreate, "cuMemPoolCreate", 11020, false, Cuda;
+    cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, false, Cuda;
+    cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, false, Cuda;
     cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, false, Cuda;
     cuMemPoolDestroy, "cuMemPoolDestroy", 11020, false, Cuda;
+    cuCtxSynchronize, "cuCtxSynchronize", 2000, false, Cuda;
+    // Its own name for cuGetProcAddress (never chosen for "cuCtxSynchronize" by version):
+    // a wrong guess at the version that maps the one name to the other would hand a
+    // no-argument caller a one-argument function.
+    cuCtxSynchronize_v2, "cuCtxSynchronize_v2", 12090, false, Cuda;
+    cuStreamSynchronize, "cuStreamSynchronize", 2000, false, Cuda;
+    cuStreamSynchronize_ptsz, "cuStreamSynchronize", 2000, true, Cuda;
+    cuEventSynchronize, "cuEventSynchronize", 2000, false, Cuda;
+    cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, false, Cuda;
+    cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, false, Cuda;
+    cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false, Cuda;
+    cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, false, Cuda;
+    cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false, Cuda;
+    cuCtxCreate_v2, "cuCtxCreate", 3020, false, Cuda;
+    cuCtxCreate_v3, "cuCtxCreate", 11040, false, Cuda;
+    cuCtxCreate_v4, "cuCtxCreate", 12050, false, Cuda;
+    cuCtxDestroy_v2, "cuCtxDestroy", 4000, false, Cuda;
+    cuCtxSetLimit, "cuCtxSetLimit", 3010, false, Cuda;
     cuMemGetInfo_v2, "cuMemGetInfo", 3020, false, Cuda;
     cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, false, Cuda;
     cuLaunchKernel, "cuLaunchKernel", 4000, false, Cuda;
@@ -252,6 +272,14 @@ mod tests {
             wrapper_for_request("cuGetProcAddress", 13000, 0),
             Some(addr("cuGetProcAddress_v2"))
         );
-        assert_eq!(wrapper_for_request("cuCtxCreate", 12000, 0), None);
+        assert_eq!(
+            wrapper_for_request("cuCtxCreate", 12000, 0),
+            Some(addr("cuCtxCreate_v3"))
+        );
+        assert_eq!(
+            wrapper_for_request("cuStreamSynchronize", 12000, 2),
+            Some(addr("cuStreamSynchronize_ptsz"))
+        );
+        assert_eq!(wrapper_for_request("cuCtxGetLimit", 12000, 0), None);
     }
 }

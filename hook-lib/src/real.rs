@@ -1,5 +1,5 @@
 //! The real driver: `libcuda.so.1` and `libnvidia-ml.so.1`, opened on first use, and the
-//! real `dlsym` (we export our own).
+//! real `dlsym` and `dlvsym` (we export our own).
 //!
 //! Each entry point is cached in a static `AtomicPtr` after its first lookup, so a
 //! forwarded call costs one atomic load and an indirect call.
@@ -14,16 +14,41 @@ pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_vo
 
 /// The real `dlsym`, read by the assembly stub in `dlsym.rs`.
 pub static FGPU_REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+/// The real `dlvsym`, read by the other stub in `dlsym.rs`.
+pub static FGPU_REAL_DLVSYM: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
 
-/// Finds glibc's `dlsym` behind ours (`dlvsym` is not interposed).
+pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
+
+/// glibc's `dlvsym` behind ours. We export `dlvsym` too, so no call of ours by that
+/// name reaches glibc: the address is read from the C library's own symbol table
+/// ([`crate::elf::find_default`]).
+pub fn real_dlvsym_ptr() -> *mut c_void {
+    let p = FGPU_REAL_DLVSYM.load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    let p = crate::elf::find_default(c"dlvsym");
+    if !p.is_null() {
+        FGPU_REAL_DLVSYM.store(p, Ordering::Release);
+    }
+    p
+}
+
+/// glibc's `dlsym` behind ours, found through the real `dlvsym`.
 pub fn real_dlsym_ptr() -> *mut c_void {
     let p = FGPU_REAL_DLSYM.load(Ordering::Acquire);
     if !p.is_null() {
         return p;
     }
+    let dlvsym = real_dlvsym_ptr();
+    if dlvsym.is_null() {
+        return null_mut();
+    }
+    // SAFETY: dlvsym is glibc's (signature DlvsymFn).
+    let dlvsym = unsafe { std::mem::transmute::<*mut c_void, DlvsymFn>(dlvsym) };
     for v in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17", c"GLIBC_2.0"] {
         // SAFETY: valid C strings; RTLD_NEXT from this object finds libc's definition.
-        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
+        let p = unsafe { dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
         if !p.is_null() {
             FGPU_REAL_DLSYM.store(p, Ordering::Release);
             return p;
@@ -131,10 +156,30 @@ real_fns! { Lib::Cuda;
     cuMemFreeAsync(CUdeviceptr, CUstream) -> CUresult;
     cuMemFreeAsync_ptsz(CUdeviceptr, CUstream) -> CUresult;
     cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
+    cuDeviceGetDefaultMemPool(*mut CUmemoryPool, CUdevice) -> CUresult;
     cuMemPoolCreate(*mut CUmemoryPool, *const MemPoolProps) -> CUresult;
     cuMemPoolDestroy(CUmemoryPool) -> CUresult;
     cuMemPoolTrimTo(CUmemoryPool, usize) -> CUresult;
     cuMemPoolGetAttribute(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+    cuCtxSynchronize() -> CUresult;
+    cuCtxSynchronize_v2(CUcontext) -> CUresult;
+    cuStreamSynchronize(CUstream) -> CUresult;
+    cuStreamSynchronize_ptsz(CUstream) -> CUresult;
+    cuEventSynchronize(*mut c_void) -> CUresult;
+    cuCtxGetCurrent(*mut CUcontext) -> CUresult;
+    cuCtxSetLimit(c_int, usize) -> CUresult;
+    cuCtxGetLimit(*mut usize, c_int) -> CUresult;
+    cuDeviceGetAttribute(*mut c_int, c_int, CUdevice) -> CUresult;
+    cuDevicePrimaryCtxGetState(CUdevice, *mut c_uint, *mut c_int) -> CUresult;
+    cuDevicePrimaryCtxRetain(*mut CUcontext, CUdevice) -> CUresult;
+    cuDevicePrimaryCtxRelease(CUdevice) -> CUresult;
+    cuDevicePrimaryCtxRelease_v2(CUdevice) -> CUresult;
+    cuDevicePrimaryCtxReset(CUdevice) -> CUresult;
+    cuDevicePrimaryCtxReset_v2(CUdevice) -> CUresult;
+    cuCtxCreate_v2(*mut CUcontext, c_uint, CUdevice) -> CUresult;
+    cuCtxCreate_v3(*mut CUcontext, *mut c_void, c_int, c_uint, CUdevice) -> CUresult;
+    cuCtxCreate_v4(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult;
+    cuCtxDestroy_v2(CUcontext) -> CUresult;
     cuLaunchKernel(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
     cuLaunchKernel_ptsz(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
     cuLaunchKernelEx(*const c_void, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;

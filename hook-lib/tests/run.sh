@@ -4,8 +4,9 @@
 set -uo pipefail
 
 HOOK_DIR=${HOOK_DIR:?set HOOK_DIR to \$CARGO_TARGET_DIR/debug}
-# FGPU_TEST_SHIM: run the suite against another build of the shim (e.g. an older one).
-SHIM=${FGPU_TEST_SHIM:-$HOOK_DIR/libfgpu.so}
+# FGPU_SHIM (or FGPU_TEST_SHIM): run the suite against another build of the shim (e.g. an
+# older commit's).
+SHIM=${FGPU_SHIM:-${FGPU_TEST_SHIM:-$HOOK_DIR/libfgpu.so}}
 FAKE=$HOOK_DIR/fake-cuda
 BIN=$HOOK_DIR/fgpu-hook-test
 WORK=$(mktemp -d /tmp/fgpu-hook-test.XXXXXX)
@@ -115,6 +116,47 @@ used=$(FGPU_STATE_DIR="$state" "$BIN/hooktest" account-used)
 if [ "$used" = 0 ]; then ok "SIGKILLed process's 48 MiB reclaimed by the next allocation after 1 s"; else ko "account still holds $used after SIGKILL"; fi
 run "after SIGKILL the whole quota is back" \
   env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$state" "$BIN/hooktest" quota-is $Q
+
+echo "== memory without a cuMemAlloc: pools after each synchronisation, contexts, cuCtxSetLimit, dlvsym"
+# A pool keeps freed memory until a synchronisation gives what is above its release
+# threshold back to the device; after each kind, through every lookup route, the
+# account must match the driver and another process of the claim must get what is free.
+for route in "HT_LOADER=dlsym" "HT_LOADER=dlsym HT_PTSZ=1" \
+  "HT_LOADER=proc1 HT_FLAGS=0" "HT_LOADER=proc1 HT_FLAGS=1" "HT_LOADER=proc1 HT_FLAGS=2" \
+  "HT_LOADER=proc HT_FLAGS=0" "HT_LOADER=proc HT_FLAGS=1" "HT_LOADER=proc HT_FLAGS=2" \
+  "HT_LOADER=proc HT_FLAGS=2 FAKE_CUDA_PROC_INTERNAL=1" direct; do
+  bin=$BIN/memtest; env=$route
+  [ "$route" = direct ] && { bin=$BIN/memtest-direct; env=HT_LOADER=direct; }
+  kinds="ctx ctx2 stream event trim threshold"
+  case $route in *proc1*) kinds=${kinds/ctx2 /} ;; esac # cuCtxSynchronize_v2 is CUDA 12.9+
+  for kind in $kinds; do
+    # shellcheck disable=SC2086 # $env is a list of assignments
+    run "pool after $kind synchronisation ($route)" quota $env "$bin" poolsync $kind
+  done
+done
+for l in dlsym proc; do
+  run "8 threads: pool allocations, frees and synchronisations, never past the quota (via $l)" \
+    quota HT_LOADER=$l "$BIN/memtest" poolthreads
+done
+for l in dlsym proc; do
+  run "device 1's pool used from device 0 is charged to device 1 (via $l)" quota HT_LOADER=$l "$BIN/memtest" otherdev
+done
+run "device 1's pool (direct linking)" quota "$BIN/memtest-direct" otherdev
+ctxq() { quota FGPU_CONTEXT_OVERHEAD=8Mi FAKE_CUDA_CONTEXT_MEMORY=8Mi HT_CONTEXT=$((8 << 20)) "$@"; }
+for l in dlsym proc1 proc; do
+  run "8 MiB per context: 8 contexts fit in 64 MiB, the 9th is refused (cuCtxCreate via $l)" \
+    ctxq HT_LOADER=$l "$BIN/memtest" contexts
+done
+run "8 MiB per context (direct linking)" ctxq "$BIN/memtest-direct" contexts
+must_fail "without the shim the contexts pass the quota" \
+  env FAKE_CUDA_CONTEXT_MEMORY=8Mi HT_CONTEXT=$((8 << 20)) HT_QUOTA=$Q "$BIN/memtest" contexts
+for l in dlsym proc; do
+  run "cuCtxSetLimit heap and stack charged, refused past the quota (via $l)" quota HT_LOADER=$l "$BIN/memtest" setlimit
+done
+run "cuCtxSetLimit (direct linking)" quota "$BIN/memtest-direct" setlimit
+run "dlvsym and dlsym(libc) cannot reach the unwrapped driver" quota HT_LOADER=dlsym "$BIN/memtest" dlvsym
+run "dlvsym (direct linking)" quota "$BIN/memtest-direct" dlvsym
+must_fail "without the shim dlvsym reaches an unlimited cuMemAlloc_v2" env HT_QUOTA=$Q HT_LOADER=dlsym "$BIN/memtest" dlvsym
 
 echo "== precedence: limits file > FGPU env > HAMi env"
 printf '# written by the kubelet plugin\nFGPU_MEMORY_LIMIT=32Mi\n' >"$WORK/limits"

@@ -1,6 +1,8 @@
 //! Booking shared by the allocation entry points: take from the quota, call the
 //! driver, track what it produced, and give it back when it is freed.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::boundary::{in_driver, nested};
 use crate::ffi::*;
 use crate::process::{self, Quota, config};
@@ -100,6 +102,9 @@ pub(super) fn give_back(p: &process::Proc, rec: Rec) {
     let mut pools = p.pools.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(st) = pools.get_mut(&rec.pool) {
         st.in_use = st.in_use.saturating_sub(rec.size);
+        if st.charged > st.in_use {
+            POOLS_IDLE.store(true, Ordering::Relaxed);
+        }
         if st.destroyed && st.in_use == 0 {
             if let Some((dev, _)) = st.dev {
                 p.acct.release(dev, st.charged);
@@ -109,34 +114,70 @@ pub(super) fn give_back(p: &process::Proc, rec: Rec) {
     }
 }
 
+/// Set when a pool may hold charged memory nothing uses (freed into it, or kept by a
+/// trim): the driver may give it back at the next synchronisation. Written under the
+/// pools lock, read without it: a synchronisation with no such pool costs one load.
+static POOLS_IDLE: AtomicBool = AtomicBool::new(false);
+
+/// Notes that a pool may now hold idle charged memory (call with the pools lock held).
+pub(super) fn mark_idle() {
+    POOLS_IDLE.store(true, Ordering::Relaxed);
+}
+
+/// Whether a pool may hold idle charged memory (see [`POOLS_IDLE`]).
+#[inline(always)]
+pub(super) fn pools_idle() -> bool {
+    POOLS_IDLE.load(Ordering::Relaxed)
+}
+
 /// Refreshes what pools on device entry `dev` hold from the driver (a pool with a low
 /// release threshold gives memory back at synchronisation without telling us).
 /// Returns whether anything was given back.
 pub(super) fn refresh_pools(p: &process::Proc, dev: usize) -> bool {
+    refresh(p, Some(dev))
+}
+
+/// After a synchronisation (or before telling the process what is free): every pool of
+/// this process charged for more than the driver says it holds is charged what it holds
+/// (never less than what is in use). Returns whether anything was given back.
+pub(super) fn refresh_all(p: &process::Proc) -> bool {
+    refresh(p, None)
+}
+
+fn refresh(p: &process::Proc, only: Option<usize>) -> bool {
     let Some(get_attr) = real::cuMemPoolGetAttribute() else {
         return false;
     };
     let mut released = false;
+    let mut idle = false;
     let mut pools = p.pools.lock().unwrap_or_else(|e| e.into_inner());
     for (&h, st) in pools.iter_mut() {
-        if st.dev.map(|d| d.0) != Some(dev) {
+        let Some((dev, _)) = st.dev else {
+            continue;
+        };
+        if only.is_some_and(|d| d != dev) || st.charged <= st.in_use {
+            idle |= st.charged > st.in_use;
             continue;
         }
         let mut reserved: u64 = 0;
         // SAFETY: the attribute is a cuuint64_t written into `reserved`.
-        let r = unsafe {
+        let r = in_driver(|| unsafe {
             get_attr(
                 h,
                 CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
                 (&mut reserved as *mut u64).cast(),
             )
-        };
+        });
         if r == CUDA_SUCCESS && reserved < st.charged {
             let keep = reserved.max(st.in_use);
             p.acct.release(dev, st.charged - keep);
             st.charged = keep;
             released = true;
         }
+        idle |= st.charged > st.in_use;
+    }
+    if only.is_none() {
+        POOLS_IDLE.store(idle, Ordering::Relaxed);
     }
     released
 }

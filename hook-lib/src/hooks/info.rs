@@ -1,6 +1,6 @@
 //! What the process is told: the quota as the device's total memory.
 
-use super::charge::{get, put};
+use super::charge::{get, pools_idle, put, refresh_all};
 use crate::boundary::{forward, guard};
 use crate::ffi::*;
 use crate::process::{config, current_quota};
@@ -11,6 +11,10 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         let Some(q) = current_quota() else {
             return forward!(cuMemGetInfo_v2(free, total));
         };
+        // What pools gave back at a synchronisation we did not see is free again.
+        if pools_idle() {
+            refresh_all(q.proc);
+        }
         // Real values first (into our own variables: either pointer may be null).
         let (mut f, mut t) = (0usize, 0usize);
         let r = forward!(cuMemGetInfo_v2(&mut f, &mut t));

@@ -9,6 +9,8 @@
 //! - `arrays`: CUDA arrays (2D, 3D, mipmapped).
 //! - `vmm`: virtual memory management (`cuMemCreate`, `cuMemRelease`).
 //! - `stream_ordered`: stream-ordered allocation and memory pools.
+//! - `sync`: stream, event and context synchronisation (pools give memory back there).
+//! - `context`: contexts and `cuCtxSetLimit` (the memory they take, charged).
 //! - `info`: what the process is told (`cuMemGetInfo`, `cuDeviceTotalMem`).
 //! - `launch`: kernel and graph launches, through the core limiter.
 //! - `nvml`: `nvmlDeviceGetMemoryInfo[_v2]`.
@@ -19,17 +21,21 @@
 mod alloc;
 mod arrays;
 mod charge;
+mod context;
 mod info;
 mod launch;
 mod nvml;
 mod stream_ordered;
+mod sync;
 mod vmm;
 
 pub use crate::boundary::guard;
 pub use alloc::*;
 pub use arrays::*;
+pub use context::*;
 pub use info::*;
 pub use launch::*;
 pub use nvml::*;
 pub use stream_ordered::*;
+pub use sync::*;
 pub use vmm::*;

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, c_int, c_uint};
 
-use super::charge::{get, put};
+use super::charge::{get, pools_idle, put, refresh_all};
 use crate::boundary::guard;
 use crate::ffi::*;
 use crate::process::{self, config};
@@ -49,6 +49,9 @@ fn nvml_quota(dev: NvmlDevice) -> Option<(u64, u64)> {
     let (ord, uuid) = nvml_ordinal(dev)?;
     let limit = config().limit(ord)?;
     let p = process::get();
+    if pools_idle() {
+        refresh_all(p);
+    }
     let used = p.acct.find_device(&uuid).map_or(0, |i| p.acct.used(i));
     Some((limit, used))
 }

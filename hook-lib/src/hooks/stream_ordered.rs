@@ -2,7 +2,7 @@
 
 use std::ffi::c_int;
 
-use super::charge::{charged, get, oom, refresh_pools, uncharged};
+use super::charge::{charged, get, mark_idle, oom, refresh_pools, uncharged};
 use crate::boundary::{forward, guard, in_driver, nested};
 use crate::ffi::*;
 use crate::process::{self, Quota, config, quota_of};
@@ -229,6 +229,48 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, s: CUstream) -> 
     })
 }
 
+/// A pool handed out for device `dev`: known from now on to be on that device, so that
+/// allocations from it are charged there whatever the current context's device.
+fn note_pool(pool: *mut CUmemoryPool, dev: c_int) {
+    if !config().enabled || nested() {
+        return;
+    }
+    if let Some(h) = get(pool).filter(|&h| h != 0) {
+        let st = pool_state(Some(dev));
+        process::get()
+            .pools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(h)
+            .or_insert(st);
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
+    pool: *mut CUmemoryPool,
+    dev: c_int,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let r = forward!(cuDeviceGetDefaultMemPool(pool, dev));
+        if r == CUDA_SUCCESS {
+            note_pool(pool, dev);
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: c_int) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let r = forward!(cuDeviceGetMemPool(pool, dev));
+        if r == CUDA_SUCCESS {
+            note_pool(pool, dev);
+        }
+        r
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolCreate(
     pool: *mut CUmemoryPool,
@@ -265,6 +307,9 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
                 let new = st.charged.min(keep as u64).max(st.in_use);
                 p.acct.release(dev, st.charged - new);
                 st.charged = new;
+                if new > st.in_use {
+                    mark_idle();
+                }
             }
         }
         r

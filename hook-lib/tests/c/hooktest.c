@@ -808,6 +808,8 @@ static double bench_ns(int what, long n) {
     for (long i = 0; i < n; i++) {
         if (what == 0) {
             cu.LaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        } else if (what == 2) {
+            cu.CtxSynchronize();
         } else {
             if (cu.MemAlloc(&p, 4096) != 0) fail("bench alloc");
             cu.MemFree(p);
@@ -819,13 +821,14 @@ static double bench_ns(int what, long n) {
 static int s_bench(void) {
     start();
     long n = env_size("HT_BENCH_N", 1000000);
-    double best_l = 1e18, best_a = 1e18;
+    double best_l = 1e18, best_a = 1e18, best_s = 1e18;
     for (int r = 0; r < 5; r++) {
-        double l = bench_ns(0, n), a = bench_ns(1, n / 4);
+        double l = bench_ns(0, n), a = bench_ns(1, n / 4), s = bench_ns(2, n / 4);
         if (l < best_l) best_l = l;
         if (a < best_a) best_a = a;
+        if (s < best_s) best_s = s;
     }
-    printf("launch_ns=%.1f alloc_free_ns=%.1f\n", best_l, best_a);
+    printf("launch_ns=%.1f alloc_free_ns=%.1f sync_ns=%.1f\n", best_l, best_a, best_s);
     return 0;
 }
 

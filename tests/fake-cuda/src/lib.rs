@@ -152,16 +152,6 @@ fn uuid_string(u: &[u8; 16]) -> String {
 
 // ---------------------------------------------------------------- state
 
-struct Pool {
-    dev: usize,
-    reserved: u64,
-    used: u64,
-    destroyed: bool,
-    /// Idle memory above this is given back to the device at synchronisation (the
-    /// real default is 0).
-    threshold: u64,
-}
-
 struct Device {
     size: u64,
     used: u64,
@@ -174,7 +164,7 @@ struct State {
     ptrs: HashMap<u64, (usize, u64, u64)>,
     /// array / mipmapped array / VMM handle -> (device, size)
     handles: HashMap<u64, (usize, u64)>,
-    pools: HashMap<u64, Pool>,
+    pools: HashMap<u64, pools::Pool>,
     current_pool: Vec<u64>,
     next_handle: u64,
 }
@@ -200,16 +190,7 @@ impl State {
         };
         for d in 0..sizes.len() {
             let h = st.handle();
-            st.pools.insert(
-                h,
-                Pool {
-                    dev: d,
-                    reserved: 0,
-                    used: 0,
-                    destroyed: false,
-                    threshold: 0,
-                },
-            );
+            st.pools.insert(h, pools::Pool::new(d));
             st.current_pool.push(h);
         }
         st
@@ -262,37 +243,6 @@ impl State {
         let p = self.address(dev, size);
         self.ptrs.insert(p, (dev, size, 0));
         Ok(p)
-    }
-
-    fn pool_alloc(&mut self, pool: u64, size: u64) -> Result<u64, CUresult> {
-        if size == 0 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let (dev, idle) = match self.pools.get(&pool) {
-            Some(p) if !p.destroyed => (p.dev, p.reserved - p.used),
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        };
-        let grow = size.saturating_sub(idle);
-        self.take(dev, grow)?;
-        let p = self.pools.get_mut(&pool).expect("checked above");
-        p.reserved += grow;
-        p.used += size;
-        let a = self.address(dev, size);
-        self.ptrs.insert(a, (dev, size, pool));
-        Ok(a)
-    }
-
-    /// Synchronisation: pools give idle memory above their release threshold back.
-    fn sync(&mut self) {
-        let mut give = Vec::new();
-        for p in self.pools.values_mut() {
-            let release = (p.reserved - p.used).min(p.reserved.saturating_sub(p.threshold));
-            p.reserved -= release;
-            give.push((p.dev, release));
-        }
-        for (d, n) in give {
-            self.give(d, n);
-        }
     }
 
     fn free(&mut self, ptr: u64) -> CUresult {
@@ -579,7 +529,7 @@ macro_rules! exports {
             )*
         }
         /// (name, exported address, internal address) of every entry point.
-        fn entry_points() -> &'static [(&'static str, usize, usize)] {
+        pub(crate) fn entry_points() -> &'static [(&'static str, usize, usize)] {
             static T: OnceLock<Vec<(&'static str, usize, usize)>> = OnceLock::new();
             T.get_or_init(|| vec![
                 $( (stringify!($name), $name as *const () as usize, alt::$name as *const () as usize), )*
@@ -587,6 +537,8 @@ macro_rules! exports {
         }
     };
 }
+
+pub mod pools;
 
 exports! {
     fn cuInit(flags: c_uint) {
@@ -658,34 +610,6 @@ exports! {
         if put(bytes, config().sizes[d] as usize) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
 
-    fn cuDevicePrimaryCtxRetain(ctx: *mut usize, dev: CUdevice) {
-        let d = tri!(check_dev(dev));
-        procs::has_context(d);
-        if put(ctx, CTX_TAG | d) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
-    }
-
-    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) {
-        tri!(check_dev(dev));
-        CUDA_SUCCESS
-    }
-
-    fn cuCtxCreate_v2(ctx: *mut usize, _flags: c_uint, dev: CUdevice) {
-        let d = tri!(check_dev(dev));
-        let serial = CTX_SERIAL.fetch_add(1, Ordering::Relaxed) as usize & 0xFF_FFFF;
-        let c = CTX_TAG | (serial << 8) | d;
-        procs::has_context(d);
-        CURRENT.with(|x| x.set(c));
-        if put(ctx, c) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
-    }
-
-    fn cuCtxDestroy_v2(ctx: usize) {
-        if ctx_device(ctx).is_none() {
-            return CUDA_ERROR_INVALID_CONTEXT;
-        }
-        CURRENT.with(|x| if x.get() == ctx { x.set(0) });
-        CUDA_SUCCESS
-    }
-
     fn cuCtxSetCurrent(ctx: usize) {
         if !INITIALIZED.load(Ordering::Relaxed) {
             return CUDA_ERROR_NOT_INITIALIZED;
@@ -707,13 +631,6 @@ exports! {
         if put(dev, ord as CUdevice) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
     }
 
-    fn cuCtxSynchronize() {
-        tri!(current_device());
-        wait_own_work();
-        state().sync();
-        CUDA_SUCCESS
-    }
-
     fn cuStreamCreate(stream: *mut usize, _flags: c_uint) {
         tri!(current_device());
         let h = state().handle() as usize;
@@ -722,13 +639,6 @@ exports! {
 
     fn cuStreamDestroy_v2(_stream: usize) {
         tri!(current_device());
-        CUDA_SUCCESS
-    }
-
-    fn cuStreamSynchronize(_stream: usize) {
-        tri!(current_device());
-        wait_own_work();
-        state().sync();
         CUDA_SUCCESS
     }
 
@@ -1023,7 +933,7 @@ exports! {
         let d = tri!(check_dev(props.location.id));
         let mut st = state();
         let h = st.handle();
-        st.pools.insert(h, Pool { dev: d, reserved: 0, used: 0, destroyed: false, threshold: 0 });
+        st.pools.insert(h, pools::Pool::new(d));
         put(pool, h);
         CUDA_SUCCESS
     }
@@ -1060,24 +970,7 @@ exports! {
     }
 
     fn cuMemPoolGetAttribute(pool: u64, attr: c_int, value: *mut c_void) {
-        let st = state();
-        let Some(p) = st.pools.get(&pool) else { return CUDA_ERROR_INVALID_VALUE };
-        let v = match attr {
-            4 => p.threshold,   // release threshold
-            5 | 6 => p.reserved, // reserved current / high (high approximated)
-            7 | 8 => p.used,     // used current / high (approximated)
-            _ => return CUDA_ERROR_INVALID_VALUE,
-        };
-        if put(value as *mut u64, v) { CUDA_SUCCESS } else { CUDA_ERROR_INVALID_VALUE }
-    }
-
-    fn cuMemPoolSetAttribute(pool: u64, attr: c_int, value: *mut c_void) {
-        let mut st = state();
-        let Some(p) = st.pools.get_mut(&pool) else { return CUDA_ERROR_INVALID_VALUE };
-        match (attr, get(value as *const u64)) {
-            (4, Some(v)) => { p.threshold = v; CUDA_SUCCESS }
-            _ => CUDA_ERROR_INVALID_VALUE,
-        }
+        pools::get_attribute(&state(), pool, attr, value)
     }
 
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, _stream: usize) {
@@ -1181,27 +1074,11 @@ const PROC_TABLE: &[(&str, c_int, &str, Option<&str>)] = &[
     ("cuDeviceGetUuid", 9020, "cuDeviceGetUuid", None),
     ("cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2", None),
     ("cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2", None),
-    (
-        "cuDevicePrimaryCtxRetain",
-        7000,
-        "cuDevicePrimaryCtxRetain",
-        None,
-    ),
-    (
-        "cuDevicePrimaryCtxRelease",
-        11000,
-        "cuDevicePrimaryCtxRelease_v2",
-        None,
-    ),
-    ("cuCtxCreate", 3020, "cuCtxCreate_v2", None),
-    ("cuCtxDestroy", 4000, "cuCtxDestroy_v2", None),
     ("cuCtxSetCurrent", 4000, "cuCtxSetCurrent", None),
     ("cuCtxGetCurrent", 4000, "cuCtxGetCurrent", None),
     ("cuCtxGetDevice", 2000, "cuCtxGetDevice", None),
-    ("cuCtxSynchronize", 2000, "cuCtxSynchronize", None),
     ("cuStreamCreate", 2000, "cuStreamCreate", None),
     ("cuStreamDestroy", 4000, "cuStreamDestroy_v2", None),
-    ("cuStreamSynchronize", 2000, "cuStreamSynchronize", None),
     ("cuModuleLoadData", 2000, "cuModuleLoadData", None),
     ("cuModuleGetFunction", 2000, "cuModuleGetFunction", None),
     ("cuModuleUnload", 2000, "cuModuleUnload", None),
@@ -1305,7 +1182,10 @@ const SYMBOL_NOT_FOUND: c_int = 1;
 const VERSION_NOT_SUFFICIENT: c_int = 2;
 
 fn proc_lookup(name: &str, version: c_int, flags: u64) -> Result<usize, c_int> {
-    let candidates = PROC_TABLE.iter().filter(|e| e.0 == name);
+    let candidates = PROC_TABLE
+        .iter()
+        .chain(pools::PROC_TABLE)
+        .filter(|e| e.0 == name);
     let mut found = false;
     let mut best: Option<&(&str, c_int, &str, Option<&str>)> = None;
     for e in candidates {
@@ -1328,6 +1208,7 @@ fn proc_lookup(name: &str, version: c_int, flags: u64) -> Result<usize, c_int> {
     let internal = config().internal_proc;
     entry_points()
         .iter()
+        .chain(pools::entry_points())
         .find(|p| p.0 == sym)
         .map(|p| if internal { p.2 } else { p.1 })
         .ok_or(SYMBOL_NOT_FOUND)
