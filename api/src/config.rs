@@ -276,12 +276,13 @@ pub enum ConfigProblem {
     ClassOnly,
     /// `priority: high` for a request whose DeviceClass does not allow it.
     #[error(
-        "\"high\" is not allowed for request {request:?}: its DeviceClass {class} does not set allowHighPriority: true in its GpuShareConfig; use normal or low, or a class that allows high"
+        "\"high\" is not allowed for request {request:?}: {class} does not set allowHighPriority: true in its GpuShareConfig; use normal or low, or a class that allows high"
     )]
     HighPriorityNotAllowed {
         /// The request the entry applies to.
         request: String,
-        /// Its DeviceClass (`<unknown>` where it is not known).
+        /// Its class as the sentence names it: `DeviceClass <name>`, or `its DeviceClass`
+        /// where the name is not known (prepare sees only the allocation).
         class: String,
     },
 }
@@ -909,12 +910,12 @@ mod tests {
             path: "spec.devices.config[0].opaque.parameters.priority".into(),
             problem: ConfigProblem::HighPriorityNotAllowed {
                 request: "gpu".into(),
-                class: "shared.gpu.fgpu.dev".into(),
+                class: "DeviceClass shared.gpu.fgpu.dev".into(),
             },
         };
         assert_eq!(
             e.to_string(),
-            r#"spec.devices.config[0].opaque.parameters.priority: "high" is not allowed for request "gpu": its DeviceClass shared.gpu.fgpu.dev does not set allowHighPriority: true in its GpuShareConfig; use normal or low, or a class that allows high"#
+            r#"spec.devices.config[0].opaque.parameters.priority: "high" is not allowed for request "gpu": DeviceClass shared.gpu.fgpu.dev does not set allowHighPriority: true in its GpuShareConfig; use normal or low, or a class that allows high"#
         );
     }
 
