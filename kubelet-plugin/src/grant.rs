@@ -268,7 +268,7 @@ fn check_class_only(entries: &[ConfigEntry]) -> Result<(), ConfigError> {
 /// class that sets `priority: high` itself is the admin's decision and needs nothing more.
 pub fn check_priority_policy(entries: &[ConfigEntry], request: &str) -> Result<(), ConfigError> {
     let applying = || entries.iter().filter(|e| e.applies_to(request));
-    let Some(decider) = applying().filter(|e| e.has_priority).last() else {
+    let Some(decider) = applying().rfind(|e| e.has_priority) else {
         return Ok(());
     };
     if decider.from_class || decider.config.priority != Priority::High {
