@@ -15,6 +15,11 @@
 //!     oversubscribe: false
 //! ```
 //!
+//! A DeviceClass's configuration may also say `allowHighPriority: true`: claims of that
+//! class may then ask `priority: high`. Only the class may say it (the admin's decision):
+//! a claim that sets it is refused, and so is a claim asking `priority: high` in a class
+//! that does not allow it ([`check_priority_policy`]).
+//!
 //! Decoding is strict: unknown fields, wrong types, out-of-range values and quantities that
 //! do not resolve to whole bytes are errors, and every error names the field path (given by
 //! the caller as a prefix) and says what would be valid.
@@ -37,13 +42,14 @@ pub const API_VERSION: &str = "gpu.fgpu.dev/v1alpha1";
 pub const KIND: &str = "GpuShareConfig";
 
 /// Field names of a [`GpuShareConfig`], in the order they are checked and written.
-pub const FIELDS: [&str; 6] = [
+pub const FIELDS: [&str; 7] = [
     "apiVersion",
     "kind",
     "memory",
     "cores",
     "priority",
     "oversubscribe",
+    "allowHighPriority",
 ];
 
 /// What one device allocation grants, as given in opaque configuration.
@@ -78,6 +84,9 @@ pub struct GpuShareConfig {
     /// Allow the container to use more memory than granted (backed by host memory) instead
     /// of failing allocations beyond the quota.
     pub oversubscribe: bool,
+    /// Claims of this class may ask `priority: high`. Valid only in a DeviceClass's
+    /// configuration; a claim that sets it is refused.
+    pub allow_high_priority: bool,
 }
 
 /// An integer percentage from 0 to 100 of a GPU's compute (streaming multiprocessors).
@@ -223,7 +232,7 @@ pub enum ConfigProblem {
     },
     /// A field that `GpuShareConfig` does not have.
     #[error(
-        "unknown field; valid fields are apiVersion, kind, memory, cores, priority, oversubscribe"
+        "unknown field; valid fields are apiVersion, kind, memory, cores, priority, oversubscribe, allowHighPriority"
     )]
     UnknownField,
     /// `memory` is neither a string nor a number.
@@ -257,9 +266,25 @@ pub enum ConfigProblem {
     /// `priority` is a string other than `high`, `normal`, `low`.
     #[error("{0}")]
     Priority(UnknownPriority),
-    /// `oversubscribe` is not a boolean.
+    /// `oversubscribe` or `allowHighPriority` is not a boolean.
     #[error("must be a boolean (true or false), found {0}")]
     NotABool(JsonType),
+    /// `allowHighPriority` in a claim's configuration: only a DeviceClass may set it.
+    #[error(
+        "may be set only in a DeviceClass's configuration (the cluster admin's decision), not in a claim; remove it"
+    )]
+    ClassOnly,
+    /// `priority: high` for a request whose DeviceClass does not allow it.
+    #[error(
+        "\"high\" is not allowed for request {request:?}: {class} does not set allowHighPriority: true in its GpuShareConfig; use normal or low, or a class that allows high"
+    )]
+    HighPriorityNotAllowed {
+        /// The request the entry applies to.
+        request: String,
+        /// Its class as the sentence names it: `DeviceClass <name>`, or `its DeviceClass`
+        /// where the name is not known (prepare sees only the allocation).
+        class: String,
+    },
 }
 
 /// The type of a JSON value, for error messages ("found a string").
@@ -388,6 +413,14 @@ impl GpuShareConfig {
                 )
             })?;
         }
+        if let Some(allow) = field("allowHighPriority") {
+            config.allow_high_priority = allow.as_bool().ok_or_else(|| {
+                at(
+                    "allowHighPriority",
+                    ConfigProblem::NotABool(JsonType::of(allow)),
+                )
+            })?;
+        }
         Ok(config)
     }
 
@@ -409,6 +442,9 @@ impl GpuShareConfig {
         }
         if self.oversubscribe {
             object.insert("oversubscribe".into(), true.into());
+        }
+        if self.allow_high_priority {
+            object.insert("allowHighPriority".into(), true.into());
         }
         Value::Object(object)
     }
@@ -522,7 +558,7 @@ mod tests {
         let whole_hint = "use a value that resolves to one, such as 1536 or 1.5Ki";
         let too_large = "is too large; the maximum is 18446744073709551615 (just under 16Ei)";
         let number_hint = "is not a valid quantity; it must start with a number (digits with at most one decimal point), such as 1.5Gi or 512Mi";
-        let fields = "valid fields are apiVersion, kind, memory, cores, priority, oversubscribe";
+        let fields = "valid fields are apiVersion, kind, memory, cores, priority, oversubscribe, allowHighPriority";
         let object_hint = r#"must be a JSON object with apiVersion "gpu.fgpu.dev/v1alpha1" and kind "GpuShareConfig""#;
         let memory_type =
             r#"must be a quantity string such as "10Gi" or a non-negative integer number of bytes"#;
@@ -718,6 +754,10 @@ mod tests {
                 with(json!({"oversubscribe": 1})),
                 format!("{p}.oversubscribe: must be a boolean (true or false), found a number"),
             ),
+            (
+                with(json!({"allowHighPriority": "yes"})),
+                format!("{p}.allowHighPriority: must be a boolean (true or false), found a string"),
+            ),
         ];
         assert!(cases.len() >= 30);
         for (value, expected) in &cases {
@@ -784,6 +824,7 @@ mod tests {
                     cores: Some(CorePercent::ZERO),
                     priority: Priority::High,
                     oversubscribe: true,
+                    allow_high_priority: false,
                 },
             ),
             (
@@ -793,6 +834,7 @@ mod tests {
                     cores: Some(CorePercent::FULL),
                     priority: Priority::Low,
                     oversubscribe: false,
+                    allow_high_priority: false,
                 },
             ),
             (with(json!({"memory": 1073741824})), memory(1 << 30)),
@@ -834,6 +876,7 @@ mod tests {
             cores: CorePercent::new(25),
             priority: Priority::High,
             oversubscribe: true,
+            allow_high_priority: false,
         };
         assert_eq!(
             config.to_value(),
@@ -849,6 +892,30 @@ mod tests {
         assert_eq!(
             GpuShareConfig::default().to_value(),
             json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig"})
+        );
+    }
+
+    #[test]
+    fn allow_high_priority_decodes_and_round_trips() {
+        let c =
+            GpuShareConfig::from_value(&with(json!({"allowHighPriority": true})), PREFIX).unwrap();
+        assert!(c.allow_high_priority);
+        assert_eq!(
+            c.to_value(),
+            json!({"apiVersion": API_VERSION, "kind": KIND, "allowHighPriority": true})
+        );
+        let off = GpuShareConfig::from_value(&with(json!({"allowHighPriority": false})), PREFIX);
+        assert_eq!(off, Ok(GpuShareConfig::default()));
+        let e = ConfigError {
+            path: "spec.devices.config[0].opaque.parameters.priority".into(),
+            problem: ConfigProblem::HighPriorityNotAllowed {
+                request: "gpu".into(),
+                class: "DeviceClass shared.gpu.fgpu.dev".into(),
+            },
+        };
+        assert_eq!(
+            e.to_string(),
+            r#"spec.devices.config[0].opaque.parameters.priority: "high" is not allowed for request "gpu": DeviceClass shared.gpu.fgpu.dev does not set allowHighPriority: true in its GpuShareConfig; use normal or low, or a class that allows high"#
         );
     }
 
@@ -887,6 +954,7 @@ mod tests {
                 cores: cores.and_then(CorePercent::new),
                 priority,
                 oversubscribe,
+                allow_high_priority: oversubscribe && priority == Priority::Low,
             })
     }
 

@@ -306,9 +306,9 @@ pub mod env {
     pub const FGPU_CORE_POLICY: &str = "FGPU_CORE_POLICY";
     /// Log level of the shim; `debug` turns its logging on (off otherwise).
     pub const FGPU_LOG: &str = "FGPU_LOG";
-    /// Directory shared by every claim on the same GPU (mounted by the kubelet plugin); the
-    /// shim keeps one `<GPU-uuid>.priority` file there so high-priority claims can hold back
-    /// low-priority launches without a daemon.
+    /// Directory of `<GPU-uuid>.priority` files, for the shim outside a claim (a bare host,
+    /// its own tests). Claims no longer get it: the plugin mounts each GPU's priority file
+    /// itself ([`super::contract::priority_file`]).
     pub const FGPU_GPU_DIR: &str = "FGPU_GPU_DIR";
 
     /// HAMi-core: memory limit for every device; a number with an optional `k`, `m`, `g`
@@ -321,7 +321,8 @@ pub mod env {
     /// HAMi-core: task priority, `0` high, `1` low (default).
     pub const CUDA_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 
-    /// Limits file the shim reads when [`FGPU_LIMITS_FILE`] is unset.
+    /// Limits file the version-1 shim read when [`FGPU_LIMITS_FILE`] was unset. Claims no
+    /// longer get it (see [`super::contract::limits_file`]).
     pub const DEFAULT_LIMITS_FILE: &str = "/etc/fgpu/limits";
 
     /// `FGPU_MEMORY_LIMIT_<index>`: memory quota of the container's `index`-th device.
@@ -358,6 +359,100 @@ pub mod env {
             && digits.bytes().all(|b| b.is_ascii_digit())
             && (digits == "0" || !digits.starts_with('0'));
         if canonical { digits.parse().ok() } else { None }
+    }
+}
+
+/// The files of the plugin-shim contract, version 2 (`docs/shim-contract.md`): where the
+/// kubelet plugin mounts each claim's limits file, accounts and feed in its containers, and
+/// the sizes of the account files it pre-creates (the shim's layouts; the shim's tests
+/// check these numbers against its own).
+pub mod contract {
+    /// The `version=` of the limits file.
+    pub const LIMITS_VERSION: u32 = 2;
+    /// Directory of the claims' limits files in containers: `<dir>/<uid>/limits`.
+    pub const LIMITS_DIR: &str = "/etc/fgpu/claims";
+    /// Directory of the claims' accounts and feeds in containers: `<dir>/<uid>/...`.
+    pub const CLAIMS_RUN_DIR: &str = "/run/fgpu/claims";
+    /// Directory of the per-GPU priority files in containers: `<dir>/<GPU-UUID>.priority`.
+    pub const GPUS_DIR: &str = "/run/fgpu/gpus";
+    /// File name of a claim's memory account.
+    pub const MEMORY_ACCOUNT: &str = "memory.state";
+    /// File name of a claim's core account.
+    pub const CORE_ACCOUNT: &str = "core.state";
+    /// Directory name of a claim's utilisation feed.
+    pub const FEED_DIR: &str = "feed";
+    /// File name of the feed in [`FEED_DIR`].
+    pub const FEED_FILE: &str = "utilisation";
+    /// Most GPUs one container's shim tracks (`hook-lib/src/config.rs` `MAX_DEVICES`).
+    pub const MAX_DEVICES: u64 = 16;
+    /// Size of `memory.state`: `hook-lib/src/state.rs` `FILE_SIZE`, a 64-byte header,
+    /// [`MAX_DEVICES`] device records of 64 bytes and 1024 process slots of 160 bytes.
+    pub const MEMORY_ACCOUNT_SIZE: u64 = 64 + MAX_DEVICES * 64 + 1024 * 160;
+    /// Size of `core.state`: `hook-lib/src/core.rs` `FILE_SIZE`, a 64-byte header and
+    /// [`MAX_DEVICES`] entries of 256 bytes.
+    pub const CORE_ACCOUNT_SIZE: u64 = 64 + MAX_DEVICES * 256;
+    /// Size of a GPU's priority file.
+    pub const PRIORITY_FILE_SIZE: u64 = 64;
+    /// Mode of the account and priority files on the host: usable by any UID in the
+    /// containers they are mounted into (and reachable only through those mounts).
+    pub const SHARED_FILE_MODE: u32 = 0o666;
+
+    /// `/etc/fgpu/claims/<uid>/limits`.
+    pub fn limits_file(uid: &str) -> String {
+        format!("{LIMITS_DIR}/{uid}/limits")
+    }
+
+    /// `/run/fgpu/claims/<uid>`.
+    pub fn claim_run_dir(uid: &str) -> String {
+        format!("{CLAIMS_RUN_DIR}/{uid}")
+    }
+
+    /// `/run/fgpu/claims/<uid>/memory.state`.
+    pub fn memory_account(uid: &str) -> String {
+        format!("{CLAIMS_RUN_DIR}/{uid}/{MEMORY_ACCOUNT}")
+    }
+
+    /// `/run/fgpu/claims/<uid>/core.state`.
+    pub fn core_account(uid: &str) -> String {
+        format!("{CLAIMS_RUN_DIR}/{uid}/{CORE_ACCOUNT}")
+    }
+
+    /// `/run/fgpu/claims/<uid>/feed`.
+    pub fn feed_dir(uid: &str) -> String {
+        format!("{CLAIMS_RUN_DIR}/{uid}/{FEED_DIR}")
+    }
+
+    /// `/run/fgpu/claims/<uid>/feed/utilisation`.
+    pub fn feed_file(uid: &str) -> String {
+        format!("{CLAIMS_RUN_DIR}/{uid}/{FEED_DIR}/{FEED_FILE}")
+    }
+
+    /// `<GPU-UUID>.priority`.
+    pub fn priority_file_name(uuid: &str) -> String {
+        format!("{uuid}.priority")
+    }
+
+    /// `/run/fgpu/gpus/<GPU-UUID>.priority`.
+    pub fn priority_file(uuid: &str) -> String {
+        format!("{GPUS_DIR}/{}", priority_file_name(uuid))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn sizes_and_paths() {
+            // The numbers the shim's layouts give today (a change on either side must
+            // change both).
+            assert_eq!(MEMORY_ACCOUNT_SIZE, 164_928);
+            assert_eq!(CORE_ACCOUNT_SIZE, 4_160);
+            assert_eq!(limits_file("u1"), "/etc/fgpu/claims/u1/limits");
+            assert_eq!(memory_account("u1"), "/run/fgpu/claims/u1/memory.state");
+            assert_eq!(core_account("u1"), "/run/fgpu/claims/u1/core.state");
+            assert_eq!(feed_file("u1"), "/run/fgpu/claims/u1/feed/utilisation");
+            assert_eq!(priority_file("GPU-1"), "/run/fgpu/gpus/GPU-1.priority");
+        }
     }
 }
 

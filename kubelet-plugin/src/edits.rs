@@ -10,13 +10,19 @@
 //!     [`NodeFiles::driver_mounts`];
 //!   - `libfgpu.so` at [`SHIM_CONTAINER_PATH`] and an `/etc/ld.so.preload` naming it, both
 //!     read-only;
-//!   - the claim's state directory at [`STATE_DIR_CONTAINER`] (read-write, `nosuid`,
-//!     `nodev`, `noexec`), shared by every container of the claim;
-//!   - the node's shared GPU directory at [`GPU_DIR_CONTAINER`] (read-write, `nosuid`,
-//!     `nodev`, `noexec`; [`env::FGPU_GPU_DIR`] names it): the only thing claims share, where
-//!     the shim keeps one `<GPU-uuid>.priority` file per GPU so that high-priority claims
-//!     can hold back low-priority launches on the same GPU;
-//!   - the limits file at `/etc/fgpu/limits` (read-only) and the environment.
+//!   - the files of the plugin-shim contract (`docs/shim-contract.md`, version 2), each
+//!     mounted on its own (a mount point cannot be unlinked or renamed, so the workload
+//!     cannot replace one):
+//!     - the limits file ([`limits_content`]) at `/etc/fgpu/claims/<uid>/limits`,
+//!       read-only;
+//!     - the accounts `memory.state` and `core.state` at `/run/fgpu/claims/<uid>/`
+//!       (read-write, `nosuid`, `nodev`, `noexec`), shared by every container of the claim;
+//!     - the utilisation feed directory at `/run/fgpu/claims/<uid>/feed` (read-only);
+//!     - each GPU's priority file at `/run/fgpu/gpus/<GPU-UUID>.priority`: read-write when
+//!       the claim's priority is `high` (it stamps the file to hold back low-priority
+//!       launches on the GPU), read-only otherwise (it only reads the stamp);
+//!   - the environment (`FGPU_*` and HAMi-core's names): informational for tools and for
+//!     older shims; the version-2 shim takes its limits only from the files.
 //!
 //! Device ordinals: the distinct GPUs of the claim sorted by PCI bus id, the order CUDA uses
 //! with `CUDA_DEVICE_ORDER=PCI_BUS_ID` (set here) and NVML always uses. Several shares of
@@ -29,7 +35,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use fgpu_api::config::{CorePercent, Priority};
-use fgpu_api::names::{self, DriverName, env};
+use fgpu_api::names::{self, DriverName, contract, env};
 use fgpu_driver::cdi::{
     CdiError, CdiSpec, ContainerEdits, DeviceNodeEdit, HookEdit, MountEdit, SpecBuilder,
 };
@@ -40,27 +46,28 @@ use crate::grant::ResolvedResult;
 
 /// Where `libfgpu.so` appears in containers.
 pub const SHIM_CONTAINER_PATH: &str = "/usr/lib/fgpu/libfgpu.so";
-/// Where the claim's state directory appears in containers.
-pub const STATE_DIR_CONTAINER: &str = "/run/fgpu";
-/// Where the node's shared GPU directory appears in containers ([`env::FGPU_GPU_DIR`]).
-pub const GPU_DIR_CONTAINER: &str = "/run/fgpu-gpu";
-/// Mode of the shared GPU directory on the host: every claim's containers may create files
-/// in it whatever their user (world-writable), but, with the sticky bit, remove or rename
-/// only their own. It holds the shim's `<GPU-uuid>.priority` files, nothing else.
-pub const GPU_DIR_MODE: u32 = 0o1777;
+/// Mode of the node's GPU directory on the host (`<state root>/gpus`): only the plugin
+/// creates files in it, one `<GPU-UUID>.priority` per GPU ([`contract::SHARED_FILE_MODE`]).
+pub const GPU_DIR_MODE: u32 = 0o755;
+/// Mode of a claim's feed directory on the host (the node monitor writes it).
+pub const FEED_DIR_MODE: u32 = 0o755;
 /// The preload file in containers.
 pub const PRELOAD_CONTAINER: &str = "/etc/ld.so.preload";
-/// Where the limits file appears in containers.
-pub const LIMITS_CONTAINER: &str = env::DEFAULT_LIMITS_FILE;
-/// HAMi-core's shared accounting file, inside the state directory.
-pub const HAMI_CACHE_CONTAINER: &str = "/run/fgpu/hami.cache";
+/// HAMi-core's shared accounting file (`CUDA_DEVICE_MEMORY_SHARED_CACHE`), for images that
+/// bring HAMi-core: in the container's own `/tmp` (fgpu's shim does not use it; there is no
+/// claim-wide directory a non-root HAMi-core could create it in).
+pub const HAMI_CACHE_CONTAINER: &str = "/tmp/fgpu-hami.cache";
+/// The core policy written to the limits file (the shim's default).
+pub const CORE_POLICY: &str = "limit";
 /// Prefix of fgpu's device names in its ResourceSlices: `gpu-<minor>`.
 pub const DEVICE_PREFIX: &str = "gpu-";
 
 /// Mount options of read-only files.
 const RO: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
-/// Mount options of the state directory.
+/// Mount options of the accounts and of a high-priority claim's priority files.
 const STATE_RW: [&str; 5] = ["rw", "nosuid", "nodev", "noexec", "bind"];
+/// Mount options of read-only data (the feed, other claims' priority files).
+const DATA_RO: [&str; 5] = ["ro", "nosuid", "nodev", "noexec", "bind"];
 
 /// A host file or directory mounted read-only into containers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,12 +105,21 @@ pub struct NodeFiles {
 /// Host paths of one claim's files.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimPaths {
-    /// `<run root>/claims/<uid>` (0700): holds the state directory and the limits file.
-    /// Per boot, so on the run root (a tmpfs on real nodes: `/run/fgpu`).
+    /// The claim's UID.
+    pub uid: String,
+    /// `<run root>/claims/<uid>` (0700): holds the state and feed directories and the
+    /// limits file. Per boot, so on the run root (a tmpfs on real nodes: `/run/fgpu`).
     pub claim_dir: PathBuf,
-    /// `<claim dir>/state` (0700), mounted at [`STATE_DIR_CONTAINER`].
+    /// `<claim dir>/state` (0700): holds the accounts (never mounted itself).
     pub state_dir: PathBuf,
-    /// `<claim dir>/limits` (0444), mounted at [`LIMITS_CONTAINER`].
+    /// `<state dir>/memory.state` (0666, zero-filled), mounted at
+    /// [`contract::memory_account`].
+    pub memory_account: PathBuf,
+    /// `<state dir>/core.state` (0666, zero-filled), mounted at [`contract::core_account`].
+    pub core_account: PathBuf,
+    /// `<claim dir>/feed` ([`FEED_DIR_MODE`]), mounted read-only at [`contract::feed_dir`].
+    pub feed_dir: PathBuf,
+    /// `<claim dir>/limits` (0444), mounted at [`contract::limits_file`].
     pub limits_file: PathBuf,
     /// `<state root>/ld.so.preload` (0444), mounted at [`PRELOAD_CONTAINER`]: one file for
     /// every claim of the node (its content, [`preload_content`], is the same for all), so a
@@ -111,8 +127,8 @@ pub struct ClaimPaths {
     pub preload_file: PathBuf,
     /// `<cdi dir>/<driver>-claim_<uid>.json`.
     pub spec_file: PathBuf,
-    /// `<state root>/gpus` ([`GPU_DIR_MODE`]), shared by every claim of the node, mounted at
-    /// [`GPU_DIR_CONTAINER`].
+    /// `<state root>/gpus` ([`GPU_DIR_MODE`]): the GPUs' priority files, each mounted on its
+    /// own at [`contract::priority_file`].
     pub gpu_dir: PathBuf,
 }
 
@@ -127,8 +143,13 @@ impl ClaimPaths {
         uid: &str,
     ) -> Self {
         let claim_dir = claims_dir(run_root).join(uid);
+        let state_dir = claim_dir.join("state");
         Self {
-            state_dir: claim_dir.join("state"),
+            uid: uid.to_owned(),
+            memory_account: state_dir.join(contract::MEMORY_ACCOUNT),
+            core_account: state_dir.join(contract::CORE_ACCOUNT),
+            state_dir,
+            feed_dir: claim_dir.join(contract::FEED_DIR),
             limits_file: claim_dir.join("limits"),
             preload_file: state_root.join("ld.so.preload"),
             spec_file: cdi_dir.join(driver.cdi_spec_file_name(uid)),
@@ -149,9 +170,14 @@ pub fn claims_dir(root: &Path) -> PathBuf {
     root.join("claims")
 }
 
-/// The node's shared GPU directory under the plugin's `state_root`.
+/// The node's GPU directory (the priority files) under the plugin's `state_root`.
 pub fn gpu_dir(state_root: &Path) -> PathBuf {
     state_root.join("gpus")
+}
+
+/// The priority file of GPU `uuid` in the node's GPU directory `gpu_dir`.
+pub fn priority_file(gpu_dir: &Path, uuid: &str) -> PathBuf {
+    gpu_dir.join(contract::priority_file_name(uuid))
 }
 
 /// The claim being prepared.
@@ -221,6 +247,8 @@ pub struct ClaimEdits {
     pub preload: String,
     /// Per-GPU limits in container order.
     pub gpus: Vec<GpuLimit>,
+    /// The claim's priority (the highest any of its devices asks).
+    pub priority: Priority,
 }
 
 /// Why a claim's edits could not be built. Each names the claim and what is wrong.
@@ -327,6 +355,16 @@ pub fn plan(
     Ok(out)
 }
 
+/// A GPU's UUID in the contract's form, NVML's: `GPU-` and lower-case hex.
+pub fn contract_uuid(uuid: &str) -> String {
+    match uuid.get(..4) {
+        Some(p) if p.eq_ignore_ascii_case("GPU-") => {
+            format!("GPU-{}", uuid[4..].to_ascii_lowercase())
+        }
+        _ => uuid.to_ascii_lowercase(),
+    }
+}
+
 /// The per-GPU limits in the order the container sees its GPUs (PCI bus id).
 pub fn gpu_limits(devices: &[PlannedDevice]) -> Vec<GpuLimit> {
     // (pci bus id, minor) → (uuid, memory, cores, any share unthrottled)
@@ -334,7 +372,7 @@ pub fn gpu_limits(devices: &[PlannedDevice]) -> Vec<GpuLimit> {
     for d in devices {
         let e = by_gpu
             .entry((d.gpu.pci_bus_id.to_ascii_lowercase(), d.gpu.minor))
-            .or_insert_with(|| (d.gpu.uuid.clone(), 0, 0, false));
+            .or_insert_with(|| (contract_uuid(&d.gpu.uuid), 0, 0, false));
         e.1 = e.1.saturating_add(d.memory_bytes);
         e.2 += u16::from(d.cores.get());
         e.3 |= d.cores.get() == 0;
@@ -404,24 +442,19 @@ pub fn build(
         fgpu_vars.push((env::fgpu_core_limit(g.ordinal), g.cores.to_string()));
     }
     fgpu_vars.push((env::FGPU_PRIORITY.into(), priority.as_str().into()));
-    fgpu_vars.push((env::FGPU_STATE_DIR.into(), STATE_DIR_CONTAINER.into()));
-    fgpu_vars.push((env::FGPU_GPU_DIR.into(), GPU_DIR_CONTAINER.into()));
+    fgpu_vars.push((
+        env::FGPU_STATE_DIR.into(),
+        contract::claim_run_dir(&claim.uid),
+    ));
 
-    let mut limits = format!(
-        "# fgpu limits of claim {} (uid {}); written by the kubelet plugin, read by libfgpu.so\n",
-        claim.key(),
-        claim.uid
-    );
-    for (k, v) in &fgpu_vars {
-        limits.push_str(&format!("{k}={v}\n"));
-    }
+    let limits = limits_content(claim, &gpus, priority);
 
     let mut common = ContainerEdits::default();
     for (k, v) in &fgpu_vars {
         common = common.env(k, v);
     }
     common = common
-        .env(env::FGPU_LIMITS_FILE, LIMITS_CONTAINER)
+        .env(env::FGPU_LIMITS_FILE, contract::limits_file(&claim.uid))
         .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
     // HAMi-core's names, for images that bring HAMi-core's library.
     if let Some(m) = uniform(|g| g.memory_bytes) {
@@ -465,17 +498,40 @@ pub fn build(
             &RO,
         ))
         .mount(MountEdit::bind(&paths.preload_file, PRELOAD_CONTAINER, &RO))
-        .mount(MountEdit::bind(&paths.limits_file, LIMITS_CONTAINER, &RO))
         .mount(MountEdit::bind(
-            &paths.state_dir,
-            STATE_DIR_CONTAINER,
+            &paths.limits_file,
+            contract::limits_file(&claim.uid),
+            &RO,
+        ))
+        .mount(MountEdit::bind(
+            &paths.memory_account,
+            contract::memory_account(&claim.uid),
             &STATE_RW,
         ))
         .mount(MountEdit::bind(
-            &paths.gpu_dir,
-            GPU_DIR_CONTAINER,
+            &paths.core_account,
+            contract::core_account(&claim.uid),
             &STATE_RW,
+        ))
+        .mount(MountEdit::bind(
+            &paths.feed_dir,
+            contract::feed_dir(&claim.uid),
+            &DATA_RO,
         ));
+    // Only a claim allowed high priority (checked at admission and in grant resolution)
+    // may stamp a GPU's priority file; the others can only read it.
+    let priority_opts: &[&str] = if priority == Priority::High {
+        &STATE_RW
+    } else {
+        &DATA_RO
+    };
+    for g in &gpus {
+        common = common.mount(MountEdit::bind(
+            priority_file(&paths.gpu_dir, &g.uuid),
+            contract::priority_file(&g.uuid),
+            priority_opts,
+        ));
+    }
 
     let mut builder = SpecBuilder::new(driver.cdi_kind()).common_edits(common);
     let mut prepared = Vec::with_capacity(devices.len());
@@ -507,7 +563,42 @@ pub fn build(
         limits,
         preload: preload_content(),
         gpus,
+        priority,
     })
+}
+
+/// The claim's limits file, version 2 of the contract (`docs/shim-contract.md`): the claim,
+/// its accounts, feed and priority, and per GPU (by UUID, in container order) its memory,
+/// its cores (absent when not throttled) and its priority file.
+pub fn limits_content(claim: &ClaimRef, gpus: &[GpuLimit], priority: Priority) -> String {
+    let uid = &claim.uid;
+    let mut out = format!(
+        "# fgpu limits of claim {} (uid {uid}); written by the kubelet plugin, read by libfgpu.so (docs/shim-contract.md)\n",
+        claim.key()
+    );
+    let mut line = |k: &str, v: &str| {
+        out.push_str(k);
+        out.push('=');
+        out.push_str(v);
+        out.push('\n');
+    };
+    line("version", &contract::LIMITS_VERSION.to_string());
+    line("claim", &claim.key());
+    line("claim_uid", uid);
+    line("memory_account", &contract::memory_account(uid));
+    line("core_account", &contract::core_account(uid));
+    line("feed", &contract::feed_file(uid));
+    line("priority", priority.as_str());
+    line("core_policy", CORE_POLICY);
+    for g in gpus {
+        let key = |field: &str| format!("gpu.{}.{field}", g.uuid);
+        line(&key("memory"), &g.memory_bytes.to_string());
+        if g.cores > 0 {
+            line(&key("cores"), &g.cores.to_string());
+        }
+        line(&key("priority_file"), &contract::priority_file(&g.uuid));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -621,13 +712,13 @@ pub(crate) mod tests {
                     "CUDA_DEVICE_SM_LIMIT_0=30".into(),
                     "FGPU_PRIORITY=normal".into(),
                     "CUDA_TASK_PRIORITY=1".into(),
-                    "FGPU_STATE_DIR=/run/fgpu".into(),
-                    "FGPU_GPU_DIR=/run/fgpu-gpu".into(),
-                    "FGPU_LIMITS_FILE=/etc/fgpu/limits".into(),
+                    "FGPU_STATE_DIR=/run/fgpu/claims/0a1b-uid".into(),
+                    "FGPU_LIMITS_FILE=/etc/fgpu/claims/0a1b-uid/limits".into(),
                     "CUDA_DEVICE_ORDER=PCI_BUS_ID".into(),
-                    "CUDA_DEVICE_MEMORY_SHARED_CACHE=/run/fgpu/hami.cache".into(),
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/fgpu-hami.cache".into(),
                 ],
-                vec!["FGPU_MEMORY_LIMIT_1"],
+                // The node-wide GPU directory is gone from claims.
+                vec!["FGPU_MEMORY_LIMIT_1", "FGPU_GPU_DIR"],
             ),
             (
                 "two GPUs listed against bus order: ordinals follow the bus, no plain form",
@@ -698,16 +789,17 @@ pub(crate) mod tests {
                     "{name}: {u} in {got:?}"
                 );
             }
-            // The limits file carries the FGPU_* limits (not the HAMi names).
-            for line in got
-                .iter()
-                .filter(|l| l.starts_with("FGPU_") && !l.starts_with("FGPU_LIMITS_FILE"))
-            {
+            // The limits file is keyed by UUID, never by the environment's names.
+            assert!(e.limits.contains("\nversion=2\n"), "{name}: {}", e.limits);
+            for g in &e.gpus {
+                let memory = format!("gpu.{}.memory={}\n", g.uuid, g.memory_bytes);
                 assert!(
-                    e.limits.lines().any(|l| l == line),
-                    "{name}: {line} not in limits"
+                    e.limits.contains(&memory),
+                    "{name}: {memory} in {}",
+                    e.limits
                 );
             }
+            assert!(!e.limits.contains("FGPU_"), "{name}");
             assert!(!e.limits.contains("CUDA_"), "{name}");
             // Round trip through the CDI crate's validation.
             CdiSpec::from_json(&e.spec.to_json().unwrap()).unwrap();
@@ -826,19 +918,48 @@ pub(crate) mod tests {
                 ),
                 m(
                     "/run/fgpu/claims/0a1b-uid/limits",
-                    "/etc/fgpu/limits",
+                    "/etc/fgpu/claims/0a1b-uid/limits",
                     "ro,nosuid,nodev,bind"
                 ),
                 m(
-                    "/run/fgpu/claims/0a1b-uid/state",
-                    "/run/fgpu",
+                    "/run/fgpu/claims/0a1b-uid/state/memory.state",
+                    "/run/fgpu/claims/0a1b-uid/memory.state",
                     "rw,nosuid,nodev,noexec,bind"
                 ),
                 m(
-                    "/var/lib/fgpu/gpus",
-                    "/run/fgpu-gpu",
+                    "/run/fgpu/claims/0a1b-uid/state/core.state",
+                    "/run/fgpu/claims/0a1b-uid/core.state",
                     "rw,nosuid,nodev,noexec,bind"
                 ),
+                m(
+                    "/run/fgpu/claims/0a1b-uid/feed",
+                    "/run/fgpu/claims/0a1b-uid/feed",
+                    "ro,nosuid,nodev,noexec,bind"
+                ),
+                // A normal-priority claim reads the GPUs' priority files only.
+                m(
+                    "/var/lib/fgpu/gpus/GPU-00000001-0000-0000-0000-000000000000.priority",
+                    "/run/fgpu/gpus/GPU-00000001-0000-0000-0000-000000000000.priority",
+                    "ro,nosuid,nodev,noexec,bind"
+                ),
+                m(
+                    "/var/lib/fgpu/gpus/GPU-00000000-0000-0000-0000-000000000000.priority",
+                    "/run/fgpu/gpus/GPU-00000000-0000-0000-0000-000000000000.priority",
+                    "ro,nosuid,nodev,noexec,bind"
+                ),
+            ]
+        );
+        // Nothing of the node is mounted read-write but the claim's own accounts.
+        let rw: Vec<_> = mounts
+            .iter()
+            .filter(|(_, _, o)| o.starts_with("rw"))
+            .map(|(_, c, _)| c.as_str())
+            .collect();
+        assert_eq!(
+            rw,
+            [
+                "/run/fgpu/claims/0a1b-uid/memory.state",
+                "/run/fgpu/claims/0a1b-uid/core.state"
             ]
         );
         assert_eq!(e.preload, "/usr/lib/fgpu/libfgpu.so\n");
@@ -852,6 +973,107 @@ pub(crate) mod tests {
             e.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),
             [&g1.uuid, &g0.uuid]
         );
+    }
+
+    #[test]
+    fn limits_file_version_2() {
+        let (g0, g1) = (gpu(0, "0000:1b:00.0"), gpu(1, "0000:0a:00.0"));
+        let devices = vec![
+            dev(&g0, "a", Some("s1"), 10, 30),
+            dev(&g0, "b", Some("s2"), 6, 20),
+            dev(&g1, "c", None, 80, 0),
+        ];
+        let e = build(
+            &DriverName::default(),
+            &claim(),
+            &devices,
+            &files(),
+            &paths(),
+        )
+        .unwrap();
+        assert_eq!(
+            e.limits,
+            format!(
+                "# fgpu limits of claim ns/c (uid 0a1b-uid); written by the kubelet plugin, read by libfgpu.so (docs/shim-contract.md)
+version=2
+claim=ns/c
+claim_uid=0a1b-uid
+memory_account=/run/fgpu/claims/0a1b-uid/memory.state
+core_account=/run/fgpu/claims/0a1b-uid/core.state
+feed=/run/fgpu/claims/0a1b-uid/feed/utilisation
+priority=normal
+core_policy=limit
+gpu.GPU-00000001-0000-0000-0000-000000000000.memory={}
+gpu.GPU-00000001-0000-0000-0000-000000000000.priority_file=/run/fgpu/gpus/GPU-00000001-0000-0000-0000-000000000000.priority
+gpu.GPU-00000000-0000-0000-0000-000000000000.memory={}
+gpu.GPU-00000000-0000-0000-0000-000000000000.cores=50
+gpu.GPU-00000000-0000-0000-0000-000000000000.priority_file=/run/fgpu/gpus/GPU-00000000-0000-0000-0000-000000000000.priority
+",
+                80 * GI,
+                16 * GI
+            )
+        );
+        // Every key once (a duplicate makes the file malformed for the shim).
+        let keys: Vec<&str> = e
+            .limits
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split_once('=').unwrap().0)
+            .collect();
+        let mut unique = keys.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(keys.len(), unique.len(), "{keys:?}");
+    }
+
+    #[test]
+    fn uuids_take_nvml_form() {
+        let mut g = gpu(0, "0000:1b:00.0");
+        g.uuid = "GPU-ABCDEF01-0000-0000-0000-00000000000A".into();
+        let e = build(
+            &DriverName::default(),
+            &claim(),
+            &[dev(&g, "a", None, 1, 0)],
+            &files(),
+            &paths(),
+        )
+        .unwrap();
+        assert!(
+            e.limits
+                .contains("gpu.GPU-abcdef01-0000-0000-0000-00000000000a.memory="),
+            "{}",
+            e.limits
+        );
+    }
+
+    #[test]
+    fn only_a_high_priority_claim_may_write_the_priority_files() {
+        let g = gpu(0, "0000:1b:00.0");
+        let prio_opts = |p: Priority| {
+            let mut d = dev(&g, "a", None, 1, 0);
+            d.priority = p;
+            let e = build(&DriverName::default(), &claim(), &[d], &files(), &paths()).unwrap();
+            assert!(
+                e.limits.contains(&format!("\npriority={p}\n")),
+                "{}",
+                e.limits
+            );
+            let v = e.spec.to_json_value();
+            let m = v["containerEdits"]["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| {
+                    m["containerPath"]
+                        == "/run/fgpu/gpus/GPU-00000000-0000-0000-0000-000000000000.priority"
+                })
+                .cloned()
+                .unwrap();
+            m["options"][0].as_str().unwrap().to_owned()
+        };
+        assert_eq!(prio_opts(Priority::High), "rw");
+        assert_eq!(prio_opts(Priority::Normal), "ro");
+        assert_eq!(prio_opts(Priority::Low), "ro");
     }
 
     #[test]

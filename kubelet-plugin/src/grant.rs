@@ -15,8 +15,14 @@
 //! and a bad one fails the claim with an error naming the claim and the field path, e.g.
 //! `claim ns/c: status.allocation.devices.config[1].opaque.parameters.cores: 140 is above
 //! the maximum 100`.
+//!
+//! Priority policy ([`check_priority_policy`]): `allowHighPriority` counts only in the
+//! class's entries (a claim entry that sets it fails the claim), and `priority: high` from a
+//! claim entry needs a class entry applying to the same request that allows it. The
+//! controller's admission webhook refuses such claims already; this is the node's own check
+//! (a claim admitted before the policy, or by a cluster without the webhook).
 
-use fgpu_api::config::{CorePercent, GpuShareConfig, Priority};
+use fgpu_api::config::{ConfigError, ConfigProblem, CorePercent, GpuShareConfig, Priority};
 use fgpu_api::names::capacity;
 use fgpu_api::quantity;
 
@@ -155,6 +161,7 @@ pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult
     }
     // Class configuration first, then the claim's; the allocator's order within each.
     share::order(&mut entries);
+    check_class_only(&entries).map_err(|e| invalid(e.path, e.problem.to_string()))?;
 
     let mut out = Vec::new();
     for (index, result) in alloc.results.iter().enumerate() {
@@ -187,6 +194,8 @@ pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult
         // One rule with the controller's ledger (`fgpu_driver::grant`); what "nothing said"
         // means is the node's: all of the memory, cores not throttled.
         let resolved = share::resolve(&entries, &result.request, Some(consumed));
+        check_priority_policy(&entries, &result.request)
+            .map_err(|e| invalid(e.path, e.problem.to_string()))?;
         let memory_entry = resolved.memory_entry;
         let grant = Grant {
             memory: resolved
@@ -232,6 +241,49 @@ pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult
         });
     }
     Ok(out)
+}
+
+/// The field path of entry `position`'s `field`.
+fn config_path(position: usize, field: &str) -> String {
+    format!("status.allocation.devices.config[{position}].opaque.parameters.{field}")
+}
+
+/// Refuses a claim entry that sets `allowHighPriority` (only a class may).
+fn check_class_only(entries: &[ConfigEntry]) -> Result<(), ConfigError> {
+    match entries
+        .iter()
+        .find(|e| !e.from_class && e.config.allow_high_priority)
+    {
+        Some(e) => Err(ConfigError {
+            path: config_path(e.position, "allowHighPriority"),
+            problem: ConfigProblem::ClassOnly,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The priority policy for one request, on `entries` in [`share::order`]: when the entry
+/// that decides its priority (the last applying one that sets it) is a claim's and says
+/// `high`, a class entry applying to the request must say `allowHighPriority: true`. A
+/// class that sets `priority: high` itself is the admin's decision and needs nothing more.
+pub fn check_priority_policy(entries: &[ConfigEntry], request: &str) -> Result<(), ConfigError> {
+    let applying = || entries.iter().filter(|e| e.applies_to(request));
+    let Some(decider) = applying().rfind(|e| e.has_priority) else {
+        return Ok(());
+    };
+    if decider.from_class || decider.config.priority != Priority::High {
+        return Ok(());
+    }
+    if applying().any(|e| e.from_class && e.config.allow_high_priority) {
+        return Ok(());
+    }
+    Err(ConfigError {
+        path: config_path(decider.position, "priority"),
+        problem: ConfigProblem::HighPriorityNotAllowed {
+            request: request.to_owned(),
+            class: "its DeviceClass".into(),
+        },
+    })
 }
 
 #[cfg(test)]
@@ -287,14 +339,21 @@ mod tests {
                 want: vec![(Whole, W, 0, W, Priority::Normal, false)],
             },
             Case {
-                name: "consumedCapacity wins over config",
+                name: "consumedCapacity wins over config (high priority: the class allows it)",
                 results: json!([{"request": "gpu", "driver": D, "pool": "n1", "device": "gpu-0",
                     "shareID": "s1", "consumedCapacity": {"memory": "10Gi", "cores": "30"}}]),
-                config: json!([cfg(
-                    "FromClaim",
-                    json!([]),
-                    json!({"memory": "20Gi", "cores": 50, "priority": "high"})
-                )]),
+                config: json!([
+                    cfg(
+                        "FromClass",
+                        json!(["gpu"]),
+                        json!({"allowHighPriority": true})
+                    ),
+                    cfg(
+                        "FromClaim",
+                        json!([]),
+                        json!({"memory": "20Gi", "cores": 50, "priority": "high"})
+                    )
+                ]),
                 want: vec![(Bytes(10 * GI), Cc, 30, Cc, Priority::High, false)],
             },
             Case {
@@ -456,5 +515,111 @@ mod tests {
             e.to_string()
                 .starts_with("claim ns/c: status.allocation: not allocated")
         );
+    }
+
+    /// Claims that try to get `priority: high` without the class's permission, and the ways
+    /// a class grants it.
+    #[test]
+    fn priority_policy() {
+        let high = json!({"priority": "high"});
+        let refused = [
+            (
+                "a claim asks high, the class says nothing",
+                json!([
+                    cfg("FromClass", json!(["gpu"]), json!({"memory": "1Gi"})),
+                    cfg("FromClaim", json!([]), high.clone())
+                ]),
+                r#"claim ns/c: status.allocation.devices.config[1].opaque.parameters.priority: "high" is not allowed for request "gpu": its DeviceClass does not set allowHighPriority: true"#,
+            ),
+            (
+                "no class config at all",
+                json!([cfg("FromClaim", json!(["gpu"]), high.clone())]),
+                r#"claim ns/c: status.allocation.devices.config[0].opaque.parameters.priority: "high" is not allowed for request "gpu""#,
+            ),
+            (
+                "the claim grants itself allowHighPriority",
+                json!([cfg(
+                    "FromClaim",
+                    json!([]),
+                    json!({"priority": "high", "allowHighPriority": true})
+                )]),
+                "claim ns/c: status.allocation.devices.config[0].opaque.parameters.allowHighPriority: may be set only in a DeviceClass's configuration",
+            ),
+            (
+                "the claim sets allowHighPriority even without asking high",
+                json!([cfg(
+                    "FromClaim",
+                    json!(["other"]),
+                    json!({"allowHighPriority": true})
+                )]),
+                "claim ns/c: status.allocation.devices.config[0].opaque.parameters.allowHighPriority: may be set only",
+            ),
+            (
+                "another request's class allows it, not this one's",
+                json!([
+                    cfg(
+                        "FromClass",
+                        json!(["other"]),
+                        json!({"allowHighPriority": true})
+                    ),
+                    cfg("FromClaim", json!(["gpu"]), high.clone())
+                ]),
+                r#"claim ns/c: status.allocation.devices.config[1].opaque.parameters.priority: "high" is not allowed for request "gpu""#,
+            ),
+            (
+                "allowHighPriority: false in the class",
+                json!([
+                    cfg("FromClass", json!([]), json!({"allowHighPriority": false})),
+                    cfg("FromClaim", json!([]), high.clone())
+                ]),
+                r#"claim ns/c: status.allocation.devices.config[1].opaque.parameters.priority: "high" is not allowed"#,
+            ),
+        ];
+        for (name, config, want) in refused {
+            let e = resolve(&claim(json!([res("gpu", "gpu-0")]), config), D)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(want),
+                "{name}: got {e:?}, want prefix {want:?}"
+            );
+        }
+        let allowed = [
+            (
+                "the class allows it",
+                json!([
+                    cfg(
+                        "FromClass",
+                        json!(["gpu"]),
+                        json!({"allowHighPriority": true})
+                    ),
+                    cfg("FromClaim", json!([]), high.clone())
+                ]),
+                Priority::High,
+            ),
+            (
+                "the class itself sets high",
+                json!([cfg("FromClass", json!([]), high.clone())]),
+                Priority::High,
+            ),
+            (
+                "the claim overrides the class's high with low",
+                json!([
+                    cfg("FromClass", json!([]), high.clone()),
+                    cfg("FromClaim", json!([]), json!({"priority": "low"}))
+                ]),
+                Priority::Low,
+            ),
+            (
+                "the claim asks normal",
+                json!([cfg("FromClaim", json!([]), json!({"priority": "normal"}))]),
+                Priority::Normal,
+            ),
+        ];
+        for (name, config, want) in allowed {
+            let r = resolve(&claim(json!([res("gpu", "gpu-0")]), config), D)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(r[0].grant.priority, want, "{name}");
+        }
     }
 }

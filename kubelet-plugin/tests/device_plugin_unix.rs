@@ -198,28 +198,45 @@ async fn registers_lists_and_allocates() {
     assert!(spec_text.contains(&format!("{claim_uid}-{}", device_name(gpu_b))));
     let limits = root.join(format!("run/claims/{claim_uid}/limits"));
     let limits_text = std::fs::read_to_string(&limits).unwrap();
+    let uuid = GPU_B.to_ascii_lowercase().replacen("gpu-", "GPU-", 1);
     assert!(
         limits_text
             .lines()
-            .any(|l| l == format!("FGPU_MEMORY_LIMIT={}", 10 * GI)),
+            .any(|l| l == format!("gpu.{uuid}.memory={}", 10 * GI)),
         "{limits_text}"
     );
     assert!(
-        limits_text.lines().any(|l| l == "FGPU_CORE_LIMIT=30"),
+        limits_text
+            .lines()
+            .any(|l| l == format!("gpu.{uuid}.cores=30")),
         "{limits_text}"
     );
-    assert!(root.join(format!("run/claims/{claim_uid}/state")).is_dir());
+    assert!(
+        root.join(format!("run/claims/{claim_uid}/state/memory.state"))
+            .is_file()
+    );
     // The legacy answer mirrors the spec.
     assert_eq!(
         c.envs.get("FGPU_MEMORY_LIMIT").map(String::as_str),
         Some((10 * GI).to_string().as_str())
     );
+    assert!(c.mounts.iter().any(|m| m.container_path
+        == format!("/etc/fgpu/claims/{claim_uid}/limits")
+        && m.host_path == limits.to_str().unwrap()
+        && m.read_only));
+    // The device plugin's mounts carry the accounts read-write, the GPU's priority file
+    // read-only (a normal-priority container).
+    let account = format!("/run/fgpu/claims/{claim_uid}/memory.state");
     assert!(
         c.mounts
             .iter()
-            .any(|m| m.container_path == "/etc/fgpu/limits"
-                && m.host_path == limits.to_str().unwrap()
-                && m.read_only)
+            .any(|m| m.container_path == account && !m.read_only)
+    );
+    let prio = format!("/run/fgpu/gpus/{uuid}.priority");
+    assert!(
+        c.mounts
+            .iter()
+            .any(|m| m.container_path == prio && m.read_only)
     );
     assert!(
         c.devices

@@ -337,11 +337,20 @@ async fn v1beta1_prepare_unprepare() {
         }]
     );
     let limits = std::fs::read_to_string(s.dir.path().join("run/claims/uid-quota/limits")).unwrap();
+    // Contract v2: keyed by the GPU's UUID, whatever the ordinal in the container.
+    assert!(limits.contains("\nversion=2\n"), "{limits}");
     assert!(
-        limits.contains("FGPU_MEMORY_LIMIT=4294967296\n"),
+        limits
+            .lines()
+            .any(|l| l.starts_with("gpu.GPU-") && l.ends_with(".memory=4294967296")),
         "{limits}"
     );
-    assert!(limits.contains("FGPU_CORE_LIMIT=20\n"), "{limits}");
+    assert!(
+        limits
+            .lines()
+            .any(|l| l.starts_with("gpu.GPU-") && l.ends_with(".cores=20")),
+        "{limits}"
+    );
 
     // A bad claim on the old API too, and the server keeps serving.
     let bad = client

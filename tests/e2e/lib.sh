@@ -74,6 +74,7 @@ spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
   resourceClaims: [{name: gpu, resourceClaimName: $name}]
+  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
   containers:
   - name: probe
     image: $FGPU_WORKLOAD_IMAGE

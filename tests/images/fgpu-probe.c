@@ -3,7 +3,13 @@
  * the device, the memory total/free that cuMemGetInfo and nvmlDeviceGetMemoryInfo report,
  * then allocates in steps until the driver refuses, and prints where and with what error.
  *
- *   fgpu-probe [--step-mib N] [--max-gib N] [--hold-s N]
+ *   fgpu-probe [--step-mib N] [--max-gib N] [--hold-s N] [--work-s S --warm-s W] [--device D]
+ *
+ * --work-s S: after the allocations, launch kernels (40 blocks, the fake's "fake-image"
+ * module) as fast as the shim lets it for S seconds and print work_share=<percent>: this
+ * process's GPU time on the fake's shared timeline (fakeCudaBusyNs) over [W, S), the way
+ * hook-lib/tests measure core quotas. Only with the fake driver (work=unavailable
+ * otherwise). --device D: use device D (default 0).
  *
  * Output is "key=value" lines so tests can grep them. Exit 0 when the probe ran (even if
  * an allocation failed: that is the point), 2 when libcuda could not be used at all.
@@ -12,7 +18,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -37,12 +50,17 @@ static const char *errname(void *cuda, CUresult r) {
 
 int main(int argc, char **argv) {
   unsigned long long step_mib = 1024, max_gib = 256;
-  int hold_s = 0;
+  int hold_s = 0, device = 0;
+  double work_s = 0, warm_s = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--step-mib")) step_mib = strtoull(argv[i + 1], NULL, 10);
     else if (!strcmp(argv[i], "--max-gib")) max_gib = strtoull(argv[i + 1], NULL, 10);
     else if (!strcmp(argv[i], "--hold-s")) hold_s = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--work-s")) work_s = atof(argv[i + 1]);
+    else if (!strcmp(argv[i], "--warm-s")) warm_s = atof(argv[i + 1]);
+    else if (!strcmp(argv[i], "--device")) device = atoi(argv[i + 1]);
   }
+  printf("uid=%d pid=%d\n", (int)getuid(), (int)getpid());
   const char *preload = getenv("LD_PRELOAD");
   FILE *pl = fopen("/etc/ld.so.preload", "r");
   char plbuf[256] = "";
@@ -83,7 +101,7 @@ int main(int argc, char **argv) {
   CUdevice dev = 0;
   CUcontext ctx = NULL;
   if ((r = cuInit(0)) != 0) { printf("cuInit=%d %s\n", r, errname(cuda, r)); return 2; }
-  if ((r = cuDeviceGet(&dev, 0)) != 0) { printf("cuDeviceGet=%d %s\n", r, errname(cuda, r)); return 2; }
+  if ((r = cuDeviceGet(&dev, device)) != 0) { printf("cuDeviceGet=%d %s\n", r, errname(cuda, r)); return 2; }
   char name[128] = "?";
   if (cuDeviceGetName) cuDeviceGetName(name, sizeof name, dev);
   printf("device=%s\n", name);
@@ -103,6 +121,38 @@ int main(int argc, char **argv) {
     done += step_mib;
   }
   fflush(stdout);
+  if (work_s > 0) {
+    CUresult (*load)(void **, const void *) = NULL, (*getfn)(void **, void *, const char *) = NULL;
+    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       void *, void **, void **) = NULL;
+    unsigned long long (*busy)(int, int) = NULL;
+    *(void **)(&load) = dlsym(cuda, "cuModuleLoadData");
+    *(void **)(&getfn) = dlsym(cuda, "cuModuleGetFunction");
+    *(void **)(&launch) = dlsym(cuda, "cuLaunchKernel");
+    *(void **)(&busy) = dlsym(cuda, "fakeCudaBusyNs");
+    void *mod = NULL, *fn = NULL;
+    if (!load || !getfn || !launch || !busy || load(&mod, "fake-image") != 0 || getfn(&fn, mod, "kernel") != 0) {
+      printf("work=unavailable (not the fake driver)\n");
+    } else {
+      double t0 = now_s(), tw = 0;
+      unsigned long long b0 = 0;
+      long n = 0;
+      int pid = (int)getpid();
+      for (;; n++) {
+        double t = now_s();
+        if (tw == 0 && t - t0 >= warm_s) { tw = t; b0 = busy(device, pid); }
+        if (t - t0 >= work_s) break;
+        if ((r = launch(fn, 40, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL)) != 0) {
+          printf("work_launch_result=%s (%d)\n", errname(cuda, r), r);
+          break;
+        }
+      }
+      double t1 = now_s();
+      unsigned long long b1 = busy(device, pid);
+      printf("work_launches=%ld\nwork_share=%.2f\n", n, tw > 0 ? (double)(b1 - b0) / 1e9 / (t1 - tw) * 100 : -1.0);
+    }
+    fflush(stdout);
+  }
   if (hold_s > 0) sleep((unsigned)hold_s);
   return 0;
 }

@@ -11,8 +11,17 @@
 //!   denies the object with the field path. A request of the shared class that asks for no
 //!   memory (neither `capacity.requests.memory` nor `memory` in a config entry that
 //!   applies) is admitted with a warning: it takes whole GPUs.
+//!
+//!   Priority policy: a config entry may not set `allowHighPriority` (only a DeviceClass
+//!   may), and an entry asking `priority: high` is denied unless every DeviceClass of the
+//!   requests it applies to allows it (`allowHighPriority: true` in its config of this
+//!   driver). The server looks those classes up ([`high_priority_classes`] says which) and
+//!   passes what it found as a [`ClassPolicy`]; the node's prepare checks the same rule on
+//!   the allocation.
 
-use fgpu_api::config::GpuShareConfig;
+use std::collections::BTreeMap;
+
+use fgpu_api::config::{ConfigError, ConfigProblem, GpuShareConfig, Priority};
 use fgpu_api::names::{DriverName, capacity};
 use serde_json::{Value, json};
 
@@ -68,14 +77,124 @@ pub struct Invalid {
     pub source: fgpu_api::config::ConfigError,
 }
 
-/// Checks a ResourceClaim or ResourceClaimTemplate (`kind`) of any served version for
-/// `driver`: `Err` denies (its message names the object and the field path),
-/// `Ok(warnings)` admits.
-pub fn validate(obj: &Value, kind: &str, driver: &DriverName) -> Result<Vec<String>, Invalid> {
-    let (devices, prefix) = match kind {
+/// What the webhook learnt of a DeviceClass: whether its configuration of this driver says
+/// `allowHighPriority: true`, or why it could not tell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClassLookup {
+    /// The class exists; whether it allows `priority: high`.
+    Found(bool),
+    /// There is no such class.
+    NotFound,
+    /// The lookup failed (the message).
+    Failed(String),
+}
+
+/// The looked-up classes by name.
+pub type ClassPolicy = BTreeMap<String, ClassLookup>;
+
+/// Whether DeviceClass `class` (JSON, any served version) allows `priority: high`: one of its
+/// `spec.config[]` entries of `driver` decodes and sets `allowHighPriority: true`.
+pub fn class_allows_high(class: &Value, driver: &DriverName) -> bool {
+    class["spec"]["config"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["opaque"]["driver"].as_str() == Some(driver.as_str()))
+        .any(|e| {
+            GpuShareConfig::from_value(&e["opaque"]["parameters"], "")
+                .is_ok_and(|c| c.allow_high_priority)
+        })
+}
+
+/// The devices part and its field path.
+fn devices_of<'a>(obj: &'a Value, kind: &str) -> (&'a Value, &'static str) {
+    match kind {
         "ResourceClaimTemplate" => (&obj["spec"]["spec"]["devices"], "spec.spec.devices"),
         _ => (&obj["spec"]["devices"], "spec.devices"),
-    };
+    }
+}
+
+/// Each request (and `<request>/<subrequest>` of `firstAvailable`) with its DeviceClass.
+fn request_class_names(devices: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for r in devices["requests"].as_array().into_iter().flatten() {
+        let name = r["name"].as_str().unwrap_or_default().to_owned();
+        let exact = if r["exactly"].is_object() {
+            &r["exactly"]
+        } else {
+            r
+        };
+        if let Some(c) = exact["deviceClassName"].as_str() {
+            out.push((name.clone(), c.to_owned()));
+        }
+        for sub in r["firstAvailable"].as_array().into_iter().flatten() {
+            if let Some(c) = sub["deviceClassName"].as_str() {
+                let s = sub["name"].as_str().unwrap_or_default();
+                out.push((format!("{name}/{s}"), c.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// Whether a config entry naming `requests` (empty: all) applies to `request`
+/// (`<req>` or `<req>/<sub>`).
+fn entry_applies(requests: &[String], request: &str) -> bool {
+    let parent = request.split_once('/').map_or(request, |(p, _)| p);
+    requests.is_empty() || requests.iter().any(|q| q == request || q == parent)
+}
+
+/// The requested configs of `driver` in the object that ask `priority: high`, as (entry
+/// index, the requests it names).
+fn high_priority_entries(devices: &Value, driver: &DriverName) -> Vec<(usize, Vec<String>)> {
+    devices["config"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, e)| e["opaque"]["driver"].as_str() == Some(driver.as_str()))
+        .filter(|(_, e)| {
+            GpuShareConfig::from_value(&e["opaque"]["parameters"], "")
+                .is_ok_and(|c| c.priority == Priority::High)
+        })
+        .map(|(i, e)| {
+            let requests = e["requests"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_str().map(str::to_owned))
+                .collect();
+            (i, requests)
+        })
+        .collect()
+}
+
+/// The DeviceClasses [`validate`] needs to know about: those of the requests that a config
+/// entry asking `priority: high` applies to (none for most claims: nothing to look up).
+pub fn high_priority_classes(obj: &Value, kind: &str, driver: &DriverName) -> Vec<String> {
+    let (devices, _) = devices_of(obj, kind);
+    let entries = high_priority_entries(devices, driver);
+    let mut classes: Vec<String> = request_class_names(devices)
+        .into_iter()
+        .filter(|(req, _)| entries.iter().any(|(_, reqs)| entry_applies(reqs, req)))
+        .map(|(_, c)| c)
+        .collect();
+    classes.sort();
+    classes.dedup();
+    classes
+}
+
+/// Checks a ResourceClaim or ResourceClaimTemplate (`kind`) of any served version for
+/// `driver`: `Err` denies (its message names the object and the field path),
+/// `Ok(warnings)` admits. `classes` holds what the server found of the classes
+/// [`high_priority_classes`] named (a class missing from it does not allow `high`).
+pub fn validate(
+    obj: &Value,
+    kind: &str,
+    driver: &DriverName,
+    classes: &ClassPolicy,
+) -> Result<Vec<String>, Invalid> {
+    let (devices, prefix) = devices_of(obj, kind);
     let name = {
         let m = &obj["metadata"];
         let n = m["name"]
@@ -106,12 +225,45 @@ pub fn validate(obj: &Value, kind: &str, driver: &DriverName) -> Result<Vec<Stri
                     source,
                 }
             })?;
-        let requests = e["requests"]
+        let deny = |field: &str, problem| Invalid {
+            object: name.clone(),
+            source: ConfigError {
+                path: format!("{path}.{field}"),
+                problem,
+            },
+        };
+        if c.allow_high_priority {
+            return Err(deny("allowHighPriority", ConfigProblem::ClassOnly));
+        }
+        let requests: Vec<String> = e["requests"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|r| r.as_str().map(str::to_owned))
             .collect();
+        if c.priority == Priority::High {
+            for (req, class) in request_class_names(devices) {
+                if !entry_applies(&requests, &req) {
+                    continue;
+                }
+                let why = match classes.get(&class) {
+                    Some(ClassLookup::Found(true)) => continue,
+                    Some(ClassLookup::Found(false)) => format!("DeviceClass {class}"),
+                    Some(ClassLookup::NotFound) => format!("DeviceClass {class} (not found)"),
+                    Some(ClassLookup::Failed(e)) => {
+                        format!("DeviceClass {class} (could not be read: {e})")
+                    }
+                    None => format!("DeviceClass {class} (not looked up)"),
+                };
+                return Err(deny(
+                    "priority",
+                    ConfigProblem::HighPriorityNotAllowed {
+                        request: req,
+                        class: why,
+                    },
+                ));
+            }
+        }
         ours.push((requests, c.memory.is_some()));
     }
     let class = driver.shared_class();
@@ -171,7 +323,10 @@ mod tests {
         let c = claim(
             json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": "4Gi"}),
         );
-        assert_eq!(validate(&c, "ResourceClaim", &driver()), Ok(vec![]));
+        assert_eq!(
+            validate(&c, "ResourceClaim", &driver(), &ClassPolicy::new()),
+            Ok(vec![])
+        );
     }
 
     #[test]
@@ -191,9 +346,14 @@ mod tests {
             ),
         ];
         for (params, prefix) in cases {
-            let e = validate(&claim(params.clone()), "ResourceClaim", &driver())
-                .unwrap_err()
-                .to_string();
+            let e = validate(
+                &claim(params.clone()),
+                "ResourceClaim",
+                &driver(),
+                &ClassPolicy::new(),
+            )
+            .unwrap_err()
+            .to_string();
             assert!(e.starts_with(prefix), "{params}: {e}");
         }
     }
@@ -208,7 +368,7 @@ mod tests {
                 {"name": "c", "exactly": {"deviceClassName": "gpu.fgpu.dev"}}
             ]}}}
         });
-        let w = validate(&t, "ResourceClaimTemplate", &driver()).unwrap();
+        let w = validate(&t, "ResourceClaimTemplate", &driver(), &ClassPolicy::new()).unwrap();
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
             w[0].starts_with("ResourceClaimTemplate ns/t: spec.spec.devices.requests[0] (a)"),
@@ -216,10 +376,122 @@ mod tests {
         );
         let mut bad = t.clone();
         bad["spec"]["spec"]["devices"]["config"] = json!([{"opaque": {"driver": "gpu.fgpu.dev", "parameters": {"kind": "GpuShareConfig"}}}]);
-        let e = validate(&bad, "ResourceClaimTemplate", &driver())
+        let e = validate(
+            &bad,
+            "ResourceClaimTemplate",
+            &driver(),
+            &ClassPolicy::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("ResourceClaimTemplate ns/t: spec.spec.devices.config[0].opaque.parameters.apiVersion:"), "{e}");
+    }
+
+    /// A tenant's claim asking `priority: high` (or granting itself the permission) where
+    /// the admin did not allow it.
+    #[test]
+    fn high_priority_needs_the_class() {
+        let high = json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": "1Gi", "priority": "high"});
+        let c = claim(high.clone());
+        assert_eq!(
+            high_priority_classes(&c, "ResourceClaim", &driver()),
+            ["shared.gpu.fgpu.dev"]
+        );
+        let with = |l: ClassLookup| ClassPolicy::from([("shared.gpu.fgpu.dev".into(), l)]);
+        let denied = [
+            (ClassPolicy::new(), "(not looked up)"),
+            (
+                with(ClassLookup::Found(false)),
+                "DeviceClass shared.gpu.fgpu.dev does not",
+            ),
+            (with(ClassLookup::NotFound), "(not found)"),
+            (
+                with(ClassLookup::Failed("forbidden".into())),
+                "(could not be read: forbidden)",
+            ),
+        ];
+        for (classes, detail) in denied {
+            let e = validate(&c, "ResourceClaim", &driver(), &classes)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(r#"ResourceClaim ns/c: spec.devices.config[1].opaque.parameters.priority: "high" is not allowed for request "gpu": "#),
+                "{e}"
+            );
+            assert!(e.contains(detail), "{detail}: {e}");
+        }
+        assert_eq!(
+            validate(
+                &c,
+                "ResourceClaim",
+                &driver(),
+                &with(ClassLookup::Found(true))
+            ),
+            Ok(vec![])
+        );
+        // Granting itself the permission.
+        let mut selfish = high.clone();
+        selfish["allowHighPriority"] = json!(true);
+        let e = validate(
+            &claim(selfish),
+            "ResourceClaim",
+            &driver(),
+            &with(ClassLookup::Found(true)),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("ResourceClaim ns/c: spec.devices.config[1].opaque.parameters.allowHighPriority: may be set only in a DeviceClass's configuration"),
+            "{e}"
+        );
+        // Normal priority needs no lookup.
+        let normal = claim(
+            json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": "1Gi"}),
+        );
+        assert!(high_priority_classes(&normal, "ResourceClaim", &driver()).is_empty());
+        // A template's subrequests: every alternative's class must allow it.
+        let t = json!({
+            "metadata": {"name": "t", "namespace": "ns"},
+            "spec": {"spec": {"devices": {
+                "requests": [{"name": "g", "firstAvailable": [
+                    {"name": "hi", "deviceClassName": "high.gpu.fgpu.dev"},
+                    {"name": "lo", "deviceClassName": "shared.gpu.fgpu.dev"}
+                ]}],
+                "config": [{"requests": ["g"], "opaque": {"driver": "gpu.fgpu.dev", "parameters": high}}]
+            }}}
+        });
+        assert_eq!(
+            high_priority_classes(&t, "ResourceClaimTemplate", &driver()),
+            ["high.gpu.fgpu.dev", "shared.gpu.fgpu.dev"]
+        );
+        let mut classes = with(ClassLookup::Found(false));
+        classes.insert("high.gpu.fgpu.dev".into(), ClassLookup::Found(true));
+        let e = validate(&t, "ResourceClaimTemplate", &driver(), &classes)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("ResourceClaimTemplate ns/t: spec.spec.devices.config[0].opaque.parameters.apiVersion:"), "{e}");
+        assert!(e.contains(r#"for request "g/lo""#), "{e}");
+        classes.insert("shared.gpu.fgpu.dev".into(), ClassLookup::Found(true));
+        assert!(validate(&t, "ResourceClaimTemplate", &driver(), &classes).is_ok());
+    }
+
+    #[test]
+    fn class_allows_high_reads_its_config() {
+        let class = |params: Value| {
+            json!({"spec": {"config": [
+                {"opaque": {"driver": "other.dev", "parameters": {"allowHighPriority": true}}},
+                {"opaque": {"driver": "gpu.fgpu.dev", "parameters": params}}
+            ]}})
+        };
+        let ok = json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "allowHighPriority": true});
+        assert!(class_allows_high(&class(ok), &driver()));
+        let off = json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig"});
+        assert!(!class_allows_high(&class(off), &driver()));
+        // Another driver's parameters do not count, nor does an undecodable entry.
+        assert!(!class_allows_high(
+            &class(json!({"allowHighPriority": true})),
+            &driver()
+        ));
+        assert!(!class_allows_high(&json!({"spec": {}}), &driver()));
     }
 
     #[test]

@@ -150,7 +150,13 @@ async fn webhook(req: Request, shared: &Shared) -> Response {
             let kind = review["request"]["kind"]["kind"]
                 .as_str()
                 .unwrap_or("ResourceClaim");
-            match admission::validate(&review["request"]["object"], kind, &shared.driver) {
+            let object = &review["request"]["object"];
+            let classes = lookup_classes(
+                shared,
+                &admission::high_priority_classes(object, kind, &shared.driver),
+            )
+            .await;
+            match admission::validate(object, kind, &shared.driver, &classes) {
                 Ok(w) => admission::response(&review, true, None, None, &w),
                 Err(e) => {
                     let m = e.to_string();
@@ -162,6 +168,26 @@ async fn webhook(req: Request, shared: &Shared) -> Response {
         _ => return reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     };
     reply(StatusCode::OK, "application/json", answer.to_string())
+}
+
+/// What the DeviceClasses `names` say about `priority: high` (see
+/// [`admission::class_allows_high`]); none are read when a claim does not ask for it.
+async fn lookup_classes(shared: &Shared, names: &[String]) -> admission::ClassPolicy {
+    let ar = fgpu_plumbing::discovery::device_classes(shared.api);
+    let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &ar);
+    let mut out = admission::ClassPolicy::new();
+    for n in names {
+        let found = match api.get_opt(n).await {
+            Ok(Some(o)) => {
+                let v = serde_json::to_value(&o).unwrap_or(Value::Null);
+                admission::ClassLookup::Found(admission::class_allows_high(&v, &shared.driver))
+            }
+            Ok(None) => admission::ClassLookup::NotFound,
+            Err(e) => admission::ClassLookup::Failed(e.to_string()),
+        };
+        out.insert(n.clone(), found);
+    }
+    out
 }
 
 /// Whether the pod needs the gate: any referenced claim or template of the shared class.

@@ -205,7 +205,7 @@ mod tests {
         assert!(
             e.limits
                 .lines()
-                .any(|l| l == format!("FGPU_MEMORY_LIMIT_0={}", want[0].1)),
+                .any(|l| l == format!("gpu.{}.memory={}", want[0].0, want[0].1)),
             "{}",
             e.limits
         );

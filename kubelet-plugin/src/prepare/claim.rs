@@ -124,6 +124,7 @@ impl<S: ClaimSource> Plugin<S> {
                 claim: claim.key(),
                 paths,
                 limits: built.limits,
+                gpu_uuids: built.gpus.iter().map(|g| g.uuid.clone()).collect(),
                 spec,
             },
             devices: built.devices,

@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -48,19 +47,10 @@ fn io_error(path: &Path, op: &'static str, source: io::Error) -> CheckpointError
     }
 }
 
-/// The node's shared GPU directory, exactly [`crate::edits::GPU_DIR_MODE`] whatever the
-/// umask or an earlier run left.
-fn create_shared_dir(path: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(path)?;
-    std::fs::set_permissions(
-        path,
-        std::fs::Permissions::from_mode(crate::edits::GPU_DIR_MODE),
-    )
-}
-
 /// Creates the plugin's directories (state and run roots 0700, the CDI directory, the
-/// shared GPU directory) and writes the node's preload file (0444).
-fn create_node_files(cfg: &PluginConfig) -> Result<(), CheckpointError> {
+/// node's GPU directory, 0755, cleaned of anything but the plugin's priority files) and
+/// writes the node's preload file (0444). Returns what it removed from the GPU directory.
+fn create_node_files(cfg: &PluginConfig) -> Result<Vec<PathBuf>, CheckpointError> {
     create_private_dir(&cfg.state_root)
         .map_err(|e| io_error(&cfg.state_root, "create the state directory", e))?;
     create_private_dir(&cfg.run_root)
@@ -68,8 +58,8 @@ fn create_node_files(cfg: &PluginConfig) -> Result<(), CheckpointError> {
     std::fs::create_dir_all(&cfg.cdi_dir)
         .map_err(|e| io_error(&cfg.cdi_dir, "create the CDI directory", e))?;
     let gpu_dir = crate::edits::gpu_dir(&cfg.state_root);
-    create_shared_dir(&gpu_dir)
-        .map_err(|e| io_error(&gpu_dir, "create the shared GPU directory", e))?;
+    let removed = super::files::clean_gpu_dir(&gpu_dir)
+        .map_err(|e| io_error(&gpu_dir, "create and clean the GPU directory", e))?;
     let preload = cfg.state_root.join("ld.so.preload");
     write_atomic(
         &preload,
@@ -77,7 +67,8 @@ fn create_node_files(cfg: &PluginConfig) -> Result<(), CheckpointError> {
         0o444,
         Durability::Atomic,
     )
-    .map_err(|(op, source)| io_error(&preload, op, source))
+    .map_err(|(op, source)| io_error(&preload, op, source))?;
+    Ok(removed)
 }
 
 /// The version-1 checkpoints (one file each) that older plugins may have left: in the state
@@ -151,7 +142,7 @@ impl<S: ClaimSource> Plugin<S> {
         source: S,
         backend: Arc<dyn DeviceBackend>,
     ) -> Result<(Self, StartReport), CheckpointError> {
-        create_node_files(&cfg)?;
+        let removed_from_gpu_dir = create_node_files(&cfg)?;
         let dir = CheckpointDir::new(cfg.run_root.join(CHECKPOINT_DIR));
         let Opened {
             claims,
@@ -172,6 +163,7 @@ impl<S: ClaimSource> Plugin<S> {
         let mut report = StartReport {
             notes,
             migrated_from,
+            removed_orphans: removed_from_gpu_dir,
             ..StartReport::default()
         };
         plugin.remove_orphans(&mut report);

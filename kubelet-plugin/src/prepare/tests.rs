@@ -108,9 +108,9 @@ async fn prepare_is_idempotent_and_unprepare_removes_everything() {
     let env = Env::new();
     let (plugin, report) = env.start("b1");
     assert_eq!(report.notes, [LoadNote::Missing]);
-    // The node's shared GPU directory: world-writable with the sticky bit.
+    // The node's GPU directory: only the plugin writes it.
     let gpus = env.dir.path().join("state/gpus");
-    assert_eq!(mode(&gpus), 0o1777);
+    assert_eq!(mode(&gpus), 0o755);
     let c = env.add("c", "uid-1", "gpu-1");
     let devices = plugin.prepare(&c).await.unwrap();
     assert_eq!(devices.len(), 1);
@@ -124,6 +124,23 @@ async fn prepare_is_idempotent_and_unprepare_removes_everything() {
     assert_eq!(mode(&dir), 0o700);
     assert_eq!(mode(&dir.join("state")), 0o700);
     assert_eq!(mode(&dir.join("limits")), 0o444);
+    // The contract's files (docs/shim-contract.md): the accounts at the shim's sizes,
+    // zero-filled, usable by any UID; the feed directory; the GPU's priority file.
+    for (name, size) in [
+        ("state/memory.state", 164_928u64),
+        ("state/core.state", 4_160),
+    ] {
+        let f = dir.join(name);
+        assert_eq!(mode(&f), 0o666, "{name}");
+        let bytes = std::fs::read(&f).unwrap();
+        assert_eq!(bytes.len() as u64, size, "{name}");
+        assert!(bytes.iter().all(|&b| b == 0), "{name} is not zero-filled");
+    }
+    assert_eq!(mode(&dir.join("feed")), 0o755);
+    assert_eq!(std::fs::read_dir(dir.join("feed")).unwrap().count(), 0);
+    let prio = gpus.join("GPU-00000001-0000-0000-0000-000000000000.priority");
+    assert_eq!(mode(&prio), 0o666);
+    assert_eq!(std::fs::read(&prio).unwrap(), [0u8; 64]);
     let preload = env.dir.path().join("state/ld.so.preload");
     assert_eq!(mode(&preload), 0o444);
     assert_eq!(
@@ -133,7 +150,9 @@ async fn prepare_is_idempotent_and_unprepare_removes_everything() {
     assert_eq!(mode(&env.spec_path("uid-1")), 0o644);
     let limits = std::fs::read_to_string(dir.join("limits")).unwrap();
     assert!(
-        limits.contains("FGPU_MEMORY_LIMIT_0=10737418240\n"),
+        limits.contains("\nversion=2\n")
+            && limits
+                .contains("\ngpu.GPU-00000001-0000-0000-0000-000000000000.memory=10737418240\n"),
         "{limits}"
     );
     let spec = std::fs::read_to_string(env.spec_path("uid-1")).unwrap();
@@ -169,6 +188,14 @@ async fn prepare_is_idempotent_and_unprepare_removes_everything() {
     // Repeated prepare answers from the checkpoint, even with the claim gone.
     env.source.remove("ns", "c");
     assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
+
+    // A stamp in the priority file survives other claims' prepares (running containers
+    // have it mounted).
+    std::fs::write(&prio, [7u8; 64]).unwrap();
+    let c2 = env.add("c2", "uid-2", "gpu-1");
+    plugin.prepare(&c2).await.unwrap();
+    assert_eq!(std::fs::read(&prio).unwrap(), [7u8; 64]);
+    plugin.unprepare(&c2).await.unwrap();
 
     plugin.unprepare(&c).await.unwrap();
     assert!(!dir.exists());
@@ -234,6 +261,11 @@ async fn restart_keeps_state_and_reboot_discards_it() {
         let (plugin, _) = env.start("b1");
         plugin.prepare(&c).await.unwrap()
     };
+    // A shim has initialised the account: a restart of the plugin must not reset it.
+    let account = env.claim_dir("uid-1").join("state/memory.state");
+    let mut bytes = std::fs::read(&account).unwrap();
+    bytes[..8].copy_from_slice(b"FGPUACC1");
+    std::fs::write(&account, &bytes).unwrap();
     {
         let (plugin, report) = env.start("b1");
         assert_eq!(report.notes, []);
@@ -241,6 +273,7 @@ async fn restart_keeps_state_and_reboot_discards_it() {
         env.source.remove("ns", "c");
         assert_eq!(plugin.prepare(&c).await.unwrap(), devices);
     }
+    assert_eq!(std::fs::read(&account).unwrap(), bytes);
     let (plugin, report) = env.start("b2");
     match &report.notes[..] {
         [
@@ -571,6 +604,14 @@ async fn stale_claims_are_cleaned_up() {
     assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-k"]);
     assert!(!env.claim_dir("uid-g").exists());
     assert!(env.claim_dir("uid-k").exists());
+    assert!(env.claim_dir("uid-k").join("state/memory.state").exists());
+    // The GPU's priority file is the node's, not the claim's: it stays.
+    assert!(
+        env.dir
+            .path()
+            .join("state/gpus/GPU-00000000-0000-0000-0000-000000000000.priority")
+            .exists()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -626,4 +667,119 @@ async fn a_silent_api_server_fails_the_claim_in_time() {
         "claim ns/c: cannot read it: no answer within 20ms"
     );
     assert!(plugin.claims().is_empty());
+}
+
+/// What a tenant could leave in the GPU directory while it was world-writable (1777): a
+/// link to another claim's account, a forged file of its own, a directory. Start removes
+/// them, a prepare replaces a link by a real file and never follows it.
+#[tokio::test]
+async fn the_gpu_directory_is_cleaned_of_what_tenants_left() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let env = Env::new();
+    let gpus = env.dir.path().join("state/gpus");
+    std::fs::create_dir_all(&gpus).unwrap();
+    std::fs::set_permissions(&gpus, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = env.dir.path().join("victim");
+    std::fs::write(&victim, b"secret").unwrap();
+    let p0 = gpus.join("GPU-00000000-0000-0000-0000-000000000000.priority");
+    let p1 = gpus.join("GPU-00000001-0000-0000-0000-000000000000.priority");
+    std::os::unix::fs::symlink(&victim, &p1).unwrap();
+    std::fs::write(&p0, b"short").unwrap();
+    std::fs::write(gpus.join("junk"), b"x").unwrap();
+    std::fs::create_dir(gpus.join("GPU-dir.priority")).unwrap();
+
+    let (plugin, report) = env.start("b1");
+    assert_eq!(mode(&gpus), 0o755);
+    let mut removed: Vec<_> = report
+        .removed_orphans
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    removed.sort();
+    assert_eq!(
+        removed,
+        [
+            "GPU-00000000-0000-0000-0000-000000000000.priority",
+            "GPU-00000001-0000-0000-0000-000000000000.priority",
+            "GPU-dir.priority",
+            "junk"
+        ]
+    );
+    // A link planted after start: prepare replaces the link, the target is untouched.
+    std::os::unix::fs::symlink(&victim, &p1).unwrap();
+    let c = env.add("c", "uid-1", "gpu-1");
+    plugin.prepare(&c).await.unwrap();
+    assert!(
+        std::fs::symlink_metadata(&p1)
+            .unwrap()
+            .file_type()
+            .is_file()
+    );
+    assert_eq!(std::fs::read(&p1).unwrap(), [0u8; 64]);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"secret");
+}
+
+/// A claim that asks `priority: high` in a class that does not allow it fails at prepare
+/// with a field error, before any file is written.
+#[tokio::test]
+async fn high_priority_without_the_class_allowing_it_is_refused() {
+    let env = Env::new();
+    let (plugin, _) = env.start("b1");
+    let claim = |uid: &str, name: &str, class_allows: bool| {
+        let mut config = vec![json!({"source": "FromClaim", "requests": [],
+            "opaque": {"driver": "gpu.fgpu.dev", "parameters": {
+                "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig",
+                "priority": "high"}}})];
+        if class_allows {
+            config.insert(
+                0,
+                json!({"source": "FromClass", "requests": ["gpu"],
+                "opaque": {"driver": "gpu.fgpu.dev", "parameters": {
+                    "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig",
+                    "allowHighPriority": true}}}),
+            );
+        }
+        env.source.insert(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": uid},
+                "status": {"allocation": {"devices": {"results": [{
+                    "request": "gpu", "driver": "gpu.fgpu.dev", "pool": "n1",
+                    "device": "gpu-0", "shareID": "s1",
+                    "consumedCapacity": {"memory": "1Gi"}}], "config": config}}}
+            }))
+            .unwrap(),
+        );
+        ClaimRef {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    };
+    let bad = claim("uid-h1", "greedy", false);
+    let e = plugin.prepare(&bad).await.unwrap_err().to_string();
+    assert!(
+        e.starts_with(r#"claim ns/greedy: status.allocation.devices.config[0].opaque.parameters.priority: "high" is not allowed for request "gpu""#),
+        "{e}"
+    );
+    assert!(!env.claim_dir("uid-h1").exists());
+    assert!(!env.spec_path("uid-h1").exists());
+
+    let good = claim("uid-h2", "allowed", true);
+    plugin.prepare(&good).await.unwrap();
+    let limits = std::fs::read_to_string(env.claim_dir("uid-h2").join("limits")).unwrap();
+    assert!(limits.contains("\npriority=high\n"), "{limits}");
+    let spec = std::fs::read_to_string(env.spec_path("uid-h2")).unwrap();
+    let spec: serde_json::Value = serde_json::from_str(&spec).unwrap();
+    let prio = spec["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| {
+            m["containerPath"]
+                .as_str()
+                .unwrap()
+                .starts_with("/run/fgpu/gpus/")
+        })
+        .unwrap();
+    assert_eq!(prio["options"][0], "rw");
 }

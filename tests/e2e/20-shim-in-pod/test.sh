@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Scenario: libfgpu.so enforces a memory quota inside real containers (kubelet + containerd +
+# Scenario (the one e2e scenario whose pods run as root; every other runs as uid 1000):
+# libfgpu.so enforces a memory quota inside real containers (kubelet + containerd +
 # runc), loaded through /etc/ld.so.preload and reading a read-only limits file, against the
 # fake CUDA driver in the workload image. Each quota pod must see its quota as the card's
 # total and be refused exactly at it; the control pod sees the whole fake card (80 GiB).

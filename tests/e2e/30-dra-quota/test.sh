@@ -81,15 +81,20 @@ assert_eq "quota-4g allocation past the quota" "CUDA_ERROR_OUT_OF_MEMORY (2)" "$
 assert_eq "quota-8g cuMemGetInfo total (MiB)" 8192 "$(field quota-8g cuda_total_mib)"
 assert_eq "quota-8g allocated before refusal (MiB)" 8192 "$(field quota-8g allocated_mib)"
 assert_eq "quota-8g allocation past the quota" "CUDA_ERROR_OUT_OF_MEMORY (2)" "$(field quota-8g next_alloc_result)"
-# The node's shared GPU directory: named by FGPU_GPU_DIR, writable by both claims, shared.
+# The contract's files (docs/shim-contract.md), seen by the pod's non-root user: its
+# limits file, its accounts (0666, the shim's sizes), the feed directory and the GPU's
+# priority file read-only; no node-wide writable directory.
+assert_eq "quota-4g runs as uid" 1000 "$(field quota-4g uid | cut -d' ' -f1)"
 # shellcheck disable=SC2016 # expanded by the container's sh
-assert_eq "quota-4g FGPU_GPU_DIR" /run/fgpu-gpu "$(kubectl -n "$E2E_NS" exec quota-4g -- sh -c 'echo $FGPU_GPU_DIR')"
+files4="$(kubectl -n "$E2E_NS" exec quota-4g -- sh -c 'cd /run/fgpu/claims/* && stat -c "%n %a %s" memory.state core.state && stat -c "%n %a" feed; ls /etc/fgpu/claims/*/limits | wc -l; echo "FGPU_GPU_DIR=${FGPU_GPU_DIR:-unset}"')"
+assert_eq "quota-4g contract files" "memory.state 666 164928 core.state 666 4160 feed 755 " \
+  "$(head -3 <<<"$files4" | tr '\n' ' ')"
+assert_eq "quota-4g limits files" 1 "$(sed -n 4p <<<"$files4")"
+assert_eq "quota-4g FGPU_GPU_DIR" "FGPU_GPU_DIR=unset" "$(sed -n 5p <<<"$files4")"
 # shellcheck disable=SC2016 # expanded by the container's sh
-kubectl -n "$E2E_NS" exec quota-4g -- sh -c 'echo from-4g > $FGPU_GPU_DIR/e2e-$HOSTNAME' >&2
-# shellcheck disable=SC2016 # expanded by the container's sh
-assert_eq "quota-8g sees quota-4g's file in the shared GPU directory" from-4g \
-  "$(kubectl -n "$E2E_NS" exec quota-8g -- sh -c 'cat $FGPU_GPU_DIR/e2e-quota-4g')"
-rm -f "$work/state/gpus/e2e-quota-4g"
+prio="$(kubectl -n "$E2E_NS" exec quota-4g -- sh -c 'f=$(ls /run/fgpu/gpus/*.priority); echo $f; echo x > $f 2>/dev/null && echo written || echo refused')"
+assert_eq "quota-4g may not stamp its GPU's priority file" refused "$(sed -n 2p <<<"$prio")"
+say "ok: $(head -1 <<<"$prio") read-only in a normal-priority claim"
 
 uid4="$(jp "$c4" '{.metadata.uid}')" uid8="$(jp "$c8" '{.metadata.uid}')"
 spec4="$CDI_SPEC_DIR/$driver-claim_$uid4.json" spec8="$CDI_SPEC_DIR/$driver-claim_$uid8.json"

@@ -92,6 +92,7 @@ spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
   resourceClaims: [{name: gpu, resourceClaimName: $2}]
+  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
   containers:
   - name: probe
     image: $FGPU_WORKLOAD_IMAGE
@@ -120,8 +121,9 @@ for i in 1 2; do
   assert_eq "whole-$i allocated before refusal (MiB)" "$whole_alloc" "$(field whole-$i allocated_mib)"
   assert_eq "whole-$i allocation past the card" "CUDA_ERROR_OUT_OF_MEMORY (2)" "$(field whole-$i next_alloc_result)"
   # The shim runs with the whole-device limit (limits file and environment from the CDI spec).
-  assert_eq "whole-$i limits file FGPU_MEMORY_LIMIT (bytes)" "$((mem_mi * 1024 * 1024))" \
-    "$(kubectl -n "$E2E_NS" exec "whole-$i" -- sed -n 's/^FGPU_MEMORY_LIMIT=//p' /etc/fgpu/limits)"
+  # shellcheck disable=SC2016 # expanded by the container's sh
+  assert_eq "whole-$i limits file gpu.<uuid>.memory (bytes)" "$((mem_mi * 1024 * 1024))" \
+    "$(kubectl -n "$E2E_NS" exec "whole-$i" -- sh -c 'sed -n "s/^gpu\.[^.]*\.memory=//p" /etc/fgpu/claims/*/limits')"
   # shellcheck disable=SC2016 # expanded by the container's sh
   assert_eq "whole-$i FGPU_MEMORY_LIMIT in the environment" "$((mem_mi * 1024 * 1024))" \
     "$(kubectl -n "$E2E_NS" exec "whole-$i" -- sh -c 'echo $FGPU_MEMORY_LIMIT')"

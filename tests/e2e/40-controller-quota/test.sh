@@ -7,7 +7,9 @@
 # Asserted:
 # * the validating webhook denies malformed GpuShareConfigs (the api crate's bad-input
 #   cases) with the field path, for claims and templates, and warns on a shared-class claim
-#   without memory;
+#   without memory; it denies priority: high in the shared class (which does not set
+#   allowHighPriority) and a claim that sets allowHighPriority, and admits priority: high
+#   in a class that allows it;
 # * three pods (4, 8, 12 GiB, pinned to gpu-0) are gated by the mutating webhook, allocated
 #   by the controller on gpu-0 (finalizer gpu.fgpu.dev/allocation, the grant as opaque config;
 #   consumedCapacity + shareID where the cluster has consumable capacity), ungated, scheduled,
@@ -38,6 +40,7 @@ cleanup() {
   done
   controller_cleanup $rc
   classes | kubectl delete -f - --ignore-not-found >/dev/null 2>&1 || true
+  kubectl delete deviceclass high.gpu.fgpu.dev --ignore-not-found >/dev/null 2>&1 || true
   plugin_cleanup $rc
   exit $rc
 }
@@ -68,6 +71,27 @@ deny 0 "ResourceClaim $E2E_NS/bad-cores: spec.devices.config[0].opaque.parameter
 deny 1 "ResourceClaim $E2E_NS/bad-field: spec.devices.config[0].opaque.parameters.memroy:" || fail "unknown field not denied with its path"
 deny 2 "ResourceClaimTemplate $E2E_NS/bad-version: spec.spec.devices.config[0].opaque.parameters.apiVersion:" || fail "bad apiVersion in a template not denied with its path"
 deny 3 "ResourceClaim $E2E_NS/bad-memory: spec.devices.config[0].opaque.parameters.memory:" || fail "bad memory not denied with its path"
+deny 4 "ResourceClaim $E2E_NS/bad-high: spec.devices.config[0].opaque.parameters.priority: \"high\" is not allowed for request \"gpu\": DeviceClass shared.gpu.fgpu.dev does not set allowHighPriority" \
+  || fail "priority high in the shared class not denied with its path"
+deny 5 "ResourceClaim $E2E_NS/bad-allow: spec.devices.config[0].opaque.parameters.allowHighPriority: may be set only in a DeviceClass" \
+  || fail "allowHighPriority in a claim not denied with its path"
+# A class that allows high priority (the admin's decision): the same claim in it is admitted.
+kubectl apply -f - >&2 <<YAML
+apiVersion: resource.k8s.io/$api
+kind: DeviceClass
+metadata: {name: high.gpu.fgpu.dev}
+spec:
+  selectors: [{cel: {expression: 'device.driver == "gpu.fgpu.dev"'}}]
+  config:
+  - opaque:
+      driver: gpu.fgpu.dev
+      parameters: {apiVersion: gpu.fgpu.dev/v1alpha1, kind: GpuShareConfig, allowHighPriority: true}
+YAML
+out="$(python3 -c 'import sys; print(open(sys.argv[1]).read().split("\n---\n")[4])' "$bad" \
+  | sed 's/shared\.gpu\.fgpu\.dev/high.gpu.fgpu.dev/' | kubectl create --dry-run=server -f - 2>&1)" \
+  || fail "priority high in a class with allowHighPriority refused: $out"
+say "ok: admitted in high.gpu.fgpu.dev (allowHighPriority: true): $out"
+kubectl delete deviceclass high.gpu.fgpu.dev --ignore-not-found >&2
 warn="$(render "$E2E_DIR/no-memory.yaml" | kubectl create --dry-run=server -f - 2>&1)" || fail "claim without memory refused: $warn"
 echo "$warn" | grep -q "Warning: .*asks for no memory" || fail "no warning for a claim without memory: $warn"
 say "ok: warned: $(echo "$warn" | grep -o 'Warning: .*' | cut -c1-120)…"

@@ -115,6 +115,7 @@ spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
   resourceClaims: [{name: gpu, resourceClaimTemplateName: share}]
+  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
   containers:
   - name: probe
     image: $FGPU_WORKLOAD_IMAGE

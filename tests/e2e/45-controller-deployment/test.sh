@@ -234,6 +234,7 @@ for a in "list resourceclaims.resource.k8s.io -A" "watch resourceclaims.resource
          "get resourceclaimtemplates.resource.k8s.io -n $E2E_NS" \
          "list resourceslices.resource.k8s.io" "watch resourceslices.resource.k8s.io" \
          "get deviceclasses.resource.k8s.io/shared.gpu.fgpu.dev" \
+         "get deviceclasses.resource.k8s.io/gpu.fgpu.dev" \
          "list pods -A" "watch pods -A" "patch pods -n $E2E_NS" \
          "create events.events.k8s.io -n $E2E_NS" \
          "get leases.coordination.k8s.io/fgpu-controller -n $SYS_NS" \
@@ -251,7 +252,7 @@ for a in "list secrets -A" "get secrets -n $SYS_NS" "get configmaps -n $SYS_NS" 
          "create resourceclaimtemplates.resource.k8s.io -n $E2E_NS" \
          "create resourceslices.resource.k8s.io" "update resourceslices.resource.k8s.io" \
          "delete resourceslices.resource.k8s.io" "get resourceslices.resource.k8s.io" \
-         "get deviceclasses.resource.k8s.io/gpu.fgpu.dev" "list deviceclasses.resource.k8s.io" \
+         "list deviceclasses.resource.k8s.io" \
          "update deviceclasses.resource.k8s.io/shared.gpu.fgpu.dev" \
          "get nodes" "patch nodes" "create pods -n $E2E_NS" "delete pods -n $E2E_NS" \
          "update pods -n $E2E_NS" "get pods -n $E2E_NS" "patch pods --subresource=status -n $E2E_NS" \

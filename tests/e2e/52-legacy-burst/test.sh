@@ -86,8 +86,8 @@ t0=$SECONDS
 for p in $real; do
   wait_until 120 "pod $p Running" jp_eq "pod/$p" '{.status.phase}' Running
   g="$(decision_field "$p" 'd["containers"][0]["devices"][0]["id"]')"
-  got="$(kubectl -n "$E2E_NS" exec "$p" -- sh -c 'ls /dev/nvidia[0-9]*; grep -E "^FGPU_(MEMORY|CORE)_LIMIT=" /etc/fgpu/limits' | tr '\n' ' ')"
-  assert_eq "$p: device node and limits (decision: $g)" "/dev/nvidia${g#gpu-} FGPU_MEMORY_LIMIT=$((40000 << 20)) FGPU_CORE_LIMIT=50 " "$got"
+  got="$(kubectl -n "$E2E_NS" exec "$p" -- sh -c 'ls /dev/nvidia[0-9]*; sed -n "s/^gpu\.[^.]*\.\(memory\|cores\)=/\1=/p" /etc/fgpu/claims/*/limits' | tr '\n' ' ')"
+  assert_eq "$p: device node and limits (decision: $g)" "/dev/nvidia${g#gpu-} memory=$((40000 << 20)) cores=50 " "$got"
 done
 
 say "the 4 pods on $NODE_NAME checked $((SECONDS - t0))s after the first check began"
