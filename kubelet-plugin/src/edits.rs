@@ -100,6 +100,11 @@ pub struct NodeFiles {
     /// Hooks that come with the driver files (the NVIDIA container toolkit's ld-cache and
     /// symlink hooks), see [`crate::driver_files`].
     pub driver_hooks: Vec<HookEdit>,
+    /// The node's GPUs are the `fake` backend's: the fake CUDA driver in the container is
+    /// told which GPUs the claim holds (`FAKE_CUDA_UUIDS`, in the container's order), as a
+    /// real driver sees only the device nodes it was given. Without it the fake would report
+    /// its own UUIDs, which no claim names, and the shim would rightly refuse them.
+    pub fake_driver: bool,
 }
 
 /// Host paths of one claim's files.
@@ -456,6 +461,10 @@ pub fn build(
     common = common
         .env(env::FGPU_LIMITS_FILE, contract::limits_file(&claim.uid))
         .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    if files.fake_driver {
+        let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+        common = common.env("FAKE_CUDA_UUIDS", uuids.join(","));
+    }
     // HAMi-core's names, for images that bring HAMi-core's library.
     if let Some(m) = uniform(|g| g.memory_bytes) {
         common = common.env(env::CUDA_DEVICE_MEMORY_LIMIT, hami_memory(m));
@@ -667,6 +676,7 @@ pub(crate) mod tests {
                 env: vec![],
                 timeout: None,
             }],
+            fake_driver: false,
         }
     }
 
@@ -687,6 +697,30 @@ pub(crate) mod tests {
             .iter()
             .map(|v| v.as_str().unwrap().to_owned())
             .collect()
+    }
+
+    #[test]
+    fn a_fake_node_tells_the_fake_driver_the_claims_gpus_in_container_order() {
+        let (g0, g1) = (gpu(0, "0000:1b:00.0"), gpu(1, "0000:0a:00.0"));
+        let devices = vec![dev(&g0, "a", None, 10, 30), dev(&g1, "b", None, 20, 50)];
+        let build_env = |fake_driver| {
+            let files = NodeFiles {
+                fake_driver,
+                ..files()
+            };
+            let e = build(&DriverName::default(), &claim(), &devices, &files, &paths()).unwrap();
+            env_of(&e.spec)
+        };
+        // PCI bus order: g1 (0a) is ordinal 0.
+        assert!(
+            build_env(true).contains(&format!("FAKE_CUDA_UUIDS={},{}", g1.uuid, g0.uuid)),
+            "{:?}",
+            build_env(true)
+        );
+        assert!(
+            !build_env(false).iter().any(|v| v.starts_with("FAKE_CUDA_")),
+            "a real node's containers get nothing of the fake"
+        );
     }
 
     #[test]

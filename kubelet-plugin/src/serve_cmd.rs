@@ -191,6 +191,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             shim_library: args.shim_library,
             driver_mounts,
             driver_hooks,
+            fake_driver: args.gpus.backend == Backend::Fake,
         },
         boot_id_path: args.boot_id_file,
         consumable_capacity: args.consumable_capacity,

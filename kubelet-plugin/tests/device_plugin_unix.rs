@@ -119,6 +119,7 @@ async fn registers_lists_and_allocates() {
                 shim_library: root.join("lib/libfgpu.so"),
                 driver_mounts: vec![FileMount::same(root.join("fake-cuda/libcuda.so.1"))],
                 driver_hooks: vec![],
+                fake_driver: false,
             },
             boot_id: "boot-1".into(),
             claim_get_timeout: Duration::from_secs(5),

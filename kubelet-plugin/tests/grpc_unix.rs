@@ -107,6 +107,7 @@ impl Setup {
                     container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
                 }],
                 driver_hooks: vec![],
+                fake_driver: false,
             },
             boot_id: "boot-1".into(),
             claim_get_timeout: fgpu_kubelet_plugin::prepare::CLAIM_GET_TIMEOUT,

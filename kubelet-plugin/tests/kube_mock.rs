@@ -201,6 +201,7 @@ mod serve_loop {
                 shim_library: dir.join("libfgpu.so"),
                 driver_mounts: vec![],
                 driver_hooks: vec![],
+                fake_driver: false,
             },
             boot_id_path: boot_id,
             consumable_capacity: true,

@@ -173,6 +173,7 @@ mod tests {
             shim_library: "/lib/libfgpu.so".into(),
             driver_mounts: vec![FileMount::same("/usr/lib/libcuda.so.1")],
             driver_hooks: vec![],
+            fake_driver: false,
         };
         let e = build(&driver, &r, &planned, &files, &paths).unwrap();
         // Device names after the pod UID and the container, one per GPU.

@@ -421,6 +421,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
                 shim_library: args.shim_library,
                 driver_mounts,
                 driver_hooks,
+                fake_driver: args.backend == BackendChoice::Fake,
             },
             boot_id,
             claim_get_timeout: crate::prepare::CLAIM_GET_TIMEOUT,

@@ -56,6 +56,7 @@ impl Env {
                 shim_library: "/opt/fgpu/libfgpu.so".into(),
                 driver_mounts: vec![FileMount::same("/usr/lib/libcuda.so.1")],
                 driver_hooks: vec![],
+                fake_driver: false,
             },
             boot_id: boot.into(),
             claim_get_timeout: CLAIM_GET_TIMEOUT,

@@ -80,6 +80,8 @@ pub fn parse_bytes(s: &str) -> Option<u64> {
 
 struct Config {
     sizes: Vec<u64>,
+    /// `FAKE_CUDA_UUIDS`: the devices' UUIDs, in order (absent: [`default_uuid`]).
+    uuids: Vec<[u8; 16]>,
     internal_proc: bool,
     reenter: bool,
     /// Simulated duration of one thread block of a kernel (ns); 0 = launches take no time.
@@ -100,10 +102,21 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn config() -> &'static Config {
     static CFG: OnceLock<Config> = OnceLock::new();
     CFG.get_or_init(|| {
+        // `FAKE_CUDA_UUIDS=GPU-…,GPU-…` names the devices (as a node's plugin tells the fake
+        // in a container which GPUs the claim holds); a malformed entry ends the list.
+        let uuids: Vec<[u8; 16]> = std::env::var("FAKE_CUDA_UUIDS")
+            .ok()
+            .map(|v| {
+                v.split(',')
+                    .map_while(|u| parse_uuid(u.trim()))
+                    .take(MAX_GPUS)
+                    .collect()
+            })
+            .unwrap_or_default();
         let n = std::env::var("FAKE_CUDA_GPUS")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(1)
+            .unwrap_or(if uuids.is_empty() { 1 } else { uuids.len() })
             .min(MAX_GPUS);
         let default = std::env::var("FAKE_CUDA_MEMORY")
             .ok()
@@ -121,6 +134,7 @@ fn config() -> &'static Config {
         let reenter = std::env::var("FAKE_CUDA_REENTER").is_ok_and(|v| v == "1");
         Config {
             sizes,
+            uuids,
             internal_proc,
             reenter,
             block_ns: env_u64("FAKE_CUDA_BLOCK_NS", 0),
@@ -130,13 +144,40 @@ fn config() -> &'static Config {
     })
 }
 
-/// The 16-byte UUID of simulated device `i` (the NVML string is its `GPU-` form).
+/// The 16-byte UUID of simulated device `i` (the NVML string is its `GPU-` form): the
+/// `i`-th of `FAKE_CUDA_UUIDS`, else [`default_uuid`].
 pub fn device_uuid(i: usize) -> [u8; 16] {
+    config()
+        .uuids
+        .get(i)
+        .copied()
+        .unwrap_or_else(|| default_uuid(i))
+}
+
+/// `GPU-fa4ec0da-0000-0000-8000-0000000000<i>`.
+fn default_uuid(i: usize) -> [u8; 16] {
     let mut u = [0u8; 16];
     u[..4].copy_from_slice(&[0xfa, 0x4e, 0xc0, 0xda]);
     u[15] = i as u8;
     u[8] = 0x80;
     u
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (either case) → its 16 bytes.
+fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = s
+        .strip_prefix("GPU-")?
+        .bytes()
+        .filter(|&b| b != b'-')
+        .collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut u = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        u[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(u)
 }
 
 fn uuid_string(u: &[u8; 16]) -> String {
@@ -1548,6 +1589,18 @@ mod tests {
             .unwrap()
             .1;
         assert_eq!(proc_lookup("cuGetProcAddress", 12050, 0), Ok(gpa2));
+    }
+
+    #[test]
+    fn uuids_parse_back() {
+        let u = default_uuid(7);
+        assert_eq!(parse_uuid(&uuid_string(&u)), Some(u));
+        assert_eq!(
+            parse_uuid("GPU-E2E00000-0000-4000-8000-000000000001").map(|u| uuid_string(&u)),
+            Some("GPU-e2e00000-0000-4000-8000-000000000001".to_owned())
+        );
+        assert_eq!(parse_uuid("GPU-e2e0"), None);
+        assert_eq!(parse_uuid("e2e00000-0000-4000-8000-000000000001"), None);
     }
 
     #[test]
