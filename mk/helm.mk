@@ -6,3 +6,12 @@ helm-check: ## helm lint + helm template of each values example + chart structur
 
 # before e2e: seconds, not minutes
 TEST_TARGETS := helm-check $(TEST_TARGETS)
+
+# The harness's images against deploy/images/*/Dockerfile (builds what is missing first).
+.PHONY: images-check
+images-check: ## the harness-built images hold exactly what deploy/images/*/Dockerfile declare
+	$(CARGO) build -q -p fgpu-kubelet-plugin -p fgpu-controller -p fgpu-hook -p fgpu-fake-cuda
+	hack/images.sh build
+	tests/images/check-dockerfiles.py . _out/images --self-test
+
+TEST_TARGETS += images-check
