@@ -31,6 +31,7 @@
 #   hack/images.sh import           import them into the running cluster's containerd
 #   hack/images.sh plugin           (re)build kubelet-plugin.tar if stale and import it
 #   hack/images.sh controller       (re)build controller.tar if stale and import it
+#   FGPU_IMAGES_FORCE=1             repack the plugin and controller images even when up to date
 #   hack/images.sh buildah-probe    install Debian's buildah and see whether it runs here
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -139,6 +140,7 @@ build_plugin() {
   for f in "$bin" "$shim" "$fake" "$profile" "$install" "$FGPU_ROOT/LICENSE" "${BASH_SOURCE[0]}" "$FGPU_ROOT/tests/images/mkoci.py"; do
     if [ "$f" -nt "$out" ] || [ "$f" -nt "$out_fake" ]; then stale=1; fi
   done
+  [ "${FGPU_IMAGES_FORCE:-0}" = 0 ] || stale=1
   if [ $stale = 0 ]; then log "$PLUGIN_IMAGE and $PLUGIN_FAKE_IMAGE are up to date ($out)"; return 0; fi
   ensure_pkgs busybox-static binutils python3
   mkdir -p "$IMAGES_DIR"
@@ -189,6 +191,7 @@ build_controller() {
   for f in "$bin" "$FGPU_ROOT/LICENSE" "${BASH_SOURCE[0]}" "$FGPU_ROOT/tests/images/mkoci.py"; do
     if [ "$f" -nt "$out" ]; then stale=1; fi
   done
+  [ "${FGPU_IMAGES_FORCE:-0}" = 0 ] || stale=1
   if [ $stale = 0 ]; then log "$CONTROLLER_IMAGE is up to date ($out)"; return 0; fi
   ensure_pkgs binutils python3
   mkdir -p "$IMAGES_DIR"

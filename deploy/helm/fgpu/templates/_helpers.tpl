@@ -141,6 +141,9 @@ namespaceSelector:
 - --mutating-webhook=fgpu-legacy-pods
 - --validating-webhook=fgpu-legacy-grant
 {{- end }}
+{{- range .Values.certs.extraDnsNames }}
+- --dns-name={{ . }}
+{{- end }}
 - --validity-days={{ .Values.certs.validityDays }}
 - --ca-validity-days={{ .Values.certs.caValidityDays }}
 - --renew-before-days={{ .Values.certs.renewBeforeDays }}
