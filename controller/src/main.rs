@@ -67,6 +67,8 @@ fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
     e.downcast_ref::<fgpu_plumbing::tls::TlsError>().is_some()
         || e.downcast_ref::<fgpu_plumbing::server::WebhookArgsError>()
             .is_some()
+        || e.downcast_ref::<fgpu_plumbing::leader::TimingsError>()
+            .is_some()
         || e.downcast_ref::<certs::CertsError>()
             .is_some_and(|c| matches!(c, certs::CertsError::Name(_)))
 }

@@ -71,6 +71,8 @@ ctl = get(d, "Deployment", "fgpu-controller")
 check(ctl["spec"]["replicas"] == 2 and "--mode=capacity" in containers(ctl)[0]["args"],
       "controller: 2 replicas, --mode=capacity")
 check(get(d, "PodDisruptionBudget", "fgpu-controller")["spec"]["minAvailable"] == 1, "controller PDB minAvailable 1")
+check(all(a in containers(ctl)[0]["args"] for a in ("--leader-election-lease-seconds=12", "--leader-election-renew-seconds=4",
+                                                    "--leader-election-retry-seconds=2")), "leader-election timings from values")
 vol = [v for v in ctl["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"][0]
 check([i["key"] for i in vol["secret"]["items"]] == ["tls.crt", "tls.key"],
       "the controller mounts the serving pair only, not the CA key")
