@@ -68,7 +68,7 @@ say "ok: webhook over TLS: $(kubectl create --dry-run=server -f "$work/bad.yaml"
 
 # --- three shared pods with quotas, on one fake GPU
 for q in 4 8 12; do
-  sed -e "s#__Q__#$q#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$E2E_DIR/workload.yaml" | kubectl apply -f - >&2
+  sed -e "s#__Q__#$q#g" -e "s#__C__#30#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$E2E_DIR/workload.yaml" | kubectl apply -f - >&2
 done
 field() { kubectl -n "$E2E_NS" logs "$1" | sed -n "s/^$2=//p"; }
 claims=()
@@ -88,6 +88,7 @@ say "ok: three CDI specs on the node"
 
 # --- helm upgrade to a rebuilt image, claims prepared
 old_pod="$(pod_of kubelet-plugin)"
+crt_before="$(kubectl -n "$SYS_NS" get secret fgpu-webhook-tls -o jsonpath='{.data.tls\.crt}')"
 # shellcheck disable=SC2016 # expanded by the inner bash
 CTR=("$(cd "$ROOT" && bash -c 'source hack/lib.sh; echo "$(containerd_bindir)/ctr"')" --address "$CONTAINERD_ADDRESS" -n k8s.io)
 # "rebuilt": the archives packed again (a new build stamp, so a new digest), under a new tag
@@ -104,6 +105,8 @@ kubectl -n "$SYS_NS" rollout status ds/fgpu-kubelet-plugin --timeout=90s >&2
 assert_eq "plugin image after the upgrade" fgpu.local/kubelet-plugin-fake:upgrade "$(kubectl -n "$SYS_NS" get pod "$(pod_of kubelet-plugin)" -o jsonpath='{.spec.containers[0].image}')"
 say "ok: helm upgrade in $((SECONDS - t0))s; release revision $(helm status "$RELEASE" -n "$SYS_NS" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')"
 certs_checks validatingwebhookconfiguration/fgpu-claim-config
+assert_eq "serving certificate across the upgrade (valid: kept, not reissued)" "$crt_before" \
+  "$(kubectl -n "$SYS_NS" get secret fgpu-webhook-tls -o jsonpath='{.data.tls\.crt}')"
 for q in 4 8 12; do
   p="share-${q}g"
   assert_eq "$p still Running after the upgrade" Running "$(jp "pod/$p" '{.status.phase}')"
@@ -111,7 +114,7 @@ for q in 4 8 12; do
   assert_eq "$p after the upgrade: total (MiB)" "$((q * 1024))" "$(sed -n 's/^cuda_total_mib=//p' <<<"$out")"
   assert_eq "$p after the upgrade: past the quota" "CUDA_ERROR_OUT_OF_MEMORY (2)" "$(sed -n 's/^next_alloc_result=//p' <<<"$out")"
 done
-sed -e "s#__Q__#2#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$E2E_DIR/workload.yaml" | kubectl apply -f - >&2
+sed -e "s#__Q__#2#g" -e "s#__C__#10#g" -e "s#__NS__#$E2E_NS#g" -e "s#__IMAGE__#$FGPU_WORKLOAD_IMAGE#g" "$E2E_DIR/workload.yaml" | kubectl apply -f - >&2
 wait_until 120 "a new claim after the upgrade" sh -c "kubectl -n $E2E_NS logs share-2g 2>/dev/null | grep -q probe_done"
 assert_eq "new pod after the upgrade: total (MiB)" 2048 "$(field share-2g cuda_total_mib)"
 log_of kubelet-plugin | grep -qi forbidden && fail "the plugin pod's log shows a forbidden API call"
