@@ -163,6 +163,11 @@ check(c["securityContext"]["privileged"] is False and c["securityContext"]["capa
       "fake mode: no privilege, no capability")
 check(get(d, "ConfigMap", "fgpu-fake-gpus") is not None, "fake profile ConfigMap")
 
+d = render("1.37.2", values=CHART + "/examples/demo.yaml")
+ds = get(d, "DaemonSet", "fgpu-kubelet-plugin")
+check("nodeSelector" not in ds["spec"]["template"]["spec"], "demo values: the plugin runs on the harness's unlabelled node")
+check(containers(ds)[0]["image"] == "fgpu.local/kubelet-plugin-fake:dev", "demo values: the harness's fake image")
+
 # --- driver name
 d = render("1.37.2", "driverName=gpu.example.com", "mode=controller")
 check(get(d, "DeviceClass", "shared.gpu.example.com") is not None, "classes follow driverName")
