@@ -488,6 +488,15 @@ fn decode(s: &Secret) -> BTreeMap<String, Vec<u8>> {
 
 async fn ensure(a: &EnsureArgs) -> anyhow::Result<()> {
     let client = a.kube.client().await?;
+    ensure_with(client, a, now()).await
+}
+
+/// [`ensure`] with a given client and time (tests: the fake API server).
+async fn ensure_with(
+    client: kube::Client,
+    a: &EnsureArgs,
+    t: OffsetDateTime,
+) -> anyhow::Result<()> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &a.namespace);
     let sname = format!("{}/{}", a.namespace, a.secret);
     let serr = |source| CertsError::Secret {
@@ -496,7 +505,6 @@ async fn ensure(a: &EnsureArgs) -> anyhow::Result<()> {
     };
     let existing = secrets.get_opt(&a.secret).await.map_err(serr)?;
     let data = existing.as_ref().map(decode).unwrap_or_default();
-    let t = now();
     let p = plan(&data, &a.want, t);
     let data = if p.keeps_all() {
         let b = bundle(data.get(CA_BUNDLE).map(Vec::as_slice), &data[CA_CRT], t);
@@ -804,6 +812,130 @@ mod tests {
         ));
         d.remove(CA_KEY);
         assert_eq!(plan(&d, &w, t0()).ca, Some(Reason::Missing(CA_KEY)));
+    }
+
+    fn ensure_args(wait_seconds: u64) -> EnsureArgs {
+        EnsureArgs {
+            kube: Default::default(),
+            namespace: "fgpu-system".into(),
+            secret: "tls".into(),
+            mutating: vec!["gate".into()],
+            validating: vec!["claims".into()],
+            wait_seconds,
+            want: want(&["fgpu-controller.fgpu-system.svc"]),
+        }
+    }
+
+    const SECRET: &str = "/api/v1/namespaces/fgpu-system/secrets/tls";
+    const GATE: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/gate";
+    const CLAIMS: &str =
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/claims";
+
+    fn webhook_config(kind: &str, bundle: Option<&str>) -> serde_json::Value {
+        let mut cc = serde_json::json!({"service": {"namespace": "fgpu-system", "name": "fgpu-controller", "path": "/p"}});
+        if let Some(b) = bundle {
+            cc["caBundle"] = serde_json::json!(b);
+        }
+        serde_json::json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+            "webhooks": [{"name": "w.gpu.fgpu.dev", "clientConfig": cc, "sideEffects": "None",
+                          "admissionReviewVersions": ["v1"]}]})
+    }
+
+    fn stored_bundle(fake: &fgpu_plumbing::testing::FakeApiServer, key: &str) -> Vec<u8> {
+        let st = fake.lock().unwrap();
+        let b = st.objects[key]["webhooks"][0]["clientConfig"]["caBundle"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .unwrap_or_default()
+    }
+
+    fn stored_secret(fake: &fgpu_plumbing::testing::FakeApiServer) -> BTreeMap<String, Vec<u8>> {
+        let st = fake.lock().unwrap();
+        let s: Secret = serde_json::from_value(st.objects[SECRET].clone()).unwrap();
+        decode(&s)
+    }
+
+    /// The chart's shape: the Secret declared empty, the webhooks with a stale caBundle; then
+    /// the daily run that finds everything valid; then someone's forged pair.
+    #[tokio::test]
+    async fn ensure_fills_the_declared_secret_sets_the_bundles_and_keeps_what_is_valid() {
+        let fake = fgpu_plumbing::testing::FakeApiServer::new();
+        {
+            let mut st = fake.lock().unwrap();
+            st.insert(
+                SECRET,
+                serde_json::json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque"}),
+            );
+            st.insert(
+                GATE,
+                webhook_config("MutatingWebhookConfiguration", Some("c3RhbGU=")),
+            );
+            st.insert(
+                CLAIMS,
+                webhook_config("ValidatingWebhookConfiguration", None),
+            );
+        }
+        let a = ensure_args(0);
+        ensure_with(fake.client(), &a, t0()).await.unwrap();
+        let d = stored_secret(&fake);
+        assert_eq!(
+            d.keys().map(String::as_str).collect::<Vec<_>>(),
+            [CA_BUNDLE, CA_CRT, CA_KEY, TLS_CRT, TLS_KEY]
+        );
+        assert!(plan(&d, &a.want, t0()).keeps_all());
+        assert_eq!(stored_bundle(&fake, GATE), d[CA_BUNDLE]);
+        assert_eq!(stored_bundle(&fake, CLAIMS), d[CA_BUNDLE]);
+        assert_eq!(
+            fake.lock().unwrap().writes,
+            [
+                format!("replace {SECRET}"),
+                format!("replace {GATE}"),
+                format!("replace {CLAIMS}")
+            ]
+        );
+
+        // the next day: nothing to write
+        ensure_with(fake.client(), &a, t0() + days(1))
+            .await
+            .unwrap();
+        assert_eq!(
+            fake.lock().unwrap().writes.len(),
+            3,
+            "a valid Secret and current bundles are not rewritten"
+        );
+
+        // attack: a pair from another CA put into the Secret is replaced, the CA kept
+        let other = fresh(&a.want, t0());
+        {
+            let mut st = fake.lock().unwrap();
+            let mut s = st.objects[SECRET].clone();
+            s["data"]["tls.crt"] = serde_json::json!(
+                base64::engine::general_purpose::STANDARD.encode(&other[TLS_CRT])
+            );
+            s["data"]["tls.key"] = serde_json::json!(
+                base64::engine::general_purpose::STANDARD.encode(&other[TLS_KEY])
+            );
+            st.insert(SECRET, s);
+        }
+        ensure_with(fake.client(), &a, t0() + days(2))
+            .await
+            .unwrap();
+        let d2 = stored_secret(&fake);
+        assert_ne!(d2[TLS_CRT], other[TLS_CRT]);
+        assert_eq!(d2[CA_CRT], d[CA_CRT]);
+        assert!(plan(&d2, &a.want, t0() + days(2)).keeps_all());
+    }
+
+    #[tokio::test]
+    async fn a_missing_secret_is_created_and_a_missing_webhook_skipped() {
+        let fake = fgpu_plumbing::testing::FakeApiServer::new();
+        ensure_with(fake.client(), &ensure_args(0), t0())
+            .await
+            .unwrap();
+        assert_eq!(fake.lock().unwrap().writes, [format!("create {SECRET}")]);
     }
 
     #[test]
