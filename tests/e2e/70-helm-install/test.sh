@@ -192,6 +192,18 @@ kubectl apply -f "$work/binding.yaml" >&2
 wait_until 30 "the binding back, denied again" sh -c "! kubectl create --dry-run=server ${as_plugin[*]} -f $work/other.yaml"
 say "ok: binding restored, denied again"
 
+# the Node policy: the plugin's identity, even with every right (system:masters), updates only
+# the Node its token names (the device plugin's account is held the same way)
+as_root_elsewhere=(--as="system:serviceaccount:$SYS_NS:fgpu-kubelet-plugin" --as-group=system:masters
+  --as-user-extra="authentication.kubernetes.io/node-name=fgpu-e2e70-elsewhere")
+msg="$(kubectl label node "$NODE_NAME" e2e70=x --dry-run=server "${as_root_elsewhere[@]}" 2>&1 || true)"
+grep -q "ValidatingAdmissionPolicy 'fgpu-node-daemons-own-node'.*may only update its own Node" <<<"$msg" \
+  || fail "a node daemon's identity updated another node's Node: $msg"
+say "ok: denied: $(cut -c1-200 <<<"$msg")"
+kubectl label node "$NODE_NAME" e2e70=x --dry-run=server --as="system:serviceaccount:$SYS_NS:fgpu-kubelet-plugin" --as-group=system:masters \
+  --as-user-extra="authentication.kubernetes.io/node-name=$NODE_NAME" >&2 || fail "the plugin's identity may not update its own Node"
+say "ok: the same update of its own Node is admitted"
+
 # --- the claims go: no CDI spec or claim state on the node
 kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >&2
 wait_until 60 "the claims deleted" sh -c "! kubectl -n $E2E_NS get resourceclaims -o name | grep -q ."
