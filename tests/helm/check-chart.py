@@ -82,7 +82,7 @@ check("fake" not in img and all("fake" not in a for a in containers(ds)[0]["args
       f"production node image {img} and args name no fake CUDA")
 check(containers(ds)[0]["securityContext"].get("privileged") is True, "NVML backend: privileged (device nodes)")
 vap = get(d, "ValidatingAdmissionPolicy", "fgpu-kubelet-plugin-own-node")
-check(vap is not None and "authentication.kubernetes.io/node-name" in vap["spec"]["variables"][0]["expression"],
+check(vap is not None and "authentication.kubernetes.io/node-name" in vap["spec"]["variables"][0]["expression"] and "has(request.userInfo.extra)" in vap["spec"]["variables"][0]["expression"],
       "VAP: the kubelet plugin's slices are tied to its token's node")
 check(vap["spec"]["matchConditions"][0]["expression"].endswith('"system:serviceaccount:fgpu-system:fgpu-kubelet-plugin"'),
       "VAP matches the plugin's ServiceAccount in the release namespace")
