@@ -134,8 +134,14 @@ check(cfg["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888" and cfg["profi
 check(cs["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.31.0", "kube-scheduler of the cluster's version")
 svc = get(d, "Service", "fgpu-extender")
 check([p["name"] for p in svc["spec"]["ports"]] == ["webhook"], "the extender Service exposes the webhook only")
-grant = get(d, "ValidatingWebhookConfiguration", "fgpu-legacy-grant")
-check(grant["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE"], "grant webhook: Pod CREATE and UPDATE")
+check(get(d, "ValidatingWebhookConfiguration", "fgpu-legacy-grant") is None, "grant webhook off by default (the VAP holds the rule)")
+dg = render("1.31.0", "legacy.enabled=true", "legacy.grantWebhook.enabled=true")
+grant = get(dg, "ValidatingWebhookConfiguration", "fgpu-legacy-grant")
+check(grant["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE"] and grant["webhooks"][0]["failurePolicy"] == "Fail",
+      "grant webhook (when on): Pod CREATE and UPDATE, fails closed")
+jargs = [x for x in dg if x["kind"] == "Job"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+check("--validating-webhook=fgpu-legacy-grant" in jargs and "--mutating-webhook=fgpu-legacy-pods" in jargs,
+      "certs Job sets the legacy webhooks' caBundle")
 mut = get(d, "MutatingWebhookConfiguration", "fgpu-legacy-pods")
 check("matchConditions" in mut["webhooks"][0], "legacy mutating webhook narrowed by matchConditions")
 check(get(d, "ValidatingAdmissionPolicy", "fgpu-legacy-grant") is None, "1.31: no VAPs (no node claim in tokens)")

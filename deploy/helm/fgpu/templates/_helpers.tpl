@@ -139,7 +139,9 @@ namespaceSelector:
 - --dns-name=fgpu-extender.{{ .Release.Namespace }}.svc
 - --dns-name=fgpu-extender.{{ .Release.Namespace }}.svc.cluster.local
 - --mutating-webhook=fgpu-legacy-pods
+{{- if .Values.legacy.grantWebhook.enabled }}
 - --validating-webhook=fgpu-legacy-grant
+{{- end }}
 {{- end }}
 {{- range .Values.certs.extraDnsNames }}
 - --dns-name={{ . }}
