@@ -85,7 +85,7 @@ echo; echo "\$ kubectl -n $SYS_NS get pods"; kubectl -n "$SYS_NS" get pods 2>&1
 echo; echo "\$ kubectl get resourceslices"; kubectl get resourceslices 2>&1
 echo; echo "\$ kubectl get deviceclasses"; kubectl get deviceclasses 2>&1
 echo; echo "GPUs of the slice (name, product, memory, cores, shareable):"
-kubectl get resourceslice "$NODE_NAME-gpu.fgpu.dev" -o jsonpath='{range .spec.devices[*]}  {.name}  {.attributes.gpu\.fgpu\.dev/productName.string}  {.capacity.memory.value}  {.capacity.cores.value} cores  {.allowMultipleAllocations}{"\n"}{end}' 2>/dev/null
+kubectl get resourceslice "$NODE_NAME-gpu.fgpu.dev" -o jsonpath='{range .spec.devices[*]}  {.name}  {.attributes.productName.string}  {.capacity.memory.value}  {.capacity.cores.value} cores  {.allowMultipleAllocations}{"\n"}{end}' 2>/dev/null
 
 banner "7. memory: three pods sharing one fake GPU with 4, 8 and 12 GiB quotas"
 kubectl apply -n default -f "$FGPU_ROOT/deploy/examples/" >/dev/null 2>&1 || missing+=("deploy/examples/ templates")
