@@ -17,6 +17,14 @@ api="$(dra_api_version)"
 [ "$api" != none ] || skip "Kubernetes $K8S_VERSION: no usable DRA before 1.32"
 source "$E2E_DIR/../helm-lib.sh"
 source "$E2E_DIR/../controller-lib.sh"
+# FGPU_E2E_71_WITHOUT_FIXES=1: a negative control. The shared class of 0e99016's
+# deploy/deviceclasses.yaml (it selects every GPU) and the gate without matchConditions are put
+# in place of the chart's; the two attacks below must then succeed and the scenario fail.
+WITHOUT_FIXES="${FGPU_E2E_71_WITHOUT_FIXES:-0}"
+attacks_won=()
+attack_won() { # the protection did not hold: fatal, or recorded in the negative control
+  if [ "$WITHOUT_FIXES" = 1 ]; then say "NEGATIVE CONTROL: $*"; attacks_won+=("$*"); else fail "$*"; fi
+}
 owned=0 state_created=0 run_created=0 devdir_created=0
 work="$(mktemp -d /tmp/fgpu-e2e-71.XXXXXX)"
 cleanup() {
@@ -49,6 +57,13 @@ assert_eq "PDB minAvailable" 1 "$(kubectl -n "$SYS_NS" get pdb fgpu-controller -
 certs_checks mutatingwebhookconfiguration/fgpu-allocation-gate validatingwebhookconfiguration/fgpu-claim-config
 wait_until 60 "Lease held by $ctl" sh -c "kubectl -n $SYS_NS get lease fgpu-controller -o jsonpath='{.spec.holderIdentity}' | grep -q '^${ctl}_'"
 say "ok: $ctl leads"
+
+if [ "$WITHOUT_FIXES" = 1 ]; then
+  say "NEGATIVE CONTROL: 0e99016's shared class and a gate without matchConditions"
+  sed "s#^apiVersion: resource.k8s.io/v1\$#apiVersion: resource.k8s.io/$api#" "$ROOT/deploy/deviceclasses.yaml" | kubectl apply -f - >&2
+  kubectl patch mutatingwebhookconfiguration fgpu-allocation-gate --type=json \
+    -p '[{"op":"remove","path":"/webhooks/0/matchConditions"}]' >&2
+fi
 
 # --- three pods, gated, allocated by the controller, quotas enforced
 render "$E2E_DIR/../40-controller-quota/workload.yaml" | kubectl apply -f - >&2
@@ -98,16 +113,23 @@ spec:
 YAML
 sleep 15
 assert_eq "bypass pod (no gate): scheduling gates" "" "$(jp pod/bypass '{.spec.schedulingGates}' "$SYS_NS")"
-assert_eq "bypass claim: allocated by nobody after 15 s" "" "$(jp "resourceclaims.$api.resource.k8s.io/bypass" '{.status.allocation}' "$SYS_NS")"
-assert_eq "bypass pod: not running" Pending "$(jp pod/bypass '{.status.phase}' "$SYS_NS")"
+by="$(jp "resourceclaims.$api.resource.k8s.io/bypass" '{.status.allocation.devices.results[0].device}' "$SYS_NS")"
+if [ -n "$by" ]; then
+  attack_won "kube-scheduler allocated the ungated shared claim itself ($by, phase $(jp pod/bypass '{.status.phase}' "$SYS_NS"))"
+else
+  assert_eq "bypass claim: allocated by nobody after 15 s" "" "$(jp "resourceclaims.$api.resource.k8s.io/bypass" '{.status.allocation}' "$SYS_NS")"
+  assert_eq "bypass pod: not running" Pending "$(jp pod/bypass '{.status.phase}' "$SYS_NS")"
+fi
 kubectl -n "$SYS_NS" delete pod/bypass "resourceclaims.$api.resource.k8s.io/bypass" --wait=true --timeout=30s >&2
 
 # --- controller down: matchConditions let claim-less pods through, shared pods fail closed
 kubectl -n "$SYS_NS" scale deployment fgpu-controller --replicas=0 >&2
 wait_until 60 "controller pods gone" sh -c "! kubectl -n $SYS_NS get pods -l '$(sel controller)' -o name | grep -q ."
-kubectl -n "$E2E_NS" run plain --image="$FGPU_WORKLOAD_IMAGE" --image-pull-policy=Never --restart=Never --dry-run=server -- true >&2 \
-  || fail "with the controller down a pod without claims was refused (the gate must not see it)"
-say "ok: controller down: a pod without resourceClaims is admitted (matchConditions)"
+if kubectl -n "$E2E_NS" run plain --image="$FGPU_WORKLOAD_IMAGE" --image-pull-policy=Never --restart=Never --dry-run=server -- true >"$work/plain.txt" 2>&1; then
+  say "ok: controller down: a pod without resourceClaims is admitted (matchConditions)"
+else
+  attack_won "with the controller down a pod without claims was refused: $(cut -c1-160 "$work/plain.txt")"
+fi
 render "$E2E_DIR/../40-controller-quota/workload.yaml" | sed 's/name: quota-4g/name: quota-4g-down/' | python3 -c '
 import sys
 docs = sys.stdin.read().split("\n---\n")
@@ -128,4 +150,5 @@ helm uninstall "$RELEASE" -n "$SYS_NS" --wait --timeout 120s >&2 || fail "helm u
 wait_until 60 "the driver's ResourceSlice removed" sh -c "! kubectl get resourceslice $NODE_NAME-$DRIVER"
 assert_eq "objects of the release left after helm uninstall" "" "$(helm_leftovers)"
 kubectl delete namespace "$SYS_NS" --wait=true --timeout=60s >&2
+[ ${#attacks_won[@]} -eq 0 ] || fail "negative control: ${#attacks_won[@]} protections did not hold without the fixes"
 say "ok: controller mode through the chart on Kubernetes $K8S_VERSION"
