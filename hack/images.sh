@@ -6,13 +6,15 @@
 #                             (tests/images/fgpu-probe.c), and when built: the fake CUDA driver
 #                             + NVML (libfgpu_fake_cuda.so as libcuda.so.1 / libnvidia-ml.so.1)
 #                             and the shim /usr/lib/fgpu/libfgpu.so, from $CARGO_TARGET_DIR.
-#   fgpu.local/kubelet-plugin:dev only when fgpu-kubelet-plugin, libfgpu.so and the fake CUDA
-#                             driver are built: /usr/bin/fgpu-kubelet-plugin (stripped) + its
-#                             shared-library closure, /usr/lib/fgpu/libfgpu.so, the fake CUDA
-#                             driver /usr/lib/fgpu/fake/libfgpu_fake_cuda.so, the fake profile
-#                             /etc/fgpu/fake/e2e-node.yaml, busybox (sh, cp, ... for the
-#                             DaemonSet's init container); the image deploy/kubelet-plugin/
-#                             daemonset.yaml expects. Rebuilt only when an input is newer.
+#   fgpu.local/kubelet-plugin:dev and fgpu.local/kubelet-plugin-fake:dev
+#                             only when fgpu-kubelet-plugin, libfgpu.so and the fake CUDA
+#                             driver are built: deploy/images/kubelet-plugin/Dockerfile's
+#                             content (/usr/bin/fgpu-kubelet-plugin stripped + its shared-library
+#                             closure, /usr/lib/fgpu/libfgpu.so, /usr/lib/fgpu/install.sh,
+#                             busybox, the licence), and -fake: that plus the fake CUDA driver
+#                             /usr/lib/fgpu/fake/libfgpu_fake_cuda.so and the fake profile
+#                             /etc/fgpu/fake/e2e-node.yaml (deploy/images/kubelet-plugin-fake).
+#                             Rebuilt only when an input is newer.
 #   fgpu.local/controller:dev only when fgpu-controller is built: /usr/local/bin/fgpu-controller
 #                             (stripped) + its shared-library closure (libc, libm, libgcc_s,
 #                             the loader; TLS is rustls, so no OpenSSL), /etc/passwd with
@@ -29,12 +31,15 @@
 #   hack/images.sh import           import them into the running cluster's containerd
 #   hack/images.sh plugin           (re)build kubelet-plugin.tar if stale and import it
 #   hack/images.sh controller       (re)build controller.tar if stale and import it
+#   FGPU_IMAGES_FORCE=1             repack the plugin and controller images even when up to date
+#   hack/images.sh buildah-probe    install Debian's buildah and see whether it runs here
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 IMAGES_DIR="$FGPU_ROOT/_out/images"
 PAUSE_IMAGE="fgpu.local/pause:3.10"
 WORKLOAD_IMAGE="fgpu.local/workload:dev"
 PLUGIN_IMAGE="fgpu.local/kubelet-plugin:dev"
+PLUGIN_FAKE_IMAGE="fgpu.local/kubelet-plugin-fake:dev"
 CONTROLLER_IMAGE="fgpu.local/controller:dev"
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$FGPU_CACHE/target}"
 
@@ -112,10 +117,17 @@ build() {
   build_controller
 }
 
-# The kubelet plugin's image (deploy/kubelet-plugin/daemonset.yaml's layout). Returns 0 and
-# writes nothing when a binary is missing (a note says so) or the archive is up to date.
+# The node images, with the content deploy/images/kubelet-plugin/Dockerfile and
+# deploy/images/kubelet-plugin-fake/Dockerfile declare (tests/images/check-dockerfiles.py
+# checks it): fgpu.local/kubelet-plugin:dev, the production one (plugin, shim, install step,
+# licence; no fake CUDA), and fgpu.local/kubelet-plugin-fake:dev, the same plus the fake CUDA
+# driver and the harness's fake profile. The Dockerfiles' base image (distroless cc: glibc,
+# libgcc) is stood in for by the binary's shared-library closure from this host. Returns 0
+# and writes nothing when a binary is missing (a note says so) or the archives are up to date.
+PLUGIN_APPLETS="sh cp mv mkdir ln mknod cat ls rm echo test"
 build_plugin() {
-  local out="$IMAGES_DIR/kubelet-plugin.tar" bin shim fake profile="$FGPU_ROOT/deploy/fake/e2e-node.yaml"
+  local out="$IMAGES_DIR/kubelet-plugin.tar" out_fake="$IMAGES_DIR/kubelet-plugin-fake.tar" bin shim fake
+  local profile="$FGPU_ROOT/deploy/fake/e2e-node.yaml" install="$FGPU_ROOT/deploy/images/kubelet-plugin/install.sh"
   bin="$(cargo_artifact fgpu-kubelet-plugin)"
   shim="$(cargo_artifact libfgpu.so)"
   fake="$(cargo_artifact libfgpu_fake_cuda.so)"
@@ -124,33 +136,45 @@ build_plugin() {
     return 0
   fi
   local f stale=0
-  [ -f "$out" ] || stale=1
-  for f in "$bin" "$shim" "$fake" "$profile" "${BASH_SOURCE[0]}" "$FGPU_ROOT/tests/images/mkoci.py"; do
-    if [ "$f" -nt "$out" ]; then stale=1; fi
+  [ -f "$out" ] && [ -f "$out_fake" ] || stale=1
+  for f in "$bin" "$shim" "$fake" "$profile" "$install" "$FGPU_ROOT/LICENSE" "${BASH_SOURCE[0]}" "$FGPU_ROOT/tests/images/mkoci.py"; do
+    if [ "$f" -nt "$out" ] || [ "$f" -nt "$out_fake" ]; then stale=1; fi
   done
-  if [ $stale = 0 ]; then log "$PLUGIN_IMAGE is up to date ($out)"; return 0; fi
+  [ "${FGPU_IMAGES_FORCE:-0}" = 0 ] || stale=1
+  if [ $stale = 0 ]; then log "$PLUGIN_IMAGE and $PLUGIN_FAKE_IMAGE are up to date ($out)"; return 0; fi
   ensure_pkgs busybox-static binutils python3
   mkdir -p "$IMAGES_DIR"
   # (no RETURN trap: build's own is global and would be replaced)
   local work; work="$(mktemp -d)"
   local r="$work/plugin" a
-  mkdir -p "$r"/{bin,etc/fgpu/fake,tmp,proc,sys,dev,run,var/run,usr/bin,usr/lib/fgpu/fake}
+  mkdir -p "$r"/{bin,etc,tmp,proc,sys,dev,run,var/run,usr/bin,usr/lib/fgpu,usr/share/doc/fgpu}
   chmod 1777 "$r/tmp"
-  cp /bin/busybox "$r/bin/busybox"
-  for a in sh cp mv mkdir ln cat ls rm grep sed echo test sleep; do ln -s busybox "$r/bin/$a"; done
+  # the base image's part: users, and the binary's shared libraries
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$r/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+  copy_libs "$r" "$bin"
+  # the Dockerfile's COPY and RUN lines, one for one
+  cp /bin/busybox "$r/bin/busybox"
+  for a in $PLUGIN_APPLETS; do ln -s busybox "$r/bin/$a"; done
   # debug builds carry ~200 MiB of debug info: strip it (the image stays ~45 MiB)
   strip -o "$r/usr/bin/fgpu-kubelet-plugin" "$bin"
   cp "$shim" "$r/usr/lib/fgpu/libfgpu.so"
+  install -m 0755 "$install" "$r/usr/lib/fgpu/install.sh"
+  cp "$FGPU_ROOT/LICENSE" "$r/usr/share/doc/fgpu/LICENSE"
+  printf '%s\n' "fgpu kubelet-plugin image, built $(date -u +%FT%TZ)" "plugin from $bin" "shim from $shim" >"$r/etc/fgpu-image"
+  python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$PLUGIN_IMAGE" "$out" --entrypoint /usr/bin/fgpu-kubelet-plugin \
+    --user 0:0 --label org.opencontainers.image.licenses=Apache-2.0 \
+    || { rm -rf "$work"; die "packing $PLUGIN_IMAGE failed"; }
+  # the fake image: FROM the production one, two more files
+  mkdir -p "$r/usr/lib/fgpu/fake" "$r/etc/fgpu/fake"
   cp "$fake" "$r/usr/lib/fgpu/fake/libfgpu_fake_cuda.so"
   cp "$profile" "$r/etc/fgpu/fake/e2e-node.yaml"
-  copy_libs "$r" "$bin"
-  printf '%s\n' "fgpu kubelet-plugin image, built $(date -u +%FT%TZ)" "plugin from $bin" "shim from $shim" "fake CUDA from $fake" >"$r/etc/fgpu-image"
-  python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$PLUGIN_IMAGE" "$out" --entrypoint /usr/bin/fgpu-kubelet-plugin \
-    || { rm -rf "$work"; die "packing $PLUGIN_IMAGE failed"; }
+  printf '%s\n' "fake CUDA from $fake (demo/test image)" >>"$r/etc/fgpu-image"
+  python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$PLUGIN_FAKE_IMAGE" "$out_fake" --entrypoint /usr/bin/fgpu-kubelet-plugin \
+    --user 0:0 --label org.opencontainers.image.licenses=Apache-2.0 \
+    || { rm -rf "$work"; die "packing $PLUGIN_FAKE_IMAGE failed"; }
   rm -rf "$work"
-  log "kubelet-plugin image holds: plugin from $bin, shim from $shim, fake CUDA from $fake"
+  log "kubelet-plugin images hold: plugin from $bin, shim from $shim; the -fake one also fake CUDA from $fake"
 }
 
 # The controller's image (deploy/controller/controller.yaml). Like build_plugin: returns 0 and
@@ -164,24 +188,26 @@ build_controller() {
   fi
   local f stale=0
   [ -f "$out" ] || stale=1
-  for f in "$bin" "${BASH_SOURCE[0]}" "$FGPU_ROOT/tests/images/mkoci.py"; do
+  for f in "$bin" "$FGPU_ROOT/LICENSE" "${BASH_SOURCE[0]}" "$FGPU_ROOT/tests/images/mkoci.py"; do
     if [ "$f" -nt "$out" ]; then stale=1; fi
   done
+  [ "${FGPU_IMAGES_FORCE:-0}" = 0 ] || stale=1
   if [ $stale = 0 ]; then log "$CONTROLLER_IMAGE is up to date ($out)"; return 0; fi
   ensure_pkgs binutils python3
   mkdir -p "$IMAGES_DIR"
   local work; work="$(mktemp -d)"
   local r="$work/controller"
-  mkdir -p "$r"/{etc,tmp,proc,sys,dev,usr/local/bin}
+  mkdir -p "$r"/{etc,tmp,proc,sys,dev,usr/local/bin,usr/share/doc/fgpu}
   chmod 1777 "$r/tmp"
   printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$r/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' >"$r/etc/group"
   # a debug build is ~250 MiB, nearly all debug info: stripped ~33 MiB (a release one ~15 MiB)
   strip -o "$r/usr/local/bin/fgpu-controller" "$bin"
+  cp "$FGPU_ROOT/LICENSE" "$r/usr/share/doc/fgpu/LICENSE"
   copy_libs "$r" "$bin"
   printf '%s\n' "fgpu controller image, built $(date -u +%FT%TZ)" "controller from $bin" >"$r/etc/fgpu-image"
   python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$CONTROLLER_IMAGE" "$out" \
-    --entrypoint /usr/local/bin/fgpu-controller --user 65532:65532 \
+    --entrypoint /usr/local/bin/fgpu-controller --user 65532:65532 --label org.opencontainers.image.licenses=Apache-2.0 \
     || { rm -rf "$work"; die "packing $CONTROLLER_IMAGE failed"; }
   rm -rf "$work"
   log "controller image holds: controller from $bin ($(du -k "$out" | cut -f1) KiB archive)"
@@ -201,8 +227,8 @@ import() {
   local sock="$CLUSTER_STATE/containerd/containerd.sock"
   [ -S "$sock" ] || die "containerd is not running ($sock missing): run hack/cluster-up.sh"
   local img
-  for img in pause workload kubelet-plugin controller; do
-    case $img in kubelet-plugin|controller) [ -f "$IMAGES_DIR/$img.tar" ] || continue ;; esac # optional
+  for img in pause workload kubelet-plugin kubelet-plugin-fake controller; do
+    case $img in kubelet-plugin|kubelet-plugin-fake|controller) [ -f "$IMAGES_DIR/$img.tar" ] || continue ;; esac # optional
     [ -f "$IMAGES_DIR/$img.tar" ] || die "$IMAGES_DIR/$img.tar missing: run hack/images.sh build"
     import_one "$img"
   done
@@ -219,11 +245,19 @@ case "${1:-build}" in
     build_plugin
     [ -f "$IMAGES_DIR/kubelet-plugin.tar" ] || die "no $PLUGIN_IMAGE image (binaries missing, see above)"
     import_one kubelet-plugin
+    import_one kubelet-plugin-fake
     ;;
   controller) # build (if stale) and import only the controller's image
     build_controller
     [ -f "$IMAGES_DIR/controller.tar" ] || die "no $CONTROLLER_IMAGE image (fgpu-controller not built, see above)"
     import_one controller
     ;;
-  *) die "usage: $0 build|import|all|plugin|controller" ;;
+  buildah-probe) # whether Debian's buildah runs here (it could then build deploy/images/ itself)
+    ensure_pkgs buildah
+    buildah --version
+    c="$(buildah --storage-driver vfs from scratch)" || die "buildah from scratch failed"
+    buildah --storage-driver vfs rm "$c" >/dev/null
+    log "buildah runs (vfs). The Dockerfiles' FROM images (rust, debian, distroless) cannot be pulled without a registry, so the harness keeps mkoci.py"
+    ;;
+  *) die "usage: $0 build|import|all|plugin|controller|buildah-probe" ;;
 esac

@@ -5,6 +5,8 @@
 
 use std::process::ExitCode;
 
+mod certs;
+
 use clap::{Parser, Subcommand};
 use fgpu_plumbing::exit;
 use fgpu_plumbing::logging::LogArgs;
@@ -36,6 +38,9 @@ enum Command {
     /// Run the scheduler extender of the legacy path (clusters below 1.32): `/filter`,
     /// `/prioritize` and `/bind` for pods asking for `nvidia.com/gpu` and HAMi's resources.
     Extender(Box<fgpu_extender::ExtenderArgs>),
+    /// The webhooks' serving certificates: issue, renew before expiry, and set the webhook
+    /// configurations' caBundle (the Helm chart's Job and CronJob run `certs ensure`).
+    Certs(certs::CertsArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +51,7 @@ fn main() -> ExitCode {
     let res = match cli.command {
         Command::Run(args) => fgpu_dra_controller::daemon::run(*args),
         Command::Extender(args) => fgpu_extender::run(*args),
+        Command::Certs(args) => certs::run(args),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -61,6 +67,10 @@ fn is_bad_input(e: &(dyn std::error::Error + 'static)) -> bool {
     e.downcast_ref::<fgpu_plumbing::tls::TlsError>().is_some()
         || e.downcast_ref::<fgpu_plumbing::server::WebhookArgsError>()
             .is_some()
+        || e.downcast_ref::<fgpu_plumbing::leader::TimingsError>()
+            .is_some()
+        || e.downcast_ref::<certs::CertsError>()
+            .is_some_and(|c| matches!(c, certs::CertsError::Name(_)))
 }
 
 #[cfg(test)]

@@ -26,6 +26,73 @@ pub const RENEW: Duration = Duration::from_secs(4);
 /// How often a standby tries.
 pub const RETRY: Duration = Duration::from_secs(2);
 
+/// How long a lease holds and how often the leader renews and a standby retries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timings {
+    /// Seconds a lease is valid after its last renewal (written into the Lease).
+    pub lease_seconds: i32,
+    pub renew: Duration,
+    pub retry: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            lease_seconds: LEASE_SECONDS,
+            renew: RENEW,
+            retry: RETRY,
+        }
+    }
+}
+
+/// Timings that cannot work, named by the flag.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TimingsError {
+    #[error("--leader-election-lease-seconds {0}: must be at least 2")]
+    Lease(i32),
+    #[error(
+        "--leader-election-renew-seconds {renew}: must be at least 1 and below the lease's {lease} s less the retry's {retry} s, or the leader gives its lease up before renewing"
+    )]
+    Renew { renew: u64, lease: i32, retry: u64 },
+    #[error(
+        "--leader-election-retry-seconds {retry}: must be at least 1 and below the lease's {lease} s"
+    )]
+    Retry { retry: u64, lease: i32 },
+}
+
+impl Timings {
+    /// Timings from whole seconds, checked: a leader must renew before `hold` would give up
+    /// (`lease - retry`), and a standby retry within a lease.
+    pub fn new(
+        lease_seconds: i32,
+        renew_seconds: u64,
+        retry_seconds: u64,
+    ) -> Result<Self, TimingsError> {
+        if lease_seconds < 2 {
+            return Err(TimingsError::Lease(lease_seconds));
+        }
+        let lease = lease_seconds as u64;
+        if retry_seconds == 0 || retry_seconds >= lease {
+            return Err(TimingsError::Retry {
+                retry: retry_seconds,
+                lease: lease_seconds,
+            });
+        }
+        if renew_seconds == 0 || renew_seconds >= lease - retry_seconds {
+            return Err(TimingsError::Renew {
+                renew: renew_seconds,
+                lease: lease_seconds,
+                retry: retry_seconds,
+            });
+        }
+        Ok(Self {
+            lease_seconds,
+            renew: Duration::from_secs(renew_seconds),
+            retry: Duration::from_secs(retry_seconds),
+        })
+    }
+}
+
 /// Whether `me` may take (or keep) the lease `spec` at `now`.
 pub fn may_lead(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> bool {
     let Some(spec) = spec else { return true };
@@ -44,13 +111,18 @@ pub fn may_lead(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> bool {
     }
 }
 
-/// The spec `me` writes to take or renew `old` at `now`.
-pub fn next_spec(old: Option<&LeaseSpec>, me: &str, now: Timestamp) -> LeaseSpec {
+/// The spec `me` writes to take or renew `old` at `now`, valid for `lease_seconds`.
+pub fn next_spec(
+    old: Option<&LeaseSpec>,
+    me: &str,
+    now: Timestamp,
+    lease_seconds: i32,
+) -> LeaseSpec {
     let mine = old.and_then(|s| s.holder_identity.as_deref()) == Some(me);
     let transitions = old.and_then(|s| s.lease_transitions).unwrap_or(0);
     LeaseSpec {
         holder_identity: Some(me.to_owned()),
-        lease_duration_seconds: Some(LEASE_SECONDS),
+        lease_duration_seconds: Some(lease_seconds),
         acquire_time: if mine {
             old.and_then(|s| s.acquire_time.clone())
         } else {
@@ -90,6 +162,7 @@ pub struct Elector {
     name: String,
     /// This replica's identity.
     pub me: String,
+    timings: Timings,
 }
 
 impl Elector {
@@ -99,7 +172,14 @@ impl Elector {
             api: Api::namespaced(client, namespace),
             name: name.to_owned(),
             me,
+            timings: Timings::default(),
         }
+    }
+
+    /// The same candidate with other timings.
+    pub fn with_timings(mut self, timings: Timings) -> Self {
+        self.timings = timings;
+        self
     }
 
     /// One attempt to take or renew the lease; true when held now.
@@ -116,7 +196,7 @@ impl Elector {
                         name: Some(self.name.clone()),
                         ..Default::default()
                     },
-                    spec: Some(next_spec(None, &self.me, now)),
+                    spec: Some(next_spec(None, &self.me, now, self.timings.lease_seconds)),
                 };
                 match self.api.create(&PostParams::default(), &lease).await {
                     Ok(_) => Ok(true),
@@ -130,7 +210,12 @@ impl Elector {
                 if !may_lead(lease.spec.as_ref(), &self.me, now) {
                     return Ok(false);
                 }
-                lease.spec = Some(next_spec(lease.spec.as_ref(), &self.me, now));
+                lease.spec = Some(next_spec(
+                    lease.spec.as_ref(),
+                    &self.me,
+                    now,
+                    self.timings.lease_seconds,
+                ));
                 match self
                     .api
                     .replace(&self.name, &PostParams::default(), &lease)
@@ -160,16 +245,21 @@ impl Elector {
                 Ok(false) => {}
                 Err(e) => tracing::warn!("leader election: {e}"),
             }
-            tokio::time::sleep(RETRY).await;
+            tokio::time::sleep(self.timings.retry).await;
         }
     }
 
     /// Renews until the lease is lost; returns why.
     pub async fn hold(&self) -> LeaderError {
         let mut last = tokio::time::Instant::now();
-        let lease = Duration::from_secs(LEASE_SECONDS as u64);
+        let Timings {
+            lease_seconds,
+            renew,
+            retry,
+        } = self.timings;
+        let lease = Duration::from_secs(lease_seconds.max(0) as u64);
         loop {
-            tokio::time::sleep(RENEW).await;
+            tokio::time::sleep(renew).await;
             match self.try_once().await {
                 Ok(true) => last = tokio::time::Instant::now(),
                 Ok(false) => {
@@ -177,7 +267,7 @@ impl Elector {
                 }
                 Err(e) => tracing::warn!("renewing the lease: {e}"),
             }
-            if last.elapsed() >= lease.saturating_sub(RETRY) {
+            if last.elapsed() >= lease.saturating_sub(retry) {
                 return LeaderError::NotRenewed {
                     lease: self.name.clone(),
                     seconds: last.elapsed().as_secs(),
@@ -246,14 +336,47 @@ mod tests {
 
     #[test]
     fn takeover_counts_a_transition_renewal_does_not() {
-        let renewed = next_spec(Some(&held_by("a", 100)), "a", at(104));
+        let renewed = next_spec(Some(&held_by("a", 100)), "a", at(104), LEASE_SECONDS);
         assert_eq!(renewed.lease_transitions, Some(3));
         assert_eq!(renewed.acquire_time, Some(MicroTime(at(0))));
         assert_eq!(renewed.renew_time, Some(MicroTime(at(104))));
-        let taken = next_spec(Some(&held_by("b", 100)), "a", at(120));
+        let taken = next_spec(Some(&held_by("b", 100)), "a", at(120), LEASE_SECONDS);
         assert_eq!(taken.lease_transitions, Some(4));
         assert_eq!(taken.acquire_time, Some(MicroTime(at(120))));
         assert_eq!(taken.holder_identity.as_deref(), Some("a"));
-        assert_eq!(next_spec(None, "a", at(1)).lease_transitions, Some(0));
+        assert_eq!(
+            next_spec(None, "a", at(1), LEASE_SECONDS).lease_transitions,
+            Some(0)
+        );
+        assert_eq!(
+            next_spec(None, "a", at(1), 30).lease_duration_seconds,
+            Some(30)
+        );
+    }
+
+    #[test]
+    fn timings_that_cannot_work_are_refused() {
+        assert_eq!(Timings::new(12, 4, 2), Ok(Timings::default()));
+        assert_eq!(Timings::new(1, 1, 1), Err(TimingsError::Lease(1)));
+        assert!(matches!(
+            Timings::new(12, 4, 12),
+            Err(TimingsError::Retry { .. })
+        ));
+        assert!(matches!(
+            Timings::new(12, 4, 0),
+            Err(TimingsError::Retry { .. })
+        ));
+        // renewing at or after lease - retry: hold() would give the lease up first
+        assert!(matches!(
+            Timings::new(12, 10, 2),
+            Err(TimingsError::Renew { .. })
+        ));
+        assert!(matches!(
+            Timings::new(12, 0, 2),
+            Err(TimingsError::Renew { .. })
+        ));
+        let e = Timings::new(12, 10, 2).unwrap_err().to_string();
+        assert!(e.starts_with("--leader-election-renew-seconds 10:"), "{e}");
+        assert!(Timings::new(30, 10, 5).is_ok());
     }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a single-layer OCI image archive (OCI image layout in a tar) from a root directory.
 
-    mkoci.py ROOTFS IMAGE_REF OUT.tar [--entrypoint /pause] [--cmd sh ...] [--user UID:GID]
+    mkoci.py ROOTFS IMAGE_REF OUT.tar [--entrypoint /pause] [--cmd sh ...] [--user UID:GID] [--label K=V]
 
 Used by hack/images.sh: no registry and no image builder are available on these machines,
 so the images the local cluster needs are assembled here and imported with
@@ -59,6 +59,7 @@ def main():
     ap.add_argument("--cmd", nargs="*", default=None)
     ap.add_argument("--env", action="append", default=[])
     ap.add_argument("--user", default=None, help="the config's User, numeric (runAsNonRoot can check it)")
+    ap.add_argument("--label", action="append", default=[], help="KEY=VALUE, the config's Labels")
     a = ap.parse_args()
 
     layer = layer_tar(a.rootfs)
@@ -76,6 +77,8 @@ def main():
         config["config"]["Cmd"] = a.cmd
     if a.user:
         config["config"]["User"] = a.user
+    if a.label:
+        config["config"]["Labels"] = dict(kv.split("=", 1) for kv in a.label)
     tag = a.ref.rsplit(":", 1)[1] if ":" in a.ref.rsplit("/", 1)[-1] else "latest"
     tmp = a.out + ".tmp"
     with tarfile.open(tmp, "w") as tar:

@@ -97,6 +97,16 @@ pub struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "fgpu-controller")]
     pub leader_election_lease: String,
+    /// Seconds the Lease holds after the leader's last renewal (a standby takes over at most
+    /// this plus the retry period after the leader stopped renewing).
+    #[arg(long, value_name = "SECONDS", default_value_t = fgpu_plumbing::leader::LEASE_SECONDS)]
+    pub leader_election_lease_seconds: i32,
+    /// Seconds between the leader's renewals; below the lease less the retry period.
+    #[arg(long, value_name = "SECONDS", default_value_t = fgpu_plumbing::leader::RENEW.as_secs())]
+    pub leader_election_renew_seconds: u64,
+    /// Seconds between a standby's attempts to take the Lease.
+    #[arg(long, value_name = "SECONDS", default_value_t = fgpu_plumbing::leader::RETRY.as_secs())]
+    pub leader_election_retry_seconds: u64,
 }
 
 /// A claim as the mirror keeps it: trimmed ([`slim::claim`]), as packed text.
@@ -132,6 +142,11 @@ fn slice_entry(mut o: DynamicObject, driver: &str, packer: &Packer) -> Option<Pa
 pub fn run(args: RunArgs) -> Result<()> {
     fgpu_plumbing::tls_provider();
     let settings = settings_of(&args)?;
+    let timings = fgpu_plumbing::leader::Timings::new(
+        args.leader_election_lease_seconds,
+        args.leader_election_renew_seconds,
+        args.leader_election_retry_seconds,
+    )?;
     let tls = args.webhook.tls()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -156,7 +171,17 @@ pub fn run(args: RunArgs) -> Result<()> {
                     Ok(())
                 }
             },
-            Some(ns) => lead(ctl, &shared, ns, &args.leader_election_lease, resync).await,
+            Some(ns) => {
+                lead(
+                    ctl,
+                    &shared,
+                    ns,
+                    &args.leader_election_lease,
+                    resync,
+                    timings,
+                )
+                .await
+            }
         }
     })
 }
@@ -230,9 +255,11 @@ async fn lead(
     ns: &str,
     lease: &str,
     resync: Duration,
+    timings: fgpu_plumbing::leader::Timings,
 ) -> Result<()> {
     let elector =
-        fgpu_plumbing::leader::Elector::new(shared.client.clone(), ns, lease, candidate_identity());
+        fgpu_plumbing::leader::Elector::new(shared.client.clone(), ns, lease, candidate_identity())
+            .with_timings(timings);
     // A standby serves the webhooks: ready. The leader is ready once its caches sync.
     shared.ready.store(true, Ordering::Relaxed);
     tokio::select! {

@@ -2,7 +2,7 @@
 # Scenario: fgpu's DRA kubelet plugin as a DaemonSet pod (deploy/kubelet-plugin/), with its
 # least-privilege RBAC, on every release with DRA (1.32+; skipped below). Unlike 30/31, where
 # the plugin is a host process with the admin's kubeconfig, here it runs in a container from
-# the image fgpu.local/kubelet-plugin:dev (hack/images.sh) with the ServiceAccount token of
+# the image fgpu.local/kubelet-plugin-fake:dev (hack/images.sh: the node image + fake CUDA) with the ServiceAccount token of
 # deploy/kubelet-plugin/rbac.yaml, so a missing right or a wrong mount shows.
 #
 # The DaemonSet is deploy/kubelet-plugin/daemonset.yaml with harness-patch.yaml merged in
@@ -109,7 +109,7 @@ sed -e "s#__NODE_NAME__#$NODE_NAME#g" -e "s#__APISERVER_HOST__#$apiserver_host#g
     "$E2E_DIR/harness-patch.yaml" >"$rendered"
 ds="$(kubectl patch --local -f "$root/deploy/kubelet-plugin/daemonset.yaml" --type=strategic --patch-file "$rendered" -o yaml)" \
   || fail "rendering the DaemonSet"
-{ grep -q 'image: fgpu.local/kubelet-plugin:dev' <<<"$ds" && ! grep -q 'fgpu/kubelet-plugin:0.1.0' <<<"$ds"; } \
+{ grep -q 'image: fgpu.local/kubelet-plugin-fake:dev' <<<"$ds" && ! grep -q 'fgpu/kubelet-plugin:0.1.0' <<<"$ds"; } \
   || fail "the rendered DaemonSet still names the placeholder image"
 classes | kubectl apply -f - >&2
 kubectl apply -f - <<<"$ds" >&2

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Structural checks of the fgpu chart's rendered manifests (hack/helm-check.sh runs it).
+
+    check-chart.py HELM CHART
+
+Renders the chart with `helm template` for a set of values and Kubernetes versions and
+asserts the shapes the security review asked for, each of which a wrong template would
+break: the gate webhook sees only pods with resourceClaims; in controller mode the shared
+DeviceClass matches no device for kube-scheduler; the extender's /bind is on the pod's
+loopback beside the fgpu kube-scheduler; the legacy grant webhook is registered for CREATE
+and UPDATE; the VAPs bind the node daemons to their token's node; the controller has a PDB;
+production renders name no fake CUDA; values the schema refuses are refused.
+Prints one line per check and "N passed, 0 failed"; exits 1 on the first failure.
+"""
+import subprocess
+import sys
+
+import yaml
+
+HELM, CHART = sys.argv[1], sys.argv[2]
+passed = 0
+
+
+def render(version, *sets, values=None, ok=True):
+    cmd = [HELM, "template", "fgpu", CHART, "-n", "fgpu-system", "--kube-version", version]
+    if values:
+        cmd += ["-f", values]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if not ok:
+        return p
+    if p.returncode != 0:
+        fail(f"helm template {' '.join(sets)} on {version}: {p.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(p.stdout) if d]
+
+
+def fail(msg):
+    print(f"FAIL: {msg}")
+    print(f"{passed} passed, 1 failed")
+    sys.exit(1)
+
+
+def check(cond, msg):
+    global passed
+    if not cond:
+        fail(msg)
+    passed += 1
+    print(f"ok: {msg}")
+
+
+def get(docs, kind, name):
+    for d in docs:
+        if d["kind"] == kind and d["metadata"]["name"] == name:
+            return d
+    return None
+
+
+def containers(d):
+    return d["spec"]["template"]["spec"]["containers"]
+
+
+# --- default values on 1.37: capacity mode
+d = render("1.37.2")
+shared = get(d, "DeviceClass", "shared.gpu.fgpu.dev")
+check(shared and 'type == "gpu"' in shared["spec"]["selectors"][0]["cel"]["expression"],
+      "1.37 auto = capacity: the shared class selects the driver's GPUs")
+check(get(d, "MutatingWebhookConfiguration", "fgpu-allocation-gate") is None,
+      "capacity mode: no allocation gate webhook")
+ctl = get(d, "Deployment", "fgpu-controller")
+check(ctl["spec"]["replicas"] == 2 and "--mode=capacity" in containers(ctl)[0]["args"],
+      "controller: 2 replicas, --mode=capacity")
+check(get(d, "PodDisruptionBudget", "fgpu-controller")["spec"]["minAvailable"] == 1, "controller PDB minAvailable 1")
+check(all(a in containers(ctl)[0]["args"] for a in ("--leader-election-lease-seconds=12", "--leader-election-renew-seconds=4",
+                                                    "--leader-election-retry-seconds=2")), "leader-election timings from values")
+vol = [v for v in ctl["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"][0]
+check([i["key"] for i in vol["secret"]["items"]] == ["tls.crt", "tls.key"],
+      "the controller mounts the serving pair only, not the CA key")
+ds = get(d, "DaemonSet", "fgpu-kubelet-plugin")
+img = containers(ds)[0]["image"]
+check("fake" not in img and all("fake" not in a for a in containers(ds)[0]["args"]),
+      f"production node image {img} and args name no fake CUDA")
+check(containers(ds)[0]["securityContext"].get("privileged") is True, "NVML backend: privileged (device nodes)")
+vap = get(d, "ValidatingAdmissionPolicy", "fgpu-kubelet-plugin-own-node")
+check(vap is not None and "authentication.kubernetes.io/node-name" in vap["spec"]["variables"][0]["expression"] and "has(request.userInfo.extra)" in vap["spec"]["variables"][0]["expression"],
+      "VAP: the kubelet plugin's slices are tied to its token's node")
+check(vap["spec"]["matchConditions"][0]["expression"].endswith('"system:serviceaccount:fgpu-system:fgpu-kubelet-plugin"'),
+      "VAP matches the plugin's ServiceAccount in the release namespace")
+check(get(d, "ValidatingAdmissionPolicyBinding", "fgpu-kubelet-plugin-own-node")["spec"]["validationActions"] == ["Deny"],
+      "VAP binding denies")
+check(get(d, "ValidatingAdmissionPolicy", "fgpu-node-daemons-own-node") is not None, "VAP: node daemons write only their own Node")
+job = [x for x in d if x["kind"] == "Job"][0]
+args = containers({"spec": {"template": job["spec"]["template"]}})[0]["args"]
+check(args[:2] == ["certs", "ensure"] and "--dns-name=fgpu-controller.fgpu-system.svc" in args
+      and "--validating-webhook=fgpu-claim-config" in args, "certs Job: certs ensure for the controller Service")
+check(get(d, "CronJob", "fgpu-certs") is not None, "certs CronJob renews")
+check(get(d, "Secret", "fgpu-webhook-tls") is not None and "data" not in get(d, "Secret", "fgpu-webhook-tls"),
+      "the certificate Secret is declared without data (uninstall removes it; upgrades keep the Job's)")
+for n in ("fgpu-controller", "fgpu-kubelet-plugin", "fgpu-certs"):
+    check(get(d, "NetworkPolicy", n) is not None, f"NetworkPolicy {n}")
+
+# --- controller mode
+for v in ("1.32.0", "1.37.2"):
+    d = render(v, "mode=controller")
+    shared = get(d, "DeviceClass", "shared.gpu.fgpu.dev")
+    expr = shared["spec"]["selectors"][0]["cel"]["expression"]
+    check("allocated-by-fgpu-controller" in expr and 'type == "gpu"' not in expr,
+          f"{v} controller mode: the shared class matches no device for kube-scheduler")
+    whole = get(d, "DeviceClass", "gpu.fgpu.dev")
+    check('type == "gpu"' in whole["spec"]["selectors"][0]["cel"]["expression"], f"{v}: the whole-GPU class still selects GPUs")
+    gate = get(d, "MutatingWebhookConfiguration", "fgpu-allocation-gate")
+    check(gate is not None, f"{v} controller mode: gate webhook registered")
+    w = gate["webhooks"][0]
+    check(w["failurePolicy"] == "Fail" and w["matchConditions"][0]["expression"]
+          == "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0",
+          f"{v}: gate fails closed but only for pods with resourceClaims (matchConditions)")
+    check(w["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "fgpu-system"],
+          f"{v}: gate skips kube-system and the release namespace")
+    want_api = "resource.k8s.io/v1" if v == "1.37.2" else "resource.k8s.io/v1beta1"
+    check(shared["apiVersion"] == want_api, f"{v}: DeviceClass {want_api}")
+check(render("1.35.0")[0] is not None and "--mode=controller" in containers(get(render("1.35.0"), "Deployment", "fgpu-controller"))[0]["args"],
+      "1.35 auto = controller")
+check(get(render("1.35.0"), "MutatingWebhookConfiguration", "fgpu-allocation-gate") is not None, "1.35 auto: gate registered")
+
+# --- legacy path
+d = render("1.31.0", "legacy.enabled=true", "kubeletPlugin.enabled=false", "controller.enabled=false")
+ext = get(d, "Deployment", "fgpu-extender")
+cs = {c["name"]: c for c in containers(ext)}
+check(set(cs) == {"extender", "kube-scheduler"}, "extender and the fgpu kube-scheduler in one pod")
+check("--listen=127.0.0.1:8888" in cs["extender"]["args"], "extender /filter /prioritize /bind on 127.0.0.1 only")
+cfg = yaml.safe_load(get(d, "ConfigMap", "fgpu-scheduler-config")["data"]["config.yaml"])
+check(cfg["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888" and cfg["profiles"][0]["schedulerName"] == "fgpu-scheduler",
+      "the fgpu kube-scheduler calls the extender on the pod's loopback")
+check(cs["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.31.0", "kube-scheduler of the cluster's version")
+svc = get(d, "Service", "fgpu-extender")
+check([p["name"] for p in svc["spec"]["ports"]] == ["webhook"], "the extender Service exposes the webhook only")
+check(get(d, "ValidatingWebhookConfiguration", "fgpu-legacy-grant") is None, "grant webhook off by default (the VAP holds the rule)")
+dg = render("1.31.0", "legacy.enabled=true", "legacy.grantWebhook.enabled=true")
+grant = get(dg, "ValidatingWebhookConfiguration", "fgpu-legacy-grant")
+check(grant["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE"] and grant["webhooks"][0]["failurePolicy"] == "Fail",
+      "grant webhook (when on): Pod CREATE and UPDATE, fails closed")
+jargs = [x for x in dg if x["kind"] == "Job"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+check("--validating-webhook=fgpu-legacy-grant" in jargs and "--mutating-webhook=fgpu-legacy-pods" in jargs,
+      "certs Job sets the legacy webhooks' caBundle")
+mut = get(d, "MutatingWebhookConfiguration", "fgpu-legacy-pods")
+check("matchConditions" in mut["webhooks"][0], "legacy mutating webhook narrowed by matchConditions")
+check(get(d, "ValidatingAdmissionPolicy", "fgpu-legacy-grant") is None, "1.31: no VAPs (no node claim in tokens)")
+np = get(d, "NetworkPolicy", "fgpu-extender")
+check(np["spec"]["ingress"] == [{"ports": [{"port": 9443, "protocol": "TCP"}]}], "extender NetworkPolicy: webhook port only")
+d = render("1.32.0", "legacy.enabled=true")
+vap = get(d, "ValidatingAdmissionPolicy", "fgpu-legacy-grant")
+check(vap is not None and "system:serviceaccount:fgpu-system:fgpu-extender" in vap["spec"]["validations"][0]["expression"],
+      "1.32 legacy: VAP keeps the grant annotation to the extender")
+dp = get(d, "DaemonSet", "fgpu-device-plugin")
+check("--split-count=10" in containers(dp)[0]["args"] and "--resource-name=nvidia.com/gpu" in containers(dp)[0]["args"],
+      "device plugin: split count and resource name from values")
+d = render("1.32.0", "legacy.enabled=true", "legacy.resourceNames.gpu=example.com/gpu")
+cfg = yaml.safe_load(get(d, "ConfigMap", "fgpu-scheduler-config")["data"]["config.yaml"])
+check(cfg["extenders"][0]["managedResources"][0]["name"] == "example.com/gpu"
+      and "'example.com/gpu'" in get(d, "MutatingWebhookConfiguration", "fgpu-legacy-pods")["webhooks"][0]["matchConditions"][0]["expression"],
+      "resource names reach the scheduler config and the webhook's matchCondition")
+
+# --- fake GPUs
+d = render("1.37.2", "fakeGpus.enabled=true")
+ds = get(d, "DaemonSet", "fgpu-kubelet-plugin")
+c = containers(ds)[0]
+check("kubelet-plugin-fake" in c["image"] and "--backend=fake" in c["args"], "fake mode: the fake image and backend")
+check(c["securityContext"]["privileged"] is False and c["securityContext"]["capabilities"]["drop"] == ["ALL"],
+      "fake mode: no privilege, no capability")
+check(get(d, "ConfigMap", "fgpu-fake-gpus") is not None, "fake profile ConfigMap")
+
+d = render("1.37.2", values=CHART + "/examples/demo.yaml")
+ds = get(d, "DaemonSet", "fgpu-kubelet-plugin")
+check("nodeSelector" not in ds["spec"]["template"]["spec"], "demo values: the plugin runs on the harness's unlabelled node")
+check(containers(ds)[0]["image"] == "fgpu.local/kubelet-plugin-fake:dev", "demo values: the harness's fake image")
+
+# --- driver name
+d = render("1.37.2", "driverName=gpu.example.com", "mode=controller")
+check(get(d, "DeviceClass", "shared.gpu.example.com") is not None, "classes follow driverName")
+rules = get(d, "ClusterRole", "fgpu-controller")["rules"]
+check(any(r.get("resourceNames") == ["shared.gpu.example.com"] for r in rules), "controller RBAC names shared.<driverName>")
+
+# --- cert-manager
+d = render("1.37.2", "certs.mode=certManager", "mode=controller")
+check(get(d, "Certificate", "fgpu-webhook") is not None and get(d, "Job", "fgpu-certs-1") is None, "cert-manager: a Certificate, no Job")
+check(get(d, "MutatingWebhookConfiguration", "fgpu-allocation-gate")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+      == "fgpu-system/fgpu-webhook-tls", "cert-manager injects the caBundle")
+
+# --- the schema refuses
+for s, why in (("mode=bogus", "mode"), ("driverName=Bad_Name", "driverName"), ("certs.mode=openssl", "certs.mode"),
+               ("legacy.splitCount=0", "splitCount"), ("image.pullPolicy=Sometimes", "pullPolicy"),
+               ("controller.replica=2", "an unknown key")):
+    p = render("1.37.2", s, ok=False)
+    check(p.returncode != 0 and "values don't meet the specifications of the schema" in p.stderr, f"schema refuses {why} ({s})")
+
+print(f"{passed} passed, 0 failed")
