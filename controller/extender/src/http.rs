@@ -42,11 +42,22 @@ pub fn router<W: ClusterWriter>(ext: Arc<Extender>, writer: Arc<W>) -> Router {
 
 /// Serves the extender on `listener` until the task is dropped.
 pub async fn serve<W: ClusterWriter>(listener: TcpListener, ext: Arc<Extender>, writer: Arc<W>) {
+    serve_tls(listener, ext, writer, None).await;
+}
+
+/// Serves the extender on `listener`, over TLS when `tls` is given (mutual TLS:
+/// [`fgpu_plumbing::tls::server_config_mutual`]), until the task is dropped.
+pub async fn serve_tls<W: ClusterWriter>(
+    listener: TcpListener,
+    ext: Arc<Extender>,
+    writer: Arc<W>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     fgpu_plumbing::server::serve(
         listener,
         router(ext, writer),
         LIMITS,
-        None,
+        tls,
         std::future::pending(),
     )
     .await;

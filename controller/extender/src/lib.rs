@@ -51,9 +51,16 @@ pub struct ExtenderArgs {
     /// loopback address only (127.0.0.0/8, ::1): /filter, /prioritize and /bind have no
     /// authentication, and the extender's account can bind pods and write their GPU grants,
     /// so it runs in the fgpu kube-scheduler's pod and listens where only that pod reaches
-    /// it. `--listen` is the older spelling.
+    /// it. Any address with --extender-client-ca (mutual TLS). `--listen` is the older
+    /// spelling.
     #[arg(long, alias = "listen", default_value = "127.0.0.1:8888")]
     pub extender_address: SocketAddr,
+    /// PEM CA certificate(s) that sign the kube-scheduler's client certificate: the
+    /// extender then serves its verbs over HTTPS with the webhook's --tls-cert/--tls-key and
+    /// refuses every client without such a certificate (mutual TLS; kube-scheduler's
+    /// extender `tlsConfig` with `enableHTTPS: true`), and may listen on any address.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
+    pub extender_client_ca: Option<std::path::PathBuf>,
     /// The user the API server authenticates this extender as (its service account,
     /// `system:serviceaccount:<namespace>:<name>`): the only user the webhook lets set,
     /// change or remove a pod's GPU assignment annotation. Default: asked of the API server
@@ -151,15 +158,36 @@ impl ExtenderArgs {
 }
 
 /// `Err` (naming the flag, the address and what is valid) unless `addr` is a loopback
-/// address: the extender's verbs have no authentication (see `--extender-address`).
-pub fn check_extender_address(addr: SocketAddr) -> Result<()> {
+/// address or `mutual_tls` is on: without client certificates the extender's verbs have no
+/// authentication (see `--extender-address`).
+pub fn check_extender_address(addr: SocketAddr, mutual_tls: bool) -> Result<()> {
     anyhow::ensure!(
-        addr.ip().is_loopback(),
+        mutual_tls || addr.ip().is_loopback(),
         "--extender-address {addr}: not a loopback address; /filter, /prioritize and /bind have no \
          authentication, so the extender serves them only on 127.0.0.1 or [::1], in the fgpu \
-         kube-scheduler's pod (its urlPrefix http://127.0.0.1:<port>); mutual TLS is not implemented"
+         kube-scheduler's pod (its urlPrefix http://127.0.0.1:<port>), or anywhere with mutual TLS \
+         (--extender-client-ca)"
     );
     Ok(())
+}
+
+/// The TLS configuration of the extender's verbs: mutual TLS with the webhook's serving
+/// pair when `--extender-client-ca` is given, else none (plain HTTP on loopback).
+pub fn extender_tls(args: &ExtenderArgs) -> Result<Option<Arc<rustls::ServerConfig>>> {
+    let Some(ca) = &args.extender_client_ca else {
+        return Ok(None);
+    };
+    let (Some(cert), Some(key)) = (&args.webhook.tls_cert, &args.webhook.tls_key) else {
+        anyhow::bail!(
+            "--extender-client-ca needs --tls-cert and --tls-key (the extender serves that pair)"
+        );
+    };
+    Ok(Some(fgpu_plumbing::tls::server_config_mutual(
+        cert,
+        key,
+        "--extender-client-ca",
+        ca,
+    )?))
 }
 
 /// The user the API server authenticates `client` as (SelfSubjectReview,
@@ -223,7 +251,8 @@ pub fn run(args: ExtenderArgs) -> Result<()> {
 /// The daemon's body, for callers that already run a Tokio runtime.
 pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     let config = args.config()?;
-    check_extender_address(args.extender_address)?;
+    let extender_tls = extender_tls(&args)?;
+    check_extender_address(args.extender_address, extender_tls.is_some())?;
     let tls = args.webhook.tls()?;
     let client = args.kube.client().await?;
     let webhook = match tls {
@@ -247,9 +276,14 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
         tracing::warn!("{e}");
     }
     let listener = fgpu_plumbing::server::bind("--extender-address", args.extender_address).await?;
-    tracing::info!(addr = %args.extender_address, scheduler = %args.scheduler_name, "scheduler extender (loopback only)");
+    tracing::info!(
+        addr = %args.extender_address,
+        scheduler = %args.scheduler_name,
+        "scheduler extender ({})",
+        if extender_tls.is_some() { "HTTPS, client certificates required" } else { "plain HTTP, loopback only" }
+    );
     let writer = Arc::new(KubeCluster::new(client.clone()));
-    let server = tokio::spawn(http::serve(listener, ext.clone(), writer));
+    let server = tokio::spawn(http::serve_tls(listener, ext.clone(), writer, extender_tls));
     let webhook_server = match webhook {
         Some((addr, tls, cfg)) => {
             let l = fgpu_plumbing::server::bind("--webhook-addr", addr).await?;

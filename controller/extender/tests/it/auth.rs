@@ -1,6 +1,12 @@
 //! Attacks on the extender's protections: pods of another scheduler sent to its verbs,
 //! binds without a pod UID, GPU grants on pods the extender did not write, users writing
-//! the assignment annotation through the webhook, and a non-loopback listen address.
+//! the assignment annotation through the webhook, a non-loopback listen address, and
+//! clients without the right certificate when the verbs are served over mutual TLS.
+//!
+//! `tests/data/extender-mtls/`: a test client CA (`client-ca.crt`, its key thrown away), a
+//! client certificate it signed (`client.crt`, `client.key`, CN fgpu-scheduler) and a
+//! self-signed one (`other.crt`, `other.key`); EC P-256, valid until 2126, made with
+//! `openssl`. The server side uses `tests/data/webhook-tls/`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -241,7 +247,7 @@ fn users_cannot_write_the_assignment_annotation() {
 #[test]
 fn non_loopback_addresses_are_refused() {
     for bad in ["0.0.0.0:8888", "10.1.2.3:8888", "[::]:8888"] {
-        let e = fgpu_extender::check_extender_address(bad.parse().unwrap()).unwrap_err();
+        let e = fgpu_extender::check_extender_address(bad.parse().unwrap(), false).unwrap_err();
         let m = e.to_string();
         assert!(
             m.starts_with(&format!("--extender-address {bad}: not a loopback address")),
@@ -249,7 +255,11 @@ fn non_loopback_addresses_are_refused() {
         );
     }
     for good in ["127.0.0.1:8888", "[::1]:8888"] {
-        fgpu_extender::check_extender_address(good.parse().unwrap()).unwrap();
+        fgpu_extender::check_extender_address(good.parse().unwrap(), false).unwrap();
+    }
+    // With mutual TLS any address is allowed.
+    for any in ["0.0.0.0:8888", "[::]:8888"] {
+        fgpu_extender::check_extender_address(any.parse().unwrap(), true).unwrap();
     }
 }
 
@@ -266,4 +276,136 @@ fn default_listen_address_is_loopback() {
     assert!(cli.args.extender_address.ip().is_loopback());
     let cli = Cli::try_parse_from(["x", "--listen", "127.0.0.1:9"]).unwrap();
     assert_eq!(cli.args.extender_address, "127.0.0.1:9".parse().unwrap());
+}
+
+fn tls_data(dir: &str, file: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(dir)
+        .join(file)
+}
+
+/// A TLS client trusting the test serving CA, presenting `cert` (a file pair in
+/// `extender-mtls/`) when given.
+fn mtls_client(cert: Option<&str>) -> tokio_rustls::TlsConnector {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in
+        rustls_pki_types::CertificateDer::pem_file_iter(tls_data("webhook-tls", "ca.crt")).unwrap()
+    {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let b = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let cfg = match cert {
+        None => b.with_no_client_auth(),
+        Some(name) => {
+            let chain = rustls_pki_types::CertificateDer::pem_file_iter(tls_data(
+                "extender-mtls",
+                &format!("{name}.crt"),
+            ))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+            let key = rustls_pki_types::PrivateKeyDer::from_pem_file(tls_data(
+                "extender-mtls",
+                &format!("{name}.key"),
+            ))
+            .unwrap();
+            b.with_client_auth_cert(chain, key).unwrap()
+        }
+    };
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+}
+
+/// `POST /bind` over TLS as `cert`: the HTTP status, or the error that stopped it.
+async fn bind_over_tls(
+    addr: std::net::SocketAddr,
+    cert: Option<&str>,
+    body: &str,
+) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut s = mtls_client(cert)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let req = format!(
+        "POST /bind HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    // With TLS 1.3 the server checks the client's certificate after the client finished
+    // its handshake: a refusal shows on the first read (or write).
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let read = s.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out).to_string();
+    match text.get(9..12).and_then(|c| c.parse().ok()) {
+        Some(code) => Ok(code),
+        None => Err(format!("no HTTP response ({read:?})")),
+    }
+}
+
+/// Over mutual TLS, only a client with a certificate of the configured CA gets an answer:
+/// no certificate and a self-signed one are refused at the handshake, and the victim
+/// stays unbound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_refuses_clients_without_the_cas_certificate() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ext = Arc::new(extender());
+    let cluster = Arc::new(MemoryCluster::default());
+    let victim = small("victim");
+    cluster.add_pod(victim.clone());
+    let tls = fgpu_plumbing::tls::server_config_mutual(
+        &tls_data("webhook-tls", "tls.crt"),
+        &tls_data("webhook-tls", "tls.key"),
+        "--extender-client-ca",
+        &tls_data("extender-mtls", "client-ca.crt"),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(fgpu_extender::http::serve_tls(
+        listener,
+        ext,
+        cluster.clone(),
+        Some(tls),
+    ));
+    let body = serde_json::to_string(&bind_args(&victim, "n")).unwrap();
+    for who in [None, Some("other")] {
+        let r = bind_over_tls(addr, who, &body).await;
+        assert!(r.is_err(), "{who:?}: {r:?}");
+    }
+    assert!(cluster.bindings().is_empty(), "{:?}", cluster.bindings());
+    assert_eq!(bind_over_tls(addr, Some("client"), &body).await, Ok(200));
+    assert_eq!(cluster.bindings().len(), 1);
+}
+
+/// `--extender-client-ca` needs the serving pair, and a CA file that is not PEM is refused
+/// naming the flag.
+#[test]
+fn extender_client_ca_needs_the_serving_pair() {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: fgpu_extender::ExtenderArgs,
+    }
+    assert!(Cli::try_parse_from(["x", "--extender-client-ca", "ca.crt"]).is_err());
+    let bad = tls_data("webhook-tls", "tls.key");
+    let e = fgpu_plumbing::tls::server_config_mutual(
+        &tls_data("webhook-tls", "tls.crt"),
+        &tls_data("webhook-tls", "tls.key"),
+        "--extender-client-ca",
+        &bad,
+    )
+    .unwrap_err();
+    assert!(e.to_string().starts_with("--extender-client-ca "), "{e}");
 }
