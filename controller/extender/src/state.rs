@@ -30,6 +30,10 @@ use crate::annotations::{
 use crate::writer::ClusterWriter;
 use fgpu_driver::hami::{ContainerRequest, PodRequest, pod_key, pod_request};
 
+/// Default `--scheduler-name`: the profile of the second kube-scheduler that calls the
+/// extender (`deploy/extender/scheduler.yaml`).
+pub const DEFAULT_SCHEDULER_NAME: &str = "fgpu-scheduler";
+
 /// How the extender is configured.
 #[derive(Clone, Debug)]
 pub struct ExtenderConfig {
@@ -60,7 +64,7 @@ impl Default for ExtenderConfig {
             },
             reservation_grace: Duration::from_secs(300),
             serialize_node_binds: false,
-            scheduler_name: crate::webhook::DEFAULT_SCHEDULER_NAME.to_owned(),
+            scheduler_name: DEFAULT_SCHEDULER_NAME.to_owned(),
         }
     }
 }

@@ -49,9 +49,7 @@ use serde_json::{Map, Value, json};
 
 use fgpu_driver::hami::{ANNOTATION_NUMA_BIND, MAX_GPUS_PER_CONTAINER};
 
-/// Default `--scheduler-name`: the profile of the second kube-scheduler that calls the
-/// extender (`deploy/extender/scheduler.yaml`).
-pub const DEFAULT_SCHEDULER_NAME: &str = "fgpu-scheduler";
+pub use crate::state::DEFAULT_SCHEDULER_NAME;
 
 /// kube-scheduler's own profile name; pods naming it are moved to fgpu's scheduler.
 pub const KUBE_DEFAULT_SCHEDULER: &str = "default-scheduler";
