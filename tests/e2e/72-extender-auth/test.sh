@@ -76,7 +76,8 @@ fi
 # 2. An unauthenticated /bind from another pod, to the node's address.
 victim victim-a
 body_a="$(bind_body victim-a)"
-# busybox's nc (its static wget crashes in this image): a raw HTTP/1.0 request each.
+# busybox's nc (its static wget crashes in this image): a raw HTTP/1.0 request each; nc
+# stops at the end of its input, so the bind's input stays open until the answer is in.
 kubectl -n "$E2E_NS" apply -f - >&2 <<YAML
 apiVersion: v1
 kind: Pod
@@ -93,7 +94,7 @@ spec:
         - sh
         - -c
         - |
-          echo "bind: \$(printf 'POST /bind HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' "\${#BODY}" "\$BODY" | nc -w 5 $host_ip 8888 2>&1 | tr '\r\n' '  ')"
+          echo "bind: \$({ printf 'POST /bind HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' "\${#BODY}" "\$BODY"; sleep 3; } | nc -w 5 $host_ip 8888 2>&1 | tr '\r\n' '  ')"
           echo "api: \$(printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 $host_ip $api_port 2>&1 | head -1 | tr -d '\r')"
           echo attack_done
 YAML
