@@ -138,6 +138,53 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
+/// The CA certificates (PEM) in `path`, for verifying client certificates; errors name
+/// `flag` and the file.
+pub fn load_client_roots(
+    flag: &'static str,
+    path: &Path,
+) -> Result<rustls::RootCertStore, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(path).map_err(|e| file_err(flag, path, e))? {
+        let c = c.map_err(|e| file_err(flag, path, format!("not PEM certificates: {e}")))?;
+        roots
+            .add(c)
+            .map_err(|e| file_err(flag, path, format!("not a usable CA certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(file_err(flag, path, "no certificate in the file"));
+    }
+    Ok(roots)
+}
+
+/// A server configuration like [`server_config`] that also requires every client to
+/// present a certificate signed by one of the CAs in `client_ca` (PEM; errors name
+/// `ca_flag`): mutual TLS. A client without one, or with another CA's, fails the handshake.
+pub fn server_config_mutual(
+    cert: &Path,
+    key: &Path,
+    ca_flag: &'static str,
+    client_ca: &Path,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let roots = Arc::new(load_client_roots(ca_flag, client_ca)?);
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
+        .build()
+        .map_err(|e| {
+            file_err(
+                ca_flag,
+                client_ca,
+                format!("cannot verify clients with it: {e}"),
+            )
+        })?;
+    let resolver = Arc::new(ReloadingCert::new(cert, key)?);
+    let cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Versions)?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(resolver);
+    Ok(Arc::new(cfg))
+}
+
 /// A server configuration (TLS 1.2 and 1.3, no client certificates, HTTP/1.1) serving the
 /// pair in `cert` / `key`, reloaded when the files change.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {

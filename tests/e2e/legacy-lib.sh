@@ -9,7 +9,10 @@
 #                          when up to date), copy them with the shim and the fake CUDA driver to
 #                          a fresh work dir ($work, see plugin-lib.sh), create the stand-in device
 #                          nodes, render the fgpu-scheduler's KubeSchedulerConfiguration
-#   start_extender [args]  fgpu-controller extender on $LEGACY_EXTENDER_ADDR; waits for /healthz
+#   start_extender [args]  fgpu-controller extender on $LEGACY_EXTENDER_ADDR (loopback: the
+#                          extender refuses any other address; with LEGACY_EXTENDER_DEFAULT_ADDR=1
+#                          no address flag is passed and the binary's default is used, which
+#                          must then equal $LEGACY_EXTENDER_ADDR); waits for /healthz
 #   start_device_plugin    fgpu-kubelet-plugin device-plugin (fake backend, $LEGACY_PROFILE);
 #                          waits until it has registered with the kubelet once more than before
 #   start_scheduler        the second kube-scheduler (profile fgpu-scheduler + the extender)
@@ -32,6 +35,7 @@
 # shellcheck disable=SC2034 # used by the scripts that source this file
 LEGACY_SCHEDULER_NAME=fgpu-scheduler
 LEGACY_EXTENDER_ADDR="${FGPU_E2E_EXTENDER_ADDR:-127.0.0.1:18888}"
+LEGACY_EXTENDER_DEFAULT_ADDR="${LEGACY_EXTENDER_DEFAULT_ADDR:-0}"
 # The extender's mutating webhook (HTTPS, same process), registered by URL for the
 # scenario's namespace from deploy/extender/webhook.yaml. A scenario sets LEGACY_WEBHOOK=0
 # before legacy_up to go without it (legacy_apply then sets spec.schedulerName itself):
@@ -150,18 +154,22 @@ EOF
 
 # shellcheck disable=SC2120 # extra flags are optional
 start_extender() {
-  local hook=()
+  local hook=() addr=(--extender-address "$LEGACY_EXTENDER_ADDR")
   [ "$LEGACY_WEBHOOK" != 1 ] || hook=(--webhook-addr "$LEGACY_WEBHOOK_ADDR" \
-    --tls-cert "$work/pki/tls.crt" --tls-key "$work/pki/tls.key" --scheduler-name "$LEGACY_SCHEDULER_NAME")
+    --tls-cert "$work/pki/tls.crt" --tls-key "$work/pki/tls.key")
+  [ "$LEGACY_EXTENDER_DEFAULT_ADDR" != 1 ] || addr=()
   legacy_start extender env RUST_LOG="${FGPU_E2E_EXTENDER_LOG:-info}" "$work/bin/fgpu-controller" extender \
-    --listen "$LEGACY_EXTENDER_ADDR" --kubeconfig "$KUBECONFIG" --resync-seconds 2 "${hook[@]}" "$@"
+    "${addr[@]}" --kubeconfig "$KUBECONFIG" --resync-seconds 2 \
+    --scheduler-name "$LEGACY_SCHEDULER_NAME" "${hook[@]}" "$@"
   wait_until 30 "extender /healthz" curl -sf "http://$LEGACY_EXTENDER_ADDR/healthz"
   [ "$LEGACY_WEBHOOK" != 1 ] \
     || wait_until 30 "extender webhook /healthz" curl -sfk "https://$LEGACY_WEBHOOK_ADDR/healthz"
 }
 
-# deploy/extender/webhook.yaml as a cluster admin applies it, but by URL (no Service here)
-# and for the scenario's namespace only.
+# deploy/extender/webhook.yaml as a cluster admin applies it (the mutating webhook and the
+# validating assignment guard), but by URL (no Service here) and for the scenario's
+# namespace only. The extender runs with the harness's kubeconfig, so the user it may write
+# the assignment annotation as (asked of the API server at start) is that kubeconfig's.
 register_legacy_webhook() {
   legacy_webhook_file="$work/legacy-webhook.yaml"
   sed -e "s#service: {namespace: fgpu-system, name: fgpu-extender, path: \([^,]*\), port: 443}#url: https://$LEGACY_WEBHOOK_ADDR\1#" \
@@ -169,6 +177,7 @@ register_legacy_webhook() {
       -e "s#operator: NotIn, values: \[kube-system, fgpu-system\]#operator: In, values: [$E2E_NS]#" \
       "$E2E_LIB_DIR/../../deploy/extender/webhook.yaml" >"$legacy_webhook_file"
   grep -q "url: https://$LEGACY_WEBHOOK_ADDR/mutate-pods" "$legacy_webhook_file" || fail "rendering $legacy_webhook_file"
+  grep -q "url: https://$LEGACY_WEBHOOK_ADDR/validate-pods" "$legacy_webhook_file" || fail "rendering $legacy_webhook_file (validate)"
   grep -q "values: \[$E2E_NS\]" "$legacy_webhook_file" || fail "rendering $legacy_webhook_file (namespace)"
   kubectl apply -f "$legacy_webhook_file" >&2
 }

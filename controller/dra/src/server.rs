@@ -4,8 +4,12 @@
 //! * Webhooks over TLS (rustls, certificate and key from PEM files):
 //!   `POST /mutate-pods` (adds the scheduling gate, [`crate::admission::gate_patch`]) and
 //!   `POST /validate-claims` ([`crate::admission::validate`]). A review that cannot be
-//!   read is answered 400; a lookup that fails admits the pod without the gate and says
-//!   so in a warning (the API server's `failurePolicy` covers only an unreachable webhook).
+//!   read is answered 400. The pod gate fails closed: a claim or template that does not
+//!   exist yet, or whose lookup fails, gates the pod too (with a warning and a log line
+//!   saying why), and the reconcile pass lifts the gate once the claim exists and needs no
+//!   fgpu allocation. Otherwise a shared claim created after its pod would be allocated by
+//!   kube-scheduler as a whole device, with the user's own config as the quota. Bodies are
+//!   bounded by [`WEBHOOK_LIMITS`] (413 past it; the plumbing layer's deadlines apply).
 //! * Plain HTTP: `GET /metrics`, `/healthz` (the process serves), `/readyz` (the
 //!   reflectors have listed once).
 
@@ -90,6 +94,11 @@ pub fn webhooks(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+/// What one webhook request may take: an `AdmissionReview` of a Pod or a claim (8 MiB;
+/// a Pod is at most about 1.5 MiB in etcd), 30 s in all, 10 s for the request head and
+/// for the TLS handshake.
+pub const WEBHOOK_LIMITS: Limits = Limits::WEBHOOK;
+
 /// Serves the webhooks over TLS on `addr`.
 pub async fn spawn_webhooks(
     addr: SocketAddr,
@@ -98,14 +107,25 @@ pub async fn spawn_webhooks(
 ) -> Result<()> {
     let listener = http::bind("--webhook-addr", addr).await?;
     tracing::info!(%addr, "admission webhooks (HTTPS)");
-    tokio::spawn(http::serve(
+    tokio::spawn(serve_webhooks(listener, Some(tls), shared));
+    Ok(())
+}
+
+/// Serves the webhooks on `listener` (over TLS when given) with [`WEBHOOK_LIMITS`], until
+/// the task is dropped.
+pub async fn serve_webhooks(
+    listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shared: Arc<Shared>,
+) {
+    http::serve(
         listener,
         webhooks(shared),
-        Limits::WEBHOOK,
-        Some(tls),
+        WEBHOOK_LIMITS,
+        tls,
         std::future::pending(),
-    ));
-    Ok(())
+    )
+    .await;
 }
 
 async fn webhook(req: Request, shared: &Shared) -> Response {
@@ -117,7 +137,7 @@ async fn webhook(req: Request, shared: &Shared) -> Response {
             "POST an AdmissionReview\n".into(),
         );
     }
-    let body: Bytes = match axum::body::to_bytes(req.into_body(), Limits::WEBHOOK.max_body).await {
+    let body: Bytes = match axum::body::to_bytes(req.into_body(), WEBHOOK_LIMITS.max_body).await {
         Ok(b) => b,
         Err(e) => {
             return reply(
@@ -191,7 +211,7 @@ async fn lookup_classes(shared: &Shared, names: &[String]) -> admission::ClassPo
 }
 
 /// Whether the pod needs the gate: any referenced claim or template of the shared class.
-async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
+pub(crate) async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
     let pod = &review["request"]["object"];
     let ns = review["request"]["namespace"]
         .as_str()
@@ -227,17 +247,28 @@ async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
                     needs = true;
                 }
             }
-            Ok(None) => warnings.push(format!(
-                "fgpu: {} {ns}/{name} not found; the pod gets no allocation gate",
-                if inner {
-                    "ResourceClaimTemplate"
-                } else {
-                    "ResourceClaim"
-                }
-            )),
-            Err(e) => warnings.push(format!(
-                "fgpu: looking up {ns}/{name} failed ({e}); the pod gets no allocation gate"
-            )),
+            // Fail closed: a claim that does not exist yet may be of the shared class.
+            // Gated, the pod waits for it; the reconcile pass lifts the gate once it
+            // exists and needs no allocation of ours.
+            Ok(None) => {
+                needs = true;
+                warnings.push(format!(
+                    "fgpu: {} {ns}/{name} not found; the pod is gated ({}) until it exists and, if it uses {class}, fgpu has allocated it",
+                    if inner {
+                        "ResourceClaimTemplate"
+                    } else {
+                        "ResourceClaim"
+                    },
+                    shared.driver.scheduling_gate()
+                ));
+            }
+            Err(e) => {
+                needs = true;
+                warnings.push(format!(
+                    "fgpu: looking up {ns}/{name} failed ({e}); the pod is gated ({}) until the controller has seen the claim",
+                    shared.driver.scheduling_gate()
+                ));
+            }
         }
     }
     for w in &warnings {
@@ -255,4 +286,132 @@ async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
         );
     }
     admission::response(review, true, None, patch.as_ref(), &warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::shared::ModeCell;
+    use fgpu_api::dra::ApiVersion;
+    use fgpu_api::names::DriverName;
+    use fgpu_plumbing::testing::{Answer, FakeApiServer};
+    use serde_json::json;
+    use std::sync::atomic::AtomicBool;
+
+    const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
+
+    fn shared(fake: &FakeApiServer) -> Arc<Shared> {
+        Arc::new(Shared {
+            driver: DriverName::default(),
+            api: ApiVersion::V1,
+            client: fake.client(),
+            mode: ModeCell::default(),
+            metrics: Metrics::new(),
+            ready: AtomicBool::new(true),
+        })
+    }
+
+    fn claim(class: &str) -> Value {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "team", "uid": "u-c"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}}})
+    }
+
+    /// A Pod CREATE review of a pod using the claim `c` in namespace `team`.
+    fn review() -> Value {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "r1", "operation": "CREATE", "namespace": "team",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "object": {"metadata": {"name": "p", "namespace": "team"},
+                    "spec": {"containers": [{"name": "main", "image": "cuda"}],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]}}}})
+    }
+
+    fn gated(answer: &Value) -> bool {
+        answer["response"]["allowed"] == true
+            && answer["response"]["patch"]
+                .as_str()
+                .is_some_and(|p| !p.is_empty())
+    }
+
+    #[tokio::test]
+    async fn a_shared_claim_gates_its_pod_and_another_class_does_not() {
+        let fake = FakeApiServer::new().group("resource.k8s.io", &["v1"]);
+        let s = shared(&fake);
+        fake.lock()
+            .unwrap()
+            .insert(&format!("{CLAIMS}/c"), claim("shared.gpu.fgpu.dev"));
+        assert!(gated(&mutate_pod(&review(), &s).await));
+        fake.lock()
+            .unwrap()
+            .insert(&format!("{CLAIMS}/c"), claim("gpu.example.com"));
+        let a = mutate_pod(&review(), &s).await;
+        assert_eq!(a["response"]["allowed"], true, "{a}");
+        assert!(!gated(&a), "{a}");
+    }
+
+    /// Pod first, claim later: the claim may be of the shared class, so the pod is gated
+    /// (it used to be admitted ungated, and kube-scheduler then allocated the shared claim
+    /// as a whole GPU). The warning says why.
+    #[tokio::test]
+    async fn a_missing_claim_keeps_the_gate() {
+        let fake = FakeApiServer::new().group("resource.k8s.io", &["v1"]);
+        let a = mutate_pod(&review(), &shared(&fake)).await;
+        assert!(gated(&a), "the pod must be gated: {a}");
+        let w = a["response"]["warnings"].to_string();
+        assert!(w.contains("team/c not found; the pod is gated"), "{w}");
+    }
+
+    /// A failed lookup (the API server answers 500) gates the pod too.
+    #[tokio::test]
+    async fn a_failed_lookup_keeps_the_gate() {
+        let fake = FakeApiServer::new().group("resource.k8s.io", &["v1"]);
+        fake.lock().unwrap().intercept(|r| {
+            r.path.contains("/resourceclaims/").then(|| {
+                Answer::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "etcd is down",
+                )
+            })
+        });
+        let a = mutate_pod(&review(), &shared(&fake)).await;
+        assert!(gated(&a), "the pod must be gated: {a}");
+        assert!(
+            a["response"]["warnings"]
+                .to_string()
+                .contains("team/c failed (ApiError: etcd is down"),
+            "{a}"
+        );
+    }
+
+    /// The webhook server refuses a body over its ceiling (413) without reading it whole,
+    /// and still answers a review of normal size on the same server.
+    #[tokio::test]
+    async fn a_too_large_body_is_refused() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let fake = FakeApiServer::new().group("resource.k8s.io", &["v1"]);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_webhooks(listener, None, shared(&fake)));
+        let send = |body: Vec<u8>| async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let head = format!(
+                "POST /mutate-pods HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            // The server may answer and close before the body is all sent.
+            let _ = s.write_all(&body).await;
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out).await;
+            String::from_utf8_lossy(&out).to_string()
+        };
+        let big = vec![b' '; WEBHOOK_LIMITS.max_body + 1];
+        let out = send(big).await;
+        assert!(out.starts_with("HTTP/1.1 413"), "{out:.200}");
+        let out = send(review().to_string().into_bytes()).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out:.200}");
+    }
 }

@@ -87,7 +87,7 @@ fn cluster_5000() -> (Vec<Node>, Vec<Pod>) {
             let mut pod = gpu_pod(&name, json!({}), limits);
             let req = pod_request(&pod, &cfg.names, cfg.default_policy).unwrap();
             if let Ok(a) = scratch.reserve(&n.metadata.name, &req) {
-                pod.metadata.annotations.insert(ASSIGNED.into(), a.render());
+                assign(&mut pod, a.render());
                 pod.spec
                     .extra
                     .insert("nodeName".into(), json!(n.metadata.name));

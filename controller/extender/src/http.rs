@@ -7,8 +7,8 @@
 //! (prioritize, whose errors the scheduler ignores). Nothing a client sends stops the
 //! server.
 //!
-//! TLS (optional, [`serve_webhook`]): the admission webhook, `POST /mutate-pods`, and
-//! `GET /healthz`.
+//! TLS (optional, [`serve_webhook`]): the admission webhooks, `POST /mutate-pods` (the
+//! mutating one) and `POST /validate-pods` (the assignment guard alone), and `GET /healthz`.
 
 use std::sync::Arc;
 
@@ -42,11 +42,22 @@ pub fn router<W: ClusterWriter>(ext: Arc<Extender>, writer: Arc<W>) -> Router {
 
 /// Serves the extender on `listener` until the task is dropped.
 pub async fn serve<W: ClusterWriter>(listener: TcpListener, ext: Arc<Extender>, writer: Arc<W>) {
+    serve_tls(listener, ext, writer, None).await;
+}
+
+/// Serves the extender on `listener`, over TLS when `tls` is given (mutual TLS:
+/// [`fgpu_plumbing::tls::server_config_mutual`]), until the task is dropped.
+pub async fn serve_tls<W: ClusterWriter>(
+    listener: TcpListener,
+    ext: Arc<Extender>,
+    writer: Arc<W>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     fgpu_plumbing::server::serve(
         listener,
         router(ext, writer),
         LIMITS,
-        None,
+        tls,
         std::future::pending(),
     )
     .await;
@@ -199,17 +210,17 @@ pub async fn handle_webhook<B: BodyIn>(
     let path = req.uri().path().trim_end_matches('/').to_owned();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok"),
-        (&Method::POST, "/mutate-pods") => {}
-        (_, "/mutate-pods") => {
+        (&Method::POST, "/mutate-pods" | "/validate-pods") => {}
+        (_, "/mutate-pods" | "/validate-pods") => {
             return text(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "/mutate-pods takes POST with an AdmissionReview",
+                format!("{path} takes POST with an AdmissionReview"),
             );
         }
         _ => {
             return text(
                 StatusCode::NOT_FOUND,
-                "not found; the webhook serves POST /mutate-pods and GET /healthz",
+                "not found; the webhook serves POST /mutate-pods, POST /validate-pods and GET /healthz",
             );
         }
     }
@@ -221,7 +232,7 @@ pub async fn handle_webhook<B: BodyIn>(
         Err(e) => {
             return text(
                 StatusCode::BAD_REQUEST,
-                format!("/mutate-pods: reading the body: {e}"),
+                format!("{path}: reading the body: {e}"),
             );
         }
     };
@@ -230,12 +241,16 @@ pub async fn handle_webhook<B: BodyIn>(
         Err(e) => {
             return text(
                 StatusCode::BAD_REQUEST,
-                format!("/mutate-pods: the body is not an AdmissionReview (JSON): {e}"),
+                format!("{path}: the body is not an AdmissionReview (JSON): {e}"),
             );
         }
     };
-    let inv = ext.gpu_inventory();
-    match crate::webhook::review(&review, cfg, &inv) {
+    let answer = if path == "/validate-pods" {
+        crate::webhook::guard_review(&review, cfg)
+    } else {
+        crate::webhook::review(&review, cfg, &ext.gpu_inventory())
+    };
+    match answer {
         Ok(answer) => {
             let r = &answer["response"];
             if r["allowed"] == false {
@@ -245,6 +260,6 @@ pub async fn handle_webhook<B: BodyIn>(
             }
             json(&answer)
         }
-        Err(e) => text(StatusCode::BAD_REQUEST, format!("/mutate-pods: {e}")),
+        Err(e) => text(StatusCode::BAD_REQUEST, format!("{path}: {e}")),
     }
 }

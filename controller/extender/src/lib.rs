@@ -21,8 +21,9 @@
 //!   changes (between the periodic lists).
 //!
 //! [`run`] is the daemon (`fgpu-controller extender`): resync from the API server every
-//! few seconds, serve the extender (plain HTTP) and, with `--webhook-addr`, the admission
-//! webhook (HTTPS).
+//! few seconds, serve the extender (plain HTTP, loopback only: it has no authentication, so
+//! it runs in the fgpu kube-scheduler's pod and only that scheduler can reach it) and,
+//! with `--webhook-addr`, the admission webhook (HTTPS).
 
 pub mod annotations;
 pub mod http;
@@ -46,9 +47,26 @@ pub use writer::{ClusterWriter, KubeCluster, MemoryCluster, WriteError};
 /// `fgpu-controller extender`: the kube-scheduler extender for clusters below 1.32.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExtenderArgs {
-    /// Address to serve the extender on (plain HTTP; kube-scheduler's `urlPrefix`).
-    #[arg(long, default_value = "0.0.0.0:8888")]
-    pub listen: SocketAddr,
+    /// Address to serve the extender on (plain HTTP; kube-scheduler's `urlPrefix`). A
+    /// loopback address only (127.0.0.0/8, ::1): /filter, /prioritize and /bind have no
+    /// authentication, and the extender's account can bind pods and write their GPU grants,
+    /// so it runs in the fgpu kube-scheduler's pod and listens where only that pod reaches
+    /// it. Any address with --extender-client-ca (mutual TLS). `--listen` is the older
+    /// spelling.
+    #[arg(long, alias = "listen", default_value = "127.0.0.1:8888")]
+    pub extender_address: SocketAddr,
+    /// PEM CA certificate(s) that sign the kube-scheduler's client certificate: the
+    /// extender then serves its verbs over HTTPS with the webhook's --tls-cert/--tls-key and
+    /// refuses every client without such a certificate (mutual TLS; kube-scheduler's
+    /// extender `tlsConfig` with `enableHTTPS: true`), and may listen on any address.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
+    pub extender_client_ca: Option<std::path::PathBuf>,
+    /// The user the API server authenticates this extender as (its service account,
+    /// `system:serviceaccount:<namespace>:<name>`): the only user the webhook lets set,
+    /// change or remove a pod's GPU assignment annotation. Default: asked of the API server
+    /// at start (SelfSubjectReview, authentication.k8s.io/v1, 1.28+).
+    #[arg(long, env = "FGPU_EXTENDER_USER", value_name = "USER")]
+    pub extender_user: Option<String>,
     /// The driver name (annotation prefix).
     #[arg(long, env = "FGPU_DRIVER_NAME", default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
@@ -81,7 +99,7 @@ pub struct ExtenderArgs {
     pub webhook: fgpu_plumbing::server::WebhookArgs,
     /// `spec.schedulerName` the webhook gives pods asking for the GPU resources (pods with
     /// no scheduler name or `default-scheduler`); the profile name of the kube-scheduler
-    /// that calls this extender.
+    /// that calls this extender. Filter, prioritize and bind refuse pods naming another.
     #[arg(long, default_value = webhook::DEFAULT_SCHEDULER_NAME)]
     pub scheduler_name: String,
     /// MiB per GPU the webhook adds to containers that ask for GPUs but name neither
@@ -96,14 +114,16 @@ pub struct ExtenderArgs {
 }
 
 impl ExtenderArgs {
-    /// The webhook's configuration; errors name the flag.
-    pub fn webhook_config(&self) -> Result<webhook::WebhookConfig> {
+    /// The webhook's configuration, with `extender_user` the user allowed to write the
+    /// assignment annotation; errors name the flag.
+    pub fn webhook_config(&self, extender_user: &str) -> Result<webhook::WebhookConfig> {
         let ext = self.config()?;
         anyhow::ensure!(
-            !self.scheduler_name.trim().is_empty(),
-            "--scheduler-name: empty; name the profile of the scheduler that calls the extender"
+            !extender_user.trim().is_empty(),
+            "--extender-user: empty; name the user the extender authenticates as (system:serviceaccount:<namespace>:<name>)"
         );
         Ok(webhook::WebhookConfig {
+            extender_user: extender_user.to_owned(),
             scheduler_name: self.scheduler_name.clone(),
             names: ext.names,
             default_memory_mib: self.default_gpumem,
@@ -115,6 +135,10 @@ impl ExtenderArgs {
 
     /// The extender's configuration; errors name the flag.
     pub fn config(&self) -> Result<ExtenderConfig> {
+        anyhow::ensure!(
+            !self.scheduler_name.trim().is_empty(),
+            "--scheduler-name: empty; name the profile of the scheduler that calls the extender"
+        );
         let driver = DriverName::new(self.driver_name.clone()).context("--driver-name")?;
         let default_policy: Policy = self.default_policy.parse().context("--default-policy")?;
         Ok(ExtenderConfig {
@@ -128,8 +152,62 @@ impl ExtenderArgs {
             default_policy,
             reservation_grace: Duration::from_secs(self.reservation_grace_seconds),
             serialize_node_binds: false,
+            scheduler_name: self.scheduler_name.clone(),
         })
     }
+}
+
+/// `Err` (naming the flag, the address and what is valid) unless `addr` is a loopback
+/// address or `mutual_tls` is on: without client certificates the extender's verbs have no
+/// authentication (see `--extender-address`).
+pub fn check_extender_address(addr: SocketAddr, mutual_tls: bool) -> Result<()> {
+    anyhow::ensure!(
+        mutual_tls || addr.ip().is_loopback(),
+        "--extender-address {addr}: not a loopback address; /filter, /prioritize and /bind have no \
+         authentication, so the extender serves them only on 127.0.0.1 or [::1], in the fgpu \
+         kube-scheduler's pod (its urlPrefix http://127.0.0.1:<port>), or anywhere with mutual TLS \
+         (--extender-client-ca)"
+    );
+    Ok(())
+}
+
+/// The TLS configuration of the extender's verbs: mutual TLS with the webhook's serving
+/// pair when `--extender-client-ca` is given, else none (plain HTTP on loopback).
+pub fn extender_tls(args: &ExtenderArgs) -> Result<Option<Arc<rustls::ServerConfig>>> {
+    let Some(ca) = &args.extender_client_ca else {
+        return Ok(None);
+    };
+    let (Some(cert), Some(key)) = (&args.webhook.tls_cert, &args.webhook.tls_key) else {
+        anyhow::bail!(
+            "--extender-client-ca needs --tls-cert and --tls-key (the extender serves that pair)"
+        );
+    };
+    Ok(Some(fgpu_plumbing::tls::server_config_mutual(
+        cert,
+        key,
+        "--extender-client-ca",
+        ca,
+    )?))
+}
+
+/// The user the API server authenticates `client` as (SelfSubjectReview,
+/// `authentication.k8s.io/v1`, Kubernetes 1.28+).
+pub async fn whoami(client: &kube::Client) -> Result<String> {
+    let body = serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"
+    }))?;
+    let req = hyper::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("content-type", "application/json")
+        .body(body)
+        .context("building the SelfSubjectReview")?;
+    let answer: serde_json::Value = client.request(req).await.context(
+        "asking the API server who the extender is (SelfSubjectReview, 1.28+); pass --extender-user",
+    )?;
+    answer["status"]["userInfo"]["username"]
+        .as_str()
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("the SelfSubjectReview names no user; pass --extender-user"))
 }
 
 /// Reads every node and every live pod and applies them to `ext`.
@@ -173,11 +251,20 @@ pub fn run(args: ExtenderArgs) -> Result<()> {
 /// The daemon's body, for callers that already run a Tokio runtime.
 pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     let config = args.config()?;
-    let webhook = match args.webhook.tls()? {
-        Some((addr, tls)) => Some((addr, tls, Arc::new(args.webhook_config()?))),
+    let extender_tls = extender_tls(&args)?;
+    check_extender_address(args.extender_address, extender_tls.is_some())?;
+    let tls = args.webhook.tls()?;
+    let client = args.kube.client().await?;
+    let webhook = match tls {
+        Some((addr, tls)) => {
+            let user = match &args.extender_user {
+                Some(u) => u.clone(),
+                None => whoami(&client).await?,
+            };
+            Some((addr, tls, Arc::new(args.webhook_config(&user)?)))
+        }
         None => None,
     };
-    let client = args.kube.client().await?;
     let ext = Arc::new(Extender::new(config));
     let report = resync(&client, &ext).await.context("first resync")?;
     tracing::info!(
@@ -188,14 +275,19 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
     for e in &report.errors {
         tracing::warn!("{e}");
     }
-    let listener = fgpu_plumbing::server::bind("--listen", args.listen).await?;
-    tracing::info!(addr = %args.listen, "scheduler extender");
+    let listener = fgpu_plumbing::server::bind("--extender-address", args.extender_address).await?;
+    tracing::info!(
+        addr = %args.extender_address,
+        scheduler = %args.scheduler_name,
+        "scheduler extender ({})",
+        if extender_tls.is_some() { "HTTPS, client certificates required" } else { "plain HTTP, loopback only" }
+    );
     let writer = Arc::new(KubeCluster::new(client.clone()));
-    let server = tokio::spawn(http::serve(listener, ext.clone(), writer));
+    let server = tokio::spawn(http::serve_tls(listener, ext.clone(), writer, extender_tls));
     let webhook_server = match webhook {
         Some((addr, tls, cfg)) => {
             let l = fgpu_plumbing::server::bind("--webhook-addr", addr).await?;
-            tracing::info!(%addr, scheduler = %cfg.scheduler_name, "admission webhook (HTTPS)");
+            tracing::info!(%addr, scheduler = %cfg.scheduler_name, extender_user = %cfg.extender_user, "admission webhook (HTTPS)");
             Some(tokio::spawn(http::serve_webhook(l, tls, ext.clone(), cfg)))
         }
         None => None,

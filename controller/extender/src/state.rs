@@ -30,6 +30,10 @@ use crate::annotations::{
 use crate::writer::ClusterWriter;
 use fgpu_driver::hami::{ContainerRequest, PodRequest, pod_key, pod_request};
 
+/// Default `--scheduler-name`: the profile of the second kube-scheduler that calls the
+/// extender (`deploy/extender/scheduler.yaml`).
+pub const DEFAULT_SCHEDULER_NAME: &str = "fgpu-scheduler";
+
 /// How the extender is configured.
 #[derive(Clone, Debug)]
 pub struct ExtenderConfig {
@@ -44,6 +48,9 @@ pub struct ExtenderConfig {
     /// Benchmark baseline only: hold a per-node lock across the whole bind, API writes
     /// included, as HAMi's node lock does.
     pub serialize_node_binds: bool,
+    /// `spec.schedulerName` of the pods this extender serves (the profile of the
+    /// kube-scheduler that calls it); filter, prioritize and bind refuse every other pod.
+    pub scheduler_name: String,
 }
 
 impl Default for ExtenderConfig {
@@ -57,6 +64,7 @@ impl Default for ExtenderConfig {
             },
             reservation_grace: Duration::from_secs(300),
             serialize_node_binds: false,
+            scheduler_name: DEFAULT_SCHEDULER_NAME.to_owned(),
         }
     }
 }
@@ -183,6 +191,13 @@ impl Extender {
                 continue;
             };
             let key = pod_key(pod);
+            if !written_by(pod, &pod_ann, crate::writer::FIELD_MANAGER) {
+                report.errors.push(format!(
+                    "pod {key}: annotation {pod_ann} was not written by the extender (field manager {:?} in metadata.managedFields); its GPU grant is ignored",
+                    crate::writer::FIELD_MANAGER
+                ));
+                continue;
+            }
             match PodAssignment::parse(&key, &pod_ann, value) {
                 Ok(a) => {
                     let uid = if pod.metadata.uid.is_empty() {
@@ -290,6 +305,25 @@ impl Extender {
             .cloned()
     }
 
+    /// `Err` (naming the pod and both names) unless `pod` is addressed to the scheduler
+    /// this extender serves.
+    fn addressed_to_us(&self, pod: &Pod) -> Result<(), String> {
+        let name = pod
+            .spec
+            .extra
+            .get("schedulerName")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if name == self.config.scheduler_name {
+            return Ok(());
+        }
+        Err(format!(
+            "pod {}: spec.schedulerName is {name:?}, not {:?}; this extender serves only the pods of its own scheduler",
+            pod_key(pod),
+            self.config.scheduler_name
+        ))
+    }
+
     fn read_pod(&self, pod: &Pod) -> Result<PodRequest, String> {
         pod_request(pod, &self.config.names, self.config.default_policy).map_err(|e| e.to_string())
     }
@@ -380,6 +414,11 @@ impl Extender {
     pub fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
         let names = args.candidate_names();
         let mut result = ExtenderFilterResult::default();
+        if let Err(e) = self.addressed_to_us(&args.pod) {
+            tracing::warn!("filter refused: {e}");
+            result.error = e;
+            return result;
+        }
         let req = match self.read_pod(&args.pod) {
             Ok(r) => r,
             Err(e) => {
@@ -438,6 +477,7 @@ impl Extender {
     /// get 0.
     pub fn prioritize(&self, args: &ExtenderArgs) -> Result<HostPriorityList, String> {
         let names = args.candidate_names();
+        self.addressed_to_us(&args.pod)?;
         let req = self.read_pod(&args.pod)?;
         if req.containers.is_empty() {
             return Ok(names
@@ -680,6 +720,11 @@ impl Extender {
         writer: &W,
     ) -> Result<(), String> {
         let key = format!("{}/{}", args.pod_namespace, args.pod_name);
+        if args.pod_uid.is_empty() {
+            return Err(format!(
+                "pod {key}: the bind request has no PodUID; kube-scheduler always sends it"
+            ));
+        }
         let cached = self
             .pending
             .lock()
@@ -692,10 +737,7 @@ impl Extender {
                 .await
                 .map_err(|e| format!("pod {key}: reading it for bind: {e}"))?,
         };
-        if !args.pod_uid.is_empty()
-            && !pod.metadata.uid.is_empty()
-            && pod.metadata.uid != args.pod_uid
-        {
+        if pod.metadata.uid != args.pod_uid {
             return Err(format!(
                 "pod {key}: UID {} differs from the bind request's {}; the pod was replaced",
                 pod.metadata.uid, args.pod_uid
@@ -708,6 +750,7 @@ impl Extender {
                 "pod {key} is already bound to node {node}; nothing changed"
             ));
         }
+        self.addressed_to_us(&pod)?;
         let mut req = self.read_pod(&pod)?;
         if req.uid.is_empty() {
             req.uid = args.pod_uid.clone();
@@ -815,6 +858,25 @@ pub fn annotation_patch(uid: &str, annotation: &str, value: Option<&str>) -> Val
         meta["uid"] = Value::String(uid.to_owned());
     }
     json!({ "metadata": meta })
+}
+
+/// Whether `metadata.managedFields` of `pod` records `manager` as the owner of annotation
+/// `annotation` (the field manager the extender patches with). The API server keeps this
+/// record; a later write of the annotation by anyone else moves the ownership to them.
+pub fn written_by(pod: &Pod, annotation: &str, manager: &str) -> bool {
+    let field = format!("f:{annotation}");
+    pod.metadata
+        .extra
+        .get("managedFields")
+        .and_then(Value::as_array)
+        .is_some_and(|entries| {
+            entries.iter().any(|e| {
+                e["manager"].as_str() == Some(manager)
+                    && e["fieldsV1"]["f:metadata"]["f:annotations"]
+                        .get(&field)
+                        .is_some()
+            })
+        })
 }
 
 /// The `v1` Binding that puts the pod on the node.

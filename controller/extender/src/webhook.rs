@@ -34,6 +34,12 @@
 //! `nvidia.com/use-gpuuuid` / `nouse-gpuuuid`, and anything else the extender itself would
 //! refuse ([`fgpu_driver::hami::pod_request`] runs on the mutated pod as the last check, so the
 //! webhook never admits a pod the extender cannot read). Soft problems are warnings.
+//!
+//! The GPU grant is the extender's alone ([`guard`], Pod CREATE and UPDATE, also served
+//! on its own as the validating `POST /validate-pods`): a request that sets, changes or
+//! removes the assignment annotation (`<driver>/assigned-devices`, the one the device
+//! plugin turns into the container's quota) is refused unless it comes from the
+//! extender's own user ([`WebhookConfig::extender_user`]).
 
 use std::collections::BTreeMap;
 
@@ -43,15 +49,17 @@ use serde_json::{Map, Value, json};
 
 use fgpu_driver::hami::{ANNOTATION_NUMA_BIND, MAX_GPUS_PER_CONTAINER};
 
-/// Default `--scheduler-name`: the profile of the second kube-scheduler that calls the
-/// extender (`deploy/extender/scheduler.yaml`).
-pub const DEFAULT_SCHEDULER_NAME: &str = "fgpu-scheduler";
+pub use crate::state::DEFAULT_SCHEDULER_NAME;
 
 /// kube-scheduler's own profile name; pods naming it are moved to fgpu's scheduler.
 pub const KUBE_DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// Pod annotation (HAMi): comma-separated GPU UUIDs the pod must not use.
 pub const ANNOTATION_NOUSE_GPU_UUID: &str = "nvidia.com/nouse-gpuuuid";
+
+/// Default user allowed to write the assignment annotation: the extender's service account
+/// in `deploy/extender/rbac.yaml`.
+pub const DEFAULT_EXTENDER_USER: &str = "system:serviceaccount:fgpu-system:fgpu-extender";
 
 /// Pod annotation the kubelet puts on mirror pods (of static pods).
 pub const ANNOTATION_MIRROR_POD: &str = "kubernetes.io/config.mirror";
@@ -69,6 +77,9 @@ pub struct WebhookConfig {
     /// For the final check with the extender's own reader.
     pub driver: DriverName,
     pub default_policy: Policy,
+    /// The only user (`request.userInfo.username`) that may set, change or remove the
+    /// assignment annotation: the extender's own identity.
+    pub extender_user: String,
 }
 
 impl Default for WebhookConfig {
@@ -81,6 +92,7 @@ impl Default for WebhookConfig {
             default_cores: 0,
             driver: ext.driver,
             default_policy: ext.default_policy,
+            extender_user: DEFAULT_EXTENDER_USER.to_owned(),
         }
     }
 }
@@ -137,6 +149,11 @@ pub fn review(
         Decision::Deny(m) => fgpu_plumbing::admission::response(review, false, Some(&m), None, &[]),
     };
     let kind = req["kind"]["kind"].as_str().unwrap_or("Pod");
+    if kind == "Pod"
+        && let Some(m) = guard(req, cfg)
+    {
+        return Ok(answer(Decision::Deny(m)));
+    }
     if req["operation"].as_str() != Some("CREATE") || kind != "Pod" {
         return Ok(answer(Decision::Allow {
             patch: vec![],
@@ -158,6 +175,73 @@ pub fn review(
         m.insert("namespace".into(), json!(ns));
     }
     Ok(answer(admit_pod(&pod, cfg, inv)))
+}
+
+/// Answers an `AdmissionReview` with the [`guard`] alone (the validating
+/// `/validate-pods`): allowed unless the request writes the assignment annotation as
+/// someone other than the extender. `Err` is a body that is not a usable review.
+pub fn guard_review(review: &Value, cfg: &WebhookConfig) -> Result<Value, ReviewError> {
+    if !review.is_object() {
+        return Err(ReviewError::NotAnObject);
+    }
+    let req = &review["request"];
+    if !req.is_object() {
+        return Err(ReviewError::NoRequest);
+    }
+    if !req["uid"].is_string() {
+        return Err(ReviewError::NoUid);
+    }
+    let kind = req["kind"]["kind"].as_str().unwrap_or("Pod");
+    Ok(match guard(req, cfg).filter(|_| kind == "Pod") {
+        Some(m) => fgpu_plumbing::admission::response(review, false, Some(&m), None, &[]),
+        None => fgpu_plumbing::admission::response(review, true, None, None, &[]),
+    })
+}
+
+/// The refusal of an admission `request` (CREATE or UPDATE of a Pod) that sets, changes or
+/// removes the assignment annotation, unless its user is the extender; `None` otherwise.
+pub fn guard(req: &Value, cfg: &WebhookConfig) -> Option<String> {
+    let op = req["operation"].as_str().unwrap_or("");
+    if op != "CREATE" && op != "UPDATE" {
+        return None;
+    }
+    let ann = cfg.driver.pod_assignment_annotation();
+    let new = req["object"]["metadata"]["annotations"][&ann].as_str();
+    let old = if op == "UPDATE" {
+        req["oldObject"]["metadata"]["annotations"][&ann].as_str()
+    } else {
+        None
+    };
+    if new == old {
+        return None;
+    }
+    let user = req["userInfo"]["username"].as_str().unwrap_or("");
+    if user == cfg.extender_user {
+        return None;
+    }
+    let meta = if req["object"]["metadata"].is_object() {
+        &req["object"]["metadata"]
+    } else {
+        &req["oldObject"]["metadata"]
+    };
+    let mut meta = meta.clone();
+    if meta["namespace"].as_str().is_none_or(str::is_empty)
+        && let Some(ns) = req["namespace"].as_str()
+        && let Some(m) = meta.as_object_mut()
+    {
+        m.insert("namespace".into(), json!(ns));
+    }
+    let what = match (old, new) {
+        (None, _) => "set",
+        (_, None) => "remove",
+        _ => "change",
+    };
+    Some(format!(
+        "fgpu: pod {}: {}: only fgpu's extender ({}) writes the GPU assignment; user {user:?} may not {what} it",
+        pod_key(&meta),
+        at_annotation(&ann),
+        cfg.extender_user
+    ))
 }
 
 /// A JSON pointer token (RFC 6901): `~` → `~0`, `/` → `~1`.

@@ -9,6 +9,11 @@ use std::time::Duration;
 use fgpu_api::extender::Pod;
 use serde_json::Value;
 
+/// The field manager of the extender's writes: the API server records it in the pod's
+/// `metadata.managedFields` as the owner of the assignment annotation, and the resync counts
+/// a pod's grant only when that owner is this manager ([`crate::state::written_by`]).
+pub const FIELD_MANAGER: &str = "fgpu-extender";
+
 /// A failed read or write; the message names what failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -33,8 +38,9 @@ pub trait ClusterWriter: Send + Sync + 'static {
     fn bind(&self, binding: &Value) -> impl Future<Output = Result<(), WriteError>> + Send;
 }
 
-/// An in-memory cluster of pods: patches merge into the stored pods, bindings set
-/// `spec.nodeName`. Each write waits `latency` (a simulated API round trip).
+/// An in-memory cluster of pods: patches merge into the stored pods (and record
+/// [`FIELD_MANAGER`] as the owner of each annotation they set, as the API server does),
+/// bindings set `spec.nodeName`. Each write waits `latency` (a simulated API round trip).
 #[derive(Debug, Default)]
 pub struct MemoryCluster {
     pods: Mutex<HashMap<(String, String), Pod>>,
@@ -129,6 +135,7 @@ impl ClusterWriter for MemoryCluster {
         for (k, v) in anns {
             match v {
                 Value::String(s) => {
+                    record_manager(pod, &k, FIELD_MANAGER);
                     pod.metadata.annotations.insert(k, s);
                 }
                 _ => {
@@ -177,6 +184,42 @@ impl ClusterWriter for MemoryCluster {
     }
 }
 
+/// Records `manager` as the owner of `pod`'s annotation `key` in `metadata.managedFields`
+/// (an `Update` entry of its own), as the API server does for a patch with that field
+/// manager.
+pub fn record_manager(pod: &mut Pod, key: &str, manager: &str) {
+    let entries = pod
+        .metadata
+        .extra
+        .entry("managedFields")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !entries.is_array() {
+        *entries = Value::Array(Vec::new());
+    }
+    let Value::Array(list) = entries else { return };
+    let field = format!("f:{key}");
+    // Ownership moves to the last writer.
+    for e in list.iter_mut() {
+        if let Some(a) = e["fieldsV1"]["f:metadata"]["f:annotations"].as_object_mut() {
+            a.remove(&field);
+        }
+    }
+    let i = match list
+        .iter()
+        .position(|e| e["manager"].as_str() == Some(manager))
+    {
+        Some(i) => i,
+        None => {
+            list.push(
+                serde_json::json!({"manager": manager, "operation": "Update",
+                "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {}}),
+            );
+            list.len() - 1
+        }
+    };
+    list[i]["fieldsV1"]["f:metadata"]["f:annotations"][field] = serde_json::json!({});
+}
+
 /// The API server, through kube-rs.
 #[derive(Clone)]
 pub struct KubeCluster {
@@ -213,7 +256,10 @@ impl ClusterWriter for KubeCluster {
         self.pods(namespace)
             .patch(
                 name,
-                &kube::api::PatchParams::default(),
+                &kube::api::PatchParams {
+                    field_manager: Some(FIELD_MANAGER.to_owned()),
+                    ..kube::api::PatchParams::default()
+                },
                 &kube::api::Patch::Merge(patch),
             )
             .await

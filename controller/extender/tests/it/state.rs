@@ -251,7 +251,7 @@ async fn multi_container_pods_share_the_node() {
             {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"}}},
             {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"}}},
             {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"}}}
-        ]}
+        ], "schedulerName": "fgpu-scheduler"}
     }))
     .unwrap();
     // 3 × 50000 MiB do not fit on 2 × 80 GiB GPUs: each GPU holds one.
@@ -435,10 +435,7 @@ async fn reservations_survive_a_stale_pod_list() {
         .unwrap();
     let mut a = PodAssignment::parse("r", ASSIGNED, &older.metadata.annotations[ASSIGNED]).unwrap();
     a.containers[0].devices[0].memory_bytes = 1 << 20;
-    older
-        .metadata
-        .annotations
-        .insert(ASSIGNED.into(), a.render());
+    assign(&mut older, a.render());
     ext.sync(&nodes, &[older], Instant::now());
     let g = ext.node_grants("n");
     assert_eq!(g.len(), 1);
@@ -467,8 +464,8 @@ fn recorded_grants_beyond_capacity_close_the_node() {
     let nodes = [gpu_node("n", 1, "A100", 80)];
     let assigned = |name: &str, mib: u64| {
         let mut p = hami_pod(name, json!({}), mib, 0);
-        p.metadata.annotations.insert(
-            ASSIGNED.into(),
+        assign(
+            &mut p,
             format!(
                 r#"{{"node":"n","containers":[{{"index":0,"name":"main","devices":[{{"id":"gpu-0","uuid":"GPU-n-0","memoryBytes":{},"cores":0}}]}}]}}"#,
                 mib << 20
@@ -490,9 +487,7 @@ fn recorded_grants_beyond_capacity_close_the_node() {
     assert!(r.failed_and_unresolvable_nodes["n"].starts_with("node n: the GPU grants"));
     // A broken assignment annotation is reported with the pod's name.
     let mut bad = hami_pod("bad", json!({}), 1, 0);
-    bad.metadata
-        .annotations
-        .insert(ASSIGNED.into(), "{}".into());
+    assign(&mut bad, "{}".into());
     let report = ext.sync(&nodes, &[bad], Instant::now());
     assert!(
         report.errors[0].starts_with("pod default/bad: annotation gpu.fgpu.dev/assigned-devices: "),

@@ -41,6 +41,13 @@ pub fn gpu_pod(name: &str, annotations: Value, limits: Value) -> Pod {
     .unwrap()
 }
 
+/// Sets `pod`'s assignment annotation to `value` as the extender's bind does: the API
+/// server then records the extender's field manager as the annotation's owner.
+pub fn assign(pod: &mut Pod, value: String) {
+    fgpu_extender::writer::record_manager(pod, ASSIGNED, fgpu_extender::writer::FIELD_MANAGER);
+    pod.metadata.annotations.insert(ASSIGNED.into(), value);
+}
+
 pub fn filter_args(pod: &Pod, nodes: &[&str]) -> ExtenderArgs {
     ExtenderArgs {
         pod: pod.clone(),

@@ -315,4 +315,72 @@ fn deploy_manifests_agree_with_the_defaults() {
     }
     assert!(webhook.contains("path: /mutate-pods"));
     assert!(extender.contains("--webhook-addr=0.0.0.0:9443"));
+    // The verbs on loopback, called by the scheduler in the same pod.
+    assert!(extender.contains("--extender-address=127.0.0.1:8888\n"));
+    assert!(scheduler.contains("urlPrefix: http://127.0.0.1:8888\n"));
+    assert!(
+        extender.contains("- name: kube-scheduler\n") && extender.contains("- name: extender\n")
+    );
+    assert!(
+        !extender.contains("port: 8888"),
+        "no Service port for the extender's verbs"
+    );
+    // The assignment guard: validating, CREATE and UPDATE, the extender's account.
+    let guard = &webhook[webhook
+        .find("kind: ValidatingWebhookConfiguration")
+        .unwrap()..];
+    assert!(guard.contains("path: /validate-pods"));
+    assert!(guard.contains(r#"operations: ["CREATE", "UPDATE"]"#));
+    assert!(guard.contains("failurePolicy: Fail"));
+    assert!(!guard.contains("objectSelector"));
+    assert!(guard.contains(&format!("'{ASSIGNED}' in object.metadata.annotations")));
+    let (ns, sa) = ("fgpu-system", "fgpu-extender");
+    assert_eq!(
+        fgpu_extender::webhook::DEFAULT_EXTENDER_USER,
+        format!("system:serviceaccount:{ns}:{sa}")
+    );
+    assert!(extender.contains(&format!("serviceAccountName: {sa}\n")));
+    assert!(
+        extender.contains(
+            "--extender-user=system:serviceaccount:$(POD_NAMESPACE):$(SERVICE_ACCOUNT)\n"
+        )
+    );
+}
+
+/// The validating path over HTTPS: a user's pod carrying the assignment annotation is
+/// refused on both paths; without it, admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignment_guard_over_https() {
+    let ext = Arc::new(Extender::new(ExtenderConfig::default()));
+    let addr = start(ext).await;
+    let forged = hami_pod(
+        json!({ASSIGNED: r#"{"node":"n","containers":[]}"#}),
+        json!({"nvidia.com/gpu": "1"}),
+    );
+    for path in ["/validate-pods", "/mutate-pods"] {
+        let (status, body) =
+            call(addr, "POST", path, review("g1", forged.clone()).as_bytes()).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["response"]["allowed"], false, "{path}: {body}");
+        assert!(
+            v["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("user \"kubernetes-admin\" may not set it"),
+            "{path}: {body}"
+        );
+    }
+    let plain = hami_pod(json!({}), json!({"nvidia.com/gpu": "1"}));
+    let (status, body) = call(
+        addr,
+        "POST",
+        "/validate-pods",
+        review("g2", plain).as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], true, "{body}");
+    assert!(v["response"]["patch"].is_null(), "{body}");
 }
