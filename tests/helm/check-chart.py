@@ -127,18 +127,24 @@ d = render("1.31.0", "legacy.enabled=true", "kubeletPlugin.enabled=false", "cont
 ext = get(d, "Deployment", "fgpu-extender")
 cs = {c["name"]: c for c in containers(ext)}
 check(set(cs) == {"extender", "kube-scheduler"}, "extender and the fgpu kube-scheduler in one pod")
-check("--listen=127.0.0.1:8888" in cs["extender"]["args"], "extender /filter /prioritize /bind on 127.0.0.1 only")
+check("--extender-address=127.0.0.1:8888" in cs["extender"]["args"], "extender /filter /prioritize /bind on 127.0.0.1 only")
+check("--extender-user=system:serviceaccount:$(POD_NAMESPACE):$(SERVICE_ACCOUNT)" in cs["extender"]["args"]
+      and {e["name"] for e in cs["extender"].get("env", [])} >= {"POD_NAMESPACE", "SERVICE_ACCOUNT"},
+      "only the extender's own account may write the grant annotation")
 cfg = yaml.safe_load(get(d, "ConfigMap", "fgpu-scheduler-config")["data"]["config.yaml"])
 check(cfg["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888" and cfg["profiles"][0]["schedulerName"] == "fgpu-scheduler",
       "the fgpu kube-scheduler calls the extender on the pod's loopback")
 check(cs["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.31.0", "kube-scheduler of the cluster's version")
 svc = get(d, "Service", "fgpu-extender")
 check([p["name"] for p in svc["spec"]["ports"]] == ["webhook"], "the extender Service exposes the webhook only")
-check(get(d, "ValidatingWebhookConfiguration", "fgpu-legacy-grant") is None, "grant webhook off by default (the VAP holds the rule)")
-dg = render("1.31.0", "legacy.enabled=true", "legacy.grantWebhook.enabled=true")
+check(get(render("1.31.0", "legacy.enabled=true", "legacy.grantWebhook.enabled=false"),
+          "ValidatingWebhookConfiguration", "fgpu-legacy-grant") is None, "grant webhook can be turned off")
+dg = d
 grant = get(dg, "ValidatingWebhookConfiguration", "fgpu-legacy-grant")
-check(grant["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE"] and grant["webhooks"][0]["failurePolicy"] == "Fail",
-      "grant webhook (when on): Pod CREATE and UPDATE, fails closed")
+check(grant is not None and grant["webhooks"][0]["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+      and grant["webhooks"][0]["failurePolicy"] == "Fail"
+      and grant["webhooks"][0]["clientConfig"]["service"]["path"] == "/validate-pods",
+      "grant webhook on by default: Pod CREATE and UPDATE at the extender's /validate-pods, fails closed")
 jargs = [x for x in dg if x["kind"] == "Job"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
 check("--validating-webhook=fgpu-legacy-grant" in jargs and "--mutating-webhook=fgpu-legacy-pods" in jargs,
       "certs Job sets the legacy webhooks' caBundle")
