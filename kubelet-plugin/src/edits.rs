@@ -105,6 +105,14 @@ pub struct NodeFiles {
     /// real driver sees only the device nodes it was given. Without it the fake would report
     /// its own UUIDs, which no claim names, and the shim would rightly refuse them.
     pub fake_driver: bool,
+    /// Bytes the shim charges per CUDA context (`--context-overhead`; 0: none), written into
+    /// the limits file as `context_overhead`.
+    pub context_overhead: u64,
+}
+
+/// A byte quantity flag (`300Mi`, `0`): clap's value parser.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    fgpu_api::quantity::parse_u64(s).map_err(|e| e.to_string())
 }
 
 /// Host paths of one claim's files.
@@ -452,7 +460,7 @@ pub fn build(
         contract::claim_run_dir(&claim.uid),
     ));
 
-    let limits = limits_content(claim, &gpus, priority);
+    let limits = limits_content(claim, &gpus, priority, files.context_overhead);
 
     let mut common = ContainerEdits::default();
     for (k, v) in &fgpu_vars {
@@ -579,7 +587,12 @@ pub fn build(
 /// The claim's limits file, version 2 of the contract (`docs/shim-contract.md`): the claim,
 /// its accounts, feed and priority, and per GPU (by UUID, in container order) its memory,
 /// its cores (absent when not throttled) and its priority file.
-pub fn limits_content(claim: &ClaimRef, gpus: &[GpuLimit], priority: Priority) -> String {
+pub fn limits_content(
+    claim: &ClaimRef,
+    gpus: &[GpuLimit],
+    priority: Priority,
+    context_overhead: u64,
+) -> String {
     let uid = &claim.uid;
     let mut out = format!(
         "# fgpu limits of claim {} (uid {uid}); written by the kubelet plugin, read by libfgpu.so (docs/shim-contract.md)\n",
@@ -599,6 +612,9 @@ pub fn limits_content(claim: &ClaimRef, gpus: &[GpuLimit], priority: Priority) -
     line("feed", &contract::feed_file(uid));
     line("priority", priority.as_str());
     line("core_policy", CORE_POLICY);
+    if context_overhead > 0 {
+        line("context_overhead", &context_overhead.to_string());
+    }
     for g in gpus {
         let key = |field: &str| format!("gpu.{}.{field}", g.uuid);
         line(&key("memory"), &g.memory_bytes.to_string());
@@ -677,6 +693,7 @@ pub(crate) mod tests {
                 timeout: None,
             }],
             fake_driver: false,
+            context_overhead: 0,
         }
     }
 
@@ -721,6 +738,24 @@ pub(crate) mod tests {
             !build_env(false).iter().any(|v| v.starts_with("FAKE_CUDA_")),
             "a real node's containers get nothing of the fake"
         );
+    }
+
+    #[test]
+    fn the_per_context_charge_reaches_the_limits_file_only_when_set() {
+        let devices = vec![dev(&gpu(0, "0000:1b:00.0"), "a", None, 10, 30)];
+        let limits = |context_overhead| {
+            let files = NodeFiles {
+                context_overhead,
+                ..files()
+            };
+            build(&DriverName::default(), &claim(), &devices, &files, &paths())
+                .unwrap()
+                .limits
+        };
+        assert!(limits(300 << 20).contains("\ncontext_overhead=314572800\n"));
+        assert!(!limits(0).contains("context_overhead"));
+        assert_eq!(parse_bytes("300Mi"), Ok(300 << 20));
+        assert!(parse_bytes("lots").is_err());
     }
 
     #[test]

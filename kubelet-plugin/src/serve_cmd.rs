@@ -78,6 +78,20 @@ pub(crate) struct ServeArgs {
     )]
     shim_library: PathBuf,
 
+    /// Device memory the shim charges to the claim's quota for each CUDA context a process
+    /// creates (a Kubernetes quantity, e.g. `300Mi`; 0: contexts are not charged). A real
+    /// context holds driver memory the allocation API never reports; measure it on the node's
+    /// GPUs and driver (hook-lib/gpu-check) and set it here. Written into every claim's limits
+    /// file (`context_overhead`).
+    #[arg(
+        long,
+        value_name = "QUANTITY",
+        default_value = "0",
+        value_parser = fgpu_kubelet_plugin::edits::parse_bytes,
+        env = "FGPU_CONTEXT_OVERHEAD"
+    )]
+    context_overhead: u64,
+
     /// A driver file to mount read-only into containers, `HOST[:CONTAINER]` (repeat it, or
     /// separate with commas): the CUDA/NVML libraries and nvidia-smi; with --backend fake
     /// the fake CUDA libraries.
@@ -192,6 +206,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             driver_mounts,
             driver_hooks,
             fake_driver: args.gpus.backend == Backend::Fake,
+            context_overhead: args.context_overhead,
         },
         boot_id_path: args.boot_id_file,
         consumable_capacity: args.consumable_capacity,

@@ -108,6 +108,7 @@ impl Setup {
                 }],
                 driver_hooks: vec![],
                 fake_driver: false,
+                context_overhead: 0,
             },
             boot_id: "boot-1".into(),
             claim_get_timeout: fgpu_kubelet_plugin::prepare::CLAIM_GET_TIMEOUT,

@@ -174,6 +174,7 @@ mod tests {
             driver_mounts: vec![FileMount::same("/usr/lib/libcuda.so.1")],
             driver_hooks: vec![],
             fake_driver: false,
+            context_overhead: 0,
         };
         let e = build(&driver, &r, &planned, &files, &paths).unwrap();
         // Device names after the pod UID and the container, one per GPU.

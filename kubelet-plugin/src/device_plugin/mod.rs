@@ -347,6 +347,19 @@ pub struct DevicePluginArgs {
         env = "FGPU_SHIM_LIBRARY"
     )]
     pub shim_library: PathBuf,
+    /// Device memory the shim charges to the claim's quota for each CUDA context a process
+    /// creates (a Kubernetes quantity, e.g. `300Mi`; 0: contexts are not charged). A real
+    /// context holds driver memory the allocation API never reports; measure it on the node's
+    /// GPUs and driver (hook-lib/gpu-check) and set it here. Written into every claim's limits
+    /// file (`context_overhead`).
+    #[arg(
+        long,
+        value_name = "QUANTITY",
+        default_value = "0",
+        value_parser = crate::edits::parse_bytes,
+        env = "FGPU_CONTEXT_OVERHEAD"
+    )]
+    pub context_overhead: u64,
     /// A driver file to mount read-only, `HOST[:CONTAINER]` (repeat or comma-separate).
     #[arg(
         long = "driver-file",
@@ -422,6 +435,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
                 driver_mounts,
                 driver_hooks,
                 fake_driver: args.backend == BackendChoice::Fake,
+                context_overhead: args.context_overhead,
             },
             boot_id,
             claim_get_timeout: crate::prepare::CLAIM_GET_TIMEOUT,

@@ -57,6 +57,7 @@ impl Env {
                 driver_mounts: vec![FileMount::same("/usr/lib/libcuda.so.1")],
                 driver_hooks: vec![],
                 fake_driver: false,
+                context_overhead: 0,
             },
             boot_id: boot.into(),
             claim_get_timeout: CLAIM_GET_TIMEOUT,
