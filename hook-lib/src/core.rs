@@ -5,7 +5,9 @@
 //!   (`units` = thread blocks of a kernel, [`GRAPH_UNITS`] for a graph) and pushes the
 //!   bucket's theoretical arrival time `tat` forward by `cost / quota` wall-nanoseconds;
 //!   a launch waits (sleeps) until `tat` is at most [`BURST_NS`] ahead of now. One CAS,
-//!   no lock: a process killed anywhere leaves at most its own reservation behind.
+//!   no lock: a process killed anywhere leaves at most its own reservation behind. A
+//!   thread takes bucket time in small leases and batches its units per coarse tick
+//!   ([`reserve`], [`count`]), so most launches do not write the shared line.
 //! * a **feedback loop** that keeps `k` (GPU-ns per unit) equal to the measured cost:
 //!   every [`PERIOD_NS`] one launching thread (elected by CAS, any process) reads the
 //!   claim's GPU time from NVML (`nvmlDeviceGetProcessUtilization`, summed over the
@@ -145,10 +147,12 @@ pub fn quota_scale(pct: u32) -> u64 {
 /// multiplies; saturates like the float cast.
 #[inline]
 pub fn increment_fp(units: u64, k_fp: u64, scale: u64) -> u64 {
-    // units < 2^64 and k_fp <= K_MAX·2^16 < 2^46: the first product fits in a u128.
-    let cost = (units as u128 * k_fp as u128) >> K_FRAC;
+    // units < 2^64 and k_fp <= K_MAX·2^16 < 2^46: the first product fits in a u128;
+    // both fractions are dropped only at the end (a launch of 1 block at k = 0.5 costs
+    // 1 ns at 50 %, not 0).
+    let cost = units as u128 * k_fp as u128;
     match cost.checked_mul(scale as u128) {
-        Some(x) => u64::try_from(x >> SCALE_FRAC).unwrap_or(u64::MAX),
+        Some(x) => u64::try_from(x >> (K_FRAC + SCALE_FRAC)).unwrap_or(u64::MAX),
         None => u64::MAX,
     }
 }
@@ -1122,6 +1126,60 @@ mod tests {
         );
         assert_eq!(k_fixed(0.0), k_fixed(K_MIN));
         assert!(k_fixed(K_MIN) > 0);
+    }
+
+    fn test_entry() -> &'static Entry {
+        // SAFETY: a zeroed private mapping of one entry, leaked; Entry is atomics only.
+        unsafe { &*(private_map(ENTRY_SIZE) as *const Entry) }
+    }
+
+    #[test]
+    fn what_a_lease_lets_go_was_reserved_in_tat_first() {
+        let (a, b) = (test_entry(), test_entry());
+        let t = Batch::new();
+        let now = 1000 * MS;
+        let mut spent = 0;
+        for i in 0..10_000u64 {
+            let inc = 1 + i % 7;
+            assert_eq!(reserve(&t, a, inc, now), 0);
+            spent += inc;
+            // The ceiling: everything that went is in the bucket, plus at most one lease.
+            let tat = a.tat.load(Ordering::Relaxed) - now;
+            assert!(tat >= spent, "launch {i}: tat {tat} < spent {spent}");
+            assert!(
+                tat <= spent + LEASE_MAX_NS,
+                "launch {i}: tat {tat}, spent {spent}"
+            );
+        }
+        // A big launch takes at most LEASE_MAX_NS more than itself.
+        let before = a.tat.load(Ordering::Relaxed);
+        reserve(&t, a, 10 * MS, now);
+        assert!(a.tat.load(Ordering::Relaxed) - before <= 10 * MS + LEASE_MAX_NS);
+        // Moving to another entry gives the unspent lease back.
+        let held = t.lease.get();
+        let tat_a = a.tat.load(Ordering::Relaxed);
+        reserve(&t, b, 5, now);
+        assert_eq!(a.tat.load(Ordering::Relaxed), tat_a - held);
+        assert_eq!(t.lease_of.get(), b as *const Entry);
+        // A forked child holds nothing of its parent's.
+        t.clear();
+        assert_eq!((t.lease.get(), t.units.get()), (0, 0));
+    }
+
+    #[test]
+    fn units_reach_the_entry_when_the_tick_changes() {
+        let e = test_entry();
+        let t = Batch::new();
+        for _ in 0..100 {
+            count(&t, e, 3, 7);
+        }
+        assert_eq!(e.units.load(Ordering::Relaxed), 0, "batched within a tick");
+        count(&t, e, 1, 8);
+        assert_eq!(e.units.load(Ordering::Relaxed), 300);
+        flush(&t);
+        assert_eq!(e.units.load(Ordering::Relaxed), 301);
+        flush(&t);
+        assert_eq!(e.units.load(Ordering::Relaxed), 301, "flushed once");
     }
 
     /// A claim on the simulated GPU: an application that launches as fast as the
