@@ -9,9 +9,25 @@
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-thread_local! {
+/// The shim's per-thread state: one thread-local, so a launch looks it up once (in a
+/// shared object each lookup is a call to `__tls_get_addr`).
+pub(crate) struct Thread {
     /// Set while this thread is inside a driver call made by the shim.
-    static IN_DRIVER: Cell<bool> = const { Cell::new(false) };
+    pub(crate) in_driver: Cell<bool>,
+    /// The core limiter's units and lease of this thread ([`crate::core`]).
+    pub(crate) launch: crate::core::Batch,
+}
+
+thread_local! {
+    static THREAD: Thread = const {
+        Thread { in_driver: Cell::new(false), launch: crate::core::Batch::new() }
+    };
+}
+
+/// This thread's state.
+#[inline(always)]
+pub(crate) fn with_thread<R>(f: impl FnOnce(&Thread) -> R) -> R {
+    THREAD.with(f)
 }
 
 /// Runs a driver call on behalf of a counted operation. If the driver calls its own
@@ -19,16 +35,16 @@ thread_local! {
 /// forwarded uncounted: no double counting, no re-entered lock.
 #[inline]
 pub(crate) fn in_driver<R>(f: impl FnOnce() -> R) -> R {
-    let prev = IN_DRIVER.with(|c| c.replace(true));
+    let prev = THREAD.with(|t| t.in_driver.replace(true));
     let r = f();
-    IN_DRIVER.with(|c| c.set(prev));
+    THREAD.with(|t| t.in_driver.set(prev));
     r
 }
 
 /// Whether this thread is inside a driver call made by the shim (see [`in_driver`]).
 #[inline]
 pub(crate) fn nested() -> bool {
-    IN_DRIVER.with(|c| c.get())
+    THREAD.with(|t| t.in_driver.get())
 }
 
 /// Runs `f`, turning a panic into `err`.

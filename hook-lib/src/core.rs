@@ -5,7 +5,9 @@
 //!   (`units` = thread blocks of a kernel, [`GRAPH_UNITS`] for a graph) and pushes the
 //!   bucket's theoretical arrival time `tat` forward by `cost / quota` wall-nanoseconds;
 //!   a launch waits (sleeps) until `tat` is at most [`BURST_NS`] ahead of now. One CAS,
-//!   no lock: a process killed anywhere leaves at most its own reservation behind.
+//!   no lock: a process killed anywhere leaves at most its own reservation behind. A
+//!   thread takes bucket time in small leases and batches its units per coarse tick
+//!   ([`reserve`], [`count`]), so most launches do not write the shared line.
 //! * a **feedback loop** that keeps `k` (GPU-ns per unit) equal to the measured cost:
 //!   every [`PERIOD_NS`] one launching thread (elected by CAS, any process) reads the
 //!   claim's GPU time from NVML (`nvmlDeviceGetProcessUtilization`, summed over the
@@ -20,6 +22,7 @@
 //! The pure parts ([`admit`], [`Estimate`]) take time as a parameter and are tested with
 //! a simulated GPU below.
 
+use std::cell::Cell;
 use std::ffi::{CString, c_int, c_uint, c_void};
 use std::path::Path;
 use std::ptr::null_mut;
@@ -114,10 +117,44 @@ impl Estimate {
     }
 }
 
-/// Wall-ns of bucket time for `units` at estimate `k` and quota `pct`.
+/// Wall-ns of bucket time for `units` at estimate `k` and quota `pct` (the reference
+/// for [`increment_fp`], which the launch path uses).
 #[inline]
 pub fn increment(units: u64, k: f64, pct: u32) -> u64 {
     (units as f64 * k * 100.0 / pct.max(1) as f64) as u64
+}
+
+/// Fraction bits of [`k_fixed`].
+const K_FRAC: u32 = 16;
+/// Fraction bits of [`quota_scale`].
+const SCALE_FRAC: u32 = 32;
+
+/// `k` (GPU-ns per unit) in fixed point, as the control step publishes it in the entry
+/// (`k_fp`): the launch path then needs no float and no division. Never 0 (0 in the
+/// entry means "not published yet").
+#[inline]
+pub fn k_fixed(k: f64) -> u64 {
+    ((k.clamp(K_MIN, K_MAX) * (1u64 << K_FRAC) as f64).round() as u64).max(1)
+}
+
+/// `100 / pct` in fixed point, computed once per device.
+#[inline]
+pub fn quota_scale(pct: u32) -> u64 {
+    ((100u64 << SCALE_FRAC) / pct.max(1) as u64).max(1)
+}
+
+/// [`increment`] with `k = k_fp / 2^16` and `100 / pct = scale / 2^32`: two integer
+/// multiplies; saturates like the float cast.
+#[inline]
+pub fn increment_fp(units: u64, k_fp: u64, scale: u64) -> u64 {
+    // units < 2^64 and k_fp <= K_MAX·2^16 < 2^46: the first product fits in a u128;
+    // both fractions are dropped only at the end (a launch of 1 block at k = 0.5 costs
+    // 1 ns at 50 %, not 0).
+    let cost = units as u128 * k_fp as u128;
+    match cost.checked_mul(scale as u128) {
+        Some(x) => u64::try_from(x >> (K_FRAC + SCALE_FRAC)).unwrap_or(u64::MAX),
+        None => u64::MAX,
+    }
 }
 
 // ------------------------------------------------------------ the claim's file
@@ -154,7 +191,10 @@ pub struct Entry {
     /// Last launch (`CLOCK_MONOTONIC_COARSE` ns) of a process of the claim that could
     /// not identify itself: while recent, NVML's samples cannot tell the claim's work.
     unknown_ns: AtomicU64,
-    _reserved: [u64; 6],
+    /// [`k_fixed`] of the estimate, published by the control step after `est_*`
+    /// (0: not yet; the launch derives it from `est_*`).
+    k_fp: AtomicU64,
+    _reserved: [u64; 5],
 }
 
 const HEADER_SIZE: usize = 64;
@@ -378,6 +418,8 @@ struct Dev {
     priority: Priority,
     policy: CorePolicy,
     pct: Option<u32>,
+    /// [`quota_scale`] of `pct`.
+    scale: u64,
     nvml: usize,
     prio: *const AtomicU64,
     uuid: [u8; 16],
@@ -399,8 +441,11 @@ struct CoreProc {
 static REGISTERED_RESET: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn core_after_fork_child() {
-    // Async-signal-safe: an atomic store. The child registers its own pid again.
+    // An atomic store. The child registers its own pid again.
     REGISTERED_RESET.store(1, Ordering::Relaxed);
+    // The forking thread's pending units are the parent's, which counts them: the child
+    // drops its copy (plain stores into this thread's own TLS block).
+    crate::boundary::with_thread(|t| t.launch.clear());
 }
 
 fn core_proc() -> &'static CoreProc {
@@ -511,6 +556,7 @@ impl CoreProc {
             priority,
             policy,
             pct,
+            scale: quota_scale(pct.unwrap_or(100)),
             nvml: nvml_handle(&uuid),
             prio,
             uuid,
@@ -747,6 +793,7 @@ fn control(e: &Entry, dev: &Dev, now: u64) {
     e.est_busy.store(new.busy.to_bits(), Ordering::Relaxed);
     e.est_units.store(new.units.to_bits(), Ordering::Relaxed);
     let nk = new.k();
+    e.k_fp.store(k_fixed(nk), Ordering::Relaxed);
     crate::debug!(
         "core: t={}ms units {units} busy {:.1}ms k {k:.1} -> {nk:.1} others {others}",
         now / 1_000_000,
@@ -793,9 +840,15 @@ fn priority(dev: &Dev) {
 /// The limiter, for a launch of `units` on the current context's device.
 #[inline(never)]
 pub fn throttle(units: u64) {
-    if crate::boundary::nested() {
-        return;
-    }
+    crate::boundary::with_thread(|t| {
+        if !t.in_driver.get() {
+            throttle_in(&t.launch, units);
+        }
+    });
+}
+
+#[inline(always)]
+fn throttle_in(b: &Batch, units: u64) {
     let Some(ord) = crate::process::current_ordinal() else {
         return;
     };
@@ -804,9 +857,9 @@ pub fn throttle(units: u64) {
         return;
     };
     priority(dev);
-    let Some(pct) = dev.pct else {
+    if dev.pct.is_none() {
         return;
-    };
+    }
     let e = p.files[dev.file].entry(dev.entry);
     // The coarse clock (a few ns, ticks of 1-4 ms): the bucket's long-run rate comes from
     // `tat`'s exact increments, and its 20 ms horizon absorbs the tick.
@@ -818,30 +871,159 @@ pub fn throttle(units: u64) {
             .compare_exchange(next, now + PERIOD_NS, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     {
+        flush(b);
         control(e, dev, now);
     }
     if dev.policy == CorePolicy::Share && e.flags.load(Ordering::Relaxed) & FLAG_ALONE != 0 {
-        e.units.fetch_add(units, Ordering::Relaxed);
+        count(b, e, units, now);
         return;
     }
-    let inc = increment(units, load_estimate(e).k(), pct);
-    let mut tat = e.tat.load(Ordering::Relaxed);
-    let wait = loop {
-        let (new, wait) = admit(tat, now, inc, BURST_NS);
-        match e
-            .tat
-            .compare_exchange_weak(tat, new, Ordering::AcqRel, Ordering::Relaxed)
-        {
-            Ok(_) => break wait,
-            Err(x) => tat = x,
-        }
+    let k_fp = match e.k_fp.load(Ordering::Relaxed) {
+        0 => k_fixed(load_estimate(e).k()),
+        k => k,
     };
+    let inc = increment_fp(units, k_fp, dev.scale);
+    let wait = reserve(b, e, inc, now);
     if wait > 0 {
         sleep_ns(wait.min(MAX_WAIT_NS));
     }
     // Counted when the launch goes, so the units and the GPU time they cause fall in
     // the same control period.
-    e.units.fetch_add(units, Ordering::Relaxed);
+    count(b, e, units, now);
+}
+
+/// Most bucket time a thread reserves ahead of its launches (see [`reserve`]).
+pub const LEASE_MAX_NS: u64 = 20_000;
+/// A lease covers up to this many launches like the one that took it.
+const LEASE_LAUNCHES: u64 = 64;
+
+/// Reserves `inc` wall-ns of the entry's bucket for a launch at `now`; returns how long
+/// the launch must wait. A thread takes bucket time in leases: the CAS on `tat` that
+/// admits a launch reserves, beyond its `inc`, a lease of `min(64·inc, 20 µs)` that
+/// the thread's next launches on that entry spend without touching the shared line.
+/// What goes is still reserved in `tat` first (the ceiling holds); a lease only lets
+/// launches go up to 20 µs of bucket time earlier than their own slot (0.1 % of the
+/// 20 ms burst per thread). A lease left when the thread moves to another entry is
+/// given back; one lost with its thread or process (killed anywhere) wastes at most
+/// 20 µs of the claim's bucket time, throttling more, never less.
+#[inline]
+fn reserve(b: &Batch, e: &Entry, inc: u64, now: u64) -> u64 {
+    let me: *const Entry = e;
+    {
+        let held = b.lease.get();
+        // What is left of this entry's lease (less than this launch) is kept with the
+        // new one; another entry's is given back.
+        let keep = if b.lease_of.get() == me {
+            if held >= inc {
+                b.lease.set(held - inc);
+                return 0;
+            }
+            held
+        } else {
+            if held > 0 {
+                give_back(b.lease_of.get(), held);
+            }
+            0
+        };
+        let lease = inc.saturating_mul(LEASE_LAUNCHES).min(LEASE_MAX_NS);
+        let wait = take(e, inc.saturating_add(lease), now);
+        b.lease_of.set(me);
+        b.lease.set(lease.saturating_add(keep));
+        wait
+    }
+}
+
+/// The GCRA step on the shared `tat`: one CAS (retried on contention).
+#[inline]
+fn take(e: &Entry, inc: u64, now: u64) -> u64 {
+    let mut tat = e.tat.load(Ordering::Relaxed);
+    loop {
+        let (new, wait) = admit(tat, now, inc, BURST_NS);
+        match e
+            .tat
+            .compare_exchange_weak(tat, new, Ordering::AcqRel, Ordering::Relaxed)
+        {
+            Ok(_) => return wait,
+            Err(x) => tat = x,
+        }
+    }
+}
+
+/// Returns an unspent lease of `ns` to `entry`'s bucket.
+#[cold]
+fn give_back(entry: *const Entry, ns: u64) {
+    // SAFETY: a lease is only held on an entry of a core file, mapped for the life of the
+    // process and never unmapped.
+    let e = unsafe { &*entry };
+    let _ = e
+        .tat
+        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| {
+            Some(t.saturating_sub(ns))
+        });
+}
+
+/// A thread's units not yet added to its entry's `units`, and its lease of bucket time
+/// (in the shim's one thread-local, [`crate::boundary::Thread`]).
+pub(crate) struct Batch {
+    /// The entry's `units` counter they belong to (null: none pending).
+    to: Cell<*const AtomicU64>,
+    units: Cell<u64>,
+    /// The coarse clock reading they were counted at.
+    tick: Cell<u64>,
+    /// The entry whose bucket time the thread holds (null: none), and how much (ns).
+    lease_of: Cell<*const Entry>,
+    lease: Cell<u64>,
+}
+
+impl Batch {
+    pub(crate) const fn new() -> Batch {
+        Batch {
+            to: Cell::new(std::ptr::null()),
+            units: Cell::new(0),
+            tick: Cell::new(0),
+            lease_of: Cell::new(std::ptr::null()),
+            lease: Cell::new(0),
+        }
+    }
+
+    /// Forgets everything (a forked child: the parent counts and spends its own).
+    fn clear(&self) {
+        self.to.set(std::ptr::null());
+        self.units.set(0);
+        self.lease_of.set(std::ptr::null());
+        self.lease.set(0);
+    }
+}
+
+/// Counts `units` launched at coarse time `now`: added to the thread's batch, which goes
+/// to the shared counter (one `fetch_add`) at the first launch of the thread after the
+/// coarse clock ticked (1-4 ms), or on another entry, or before this thread runs a
+/// control step — so the control loop sees a busy thread's units within a tick of their
+/// launch, not one locked read-modify-write on the shared line per launch. A thread
+/// that stops launching keeps at most one tick's units until its next launch, and a
+/// thread that exits or a process killed drops them: the period then counts fewer units
+/// for its GPU time, so `k` errs high and the limiter throttles more, never less.
+#[inline]
+fn count(b: &Batch, e: &Entry, units: u64, now: u64) {
+    let to: *const AtomicU64 = &e.units;
+    if b.to.get() == to && b.tick.get() == now {
+        b.units.set(b.units.get().saturating_add(units));
+        return;
+    }
+    flush(b);
+    b.to.set(to);
+    b.units.set(units);
+    b.tick.set(now);
+}
+
+#[inline]
+fn flush(b: &Batch) {
+    let to = b.to.replace(std::ptr::null());
+    if !to.is_null() {
+        // SAFETY: `to` is the `units` of an entry in a core file, mapped for the life of
+        // the process and never unmapped.
+        unsafe { &*to }.fetch_add(b.units.replace(0), Ordering::Relaxed);
+    }
 }
 
 /// Units of a kernel launch: its thread blocks.
@@ -922,6 +1104,84 @@ mod tests {
         assert_eq!(Estimate::NONE.step(100, 0.0).k(), K_MIN);
     }
 
+    #[test]
+    fn fixed_point_increment_matches_the_float_one() {
+        for pct in [1, 10, 30, 33, 50, 70, 99, 100] {
+            for k in [K_MIN, 0.75, 1.0, 12.3, K0, 12_000.0, 3.7e6, K_MAX] {
+                for units in [0, 1, 7, 40, 1024, 65_535, 1 << 30] {
+                    let want = increment(units, k, pct) as f64;
+                    let got = increment_fp(units, k_fixed(k), quota_scale(pct)) as f64;
+                    // 2^-16 of k's rounding, plus the truncation of each.
+                    let tol = want * 2e-5 + 2.0;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{units} x {k} at {pct}%: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            increment_fp(u64::MAX, k_fixed(K_MAX), quota_scale(1)),
+            u64::MAX
+        );
+        assert_eq!(k_fixed(0.0), k_fixed(K_MIN));
+        assert!(k_fixed(K_MIN) > 0);
+    }
+
+    fn test_entry() -> &'static Entry {
+        // SAFETY: a zeroed private mapping of one entry, leaked; Entry is atomics only.
+        unsafe { &*(private_map(ENTRY_SIZE) as *const Entry) }
+    }
+
+    #[test]
+    fn what_a_lease_lets_go_was_reserved_in_tat_first() {
+        let (a, b) = (test_entry(), test_entry());
+        let t = Batch::new();
+        let now = 1000 * MS;
+        let mut spent = 0;
+        for i in 0..10_000u64 {
+            let inc = 1 + i % 7;
+            assert_eq!(reserve(&t, a, inc, now), 0);
+            spent += inc;
+            // The ceiling: everything that went is in the bucket, plus at most one lease.
+            let tat = a.tat.load(Ordering::Relaxed) - now;
+            assert!(tat >= spent, "launch {i}: tat {tat} < spent {spent}");
+            assert!(
+                tat <= spent + LEASE_MAX_NS,
+                "launch {i}: tat {tat}, spent {spent}"
+            );
+        }
+        // A big launch takes at most LEASE_MAX_NS more than itself.
+        let before = a.tat.load(Ordering::Relaxed);
+        reserve(&t, a, 10 * MS, now);
+        assert!(a.tat.load(Ordering::Relaxed) - before <= 10 * MS + LEASE_MAX_NS);
+        // Moving to another entry gives the unspent lease back.
+        let held = t.lease.get();
+        let tat_a = a.tat.load(Ordering::Relaxed);
+        reserve(&t, b, 5, now);
+        assert_eq!(a.tat.load(Ordering::Relaxed), tat_a - held);
+        assert_eq!(t.lease_of.get(), b as *const Entry);
+        // A forked child holds nothing of its parent's.
+        t.clear();
+        assert_eq!((t.lease.get(), t.units.get()), (0, 0));
+    }
+
+    #[test]
+    fn units_reach_the_entry_when_the_tick_changes() {
+        let e = test_entry();
+        let t = Batch::new();
+        for _ in 0..100 {
+            count(&t, e, 3, 7);
+        }
+        assert_eq!(e.units.load(Ordering::Relaxed), 0, "batched within a tick");
+        count(&t, e, 1, 8);
+        assert_eq!(e.units.load(Ordering::Relaxed), 300);
+        flush(&t);
+        assert_eq!(e.units.load(Ordering::Relaxed), 301);
+        flush(&t);
+        assert_eq!(e.units.load(Ordering::Relaxed), 301, "flushed once");
+    }
+
     /// A claim on the simulated GPU: an application that launches as fast as the
     /// limiter lets it, mixing kernels and graphs.
     struct Claim {
@@ -993,7 +1253,8 @@ mod tests {
                     } else {
                         (40, 40 * cost(t))
                     };
-                    let (new, wait) = admit(c.tat, t, increment(units, c.est.k(), c.pct), BURST_NS);
+                    let inc = increment_fp(units, k_fixed(c.est.k()), quota_scale(c.pct));
+                    let (new, wait) = admit(c.tat, t, inc, BURST_NS);
                     c.tat = new;
                     c.pending = Some((units, dur));
                     c.next = t + wait;
