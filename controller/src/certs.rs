@@ -191,34 +191,47 @@ pub fn plan(data: &BTreeMap<String, Vec<u8>>, want: &Want, now: OffsetDateTime) 
     Plan { ca, leaf }
 }
 
-fn check_ca(data: &BTreeMap<String, Vec<u8>>, want: &Want, now: OffsetDateTime) -> Option<Reason> {
-    let (Some(crt), Some(key)) = (data.get(CA_CRT), data.get(CA_KEY)) else {
-        return Some(Reason::Missing(if data.contains_key(CA_CRT) {
-            CA_KEY
+/// The certificate stored under `crt`, parsed, once `key` holds its private key: handed to
+/// `check`; or why the pair cannot be used.
+fn with_pair(
+    data: &BTreeMap<String, Vec<u8>>,
+    crt: &'static str,
+    key: &'static str,
+    check: impl FnOnce(&X509Certificate<'_>) -> Option<Reason>,
+) -> Option<Reason> {
+    let (Some(pem), Some(key_pem)) = (data.get(crt), data.get(key)) else {
+        return Some(Reason::Missing(if data.contains_key(crt) {
+            key
         } else {
-            CA_CRT
+            crt
         }));
     };
-    let der = match pem_der(crt) {
+    let der = match pem_der(pem) {
         Ok(d) => d,
-        Err(e) => return Some(Reason::Unreadable(CA_CRT, e)),
+        Err(e) => return Some(Reason::Unreadable(crt, e)),
     };
     let c = match parse(&der) {
         Ok(c) => c,
-        Err(e) => return Some(Reason::Unreadable(CA_CRT, e)),
+        Err(e) => return Some(Reason::Unreadable(crt, e)),
     };
-    if !key_matches(key, &c) {
-        return Some(Reason::KeyMismatch(CA_KEY));
+    if !key_matches(key_pem, &c) {
+        return Some(Reason::KeyMismatch(key));
     }
-    // A CA must outlive every serving certificate it signs, with the renewal margin to spare.
-    let left = days_left(&c, now);
-    if left < i64::from(want.validity_days) + i64::from(want.renew_before_days) {
-        return Some(Reason::Expiring {
-            key: CA_CRT,
-            days_left: left,
-        });
-    }
-    None
+    check(&c)
+}
+
+fn check_ca(data: &BTreeMap<String, Vec<u8>>, want: &Want, now: OffsetDateTime) -> Option<Reason> {
+    with_pair(data, CA_CRT, CA_KEY, |c| {
+        // A CA must outlive every serving certificate it signs, with the renewal margin to
+        // spare.
+        let left = days_left(c, now);
+        (left < i64::from(want.validity_days) + i64::from(want.renew_before_days)).then_some(
+            Reason::Expiring {
+                key: CA_CRT,
+                days_left: left,
+            },
+        )
+    })
 }
 
 fn check_leaf(
@@ -226,50 +239,34 @@ fn check_leaf(
     want: &Want,
     now: OffsetDateTime,
 ) -> Option<Reason> {
-    let (Some(crt), Some(key)) = (data.get(TLS_CRT), data.get(TLS_KEY)) else {
-        return Some(Reason::Missing(if data.contains_key(TLS_CRT) {
-            TLS_KEY
-        } else {
-            TLS_CRT
-        }));
-    };
-    let der = match pem_der(crt) {
-        Ok(d) => d,
-        Err(e) => return Some(Reason::Unreadable(TLS_CRT, e)),
-    };
-    let c = match parse(&der) {
-        Ok(c) => c,
-        Err(e) => return Some(Reason::Unreadable(TLS_CRT, e)),
-    };
-    if !key_matches(key, &c) {
-        return Some(Reason::KeyMismatch(TLS_KEY));
-    }
-    // check_ca passed, so ca.crt parses
-    let ca_der = data.get(CA_CRT).and_then(|p| pem_der(p).ok());
-    let Some(ca) = ca_der.as_deref().and_then(|d| parse(d).ok()) else {
-        return Some(Reason::NotFromCa("ca.crt unreadable".into()));
-    };
-    if let Err(e) = c.verify_signature(Some(ca.public_key())) {
-        return Some(Reason::NotFromCa(format!("signature: {e}")));
-    }
-    let left = days_left(&c, now);
-    if left < i64::from(want.renew_before_days) {
-        return Some(Reason::Expiring {
-            key: TLS_CRT,
-            days_left: left,
-        });
-    }
-    let have = names_of(&c);
-    let missing: Vec<String> = want
-        .names
-        .iter()
-        .filter(|n| !have.contains(n))
-        .cloned()
-        .collect();
-    if !missing.is_empty() {
-        return Some(Reason::NamesChanged { missing });
-    }
-    None
+    with_pair(data, TLS_CRT, TLS_KEY, |c| {
+        // check_ca passed, so ca.crt parses
+        let ca_der = data.get(CA_CRT).and_then(|p| pem_der(p).ok());
+        let Some(ca) = ca_der.as_deref().and_then(|d| parse(d).ok()) else {
+            return Some(Reason::NotFromCa("ca.crt unreadable".into()));
+        };
+        if let Err(e) = c.verify_signature(Some(ca.public_key())) {
+            return Some(Reason::NotFromCa(format!("signature: {e}")));
+        }
+        let left = days_left(c, now);
+        if left < i64::from(want.renew_before_days) {
+            return Some(Reason::Expiring {
+                key: TLS_CRT,
+                days_left: left,
+            });
+        }
+        let have = names_of(c);
+        let missing: Vec<String> = want
+            .names
+            .iter()
+            .filter(|n| !have.contains(n))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            return Some(Reason::NamesChanged { missing });
+        }
+        None
+    })
 }
 
 /// Carry out `plan` on `data`: new material where it says so, the rest kept, and the CA

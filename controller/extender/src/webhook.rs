@@ -124,13 +124,8 @@ pub enum ReviewError {
     NotAPod,
 }
 
-/// Answers an `AdmissionReview` (any JSON). `Err` is a body that is not a usable review
-/// (the server answers 400 with it); everything else is an answer to send.
-pub fn review(
-    review: &Value,
-    cfg: &WebhookConfig,
-    inv: &GpuInventory,
-) -> Result<Value, ReviewError> {
+/// The `request` of an `AdmissionReview`, once it is one the server can answer.
+fn request_of(review: &Value) -> Result<&Value, ReviewError> {
     if !review.is_object() {
         return Err(ReviewError::NotAnObject);
     }
@@ -141,6 +136,17 @@ pub fn review(
     if !req["uid"].is_string() {
         return Err(ReviewError::NoUid);
     }
+    Ok(req)
+}
+
+/// Answers an `AdmissionReview` (any JSON). `Err` is a body that is not a usable review
+/// (the server answers 400 with it); everything else is an answer to send.
+pub fn review(
+    review: &Value,
+    cfg: &WebhookConfig,
+    inv: &GpuInventory,
+) -> Result<Value, ReviewError> {
+    let req = request_of(review)?;
     let answer = |d: Decision| match d {
         Decision::Allow { patch, warnings } => {
             let patch = (!patch.is_empty()).then_some(Value::Array(patch));
@@ -181,16 +187,7 @@ pub fn review(
 /// `/validate-pods`): allowed unless the request writes the assignment annotation as
 /// someone other than the extender. `Err` is a body that is not a usable review.
 pub fn guard_review(review: &Value, cfg: &WebhookConfig) -> Result<Value, ReviewError> {
-    if !review.is_object() {
-        return Err(ReviewError::NotAnObject);
-    }
-    let req = &review["request"];
-    if !req.is_object() {
-        return Err(ReviewError::NoRequest);
-    }
-    if !req["uid"].is_string() {
-        return Err(ReviewError::NoUid);
-    }
+    let req = request_of(review)?;
     let kind = req["kind"]["kind"].as_str().unwrap_or("Pod");
     Ok(match guard(req, cfg).filter(|_| kind == "Pod") {
         Some(m) => fgpu_plumbing::admission::response(review, false, Some(&m), None, &[]),
