@@ -567,8 +567,9 @@ impl Controller {
         self.shared.mode.set(mode);
         if self.decided != Some(mode) {
             self.decided = Some(mode);
-            tracing::info!(mode = mode.as_str(), reason, "allocation mode");
+            // The metric first: whoever reads the log line may scrape at once.
             self.shared.metrics.set_mode(mode.as_str(), reason);
+            tracing::info!(mode = mode.as_str(), reason, "allocation mode");
         }
         mode
     }
