@@ -163,7 +163,8 @@ spec="$CDI/$DRIVER-claim_$uid.json"
 [ -f "$spec" ] || fail "no CDI spec $spec on the host"
 [ -d "$RUN/claims/$uid" ] || fail "no claim directory $RUN/claims/$uid on the host"
 say "ok: the pod wrote $spec and $RUN/claims/$uid on the host"
-rss="$(kubectl -n "$SYS_NS" exec "$pod" -c plugin -- sed -n 's/^VmRSS:[[:space:]]*//p' /proc/1/status)"
+# The node image carries only the applets install.sh needs (no sed): read there, parse here.
+rss="$(kubectl -n "$SYS_NS" exec "$pod" -c plugin -- cat /proc/1/status | sed -n 's/^VmRSS:[[:space:]]*//p')"
 say "plugin RSS: $rss (memory limit $(kubectl -n "$SYS_NS" get pod "$pod" -o jsonpath='{.spec.containers[0].resources.limits.memory}'))"
 
 # --- least privilege: the plugin did its work without a refusal, and RBAC refuses the rest
