@@ -8,6 +8,7 @@
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::AtomicU64;
 
 /// The shim's per-thread state: one thread-local, so a launch looks it up once (in a
 /// shared object each lookup is a call to `__tls_get_addr`).
@@ -15,12 +16,46 @@ pub(crate) struct Thread {
     /// Set while this thread is inside a driver call made by the shim.
     pub(crate) in_driver: Cell<bool>,
     /// The core limiter's units and lease of this thread ([`crate::core`]).
-    pub(crate) launch: crate::core::Batch,
+    pub(crate) launch: Batch,
+}
+
+/// A thread's launch units not yet added to a core entry's `units`, and its lease of that
+/// entry's bucket time: the limiter's data ([`crate::core`] reads and writes it), kept here
+/// because it lives in the one thread-local, below the modules that use it.
+pub(crate) struct Batch {
+    /// The entry's `units` counter they belong to (null: none pending).
+    pub(crate) to: Cell<*const AtomicU64>,
+    pub(crate) units: Cell<u64>,
+    /// The coarse clock reading they were counted at.
+    pub(crate) tick: Cell<u64>,
+    /// The core entry whose bucket time the thread holds (null: none), and how much (ns).
+    pub(crate) lease_of: Cell<*const ()>,
+    pub(crate) lease: Cell<u64>,
+}
+
+impl Batch {
+    pub(crate) const fn new() -> Batch {
+        Batch {
+            to: Cell::new(std::ptr::null()),
+            units: Cell::new(0),
+            tick: Cell::new(0),
+            lease_of: Cell::new(std::ptr::null()),
+            lease: Cell::new(0),
+        }
+    }
+
+    /// Forgets everything (a forked child: the parent counts and spends its own).
+    pub(crate) fn clear(&self) {
+        self.to.set(std::ptr::null());
+        self.units.set(0);
+        self.lease_of.set(std::ptr::null());
+        self.lease.set(0);
+    }
 }
 
 thread_local! {
     static THREAD: Thread = const {
-        Thread { in_driver: Cell::new(false), launch: crate::core::Batch::new() }
+        Thread { in_driver: Cell::new(false), launch: Batch::new() }
     };
 }
 

@@ -22,13 +22,13 @@
 //! The pure parts ([`admit`], [`Estimate`]) take time as a parameter and are tested with
 //! a simulated GPU below.
 
-use std::cell::Cell;
 use std::ffi::{CString, c_int, c_uint, c_void};
 use std::path::Path;
 use std::ptr::null_mut;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use crate::boundary::Batch;
 use crate::config::{CorePolicy, MAX_DEVICES, Priority};
 use crate::ffi::*;
 use crate::process::config;
@@ -908,7 +908,7 @@ const LEASE_LAUNCHES: u64 = 64;
 /// 20 µs of the claim's bucket time, throttling more, never less.
 #[inline]
 fn reserve(b: &Batch, e: &Entry, inc: u64, now: u64) -> u64 {
-    let me: *const Entry = e;
+    let me: *const () = (e as *const Entry).cast();
     {
         let held = b.lease.get();
         // What is left of this entry's lease (less than this launch) is kept with the
@@ -921,7 +921,7 @@ fn reserve(b: &Batch, e: &Entry, inc: u64, now: u64) -> u64 {
             held
         } else {
             if held > 0 {
-                give_back(b.lease_of.get(), held);
+                give_back(b.lease_of.get().cast(), held);
             }
             0
         };
@@ -960,39 +960,6 @@ fn give_back(entry: *const Entry, ns: u64) {
         .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |t| {
             Some(t.saturating_sub(ns))
         });
-}
-
-/// A thread's units not yet added to its entry's `units`, and its lease of bucket time
-/// (in the shim's one thread-local, [`crate::boundary::Thread`]).
-pub(crate) struct Batch {
-    /// The entry's `units` counter they belong to (null: none pending).
-    to: Cell<*const AtomicU64>,
-    units: Cell<u64>,
-    /// The coarse clock reading they were counted at.
-    tick: Cell<u64>,
-    /// The entry whose bucket time the thread holds (null: none), and how much (ns).
-    lease_of: Cell<*const Entry>,
-    lease: Cell<u64>,
-}
-
-impl Batch {
-    pub(crate) const fn new() -> Batch {
-        Batch {
-            to: Cell::new(std::ptr::null()),
-            units: Cell::new(0),
-            tick: Cell::new(0),
-            lease_of: Cell::new(std::ptr::null()),
-            lease: Cell::new(0),
-        }
-    }
-
-    /// Forgets everything (a forked child: the parent counts and spends its own).
-    fn clear(&self) {
-        self.to.set(std::ptr::null());
-        self.units.set(0);
-        self.lease_of.set(std::ptr::null());
-        self.lease.set(0);
-    }
 }
 
 /// Counts `units` launched at coarse time `now`: added to the thread's batch, which goes
@@ -1160,7 +1127,7 @@ mod tests {
         let tat_a = a.tat.load(Ordering::Relaxed);
         reserve(&t, b, 5, now);
         assert_eq!(a.tat.load(Ordering::Relaxed), tat_a - held);
-        assert_eq!(t.lease_of.get(), b as *const Entry);
+        assert_eq!(t.lease_of.get(), (b as *const Entry).cast());
         // A forked child holds nothing of its parent's.
         t.clear();
         assert_eq!((t.lease.get(), t.units.get()), (0, 0));
