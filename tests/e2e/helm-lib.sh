@@ -66,6 +66,14 @@ helm_leftovers() {
   kubectl get resourceslices -o jsonpath="{range .items[?(@.spec.driver==\"$DRIVER\")]}resourceslice/{.metadata.name}{\"\n\"}{end}" 2>/dev/null
 }
 
+# helm_diagnostics <rc>: on a failure (not a skip, 77), the fgpu pods and the last lines of
+# each component's log.
+helm_diagnostics() {
+  [ "$1" -ne 0 ] && [ "$1" -ne 77 ] || return 0
+  say "fgpu pods:"; kubectl -n "$SYS_NS" get pods -o wide 2>/dev/null | sed 's/^/      /' >&2 || true
+  for c in kubelet-plugin controller certs; do say "$c log (last 25):"; log_of "$c" | tail -25 | sed 's/^/      /' >&2; done
+}
+
 # helm_cleanup <rc>: what a failed run may leave
 helm_cleanup() {
   kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true

@@ -20,10 +20,7 @@ owned=0 state_created=0 run_created=0 devdir_created=0
 work="$(mktemp -d /tmp/fgpu-e2e-70.XXXXXX)"
 cleanup() {
   local rc=$?
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
-    say "fgpu pods:"; kubectl -n "$SYS_NS" get pods -o wide 2>/dev/null | sed 's/^/      /' >&2 || true
-    for c in kubelet-plugin controller certs; do say "$c log (last 25):"; log_of "$c" | tail -25 | sed 's/^/      /' >&2; done
-  fi
+  helm_diagnostics "$rc"
   helm_cleanup
   rm -rf "$work"
   exit "$rc"
