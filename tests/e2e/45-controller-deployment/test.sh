@@ -180,7 +180,7 @@ for p in quota-4g quota-8g quota-12g; do
 done
 say "three probes done $((SECONDS - t0))s after the pods were created"
 for p in quota-4g quota-8g quota-12g; do
-  ctl_grep 'scheduling gate added' | grep -qF "$E2E_NS/$p" || fail "the mutating webhook did not gate $p (pod log)"
+  ctl_grep 'scheduling gate added' | grep -F "$E2E_NS/$p" >/dev/null || fail "the mutating webhook did not gate $p (pod log)"
 done
 say "ok: the webhook (in the pod) gated the three pods"
 field() { kubectl -n "$E2E_NS" logs "$1" | sed -n "s/^$2=//p"; }
@@ -215,7 +215,7 @@ grep -q "^fgpu_controller_mode_info{mode=\"$want_mode\"" <<<"$m" || fail "mode_i
 kubectl -n "$E2E_NS" delete pods --all --wait=false >&2
 for c in "${claims[@]}"; do
   wait_until 60 "claim $c released and deleted" sh -c "! kubectl -n $E2E_NS get resourceclaim $c"
-  ctl_grep 'released' | grep -qF "$E2E_NS/$c" || fail "the pod's log does not say it released $c"
+  ctl_grep 'released' | grep -F "$E2E_NS/$c" >/dev/null || fail "the pod's log does not say it released $c"
 done
 say "ok: the three claims released (finalizer removed by the pod) and deleted"
 

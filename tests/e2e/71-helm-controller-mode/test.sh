@@ -71,7 +71,7 @@ field() { kubectl -n "$E2E_NS" logs "$1" | sed -n "s/^$2=//p"; }
 claims=()
 for pm in 4g:4096 8g:8192 12g:12288; do
   p="quota-${pm%:*}" mib="${pm#*:}"
-  log_of controller | grep 'scheduling gate added' | grep -qF "$E2E_NS/$p" || fail "the webhook did not gate $p"
+  log_of controller | grep 'scheduling gate added' | grep -F "$E2E_NS/$p" >/dev/null || fail "the webhook did not gate $p"
   c="resourceclaims.$api.resource.k8s.io/$(jp "pod/$p" '{.status.resourceClaimStatuses[0].resourceClaimName}')"
   claims+=("$c")
   assert_eq "$p: device" gpu-0 "$(jp "$c" '{.status.allocation.devices.results[0].device}')"
