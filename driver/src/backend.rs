@@ -14,8 +14,10 @@ use crate::device::{Gpu, Health, NodeInventory};
 pub mod fake;
 #[cfg(feature = "nvml")]
 pub mod nvml;
+pub mod usage;
 
 pub use fake::{FakeBackend, FakeProfile};
+pub use usage::{GpuUsage, ProcessUsage};
 
 /// A source of GPUs for one node.
 pub trait DeviceBackend: Send + Sync {
@@ -41,6 +43,20 @@ pub trait DeviceBackend: Send + Sync {
     /// The node's inventory under the Kubernetes node name `node`.
     fn inventory(&self, node: &str) -> Result<NodeInventory, BackendError> {
         Ok(NodeInventory::new(node, self.enumerate()?))
+    }
+
+    /// What runs on each GPU now, for the node monitor: the compute processes (host PIDs)
+    /// with the device memory each holds, and each process's SM utilisation over the
+    /// samples newer than `since_us` (µs of `CLOCK_REALTIME`; 0: the driver's default
+    /// window). One entry per GPU, in index order; a GPU whose queries failed carries its
+    /// error and does not hide the others.
+    ///
+    /// The default answers [`BackendError::UsageUnsupported`].
+    fn usage(&self, since_us: u64) -> Result<Vec<GpuUsage>, BackendError> {
+        let _ = since_us;
+        Err(BackendError::UsageUnsupported {
+            backend: self.name(),
+        })
     }
 }
 
@@ -110,6 +126,16 @@ pub enum BackendError {
         detail: String,
     },
 
+    /// An NVML library named by path (the fake driver's, for the monitor) could not be
+    /// loaded or initialised.
+    #[error("NVML library {}: cannot load it: {detail}", path.display())]
+    NvmlLibrary {
+        /// The library.
+        path: PathBuf,
+        /// What the loader said.
+        detail: String,
+    },
+
     /// An NVML call failed.
     #[error("NVML {call} failed{}: {detail}", gpu.map(|i| format!(" for GPU {i}")).unwrap_or_default())]
     Nvml {
@@ -119,6 +145,14 @@ pub enum BackendError {
         gpu: Option<u32>,
         /// NVML's message.
         detail: String,
+    },
+
+    /// The backend cannot report what runs on its GPUs (a fake profile without
+    /// `--fake-nvml-library`).
+    #[error("the {backend} backend reports no per-process usage{}", if *backend == "fake" { " (give it the fake NVML library: --fake-nvml-library)" } else { "" })]
+    UsageUnsupported {
+        /// The backend's name.
+        backend: &'static str,
     },
 
     /// This build has no support for the requested backend.
@@ -137,6 +171,7 @@ impl BackendError {
             | Self::NoProfile => true,
             // The user named a file that is not there; other I/O failures are the system's.
             Self::ProfileRead { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            Self::NvmlLibrary { path, .. } => !path.exists(),
             _ => false,
         }
     }

@@ -6,8 +6,8 @@
 //! fed by one watch on ResourceClaims in all namespaces ([`crate::cluster::watch_claims`])
 //! and keeps only what a prepare on this node can use: claims whose `status.allocation` has
 //! a result of this driver in this node's pool (fgpu's pool is the node name), reduced to
-//! the plugin's claim model ([`crate::claim`]: name, namespace, UID, allocation) — no spec,
-//! no `reservedFor`, no managed fields.
+//! the plugin's claim model ([`crate::claim`]: name, namespace, UID, allocation, and
+//! `reservedFor` for the node monitor) — no spec, no managed fields.
 //!
 //! [`CachedClaimSource::get_for_prepare`] answers from the cache when all of these hold, and
 //! otherwise GETs the claim as before ([`ClaimRead`] says which and why, in the metrics):
@@ -151,6 +151,26 @@ impl ClaimCache {
             } = &mut *st;
             unprepared.retain(|u| claims.contains_key(u));
         }
+    }
+
+    /// The pods claim `uid` is reserved for (`status.reservedFor`, resource `pods`), as
+    /// (name, UID), if the cache is synced and holds the claim. The node monitor uses it to
+    /// map a process's pod to its claims.
+    pub fn reserved_pods(&self, uid: &str) -> Option<Vec<(String, String)>> {
+        let st = lock(&self.state);
+        if !st.synced {
+            return None;
+        }
+        let claim = st.claims.get(uid)?;
+        Some(
+            claim
+                .status
+                .iter()
+                .flat_map(|s| &s.reserved_for)
+                .filter(|r| r.api_group.is_empty() && r.resource == "pods")
+                .map(|r| (r.name.clone(), r.uid.clone()))
+                .collect(),
+        )
     }
 
     /// Claims held (the watch reports it as a metric).

@@ -27,6 +27,8 @@
 //!   usually reads its claim without an API request (falls back to the GET).
 //! * [`cluster`]: the API server through kube-rs: version negotiation, claim GET and watch,
 //!   slice publishing.
+//! * [`monitor`]: the node monitor — what every claim really uses (host PIDs → pod →
+//!   claim), the shim's utilisation feed, and the backstop for bypassed quotas.
 //! * [`serve`]: the daemon's loop tying the above together.
 
 #![forbid(unsafe_code)]
@@ -43,6 +45,7 @@ pub mod edits;
 pub mod grant;
 pub mod grpc;
 pub mod metrics;
+pub mod monitor;
 pub mod prepare;
 pub mod serve;
 pub mod slices;

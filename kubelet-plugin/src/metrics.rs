@@ -11,6 +11,21 @@
 //! | `fgpu_kubelet_plugin_gpu_granted_cores` | `gpu` (UUID) | cores (percent) granted on the GPU by prepared claims |
 //! | `fgpu_kubelet_plugin_claim_reads_total` | `read` ([`ClaimRead`]) | where each prepare got its claim: the claim cache, or a GET and why |
 //! | `fgpu_kubelet_plugin_claim_cache_claims` | | claims the claim cache holds (allocated on this node) |
+//!
+//! The node monitor's ([`crate::monitor`]), per claim and GPU it holds (labels `namespace`,
+//! `claim`, `gpu_uuid`), refreshed every pass; claims gone are dropped:
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `fgpu_kubelet_plugin_claim_used_memory_bytes` | `namespace`, `claim`, `gpu_uuid` | device memory the claim's processes hold, as the driver reports it |
+//! | `fgpu_kubelet_plugin_claim_granted_memory_bytes` | `namespace`, `claim`, `gpu_uuid` | memory granted |
+//! | `fgpu_kubelet_plugin_claim_sm_utilization_ratio` | `namespace`, `claim`, `gpu_uuid` | SM utilisation of the claim's processes over the last pass (0-1) |
+//! | `fgpu_kubelet_plugin_claim_processes` | `namespace`, `claim`, `gpu_uuid` | the claim's processes on the GPU |
+//! | `fgpu_kubelet_plugin_over_quota_total` | `kind` (`memory`, `compute`), `action` | findings of the backstop (each report; a kill is counted in `backstop_kills_total`) |
+//! | `fgpu_kubelet_plugin_backstop_kills_total` | | processes killed by `--over-quota=kill` |
+//! | `fgpu_kubelet_plugin_gpu_unattributed_processes` | `gpu_uuid` | processes on the GPU that belong to no prepared claim of this node |
+//! | `fgpu_kubelet_plugin_monitor_errors_total` | `cause` | monitor failures (logged once per cause) |
+//! | `fgpu_kubelet_plugin_monitor_pass_duration_seconds` | | time of one monitor pass |
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -111,6 +126,42 @@ fn phase_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.00005, 2.0, 16))
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimGpuLabels {
+    namespace: String,
+    claim: String,
+    gpu_uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OverQuotaLabels {
+    kind: &'static str,
+    action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UuidLabels {
+    gpu_uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: &'static str,
+}
+
+/// The node monitor's metrics (see the module documentation).
+#[derive(Default)]
+struct MonitorFamilies {
+    used_memory: Family<ClaimGpuLabels, Gauge>,
+    granted_memory: Family<ClaimGpuLabels, Gauge>,
+    sm_ratio: Family<ClaimGpuLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    processes: Family<ClaimGpuLabels, Gauge>,
+    over_quota: Family<OverQuotaLabels, Counter>,
+    kills: Counter,
+    unattributed: Family<UuidLabels, Gauge>,
+    errors: Family<CauseLabels, Counter>,
+}
+
 /// The plugin's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -123,6 +174,8 @@ pub struct Metrics {
     granted_cores: Family<GpuLabels, Gauge>,
     claim_reads: Family<ClaimReadLabels, Counter>,
     claim_cache_claims: Gauge,
+    monitor: MonitorFamilies,
+    monitor_pass: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -151,6 +204,8 @@ impl Metrics {
             granted_cores: Family::default(),
             claim_reads: Family::default(),
             claim_cache_claims: Gauge::default(),
+            monitor: MonitorFamilies::default(),
+            monitor_pass: phase_histogram(),
             registry: Registry::default(),
         };
         registry.register(
@@ -198,7 +253,116 @@ impl Metrics {
             "Allocated claims of this node held by the claim cache",
             m.claim_cache_claims.clone(),
         );
+        let mon = &m.monitor;
+        registry.register(
+            "claim_used_memory_bytes",
+            "Device memory the claim's processes hold on the GPU, as the driver reports it",
+            mon.used_memory.clone(),
+        );
+        registry.register(
+            "claim_granted_memory_bytes",
+            "Device memory granted to the claim on the GPU",
+            mon.granted_memory.clone(),
+        );
+        registry.register(
+            "claim_sm_utilization_ratio",
+            "SM utilisation of the claim's processes on the GPU over the last monitor pass (0-1)",
+            mon.sm_ratio.clone(),
+        );
+        registry.register(
+            "claim_processes",
+            "The claim's processes on the GPU",
+            mon.processes.clone(),
+        );
+        registry.register(
+            "over_quota",
+            "Claims found over their memory or compute quota by the node monitor, per report",
+            mon.over_quota.clone(),
+        );
+        registry.register(
+            "backstop_kills",
+            "Processes killed by the node monitor (--over-quota=kill)",
+            mon.kills.clone(),
+        );
+        registry.register(
+            "gpu_unattributed_processes",
+            "Processes on the GPU that belong to no prepared claim of this node",
+            mon.unattributed.clone(),
+        );
+        registry.register(
+            "monitor_errors",
+            "Node monitor failures by cause",
+            mon.errors.clone(),
+        );
+        registry.register(
+            "monitor_pass_duration_seconds",
+            "Time of one node monitor pass",
+            m.monitor_pass.clone(),
+        );
         Self { registry, ..m }
+    }
+
+    /// Replaces the per-claim gauges with one monitor pass's view.
+    pub fn set_claim_usage(&self, usage: &crate::monitor::attribute::Attribution) {
+        let mon = &self.monitor;
+        mon.used_memory.clear();
+        mon.granted_memory.clear();
+        mon.sm_ratio.clear();
+        mon.processes.clear();
+        mon.unattributed.clear();
+        for c in &usage.claims {
+            for g in &c.gpus {
+                let l = ClaimGpuLabels {
+                    namespace: c.namespace.clone(),
+                    claim: c.name.clone(),
+                    gpu_uuid: g.grant.gpu_uuid.clone(),
+                };
+                let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                mon.used_memory.get_or_create(&l).set(int(g.used_memory()));
+                mon.granted_memory
+                    .get_or_create(&l)
+                    .set(int(g.grant.memory_bytes));
+                mon.sm_ratio
+                    .get_or_create(&l)
+                    .set(f64::from(g.sm_percent()) / 100.0);
+                mon.processes
+                    .get_or_create(&l)
+                    .set(int(g.processes.len() as u64));
+            }
+        }
+        for (gpu, n) in &usage.unattributed {
+            mon.unattributed
+                .get_or_create(&UuidLabels {
+                    gpu_uuid: gpu.clone(),
+                })
+                .set(i64::from(*n));
+        }
+    }
+
+    /// Counts one backstop report.
+    pub fn observe_over_quota(&self, kind: &'static str, action: &'static str) {
+        self.monitor
+            .over_quota
+            .get_or_create(&OverQuotaLabels { kind, action })
+            .inc();
+    }
+
+    /// Counts one process killed by the backstop.
+    pub fn observe_kill(&self) {
+        self.monitor.kills.inc();
+    }
+
+    /// Counts one monitor failure.
+    pub fn observe_monitor_error(&self, cause: &'static str) {
+        self.monitor
+            .errors
+            .get_or_create(&CauseLabels { cause })
+            .inc();
+    }
+
+    /// Records the time of one monitor pass.
+    pub fn observe_monitor_pass(&self, took: Duration) {
+        self.monitor_pass.observe(took.as_secs_f64());
     }
 
     /// Records one claim's operation: its outcome (an error reason, or `None`) and time.

@@ -5,9 +5,10 @@
 //! 2. Starts the [`Plugin`] (checkpoint, boot id, leftovers) and cleans up stale claims.
 //! 3. Starts the claim watch that feeds the claim cache ([`crate::claim_cache`]), unless
 //!    turned off; serves the registration and DRA sockets.
-//! 4. Publishes the node's ResourceSlice, and again every `resync` (a GPU turning unhealthy,
+//! 4. Starts the node monitor ([`crate::monitor`]) unless turned off.
+//! 5. Publishes the node's ResourceSlice, and again every `resync` (a GPU turning unhealthy,
 //!    a kubelet that wiped the node's slices) together with the stale-claim cleanup.
-//! 5. Stops on `shutdown`, or with an error when the kubelet refuses the registration (the
+//! 6. Stops on `shutdown`, or with an error when the kubelet refuses the registration (the
 //!    container restarts and registers again).
 
 use std::future::Future;
@@ -61,6 +62,8 @@ pub struct ServeConfig {
     pub claim_cache: bool,
     /// Crash tests only: see [`PluginConfig::test_pause`].
     pub test_pause: Option<Duration>,
+    /// The node monitor ([`crate::monitor`]); `None`: off.
+    pub monitor: Option<crate::monitor::MonitorConfig>,
 }
 
 /// Why serving stopped.
@@ -159,6 +162,21 @@ pub async fn run(
     let plugin = Arc::new(plugin);
     // The claim watch: started before the sockets, so that it has usually listed the claims
     // by the first prepare (until then prepares GET their claims).
+    let (stop_monitor, monitor_stopped) = tokio::sync::watch::channel(false);
+    if let Some(mcfg) = cfg.monitor.clone() {
+        use crate::monitor::{Consumers, Host, Monitor};
+        let consumers = cache
+            .clone()
+            .map_or(Consumers::Unknown, Consumers::ReservedFor);
+        if matches!(consumers, Consumers::Unknown) {
+            tracing::warn!(
+                "the node monitor needs the claim cache to map processes to claims (--claim-cache=false): it measures GPUs only"
+            );
+        }
+        let host: Arc<dyn Host> = plugin.clone();
+        let monitor = Monitor::new(mcfg, backend.clone(), host, consumers, Some(client.clone()));
+        tokio::spawn(monitor.run(monitor_stopped));
+    }
     let watch = cache.map(|cache| {
         let size = plugin.metrics().claim_cache_size();
         tokio::spawn(watch_claims(client.clone(), api, cache, size))
@@ -202,6 +220,7 @@ pub async fn run(
         }
     };
     stop_metrics.send_replace(true);
+    stop_monitor.send_replace(true);
     if let Some(watch) = watch {
         watch.abort();
     }

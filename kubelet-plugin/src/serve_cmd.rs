@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use fgpu_api::names::{DriverName, kubelet};
-use fgpu_driver::backend::{BackendKind, build_backend};
 use fgpu_kubelet_plugin::driver_files;
 use fgpu_kubelet_plugin::edits::{FileMount, NodeFiles};
 use fgpu_kubelet_plugin::serve::{ServeConfig, run as serve};
@@ -30,6 +29,9 @@ pub(crate) struct ServeArgs {
 
     #[command(flatten)]
     gpus: BackendArgs,
+
+    #[command(flatten)]
+    monitor: fgpu_kubelet_plugin::monitor::MonitorArgs,
 
     /// The kubelet's plugin registry directory (registration socket).
     #[arg(long, value_name = "DIR", default_value = kubelet::REGISTRY_DIR, env = "KUBELET_REGISTRAR_DIRECTORY_PATH")]
@@ -185,13 +187,20 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         &args.driver_root,
         &args.cdi_root,
     )?;
-    let backend = match args.gpus.backend {
-        Backend::Fake => build_backend(
-            BackendKind::Fake,
-            args.gpus.fake_gpus.as_deref(),
-            Some(&args.node),
-        )?,
-        Backend::Nvml => build_backend(BackendKind::Nvml, None, None)?,
+    let backend = crate::backend_with_usage(
+        args.gpus.backend,
+        args.gpus.fake_gpus.as_deref(),
+        &args.node,
+        args.monitor.fake_nvml_library.as_deref(),
+    )?;
+    let monitor = match (args.gpus.backend, &args.monitor.fake_nvml_library) {
+        (Backend::Fake, None) => {
+            tracing::info!(
+                "node monitor off: a fake node has no processes to read without --fake-nvml-library"
+            );
+            None
+        }
+        _ => args.monitor.config(&args.node),
     };
     let cfg = ServeConfig {
         driver,
@@ -214,6 +223,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         metrics_addr: Some(args.metrics_address),
         claim_cache: args.claim_cache,
         test_pause: args.test_pause_prepare_seconds.map(Duration::from_secs),
+        monitor,
     };
     let runtime = fgpu_kubelet_plugin::serve::runtime(args.worker_threads)
         .context("cannot start the async runtime")?;

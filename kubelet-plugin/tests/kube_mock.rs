@@ -210,6 +210,7 @@ mod serve_loop {
             metrics_addr: None,
             claim_cache: true,
             test_pause: None,
+            monitor: None,
         }
     }
 

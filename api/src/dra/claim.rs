@@ -61,6 +61,28 @@ pub struct ClaimStatus {
     /// `status.allocation`.
     #[serde(default)]
     pub allocation: Option<Allocation>,
+    /// `status.reservedFor`: the consumers (pods) the claim is reserved for. The node
+    /// monitor maps a process's pod to its claims through it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved_for: Vec<ConsumerReference>,
+}
+
+/// One entry of `status.reservedFor`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerReference {
+    /// API group of the consumer; empty for core (pods).
+    #[serde(default)]
+    pub api_group: String,
+    /// `pods` for a pod.
+    #[serde(default)]
+    pub resource: String,
+    /// The consumer's name (in the claim's namespace).
+    #[serde(default)]
+    pub name: String,
+    /// The consumer's UID.
+    #[serde(default)]
+    pub uid: String,
 }
 
 /// `status.allocation`.

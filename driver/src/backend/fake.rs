@@ -118,10 +118,22 @@ impl FakeProfile {
 /// Every [`enumerate`](DeviceBackend::enumerate) re-reads the file, so editing the profile
 /// (e.g. adding `unhealthy:` to a GPU) is seen by the next health poll, as a driver event
 /// would be on a real node.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct FakeBackend {
     path: PathBuf,
     node: String,
+    /// The fake driver's NVML (`tests/fake-cuda`), answering [`DeviceBackend::usage`].
+    #[cfg(feature = "nvml")]
+    usage_nvml: Option<std::sync::Arc<nvml_wrapper::Nvml>>,
+}
+
+impl std::fmt::Debug for FakeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeBackend")
+            .field("path", &self.path)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
 }
 
 impl FakeBackend {
@@ -132,7 +144,26 @@ impl FakeBackend {
         Ok(Self {
             path: path.as_ref().to_owned(),
             node,
+            #[cfg(feature = "nvml")]
+            usage_nvml: None,
         })
+    }
+
+    /// Answers [`DeviceBackend::usage`] through the fake driver's NVML at `library`
+    /// (`libfgpu_fake_cuda.so`), which sees the processes of every container that shares
+    /// its state file (`FAKE_CUDA_STATE`, `FAKE_CUDA_NVML_HOST=1` for host PIDs; see
+    /// `tests/fake-cuda/README.md`). The library must know the profile's GPUs by UUID
+    /// (`FAKE_CUDA_UUIDS`); a GPU it does not know is reported as failed.
+    #[cfg(feature = "nvml")]
+    pub fn with_usage_library(mut self, library: &Path) -> Result<Self, BackendError> {
+        self.usage_nvml = Some(std::sync::Arc::new(super::nvml::load(library)?));
+        Ok(self)
+    }
+
+    /// Without the `nvml` feature there is no NVML to load.
+    #[cfg(not(feature = "nvml"))]
+    pub fn with_usage_library(self, _library: &Path) -> Result<Self, BackendError> {
+        Err(BackendError::NotCompiled("nvml"))
     }
 
     /// The node this backend serves.
@@ -149,6 +180,24 @@ impl DeviceBackend for FakeBackend {
     fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
         let profile = FakeProfile::load(&self.path)?;
         Ok(profile.node(&self.node)?.gpus.clone())
+    }
+
+    #[cfg(feature = "nvml")]
+    fn usage(&self, since_us: u64) -> Result<Vec<super::GpuUsage>, BackendError> {
+        let Some(nvml) = &self.usage_nvml else {
+            return Err(BackendError::UsageUnsupported { backend: "fake" });
+        };
+        Ok(self
+            .enumerate()?
+            .into_iter()
+            .map(|g| match nvml.device_by_uuid(g.uuid.as_str()) {
+                Ok(dev) => super::nvml::device_usage(&dev, g.uuid, since_us),
+                Err(e) => super::GpuUsage::failed(
+                    g.uuid,
+                    format!("the fake NVML library does not know this GPU ({e}); give the plugin FAKE_CUDA_UUIDS with the profile's UUIDs"),
+                ),
+            })
+            .collect())
     }
 }
 

@@ -7,12 +7,14 @@
 
 use std::path::{Path, PathBuf};
 
-use nvml_wrapper::Nvml;
+use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
 
 use super::BackendError;
 use super::DeviceBackend;
 use super::fake::normalize_pci_bus_id;
+use super::usage::{GpuUsage, join};
 use crate::device::{Architecture, CONTAINER_DEV_DIR, ComputeCapability, DeviceNode, Gpu, Health};
 
 /// The soname the driver installs; the unversioned `libnvidia-ml.so` only exists where the
@@ -37,26 +39,36 @@ impl std::fmt::Debug for NvmlBackend {
 impl NvmlBackend {
     /// Loads [`NVML_LIBRARY`] and initialises NVML.
     pub fn new() -> Result<Self, BackendError> {
-        let nvml = Nvml::builder()
-            .lib_path(std::ffi::OsStr::new(NVML_LIBRARY))
-            .init()
-            .map_err(|e| match e {
-                NvmlError::LibloadingError(e) => BackendError::NvmlNotFound {
-                    detail: e.to_string(),
-                },
-                NvmlError::LibraryNotFound | NvmlError::DriverNotLoaded => {
-                    BackendError::NvmlNotFound {
-                        detail: e.to_string(),
-                    }
-                }
-                other => nvml_err("nvmlInit_v2", None, other),
-            })?;
         Ok(Self {
-            nvml,
+            nvml: load(Path::new(NVML_LIBRARY))?,
             sysfs_pci: PathBuf::from(SYSFS_PCI_DEVICES),
         })
     }
+}
 
+/// Loads the NVML library at `lib` (a soname or a path) and initialises it.
+pub fn load(lib: &Path) -> Result<Nvml, BackendError> {
+    let not_found = |detail: String| {
+        if lib == Path::new(NVML_LIBRARY) {
+            BackendError::NvmlNotFound { detail }
+        } else {
+            BackendError::NvmlLibrary {
+                path: lib.to_owned(),
+                detail,
+            }
+        }
+    };
+    Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .map_err(|e| match e {
+            NvmlError::LibloadingError(e) => not_found(e.to_string()),
+            NvmlError::LibraryNotFound | NvmlError::DriverNotLoaded => not_found(e.to_string()),
+            other => nvml_err("nvmlInit_v2", None, other),
+        })
+}
+
+impl NvmlBackend {
     /// Reads GPU `index`; `driver` is (driver version, CUDA driver version), node-wide.
     fn gpu(&self, index: u32, driver: &(String, String)) -> Result<Gpu, BackendError> {
         let call = |name: &'static str| move |e| nvml_err(name, Some(index), e);
@@ -150,6 +162,28 @@ impl DeviceBackend for NvmlBackend {
         (0..count).map(|i| self.gpu(i, &driver)).collect()
     }
 
+    fn usage(&self, since_us: u64) -> Result<Vec<GpuUsage>, BackendError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| nvml_err("nvmlDeviceGetCount", None, e))?;
+        Ok((0..count)
+            .map(|i| match self.nvml.device_by_index(i) {
+                Ok(dev) => match dev.uuid() {
+                    Ok(uuid) => device_usage(&dev, uuid, since_us),
+                    Err(e) => GpuUsage::failed(
+                        format!("index {i}"),
+                        nvml_err("nvmlDeviceGetUUID", Some(i), e).to_string(),
+                    ),
+                },
+                Err(e) => GpuUsage::failed(
+                    format!("index {i}"),
+                    nvml_err("nvmlDeviceGetHandleByIndex", Some(i), e).to_string(),
+                ),
+            })
+            .collect())
+    }
+
     fn health(&self, uuid: &str) -> Result<Health, BackendError> {
         let dev = self.nvml.device_by_uuid(uuid).map_err(|e| match e {
             NvmlError::NotFound => BackendError::GpuNotFound {
@@ -163,6 +197,48 @@ impl DeviceBackend for NvmlBackend {
                 reason: e.to_string(),
             },
         })
+    }
+}
+
+/// The processes on `dev` (UUID `uuid`) and their SM utilisation since `since_us`.
+///
+/// `nvmlDeviceGetProcessUtilization` answers `NOT_FOUND` when no process ran in the window
+/// (no samples, not an error); any other failure of it leaves the SM figures out but keeps
+/// the process list.
+pub fn device_usage(dev: &Device<'_>, uuid: String, since_us: u64) -> GpuUsage {
+    let procs = match dev.running_compute_processes() {
+        Ok(p) => p,
+        Err(e) => {
+            return GpuUsage::failed(
+                uuid,
+                nvml_err("nvmlDeviceGetComputeRunningProcesses_v3", None, e).to_string(),
+            );
+        }
+    };
+    let mut sm_error = None;
+    let samples: Vec<(u32, u64, u32)> = match dev.process_utilization_stats(since_us) {
+        Ok(s) => s.iter().map(|s| (s.pid, s.timestamp, s.sm_util)).collect(),
+        Err(NvmlError::NotFound) => Vec::new(),
+        Err(e) => {
+            sm_error = Some(nvml_err("nvmlDeviceGetProcessUtilization", None, e).to_string());
+            Vec::new()
+        }
+    };
+    let processes = procs
+        .into_iter()
+        .map(|p| {
+            let used = match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            };
+            (p.pid, used)
+        })
+        .collect();
+    GpuUsage {
+        uuid,
+        processes: join(processes, &samples),
+        error: None,
+        sm_error,
     }
 }
 

@@ -105,6 +105,7 @@ pub fn container_claim(
                     config: Vec::new(),
                 }),
             }),
+            reserved_for: Vec::new(),
         }),
     };
     Ok((claim_ref, claim))

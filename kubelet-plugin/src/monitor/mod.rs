@@ -1,0 +1,555 @@
+//! The node monitor: what every prepared claim really uses, seen from the host.
+//!
+//! Every `--monitor-period` the monitor asks the device backend what runs on each GPU
+//! ([`DeviceBackend::usage`]: host PIDs, their device memory, their SM utilisation since
+//! the last pass), maps each PID to its pod through `/proc/<pid>/cgroup`
+//! ([`cgroup`]) and each pod to the claims it holds on that GPU ([`attribute`]: the
+//! checkpoint says which GPUs and shares a claim holds; the claim's `status.reservedFor`,
+//! from the claim cache, which pods it serves — on the legacy path the claim's UID is
+//! `<pod uid>-<container>`). Then, per pass:
+//!
+//! * it writes each claim's utilisation feed for the shim's core limiter ([`feed`]);
+//! * it refreshes the per-claim metrics ([`crate::metrics`]);
+//! * it hands the view to the backstop ([`backstop`]), which reports claims over their
+//!   grant (a Warning Event on the pod, a metric, a log line) and, with
+//!   `--over-quota=kill`, kills the processes holding the excess.
+//!
+//! Nothing here blocks a prepare or an unprepare: the monitor reads a copy of the
+//! checkpoint's records and runs on its own task (the driver and `/proc` reads on the
+//! blocking pool). Every failure — the driver, a process gone between two calls, a PID in
+//! no pod, an Event the API server refuses — is logged once per cause, counted in
+//! `monitor_errors_total`, and the pass goes on.
+
+pub mod attribute;
+pub mod backstop;
+pub mod cgroup;
+pub mod feed;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fgpu_driver::backend::DeviceBackend;
+use fgpu_plumbing::events::{self, EventType, Regarding, Reporter, Said};
+
+use crate::checkpoint::{ClaimRecord, PrepareState};
+use crate::metrics::Metrics;
+use attribute::{Attribution, ClaimView, GpuGrant, PodRef};
+use backstop::{Backstop, BackstopConfig, Finding, Kind, OverQuotaAction};
+
+/// The monitor's flags (in `serve` and `device-plugin`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct MonitorArgs {
+    /// Milliseconds between two monitor passes; 0 turns the node monitor off (no feed for
+    /// the shim, no per-claim usage, no backstop).
+    #[arg(
+        long,
+        default_value_t = 1000,
+        value_name = "MS",
+        env = "FGPU_MONITOR_PERIOD_MS"
+    )]
+    pub monitor_period_ms: u64,
+
+    /// What the monitor does when a claim holds more device memory than its grant plus
+    /// --over-quota-tolerance (the shim was bypassed): `report` (Warning Event on the pod,
+    /// metric, log) or `kill` (the same, and SIGKILL of the claim's processes holding the
+    /// excess, largest first; never another claim's).
+    #[arg(long, value_enum, default_value_t = OverQuotaAction::Report, env = "FGPU_OVER_QUOTA")]
+    pub over_quota: OverQuotaAction,
+
+    /// Device memory a claim may hold above its grant before it counts as over quota: what
+    /// the driver takes per process that the shim does not see (a Kubernetes quantity).
+    #[arg(
+        long,
+        default_value = "256Mi",
+        value_name = "QUANTITY",
+        value_parser = crate::edits::parse_bytes,
+        env = "FGPU_OVER_QUOTA_TOLERANCE"
+    )]
+    pub over_quota_tolerance: u64,
+
+    /// Points of SM utilisation above a claim's core quota that count as compute over
+    /// quota, when they last --compute-over-quota-seconds.
+    #[arg(long, default_value_t = 15, value_name = "POINTS")]
+    pub compute_over_quota_points: u32,
+
+    /// Seconds compute must stay over quota before it is reported.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub compute_over_quota_seconds: u64,
+
+    /// Seconds between two reports of a claim that stays over quota.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub over_quota_repeat_seconds: u64,
+
+    /// With --backend fake: the fake driver's NVML library (libfgpu_fake_cuda.so), through
+    /// which the monitor sees the fake GPUs' processes (give the plugin the same
+    /// FAKE_CUDA_STATE as the containers, FAKE_CUDA_UUIDS with the profile's UUIDs and
+    /// FAKE_CUDA_NVML_HOST=1). Without it the monitor has nothing to read on a fake node.
+    #[arg(long, value_name = "FILE", env = "FGPU_FAKE_NVML_LIBRARY")]
+    pub fake_nvml_library: Option<PathBuf>,
+}
+
+impl MonitorArgs {
+    /// The monitor's settings, `None` when it is off.
+    pub fn config(&self, node: &str) -> Option<MonitorConfig> {
+        (self.monitor_period_ms > 0).then(|| MonitorConfig {
+            node: node.to_owned(),
+            period: Duration::from_millis(self.monitor_period_ms),
+            proc_root: PathBuf::from("/proc"),
+            backstop: BackstopConfig {
+                action: self.over_quota,
+                memory_tolerance: self.over_quota_tolerance,
+                compute_points: self.compute_over_quota_points,
+                compute_window: Duration::from_secs(self.compute_over_quota_seconds),
+                repeat: Duration::from_secs(self.over_quota_repeat_seconds.max(1)),
+            },
+        })
+    }
+}
+
+/// The monitor's settings.
+#[derive(Clone, Debug)]
+pub struct MonitorConfig {
+    /// This node (the Events' reporting instance).
+    pub node: String,
+    /// Time between passes.
+    pub period: Duration,
+    /// Where host processes are (`/proc`; the plugin runs in the host's PID namespace).
+    pub proc_root: PathBuf,
+    /// The backstop.
+    pub backstop: BackstopConfig,
+}
+
+/// Which pods a prepared claim serves.
+#[derive(Clone)]
+pub enum Consumers {
+    /// DRA claims: `status.reservedFor`, from the claim cache.
+    ReservedFor(Arc<crate::claim_cache::ClaimCache>),
+    /// Legacy device-plugin claims, whose UID is `<pod uid>-<container>` and whose record
+    /// names the pod's namespace and `<pod>/<container>`.
+    PodUidPrefix,
+    /// Unknown (no claim cache): usage is measured per GPU, nothing is attributed.
+    Unknown,
+}
+
+impl Consumers {
+    fn pods(&self, uid: &str, record: &ClaimRecord) -> Vec<PodRef> {
+        match self {
+            Self::ReservedFor(cache) => cache
+                .reserved_pods(uid)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, uid)| PodRef {
+                    namespace: record.namespace.clone(),
+                    name,
+                    uid,
+                })
+                .collect(),
+            Self::PodUidPrefix => {
+                let (Some(pod_uid), Some((pod, _))) = (uid.get(..36), record.name.split_once('/'))
+                else {
+                    return Vec::new();
+                };
+                vec![PodRef {
+                    namespace: record.namespace.clone(),
+                    name: pod.to_owned(),
+                    uid: pod_uid.to_owned(),
+                }]
+            }
+            Self::Unknown => Vec::new(),
+        }
+    }
+}
+
+/// The prepared claims as the monitor sees them, with their feed directories. Only
+/// claims recorded `PrepareCompleted`; per GPU, the grants of its shares summed.
+pub fn claim_views(
+    records: &BTreeMap<String, ClaimRecord>,
+    consumers: &Consumers,
+) -> Vec<(ClaimView, Option<PathBuf>)> {
+    records
+        .iter()
+        .filter(|(_, r)| r.state == PrepareState::PrepareCompleted && !r.devices.is_empty())
+        .map(|(uid, r)| {
+            let mut grants: Vec<GpuGrant> = Vec::new();
+            for d in &r.devices {
+                match grants.iter_mut().find(|g| g.gpu_uuid == d.gpu_uuid) {
+                    Some(g) => {
+                        g.memory_bytes = g.memory_bytes.saturating_add(d.memory_bytes);
+                        g.cores = (g.cores + u32::from(d.cores)).min(100);
+                    }
+                    None => grants.push(GpuGrant {
+                        gpu_uuid: d.gpu_uuid.clone(),
+                        memory_bytes: d.memory_bytes,
+                        cores: u32::from(d.cores),
+                    }),
+                }
+            }
+            let feed_dir = (!r.claim_dir.as_os_str().is_empty()).then(|| r.claim_dir.join("feed"));
+            (
+                ClaimView {
+                    uid: uid.clone(),
+                    namespace: r.namespace.clone(),
+                    name: r.name.clone(),
+                    pods: consumers.pods(uid, r),
+                    grants,
+                },
+                feed_dir,
+            )
+        })
+        .collect()
+}
+
+/// What the monitor reads from the plugin: a copy of the checkpoint's records, and the
+/// metrics it sets.
+pub trait Host: Send + Sync + 'static {
+    /// The checkpoint's claims.
+    fn records(&self) -> BTreeMap<String, ClaimRecord>;
+    /// The plugin's metrics.
+    fn metrics(&self) -> &Metrics;
+}
+
+impl<S: crate::prepare::ClaimSource + 'static> Host for crate::prepare::Plugin<S> {
+    fn records(&self) -> BTreeMap<String, ClaimRecord> {
+        self.claims()
+    }
+    fn metrics(&self) -> &Metrics {
+        crate::prepare::Plugin::metrics(self)
+    }
+}
+
+/// The last pass's per-claim view, for readers in the plugin (tests, a future status
+/// writer).
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// When it was sampled (ms since the epoch).
+    pub sampled_unix_ms: u64,
+    /// The view.
+    pub usage: Attribution,
+}
+
+/// A running monitor's shared view.
+#[derive(Clone, Default)]
+pub struct Latest(Arc<Mutex<Option<Arc<Snapshot>>>>);
+
+impl Latest {
+    /// The last pass's view, if a pass completed.
+    pub fn get(&self) -> Option<Arc<Snapshot>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+    fn set(&self, s: Snapshot) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(s));
+    }
+}
+
+/// Logs each cause once (then only counts it).
+#[derive(Default)]
+struct Once(HashSet<String>);
+
+impl Once {
+    fn first(&mut self, cause: &str) -> bool {
+        self.0.len() < 256 && self.0.insert(cause.to_owned())
+    }
+}
+
+/// The monitor: one pass per period until `stop` turns true.
+pub struct Monitor {
+    cfg: MonitorConfig,
+    backend: Arc<dyn DeviceBackend>,
+    host: Arc<dyn Host>,
+    consumers: Consumers,
+    client: Option<kube::Client>,
+    backstop: Backstop,
+    latest: Latest,
+    logged: Once,
+    last_sample_us: u64,
+}
+
+impl Monitor {
+    /// A monitor over `backend` for the claims `host` records. `client`: where Events go
+    /// (`None`: only logs and metrics).
+    pub fn new(
+        cfg: MonitorConfig,
+        backend: Arc<dyn DeviceBackend>,
+        host: Arc<dyn Host>,
+        consumers: Consumers,
+        client: Option<kube::Client>,
+    ) -> Self {
+        let backstop = Backstop::new(cfg.backstop.clone());
+        Self {
+            cfg,
+            backend,
+            host,
+            consumers,
+            client,
+            backstop,
+            latest: Latest::default(),
+            logged: Once::default(),
+            last_sample_us: 0,
+        }
+    }
+
+    /// The shared view of the last pass.
+    pub fn latest(&self) -> Latest {
+        self.latest.clone()
+    }
+
+    /// Runs passes until `stop` turns true.
+    pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        tracing::info!(
+            period_ms = self.cfg.period.as_millis() as u64,
+            over_quota = self.cfg.backstop.action.as_str(),
+            backend = self.backend.name(),
+            "node monitor started"
+        );
+        let mut tick = tokio::time::interval(self.cfg.period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut me = self;
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                _ = tick.tick() => {}
+            }
+            // The pass reads the driver and /proc: on the blocking pool.
+            let (back, findings) = match tokio::task::spawn_blocking(move || {
+                let findings = me.pass();
+                (me, findings)
+            })
+            .await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, "node monitor pass panicked; the monitor stops");
+                    return;
+                }
+            };
+            me = back;
+            for f in &findings {
+                me.publish(f).await;
+            }
+        }
+    }
+
+    /// One pass: sample, attribute, feeds, metrics, backstop (kills included). Returns the
+    /// findings, whose Events the caller sends.
+    pub fn pass(&mut self) -> Vec<Finding> {
+        let started = Instant::now();
+        let now_us = unix_us();
+        let since = self.last_sample_us;
+        let gpus = match self.backend.usage(since) {
+            Ok(g) => g,
+            Err(e) => {
+                self.failed("usage", &e.to_string());
+                return Vec::new();
+            }
+        };
+        self.last_sample_us = now_us;
+        for g in &gpus {
+            if let Some(e) = &g.error {
+                self.failed("gpu", &format!("GPU {}: {e}", g.uuid));
+            }
+            if let Some(e) = &g.sm_error {
+                self.failed("utilization", &format!("GPU {}: {e}", g.uuid));
+            }
+        }
+        let records = self.host.records();
+        let views = claim_views(&records, &self.consumers);
+        let claims: Vec<ClaimView> = views.iter().map(|(v, _)| v.clone()).collect();
+        let proc_root = self.cfg.proc_root.clone();
+        let mut cache = HashMap::new();
+        let usage = attribute::attribute(&gpus, &claims, |pid| {
+            cache
+                .entry(pid)
+                .or_insert_with(|| cgroup::of_pid(&proc_root, pid))
+                .clone()
+        });
+        let window_ms = if since == 0 {
+            self.cfg.period.as_millis() as u64
+        } else {
+            now_us.saturating_sub(since) / 1000
+        };
+        let sampled_ms = now_us / 1000;
+        for (c, (_, dir)) in usage.claims.iter().zip(&views) {
+            let Some(dir) = dir else { continue };
+            if !dir.is_dir() {
+                continue; // unprepared meanwhile
+            }
+            if let Err(e) = feed::write(dir, &feed::render(c, sampled_ms, window_ms)) {
+                self.failed("feed", &format!("{}: {e}", dir.display()));
+            }
+        }
+        let host = self.host.clone();
+        let metrics = host.metrics();
+        metrics.set_claim_usage(&usage);
+        let findings = self.backstop.assess(&usage, Instant::now());
+        let action = self.backstop.config().action;
+        for f in &findings {
+            log_finding(f, action);
+            metrics.observe_over_quota(f.kind.as_str(), action.as_str());
+            for p in &f.kill {
+                match kill_in_pod(&self.cfg.proc_root, p.pid, &p.pod.uid) {
+                    Ok(()) => {
+                        metrics.observe_kill();
+                        tracing::warn!(pid = p.pid, pod = %format!("{}/{}", p.pod.namespace, p.pod.name),
+                            claim = %format!("{}/{}", f.namespace, f.claim_name), gpu = %f.gpu_uuid,
+                            used_bytes = p.used_memory, "killed a process holding device memory past the claim's grant");
+                    }
+                    Err(e) => self.failed("kill", &format!("pid {}: {e}", p.pid)),
+                }
+            }
+        }
+        self.latest.set(Snapshot {
+            sampled_unix_ms: sampled_ms,
+            usage,
+        });
+        self.host.metrics().observe_monitor_pass(started.elapsed());
+        findings
+    }
+
+    fn failed(&mut self, cause: &'static str, detail: &str) {
+        self.host.metrics().observe_monitor_error(cause);
+        let key = format!("{cause}: {}", first_words(detail));
+        if self.logged.first(&key) {
+            tracing::warn!(cause, error = %detail, "node monitor (logged once per cause; counted in monitor_errors_total)");
+        }
+    }
+
+    /// The Warning Event on each pod of the finding.
+    async fn publish(&mut self, f: &Finding) {
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        let reporter = Reporter {
+            controller: "fgpu.dev/kubelet-plugin".into(),
+            instance: self.cfg.node.clone(),
+        };
+        let note = event_note(f, self.backstop.config().action);
+        let reason = match (f.kind, f.kill.is_empty()) {
+            (Kind::Memory, true) => "GpuMemoryOverQuota",
+            (Kind::Memory, false) => "GpuMemoryOverQuotaKilled",
+            (Kind::Compute, _) => "GpuComputeOverQuota",
+        };
+        let mut pods: Vec<&PodRef> = f.processes.iter().map(|p| &p.pod).collect();
+        pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+        pods.dedup_by(|a, b| a.uid == b.uid);
+        for pod in pods {
+            let regarding = Regarding {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+            };
+            let said = Said {
+                type_: EventType::Warning,
+                reason,
+                action: "Monitor",
+                note: &note,
+            };
+            let ev = events::event(
+                &reporter,
+                &regarding,
+                said,
+                k8s_openapi::jiff::Timestamp::now(),
+            );
+            if let Err(e) = events::publish(&client, &ev).await {
+                self.failed(
+                    "event",
+                    &format!("Event {reason} on pod {}/{}: {e}", pod.namespace, pod.name),
+                );
+            }
+        }
+    }
+}
+
+/// The Event's message: the claim, the GPU, used against granted, the processes.
+pub fn event_note(f: &Finding, action: OverQuotaAction) -> String {
+    let procs: Vec<String> = f
+        .processes
+        .iter()
+        .map(|p| match f.kind {
+            Kind::Memory => format!("pid {} {}", p.pid, mib(p.used_memory)),
+            Kind::Compute => format!("pid {} {}%", p.pid, p.sm_percent.unwrap_or(0)),
+        })
+        .collect();
+    let what = match f.kind {
+        Kind::Memory => format!(
+            "claim {}/{} holds {} of device memory on GPU {}, granted {} (the shim was bypassed)",
+            f.namespace,
+            f.claim_name,
+            mib(f.used),
+            f.gpu_uuid,
+            mib(f.granted)
+        ),
+        Kind::Compute => format!(
+            "claim {}/{} uses {}% of the SMs of GPU {}, granted {}%",
+            f.namespace, f.claim_name, f.used, f.gpu_uuid, f.granted
+        ),
+    };
+    let done = if f.kill.is_empty() {
+        format!("reported (--over-quota={})", action.as_str())
+    } else {
+        let k: Vec<String> = f.kill.iter().map(|p| p.pid.to_string()).collect();
+        format!("killed pid {}", k.join(", "))
+    };
+    format!("{what}; processes: {}; {done}", procs.join(", "))
+}
+
+fn log_finding(f: &Finding, action: OverQuotaAction) {
+    tracing::warn!(
+        kind = f.kind.as_str(),
+        claim = %format!("{}/{}", f.namespace, f.claim_name),
+        uid = %f.claim_uid,
+        gpu = %f.gpu_uuid,
+        used = f.used,
+        granted = f.granted,
+        processes = %f.processes.iter().map(|p| p.pid.to_string()).collect::<Vec<_>>().join(","),
+        action = action.as_str(),
+        repeat = !f.first,
+        "claim over quota"
+    );
+}
+
+fn mib(b: u64) -> String {
+    format!("{} MiB", b >> 20)
+}
+
+fn first_words(s: &str) -> &str {
+    // Group repeats of one cause whose details differ only in numbers (pids, sizes).
+    s.split(|c: char| c.is_ascii_digit()).next().unwrap_or(s)
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// SIGKILL of `pid` if, and only if, it is still in pod `pod_uid`: the process is pinned
+/// with a pidfd first and its cgroup read after, so a PID reused meanwhile is never hit.
+pub fn kill_in_pod(proc_root: &Path, pid: u32, pod_uid: &str) -> std::io::Result<()> {
+    use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+    let p = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| std::io::Error::other("not a valid PID"))?;
+    let fd = pidfd_open(p, PidfdFlags::empty())?;
+    match cgroup::of_pid(proc_root, pid) {
+        Some(cg) if cg.pod_uid == pod_uid => {}
+        _ => {
+            return Err(std::io::Error::other(format!(
+                "no longer in pod {pod_uid}; not killed"
+            )));
+        }
+    }
+    pidfd_send_signal(&fd, Signal::KILL)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
