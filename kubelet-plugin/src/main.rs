@@ -100,25 +100,6 @@ pub(crate) enum Output {
     Json,
 }
 
-/// The backend `serve` uses: with `fake`, answering the monitor's usage queries through
-/// the fake driver's NVML when `fake_nvml` names it.
-pub(crate) fn backend_with_usage(
-    kind: Backend,
-    profile: Option<&std::path::Path>,
-    node: &str,
-    fake_nvml: Option<&std::path::Path>,
-) -> anyhow::Result<Box<dyn fgpu_driver::backend::DeviceBackend>> {
-    use fgpu_driver::backend::{BackendKind, FakeBackend, build_backend};
-    Ok(match (kind, fake_nvml) {
-        (Backend::Fake, Some(lib)) => {
-            let path = profile.ok_or(BackendError::NoProfile)?;
-            Box::new(FakeBackend::open(path, Some(node))?.with_usage_library(lib)?)
-        }
-        (Backend::Fake, None) => build_backend(BackendKind::Fake, profile, Some(node))?,
-        (Backend::Nvml, _) => build_backend(BackendKind::Nvml, None, None)?,
-    })
-}
-
 /// An error that the user's input caused (exit status 2), as opposed to a failure.
 pub(crate) use fgpu_plumbing::exit::BadInput;
 

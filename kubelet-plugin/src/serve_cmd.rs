@@ -187,8 +187,11 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         &args.driver_root,
         &args.cdi_root,
     )?;
-    let backend = crate::backend_with_usage(
-        args.gpus.backend,
+    let backend = fgpu_kubelet_plugin::monitor::backend(
+        match args.gpus.backend {
+            Backend::Fake => fgpu_driver::backend::BackendKind::Fake,
+            Backend::Nvml => fgpu_driver::backend::BackendKind::Nvml,
+        },
         args.gpus.fake_gpus.as_deref(),
         &args.node,
         args.monitor.fake_nvml_library.as_deref(),

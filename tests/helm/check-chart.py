@@ -174,6 +174,30 @@ check("kubelet-plugin-fake" in c["image"] and "--backend=fake" in c["args"], "fa
 check(c["securityContext"]["privileged"] is False and c["securityContext"]["capabilities"]["drop"] == ["ALL"],
       "fake mode: no privilege, no capability")
 check(get(d, "ConfigMap", "fgpu-fake-gpus") is not None, "fake profile ConfigMap")
+check("add" not in c["securityContext"]["capabilities"], "monitor report (default): no KILL capability")
+
+# --- the node monitor
+for name in ("fgpu-kubelet-plugin", "fgpu-device-plugin"):
+    d = render("1.37.2", "fakeGpus.enabled=true", "legacy.enabled=true", "kubeletPlugin.monitor.overQuota=kill")
+    ds = get(d, "DaemonSet", name)
+    c = containers(ds)[0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    check(ds["spec"]["template"]["spec"].get("hostPID") is True
+          and "--over-quota=kill" in c["args"] and "--monitor-period-ms=1000" in c["args"]
+          and any(a.startswith("--fake-nvml-library=") for a in c["args"])
+          and env.get("FAKE_CUDA_NVML_HOST") == "1"
+          and env.get("FAKE_CUDA_UUIDS") == "GPU-e2e00000-0000-4000-8000-000000000000,GPU-e2e00000-0000-4000-8000-000000000001"
+          and c["securityContext"]["capabilities"].get("add") == ["KILL"],
+          f"{name}: monitor on: hostPID, flags, the fake NVML's host view, KILL for --over-quota=kill")
+    d = render("1.37.2", "legacy.enabled=true", "kubeletPlugin.monitor.enabled=false")
+    ds = get(d, "DaemonSet", name)
+    check("hostPID" not in ds["spec"]["template"]["spec"] and "--monitor-period-ms=0" in containers(ds)[0]["args"],
+          f"{name}: monitor off: no hostPID, --monitor-period-ms=0")
+d = render("1.37.2", "legacy.enabled=true")
+for role in ("fgpu-kubelet-plugin", "fgpu-device-plugin"):
+    rules = get(d, "ClusterRole", role)["rules"]
+    check({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]} in rules,
+          f"{role}: may create events.k8s.io Events (the monitor's, on pods)")
 
 d = render("1.37.2", values=CHART + "/examples/demo.yaml")
 ds = get(d, "DaemonSet", "fgpu-kubelet-plugin")
@@ -195,7 +219,9 @@ check(get(d, "MutatingWebhookConfiguration", "fgpu-allocation-gate")["metadata"]
 # --- the schema refuses
 for s, why in (("mode=bogus", "mode"), ("driverName=Bad_Name", "driverName"), ("certs.mode=openssl", "certs.mode"),
                ("legacy.splitCount=0", "splitCount"), ("image.pullPolicy=Sometimes", "pullPolicy"),
-               ("controller.replica=2", "an unknown key")):
+               ("controller.replica=2", "an unknown key"),
+               ("kubeletPlugin.monitor.overQuota=bogus", "overQuota"),
+               ("kubeletPlugin.monitor.periodMs=10", "periodMs")):
     p = render("1.37.2", s, ok=False)
     check(p.returncode != 0 and "values don't meet the specifications of the schema" in p.stderr, f"schema refuses {why} ({s})")
 

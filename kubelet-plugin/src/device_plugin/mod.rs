@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use fgpu_api::names::{DriverName, kubelet};
-use fgpu_driver::backend::{BackendKind, DeviceBackend, build_backend};
+use fgpu_driver::backend::{BackendKind, DeviceBackend};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -78,12 +78,18 @@ pub struct DevicePluginConfig {
 
 /// The running device plugin.
 pub struct Running {
+    plugin: Arc<dyn crate::monitor::Host>,
     registered: watch::Receiver<u64>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Running {
+    /// The prepared claims and metrics, for the node monitor.
+    pub fn host(&self) -> Arc<dyn crate::monitor::Host> {
+        self.plugin.clone()
+    }
+
     /// Counts the successful registrations with the kubelet.
     pub fn registered(&self) -> watch::Receiver<u64> {
         self.registered.clone()
@@ -234,6 +240,7 @@ pub async fn start<P: PodSource + Clone>(
     }));
 
     // Claims of pods that are gone.
+    let host: Arc<dyn crate::monitor::Host> = plugin.clone();
     let mut stop_rx = stopped.clone();
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(resync);
@@ -261,6 +268,7 @@ pub async fn start<P: PodSource + Clone>(
         }
     }));
     Ok(Running {
+        plugin: host,
         registered,
         stop,
         tasks,
@@ -396,6 +404,9 @@ pub struct DevicePluginArgs {
     /// kubelet is admitting; empty: not read (the earliest bind decides).
     #[arg(long, value_name = "FILE", default_value = podresources::DEFAULT_SOCKET)]
     pub pod_resources_socket: PathBuf,
+    /// The node monitor.
+    #[command(flatten)]
+    pub monitor: crate::monitor::MonitorArgs,
 }
 
 /// Runs the device plugin until SIGTERM or SIGINT.
@@ -414,14 +425,18 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         &args.driver_root,
         &args.cdi_root,
     )?;
-    let backend: Arc<dyn DeviceBackend> = Arc::from(match args.backend {
-        BackendChoice::Fake => build_backend(
-            BackendKind::Fake,
-            args.fake_gpus.as_deref(),
-            Some(&args.node),
-        )?,
-        BackendChoice::Nvml => build_backend(BackendKind::Nvml, None, None)?,
-    });
+    let backend: Arc<dyn DeviceBackend> = Arc::from(crate::monitor::backend(
+        match args.backend {
+            BackendChoice::Fake => BackendKind::Fake,
+            BackendChoice::Nvml => BackendKind::Nvml,
+        },
+        args.fake_gpus.as_deref(),
+        &args.node,
+        args.monitor.fake_nvml_library.as_deref(),
+    )?);
+    let monitor = args
+        .monitor
+        .config_for(&args.node, args.backend == BackendChoice::Fake);
     let boot_id = crate::checkpoint::read_boot_id(&args.boot_id_file)?;
     let cfg = DevicePluginConfig {
         plugin: PluginConfig {
@@ -460,8 +475,26 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
             &args.node,
             &driver.node_inventory_annotation(),
         );
-        let running = start(cfg, backend, pods::KubePodSource::new(client), Some(writer)).await?;
+        let running = start(
+            cfg,
+            backend.clone(),
+            pods::KubePodSource::new(client.clone()),
+            Some(writer),
+        )
+        .await?;
+        let (stop_monitor, monitor_stopped) = watch::channel(false);
+        if let Some(mcfg) = monitor {
+            let m = crate::monitor::Monitor::new(
+                mcfg,
+                backend,
+                running.host(),
+                crate::monitor::Consumers::PodUidPrefix,
+                Some(client),
+            );
+            tokio::spawn(m.run(monitor_stopped));
+        }
         crate::serve::shutdown_signal().await;
+        stop_monitor.send_replace(true);
         running.shutdown().await;
         tracing::info!("stopped");
         Ok(())

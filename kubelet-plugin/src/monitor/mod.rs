@@ -108,6 +108,39 @@ impl MonitorArgs {
     }
 }
 
+/// The device backend of a daemon with a monitor: with `fake`, answering the monitor's
+/// usage queries through the fake driver's NVML when `fake_nvml` names it.
+pub fn backend(
+    kind: fgpu_driver::backend::BackendKind,
+    profile: Option<&Path>,
+    node: &str,
+    fake_nvml: Option<&Path>,
+) -> Result<Box<dyn DeviceBackend>, fgpu_driver::backend::BackendError> {
+    use fgpu_driver::backend::{BackendError, BackendKind, FakeBackend, build_backend};
+    Ok(match (kind, fake_nvml) {
+        (BackendKind::Fake, Some(lib)) => {
+            let path = profile.ok_or(BackendError::NoProfile)?;
+            Box::new(FakeBackend::open(path, Some(node))?.with_usage_library(lib)?)
+        }
+        (BackendKind::Fake, None) => build_backend(BackendKind::Fake, profile, Some(node))?,
+        (BackendKind::Nvml, _) => build_backend(BackendKind::Nvml, None, None)?,
+    })
+}
+
+impl MonitorArgs {
+    /// [`MonitorArgs::config`], except on a fake node without the fake NVML library (there
+    /// is nothing to read there): off, with a log line.
+    pub fn config_for(&self, node: &str, fake: bool) -> Option<MonitorConfig> {
+        if fake && self.fake_nvml_library.is_none() && self.monitor_period_ms > 0 {
+            tracing::info!(
+                "node monitor off: a fake node has no processes to read without --fake-nvml-library"
+            );
+            return None;
+        }
+        self.config(node)
+    }
+}
+
 /// The monitor's settings.
 #[derive(Clone, Debug)]
 pub struct MonitorConfig {

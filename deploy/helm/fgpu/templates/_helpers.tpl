@@ -179,3 +179,14 @@ containers:
 {{- define "fgpu.webhooksEnabled" -}}
 {{- if or .Values.controller.enabled .Values.legacy.enabled -}}true{{- end -}}
 {{- end -}}
+
+{{/* Every GPU UUID of the fake profile, comma-separated (the fake NVML's device list). */}}
+{{- define "fgpu.fakeUuids" -}}
+{{- $u := list -}}
+{{- range .Values.fakeGpus.profile.nodes -}}
+{{- range .gpus -}}
+{{- $u = append $u .uuid -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $u -}}
+{{- end -}}
