@@ -144,6 +144,9 @@ for c in "${claims[@]}"; do
 done
 say "ok: claims released by the controller and deleted"
 helm uninstall "$RELEASE" -n "$SYS_NS" --wait --timeout 120s >&2 || fail "helm uninstall failed"
+# The release's pods go by garbage collection after their owners; on 1.32 that can take
+# seconds after `helm uninstall --wait` returns (they show Completed meanwhile).
+wait_until 60 "the release's pods gone" sh -c "! kubectl -n $SYS_NS get pods -l app.kubernetes.io/instance=$RELEASE -o name | grep -q ."
 wait_until 60 "the driver's ResourceSlice removed" sh -c "! kubectl get resourceslice $NODE_NAME-$DRIVER"
 assert_eq "objects of the release left after helm uninstall" "" "$(helm_leftovers)"
 kubectl delete namespace "$SYS_NS" --wait=true --timeout=60s >&2
