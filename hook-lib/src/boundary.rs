@@ -7,6 +7,7 @@
 //! of them.
 
 use std::cell::Cell;
+use std::ffi::c_int;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU64;
 
@@ -19,9 +20,11 @@ pub(crate) struct Thread {
     pub(crate) launch: Batch,
 }
 
-/// A thread's launch units not yet added to a core entry's `units`, and its lease of that
-/// entry's bucket time: the limiter's data ([`crate::core`] reads and writes it), kept here
-/// because it lives in the one thread-local, below the modules that use it.
+/// A thread's launch units not yet added to a core entry's `units`, its lease of that
+/// entry's bucket time, and what the limiter read from the device's entry at the last
+/// clock tick: the limiter's data ([`crate::core`] reads and writes it), kept here
+/// because it lives in the one thread-local, below the modules that use it. All-zero is
+/// the empty state (nothing pending, no lease, no cache).
 pub(crate) struct Batch {
     /// The entry's `units` counter they belong to (null: none pending).
     pub(crate) to: Cell<*const AtomicU64>,
@@ -31,6 +34,13 @@ pub(crate) struct Batch {
     /// The core entry whose bucket time the thread holds (null: none), and how much (ns).
     pub(crate) lease_of: Cell<*const ()>,
     pub(crate) lease: Cell<u64>,
+    /// What the next launches on device `ord` may skip, valid while the coarse clock reads
+    /// `tick` ([`crate::core`]'s fast path): 0 nothing (take the full path), otherwise the
+    /// mode the full path found for the device at that tick.
+    pub(crate) mode: Cell<u8>,
+    pub(crate) ord: Cell<c_int>,
+    /// The device's bucket time per unit at that tick (`k_fp · scale`, 48 fraction bits).
+    pub(crate) rate: Cell<u64>,
 }
 
 impl Batch {
@@ -41,6 +51,9 @@ impl Batch {
             tick: Cell::new(0),
             lease_of: Cell::new(std::ptr::null()),
             lease: Cell::new(0),
+            mode: Cell::new(0),
+            ord: Cell::new(0),
+            rate: Cell::new(0),
         }
     }
 
@@ -50,6 +63,7 @@ impl Batch {
         self.units.set(0);
         self.lease_of.set(std::ptr::null());
         self.lease.set(0);
+        self.mode.set(0);
     }
 }
 
@@ -70,16 +84,16 @@ pub(crate) fn with_thread<R>(f: impl FnOnce(&Thread) -> R) -> R {
 /// forwarded uncounted: no double counting, no re-entered lock.
 #[inline]
 pub(crate) fn in_driver<R>(f: impl FnOnce() -> R) -> R {
-    let prev = THREAD.with(|t| t.in_driver.replace(true));
+    let prev = with_thread(|t| t.in_driver.replace(true));
     let r = f();
-    THREAD.with(|t| t.in_driver.set(prev));
+    with_thread(|t| t.in_driver.set(prev));
     r
 }
 
 /// Whether this thread is inside a driver call made by the shim (see [`in_driver`]).
 #[inline]
 pub(crate) fn nested() -> bool {
-    THREAD.with(|t| t.in_driver.get())
+    with_thread(|t| t.in_driver.get())
 }
 
 /// Runs `f`, turning a panic into `err`.
@@ -110,6 +124,55 @@ mod tests {
         assert!(in_driver(nested));
         assert!(in_driver(|| in_driver(nested) && nested()));
         assert!(!nested());
+    }
+
+    /// The fields `core` and this module read before writing (the flag, the batch).
+    fn state(t: &Thread) -> (bool, usize, u64, u64, usize, u64, u8, c_int, u64) {
+        let b = &t.launch;
+        (
+            t.in_driver.get(),
+            b.to.get() as usize,
+            b.units.get(),
+            b.tick.get(),
+            b.lease_of.get() as usize,
+            b.lease.get(),
+            b.mode.get(),
+            b.ord.get(),
+            b.rate.get(),
+        )
+    }
+
+    #[test]
+    fn each_thread_has_its_own_block_and_starts_empty() {
+        let empty = state(&Thread {
+            in_driver: Cell::new(false),
+            launch: Batch::new(),
+        });
+        let here = with_thread(|t| t as *const Thread as usize);
+        assert_eq!(with_thread(|t| t as *const Thread as usize), here);
+        with_thread(|t| {
+            t.launch.units.set(41);
+            t.launch.mode.set(1);
+        });
+        let (there, fresh) = std::thread::spawn(|| {
+            let fresh = with_thread(state);
+            with_thread(|t| t.launch.units.set(7));
+            (with_thread(|t| t as *const Thread as usize), fresh)
+        })
+        .join()
+        .unwrap();
+        assert_ne!(there, here);
+        assert_eq!(fresh, empty, "a new thread's block is Batch::new()'s state");
+        assert_eq!(
+            with_thread(|t| t.launch.units.get()),
+            41,
+            "untouched by the other"
+        );
+        with_thread(|t| t.launch.clear());
+        assert_eq!(
+            with_thread(|t| (t.launch.units.get(), t.launch.mode.get())),
+            (0, 0)
+        );
     }
 
     #[test]
