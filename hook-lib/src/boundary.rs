@@ -44,6 +44,8 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
+    // x86_64 Linux starts every thread's batch from zeroed TLS, not from `new`.
+    #[cfg_attr(all(target_arch = "x86_64", target_os = "linux"), allow(dead_code))]
     pub(crate) const fn new() -> Batch {
         Batch {
             to: Cell::new(std::ptr::null()),
@@ -67,16 +69,80 @@ impl Batch {
     }
 }
 
-thread_local! {
-    static THREAD: Thread = const {
-        Thread { in_driver: Cell::new(false), launch: Batch::new() }
-    };
+/// The thread's block on x86_64 Linux: a TLS symbol of the initial-exec model, defined
+/// and addressed in assembly. Rust's `thread_local!` in a shared object gets the
+/// general-dynamic model, a call to `__tls_get_addr` per lookup; initial-exec is the
+/// thread pointer (`fs:0`) plus the block's offset, which the dynamic loader writes into
+/// the GOT once. That needs the block in the static TLS area, which glibc gives every
+/// library loaded at start-up (`LD_PRELOAD`, `/etc/ld.so.preload`: how the shim is
+/// loaded) and, from a small reserve, a library `dlopen`ed later. The block is zero at
+/// each thread's start, which is `Thread`'s initial state (all flags clear, all
+/// counters and pointers zero), and needs no destructor (neither does `Thread`).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod block {
+    use super::Thread;
+
+    /// Bytes reserved for the block.
+    const SIZE: usize = 128;
+    const _: () = assert!(std::mem::size_of::<Thread>() <= SIZE);
+    const _: () = assert!(std::mem::align_of::<Thread>() <= 64);
+
+    std::arch::global_asm!(
+        ".pushsection .tbss,\"awT\",@nobits",
+        ".balign 64",
+        ".globl fgpu_thread_block",
+        ".hidden fgpu_thread_block",
+        ".type fgpu_thread_block,@object",
+        ".size fgpu_thread_block,128",
+        "fgpu_thread_block:",
+        ".zero 128",
+        ".popsection",
+    );
+
+    /// The calling thread's block.
+    #[inline(always)]
+    pub(super) fn get() -> *const Thread {
+        let p: *const Thread;
+        // SAFETY: reads the thread pointer (the TCB's self pointer at fs:0, the x86_64
+        // TLS ABI) and adds the block's offset from the GOT (R_X86_64_GOTTPOFF): the
+        // address of this thread's copy of the 128-byte, 64-aligned block, valid while
+        // the thread lives. No memory is written, no flags outlive the asm.
+        unsafe {
+            std::arch::asm!(
+                "movq %fs:0, {p}",
+                "addq fgpu_thread_block@GOTTPOFF(%rip), {p}",
+                p = out(reg) p,
+                options(att_syntax, nostack, pure, readonly),
+            );
+        }
+        p
+    }
+}
+
+/// Elsewhere: Rust's thread-local (one `__tls_get_addr` call per lookup in a shared object).
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod block {
+    use super::{Batch, Cell, Thread};
+
+    thread_local! {
+        static THREAD: Thread = const {
+            Thread { in_driver: Cell::new(false), launch: Batch::new() }
+        };
+    }
+
+    /// The calling thread's block.
+    #[inline(always)]
+    pub(super) fn get() -> *const Thread {
+        THREAD.with(|t| t as *const Thread)
+    }
 }
 
 /// This thread's state.
 #[inline(always)]
 pub(crate) fn with_thread<R>(f: impl FnOnce(&Thread) -> R) -> R {
-    THREAD.with(f)
+    // SAFETY: the calling thread's block, alive as long as the thread; `Thread` is not
+    // `Sync`, so the reference cannot leave the thread, and the closure cannot keep it.
+    f(unsafe { &*block::get() })
 }
 
 /// Runs a driver call on behalf of a counted operation. If the driver calls its own
