@@ -143,6 +143,23 @@ pub fn quota_scale(pct: u32) -> u64 {
     ((100u64 << SCALE_FRAC) / pct.max(1) as u64).max(1)
 }
 
+/// Bucket time per unit, `k_fp · scale` (48 fraction bits), if it fits in a `u64`: what
+/// a thread caches for its launches within a clock tick ([`increment_at`]). It fits
+/// while a unit costs less than 2^16 ns of bucket time; a costlier unit is more than a
+/// whole lease ([`LEASE_MAX_NS`]), so its launches take the full path anyway.
+#[inline]
+pub fn unit_rate(k_fp: u64, scale: u64) -> Option<u64> {
+    u64::try_from(k_fp as u128 * scale as u128).ok()
+}
+
+/// [`increment_fp`] from a [`unit_rate`]: one multiply. The same integer (the product is
+/// associative and both drop the fraction only at the end), not saturated: a result
+/// above `u64::MAX` stays above (the caller compares it with a lease).
+#[inline(always)]
+pub fn increment_at(units: u64, rate: u64) -> u128 {
+    (units as u128 * rate as u128) >> (K_FRAC + SCALE_FRAC)
+}
+
 /// [`increment`] with `k = k_fp / 2^16` and `100 / pct = scale / 2^32`: two integer
 /// multiplies; saturates like the float cast.
 #[inline]
@@ -453,6 +470,7 @@ fn core_proc() -> &'static CoreProc {
     P.get_or_init(|| {
         // SAFETY: registering a handler that only stores an atomic.
         unsafe { libc::pthread_atfork(None, None, Some(core_after_fork_child)) };
+        find_vdso_clock();
         CoreProc {
             files: match &config().claims {
                 Some(view) if view.refuse_all.is_none() => view
@@ -837,21 +855,107 @@ fn priority(dev: &Dev) {
     }
 }
 
+/// [`Batch::mode`]: the launch must take the full path ([`throttle_in`]).
+const FAST_NONE: u8 = 0;
+/// The device's launches spend bucket time from the thread's lease.
+const FAST_BUCKET: u8 = 1;
+/// `share` policy, the claim alone on the card: launches are counted, not throttled.
+const FAST_COUNT: u8 = 2;
+
+/// The launch path of a thread that launched on device `ord` before in the same coarse
+/// clock tick (`now`): what the full path ([`throttle_in`]) would do then, from the
+/// thread's own batch alone. Within a tick the full path's other steps are no-ops or
+/// repeat themselves: the registration stamp (`unknown_ns`) would write the same `now`,
+/// the control election compares the same `now` with a `next_ctrl` that only grows,
+/// and `k_fp` and the `share` flag are re-read at the next tick (1-4 ms later; the
+/// control step changes them every 100 ms). So the launch spends its bucket time from
+/// the thread's lease (or, `share` and alone, only counts) and adds its units to the
+/// batch, exactly as [`reserve`] and [`count`] do with a lease and a batch of this
+/// device and tick. Returns false (nothing done) when the full path must run: another
+/// tick, another device, a lease too small for the launch, or a device with priority
+/// (its stamp is per launch). No shared memory is read or written.
+#[inline(always)]
+fn fast(b: &Batch, ord: c_int, units: u64, now: u64) -> bool {
+    let mode = b.mode.get();
+    if mode == FAST_NONE || b.ord.get() != ord || b.tick.get() != now {
+        return false;
+    }
+    if mode == FAST_BUCKET {
+        let inc = increment_at(units, b.rate.get());
+        let held = b.lease.get();
+        if inc > held as u128 {
+            return false;
+        }
+        b.lease.set(held - inc as u64);
+    }
+    b.units.set(b.units.get().saturating_add(units));
+    true
+}
+
 /// The limiter, for a launch of `units` on the current context's device.
-#[inline(never)]
+#[inline(always)]
 pub fn throttle(units: u64) {
     crate::boundary::with_thread(|t| {
-        if !t.in_driver.get() {
-            throttle_in(&t.launch, units);
+        if t.in_driver.get() {
+            return;
         }
+        let Some(ord) = crate::process::current_ordinal() else {
+            return;
+        };
+        let b = &t.launch;
+        if b.mode.get() != FAST_NONE && fast(b, ord, units, coarse_now()) {
+            return;
+        }
+        throttle_in(b, ord, units);
     });
 }
 
+/// The coarse clock (a few ns, ticks of 1-4 ms): the bucket's long-run rate comes from
+/// `tat`'s exact increments, and its 20 ms horizon absorbs the tick. Read through the
+/// vDSO's `clock_gettime` directly when [`core_proc`] found it (libc's wrapper adds
+/// about 1 ns to the launch path), else through libc's.
 #[inline(always)]
-fn throttle_in(b: &Batch, units: u64) {
-    let Some(ord) = crate::process::current_ordinal() else {
+fn coarse_now() -> u64 {
+    let f = VDSO_CLOCK.load(Ordering::Relaxed);
+    if !f.is_null() {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: f is the vDSO's clock_gettime (found by `elf::vdso_function`), whose
+        // signature is clock_gettime's (vdso(7)); ts is a valid out-pointer.
+        let r = unsafe { std::mem::transmute::<*mut c_void, ClockFn>(f)(CLOCK_COARSE, &mut ts) };
+        if r == 0 {
+            return ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        }
+    }
+    clock(CLOCK_COARSE)
+}
+
+const CLOCK_COARSE: libc::clockid_t = libc::CLOCK_MONOTONIC_COARSE;
+type ClockFn = unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec) -> c_int;
+/// The vDSO's `clock_gettime` (null: none, libc's is used).
+static VDSO_CLOCK: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+
+/// Finds the vDSO's `clock_gettime` (vdso(7) names it per architecture).
+fn find_vdso_clock() {
+    let name = if cfg!(target_arch = "x86_64") {
+        c"__vdso_clock_gettime"
+    } else if cfg!(target_arch = "aarch64") {
+        c"__kernel_clock_gettime"
+    } else {
         return;
     };
+    VDSO_CLOCK.store(crate::elf::vdso_function(name), Ordering::Relaxed);
+}
+
+/// The full launch path: resolves the device, runs priority, registration, the control
+/// election and the bucket, and leaves in the batch what lets the thread's next
+/// launches in this tick take [`fast`].
+#[cold]
+#[inline(never)]
+fn throttle_in(b: &Batch, ord: c_int, units: u64) {
+    b.mode.set(FAST_NONE);
     let p = core_proc();
     let Some(dev) = p.resolve(ord) else {
         return;
@@ -861,9 +965,7 @@ fn throttle_in(b: &Batch, units: u64) {
         return;
     }
     let e = p.files[dev.file].entry(dev.entry);
-    // The coarse clock (a few ns, ticks of 1-4 ms): the bucket's long-run rate comes from
-    // `tat`'s exact increments, and its 20 ms horizon absorbs the tick.
-    let now = clock(libc::CLOCK_MONOTONIC_COARSE);
+    let now = coarse_now();
     p.register(dev, now);
     let next = e.next_ctrl.load(Ordering::Relaxed);
     if now >= next
@@ -874,8 +976,14 @@ fn throttle_in(b: &Batch, units: u64) {
         flush(b);
         control(e, dev, now);
     }
+    // A device with priority stamps or checks its priority file on every launch.
+    let cache = dev.prio.is_null();
     if dev.policy == CorePolicy::Share && e.flags.load(Ordering::Relaxed) & FLAG_ALONE != 0 {
         count(b, e, units, now);
+        if cache {
+            b.ord.set(ord);
+            b.mode.set(FAST_COUNT);
+        }
         return;
     }
     let k_fp = match e.k_fp.load(Ordering::Relaxed) {
@@ -890,6 +998,12 @@ fn throttle_in(b: &Batch, units: u64) {
     // Counted when the launch goes, so the units and the GPU time they cause fall in
     // the same control period.
     count(b, e, units, now);
+    // The batch now holds this entry's lease and units at tick `now` (what `fast` needs).
+    if cache && let Some(rate) = unit_rate(k_fp, dev.scale) {
+        b.ord.set(ord);
+        b.rate.set(rate);
+        b.mode.set(FAST_BUCKET);
+    }
 }
 
 /// Most bucket time a thread reserves ahead of its launches (see [`reserve`]).
@@ -1010,7 +1124,7 @@ pub fn ex_units(config: *const c_void) -> u64 {
 }
 
 /// A panic in the limiter lets the launch go (it never unwinds into the caller).
-#[inline]
+#[inline(always)]
 fn guarded(units: impl FnOnce() -> u64) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| throttle(units())));
 }
@@ -1093,6 +1207,131 @@ mod tests {
         );
         assert_eq!(k_fixed(0.0), k_fixed(K_MIN));
         assert!(k_fixed(K_MIN) > 0);
+    }
+
+    #[test]
+    fn the_cached_unit_rate_gives_the_same_increment() {
+        let mut checked = 0;
+        for pct in [1, 10, 30, 33, 50, 70, 99] {
+            for k in [K_MIN, 0.75, 1.0, 12.3, K0, 12_000.0, 3.7e6, K_MAX] {
+                let (k_fp, scale) = (k_fixed(k), quota_scale(pct));
+                let Some(rate) = unit_rate(k_fp, scale) else {
+                    // Only a unit of over 2^16 ns of bucket time does not fit: more than
+                    // a whole lease, which the fast path could not spend anyway.
+                    assert!(k * 100.0 / pct as f64 >= 65_000.0, "{k} at {pct}%");
+                    assert!(increment_fp(1, k_fp, scale) > LEASE_MAX_NS);
+                    continue;
+                };
+                for units in [0, 1, 7, 40, 1024, 65_535, 1 << 30] {
+                    let want = increment_fp(units, k_fp, scale);
+                    let got = increment_at(units, rate);
+                    if want < u64::MAX {
+                        assert_eq!(got, want as u128, "{units} x {k} at {pct}%");
+                        checked += 1;
+                    } else {
+                        assert!(got >= u64::MAX as u128, "{units} x {k} at {pct}%");
+                    }
+                }
+            }
+        }
+        assert!(checked > 250, "{checked}");
+    }
+
+    /// What the full path leaves in the batch for a launch at `now` (see `throttle_in`).
+    fn full(b: &Batch, e: &Entry, ord: c_int, units: u64, now: u64, rate: u64) {
+        b.mode.set(FAST_NONE);
+        let inc = u64::try_from(increment_at(units, rate)).unwrap();
+        assert_eq!(reserve(b, e, inc, now), 0);
+        count(b, e, units, now);
+        b.ord.set(ord);
+        b.rate.set(rate);
+        b.mode.set(FAST_BUCKET);
+    }
+
+    #[test]
+    fn the_fast_path_does_what_the_full_path_would() {
+        // Two threads launch the same sequence, one always through the full path's lease
+        // and batch (reserve + count), one through `fast` where it can: their leases, their
+        // batches and the shared entries must agree after every launch.
+        let (ea, eb) = (test_entry(), test_entry());
+        let (a, b) = (Batch::new(), Batch::new());
+        let rate = unit_rate(k_fixed(3.0), quota_scale(50)).unwrap(); // 6 ns per unit
+        let (mut now, mut fast_ones) = (1000 * MS, 0);
+        for i in 0..20_000u64 {
+            let units = 1 + i % 5;
+            if i % 997 == 0 {
+                now += 4 * MS; // the coarse clock ticked
+            }
+            let inc = u64::try_from(increment_at(units, rate)).unwrap();
+            assert_eq!(reserve(&a, ea, inc, now), 0);
+            count(&a, ea, units, now);
+            if fast(&b, 0, units, now) {
+                fast_ones += 1;
+            } else {
+                full(&b, eb, 0, units, now, rate);
+            }
+            assert_eq!(a.lease.get(), b.lease.get(), "launch {i}");
+            assert_eq!(a.units.get(), b.units.get(), "launch {i}");
+            assert_eq!(a.tick.get(), b.tick.get(), "launch {i}");
+            assert_eq!(
+                ea.tat.load(Ordering::Relaxed),
+                eb.tat.load(Ordering::Relaxed),
+                "launch {i}"
+            );
+            assert_eq!(
+                ea.units.load(Ordering::Relaxed),
+                eb.units.load(Ordering::Relaxed),
+                "launch {i}"
+            );
+        }
+        // Most launches are fast: one full path per lease (20 µs of 6-30 ns launches) or
+        // per tick.
+        assert!(fast_ones > 19_000, "{fast_ones}");
+    }
+
+    #[test]
+    fn the_fast_path_declines_what_it_cannot_know() {
+        let e = test_entry();
+        let b = Batch::new();
+        let now = 1000 * MS;
+        let rate = unit_rate(k_fixed(1.0), quota_scale(50)).unwrap(); // 2 ns per unit
+        assert!(!fast(&b, 0, 1, now), "nothing cached yet");
+        full(&b, e, 3, 1, now, rate);
+        let (lease, units, tat) = (b.lease.get(), b.units.get(), e.tat.load(Ordering::Relaxed));
+        assert!(lease > 0);
+        // Another tick, another device, a launch bigger than the lease: the full path, and
+        // nothing changed.
+        assert!(!fast(&b, 3, 1, now + 1));
+        assert!(!fast(&b, 2, 1, now));
+        assert!(!fast(&b, 3, lease / 2 + 1, now));
+        assert_eq!((b.lease.get(), b.units.get()), (lease, units));
+        // The same device and tick: spent from the lease, counted in the batch, and the
+        // shared entry untouched.
+        assert!(fast(&b, 3, 4, now));
+        assert_eq!((b.lease.get(), b.units.get()), (lease - 8, units + 4));
+        assert_eq!(e.tat.load(Ordering::Relaxed), tat);
+        assert_eq!(e.units.load(Ordering::Relaxed), 0);
+        // Counted only (share, alone): the lease is not spent.
+        b.mode.set(FAST_COUNT);
+        assert!(fast(&b, 3, 5, now));
+        assert_eq!((b.lease.get(), b.units.get()), (lease - 8, units + 9));
+        // A forked child's batch takes the full path.
+        b.clear();
+        assert!(!fast(&b, 3, 1, now));
+    }
+
+    #[test]
+    fn the_coarse_clock_is_libcs() {
+        find_vdso_clock();
+        if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            assert!(!VDSO_CLOCK.load(Ordering::Relaxed).is_null());
+        }
+        // Between two readings of libc's coarse clock, every time: the same clock (the
+        // precise one runs up to a tick ahead of the coarse one and would not fit).
+        for _ in 0..10_000 {
+            let (a, b, c) = (clock(CLOCK_COARSE), coarse_now(), clock(CLOCK_COARSE));
+            assert!(a <= b && b <= c, "{a} {b} {c}");
+        }
     }
 
     fn test_entry() -> &'static Entry {

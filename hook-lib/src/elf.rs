@@ -1,6 +1,7 @@
 //! Finds a symbol in the loaded libraries' own dynamic symbol tables, without `dlsym`
 //! or `dlvsym`: the shim exports both, so a call of ours by either name would reach
-//! itself. Used once, to find glibc's `dlvsym`.
+//! itself. Used once, to find glibc's `dlvsym`; and [`vdso_function`] finds a function
+//! of the kernel's vDSO (the core limiter's clock, called without libc's wrapper).
 //!
 //! Walks the loaded objects (`dl_iterate_phdr`, in load order), skipping the program,
 //! the vDSO and libfgpu.so itself, and looks the name up in each one's GNU hash table
@@ -104,13 +105,50 @@ unsafe extern "C" fn visit(
         let dynamic = (base + ph.p_vaddr as usize) as *const Dyn;
         // SAFETY: the PT_DYNAMIC segment of a loaded object is mapped and terminated by
         // DT_NULL; the tables it points to are mapped too.
-        let p = unsafe { lookup(dynamic, base, s.name) };
+        let p = unsafe { lookup(dynamic, base, s.name, false) };
         if !p.is_null() && !is_own(p, s.own_base) {
             s.found = p;
             return 1;
         }
     }
     0
+}
+
+/// Address of the vDSO's function `name` (vdso(7): e.g. `__vdso_clock_gettime` on
+/// x86_64, `__kernel_clock_gettime` on aarch64); null if there is no vDSO or it has no
+/// such function. The vDSO is found from the auxiliary vector (`AT_SYSINFO_EHDR`), not
+/// from the loader's list, and its addresses are always taken relative to its load bias.
+pub fn vdso_function(name: &CStr) -> *mut c_void {
+    // SAFETY: getauxval has no preconditions; 0 means absent.
+    let ehdr = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) } as usize;
+    if ehdr == 0 {
+        return null_mut();
+    }
+    // SAFETY: the kernel maps the vDSO, a complete ELF image, at AT_SYSINFO_EHDR.
+    let eh = unsafe { &*(ehdr as *const libc::Elf64_Ehdr) };
+    if eh.e_ident[..4] != *b"\x7fELF" || eh.e_ident[4] != 2 {
+        return null_mut(); // not a 64-bit ELF image
+    }
+    let phdrs = (ehdr + eh.e_phoff as usize) as *const libc::Elf64_Phdr;
+    let (mut bias, mut dynamic) = (None, None);
+    for i in 0..usize::from(eh.e_phnum) {
+        // SAFETY: the image's e_phnum program headers at e_phoff.
+        let ph = unsafe { &*phdrs.add(i) };
+        if ph.p_type == libc::PT_LOAD && bias.is_none() {
+            bias = Some(
+                ehdr.wrapping_add(ph.p_offset as usize)
+                    .wrapping_sub(ph.p_vaddr as usize),
+            );
+        } else if ph.p_type == libc::PT_DYNAMIC {
+            dynamic = Some(ph.p_vaddr as usize);
+        }
+    }
+    let (Some(bias), Some(dynamic)) = (bias, dynamic) else {
+        return null_mut();
+    };
+    // SAFETY: the vDSO's dynamic section and the tables it names are mapped with it; the
+    // loader never relocates them (the image is read-only), so all are bias-relative.
+    unsafe { lookup(bias.wrapping_add(dynamic) as *const Dyn, bias, name, true) }
 }
 
 /// Whether `p` lies in libfgpu.so itself (whose load bias the walk may not have matched:
@@ -123,12 +161,13 @@ fn is_own(p: *mut c_void, own_base: usize) -> bool {
         && info.dli_fbase as usize == own_base
 }
 
-/// Looks `name` up in the object whose dynamic section is `dynamic`.
+/// Looks `name` up in the object whose dynamic section is `dynamic`. `relative`: its
+/// entries are offsets from `base` (otherwise they may already be relocated).
 ///
 /// # Safety
 /// `dynamic` is the mapped, DT_NULL-terminated dynamic section of an object loaded at
 /// `base`.
-unsafe fn lookup(dynamic: *const Dyn, base: usize, name: &CStr) -> *mut c_void {
+unsafe fn lookup(dynamic: *const Dyn, base: usize, name: &CStr, relative: bool) -> *mut c_void {
     let (mut strtab, mut symtab, mut gnu, mut hash, mut versym) =
         (0usize, 0usize, 0usize, 0usize, 0usize);
     let mut d = dynamic;
@@ -137,8 +176,8 @@ unsafe fn lookup(dynamic: *const Dyn, base: usize, name: &CStr) -> *mut c_void {
         let e = unsafe { &*d };
         // glibc relocates these entries in place; other loaders leave them relative.
         let addr = |v: u64| {
-            if (v as usize) < base {
-                base + v as usize
+            if relative || (v as usize) < base {
+                base.wrapping_add(v as usize)
             } else {
                 v as usize
             }
@@ -174,7 +213,7 @@ unsafe fn lookup(dynamic: *const Dyn, base: usize, name: &CStr) -> *mut c_void {
         if versym != 0 && unsafe { *(versym as *const u16).add(i) } & VERSYM_HIDDEN != 0 {
             return None;
         }
-        Some((base + sym.value as usize) as *mut c_void)
+        Some(base.wrapping_add(sym.value as usize) as *mut c_void)
     };
     if gnu != 0 {
         let h = gnu_hash(want);
@@ -246,5 +285,39 @@ mod tests {
             assert_eq!(sym, name);
         }
         assert!(find_default(c"no_such_symbol_anywhere").is_null());
+    }
+
+    #[test]
+    fn finds_the_vdso_clock_and_it_agrees_with_libc() {
+        let name = if cfg!(target_arch = "aarch64") {
+            c"__kernel_clock_gettime"
+        } else {
+            c"__vdso_clock_gettime"
+        };
+        let p = vdso_function(name);
+        assert!(!p.is_null(), "{name:?} not in the vDSO");
+        assert!(vdso_function(c"no_such_symbol_anywhere").is_null());
+        type ClockFn = unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec) -> c_int;
+        // SAFETY: the vDSO's clock_gettime has clock_gettime's signature (vdso(7)).
+        let f = unsafe { std::mem::transmute::<*mut c_void, ClockFn>(p) };
+        let read = |via_vdso: bool| {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: ts is a valid out-pointer.
+            let r = unsafe {
+                if via_vdso {
+                    f(libc::CLOCK_MONOTONIC, &mut ts)
+                } else {
+                    libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts)
+                }
+            };
+            assert_eq!(r, 0);
+            ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+        };
+        // The same clock: each reading lies between the other's neighbours.
+        let (a, b, c) = (read(false), read(true), read(false));
+        assert!(a <= b && b <= c, "{a} {b} {c}");
     }
 }

@@ -14,12 +14,12 @@
 //! | entry | `dlsym` | the exported `dlsym` and `dlvsym` (assembly stubs + hooks) | `procaddr`, `real` |
 //! | entry | [`procaddr`] | the exported `cuGetProcAddress[_v2]`, their answers and the hook table | `hooks`, `process`, `real`, `boundary` |
 //! | entry | [`hooks`] | the exported `cu*` / `nvml*` entry points, one file per kind | `core`, `process`, `track`, `real`, `boundary` |
-//! | policy | [`core`] | the core (SM) limiter (GCRA bucket + feedback on NVML or the feed) and priority | `identity`, `feed`, `process`, `config`, `claims`, `real`, `boundary` |
+//! | policy | [`core`] | the core (SM) limiter (GCRA bucket + feedback on NVML or the feed) and priority | `identity`, `feed`, `process`, `config`, `claims`, `real`, `boundary`, `elf` |
 //! | policy | [`identity`] | the process's own NVML (host) PID, by a memory fingerprint | `real` |
 //! | process | [`process`] | per-process state (configuration incl. finding the claims, account, trackers, pools), rebuilt after `fork` | `config`, `claims`, `state`, `track`, `real`, `boundary` |
 //! | driver | [`boundary`] | the panic guard, the re-entrancy flag and the forwarding call | `real` |
 //! | driver | [`real`] | the real driver and NVML, resolved lazily; the real `dlsym`/`dlvsym` | `elf` |
-//! | driver | [`elf`] | a symbol from the loaded libraries' own tables (finds glibc's `dlvsym`) | — |
+//! | driver | [`elf`] | a symbol from the loaded libraries' own tables (finds glibc's `dlvsym`) or the vDSO's (the limiter's clock) | — |
 //! | data | [`state`] | the claim's shared account file (header, device table, process slots) | `config` |
 //! | data | [`config`] | where limits come from (claim mode; else limits file > FGPU env > HAMi env), value syntax | `claims` |
 //! | data | [`claims`] | the plugin's limits files (contract v2): parsing, trust, merging claims | — |
