@@ -29,6 +29,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+pub mod pidns;
 pub mod procs;
 pub mod timeline;
 
@@ -180,7 +181,8 @@ fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     Some(u)
 }
 
-fn uuid_string(u: &[u8; 16]) -> String {
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (lower case), as NVML and `nvidia-smi` write it.
+pub fn uuid_string(u: &[u8; 16]) -> String {
     let mut s = String::from("GPU-");
     for (i, b) in u.iter().enumerate() {
         if matches!(i, 4 | 6 | 8 | 10) {
@@ -336,10 +338,11 @@ fn launch_on_timeline(dur: u64) -> CUresult {
         return CUDA_SUCCESS;
     }
     let tl = timeline::mapped();
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() } as u32;
+    // Alive for the others before the key is on the timeline.
+    pidns::register();
+    let key = pidns::own_key();
     loop {
-        match tl.enqueue(dev, pid, dur, timeline::monotonic_ns(), config().queue_ns) {
+        match tl.enqueue(dev, key, dur, timeline::monotonic_ns(), config().queue_ns) {
             timeline::Enqueue::Placed { end, .. } => {
                 LAST_END.fetch_max(end, Ordering::Relaxed);
                 return CUDA_SUCCESS;
@@ -1270,8 +1273,9 @@ pub extern "C" fn fakeCudaLaunchCount() -> u64 {
     LAUNCHES.load(Ordering::Relaxed)
 }
 
-/// GPU time (ns) of every launch process `pid` made on device `dev` so far, from the
-/// shared timeline (queued work included). `pid` 0: all processes.
+/// GPU time (ns) of every launch process `pid` (of the caller's PID namespace) made on
+/// device `dev` so far, from the shared timeline (queued work included). `pid` 0: all
+/// processes.
 #[unsafe(no_mangle)]
 pub extern "C" fn fakeCudaBusyNs(dev: c_int, pid: c_int) -> u64 {
     let tl = timeline::mapped();
@@ -1281,7 +1285,7 @@ pub extern "C" fn fakeCudaBusyNs(dev: c_int, pid: c_int) -> u64 {
             .total
             .load(Ordering::Relaxed);
     }
-    tl.proc_slot(d, pid as u32, false)
+    tl.proc_slot(d, pidns::key(pidns::own_ns(), pid as u32), false)
         .map_or(0, |p| p.total.load(Ordering::Relaxed))
 }
 
@@ -1484,10 +1488,18 @@ nvml_exports! {
         let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
         let Some(cap) = get(count) else { return NVML_ERROR_INVALID_ARGUMENT };
         let (a, b, now_us) = util_window(last_seen);
-        let busy: Vec<(u32, u64)> = timeline::mapped()
+        let busy: Vec<(u64, u64)> = timeline::mapped()
             .proc_busy(d, a, b)
             .into_iter()
             .filter(|&(_, ns)| ns > 0)
+            .collect();
+        // The PIDs NVML reports (host view: those the reader's namespace sees; the others
+        // are left out).
+        let keys: Vec<u64> = busy.iter().map(|&(k, _)| k).collect();
+        let busy: Vec<(u32, u64)> = procs::nvml_pids(&keys, false)
+            .into_iter()
+            .zip(busy)
+            .filter_map(|(pid, (_, ns))| Some((pid?, ns)))
             .collect();
         if busy.is_empty() {
             put(count, 0);
@@ -1502,7 +1514,7 @@ nvml_exports! {
             // SAFETY: the caller's buffer holds `cap` >= busy.len() samples.
             unsafe {
                 samples.add(i).write(NvmlProcessUtilizationSample {
-                    pid: procs::nvml_pid(pid),
+                    pid,
                     time_stamp: now_us,
                     sm_util: sm,
                     mem_util: 0,
