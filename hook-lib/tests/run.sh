@@ -283,7 +283,7 @@ env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$WORK/state-bypass
 bypass=$!
 for _ in $(seq 100); do grep -q bypass_allocated_mib "$WORK/bypass" && break; sleep 0.05; done
 if grep -qx bypass_allocated_mib=512 "$WORK/bypass" && grep -q libfgpu.so "/proc/$bypass/maps"; then
-  ok "fgpu-bypass with the shim loaded and a 64 MiB quota: $(cat "$WORK/bypass")"
+  ok "fgpu-bypass with the shim loaded and a 64 MiB quota: $(head -n1 "$WORK/bypass")"
 else
   ko "fgpu-bypass under the shim"; sed 's/^/      /' "$WORK/bypass"
 fi

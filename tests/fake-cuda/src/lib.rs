@@ -22,6 +22,11 @@
 //! Launches carry simulated durations and run on a virtual timeline shared by all
 //! processes (`timeline.rs`; `FAKE_CUDA_BLOCK_NS`, `FAKE_CUDA_GRAPH_NS`,
 //! `FAKE_CUDA_STATE`), from which fake NVML reports per-process and device utilisation.
+//!
+//! Processes are named across PID namespaces by (namespace inode, PID) and, for a
+//! host-side reader (`FAKE_CUDA_NVML_HOST=1`), reported by their PIDs there (`pidns.rs`).
+//! Driver-native per-cgroup memory limits (`nvmlDeviceSetMemoryLimits_v1`, with
+//! `FAKE_CUDA_MEMORY_LIMITS=1`) are enforced in every allocation (`limits.rs`).
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
@@ -29,6 +34,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+pub mod limits;
 pub mod pidns;
 pub mod procs;
 pub mod timeline;
@@ -255,11 +261,14 @@ impl State {
     fn take(&mut self, dev: usize, size: u64) -> Result<(), CUresult> {
         let d = self.devs.get_mut(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
         match d.used.checked_add(size) {
-            Some(n) if n <= d.size => {
-                d.used = n;
-                procs::set_used(dev, n);
-                Ok(())
-            }
+            // The cgroup's driver-native limit, if any, and the process table's figure.
+            Some(n) if n <= d.size => match limits::charge(dev, d.used, n) {
+                Ok(()) => {
+                    d.used = n;
+                    Ok(())
+                }
+                Err(limits::OverLimit) => Err(CUDA_ERROR_OUT_OF_MEMORY),
+            },
             _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
         }
     }
@@ -794,8 +803,10 @@ exports! {
         }
         let st = state();
         let dev = &st.devs[d];
-        put(free, (dev.size - dev.used) as usize);
-        put(total, dev.size as usize);
+        // A hard limit on the process's cgroup is the total it sees.
+        let (t, f) = limits::visible_memory(d, dev.size, dev.used);
+        put(free, f as usize);
+        put(total, t as usize);
         CUDA_SUCCESS
     }
 
@@ -1343,6 +1354,8 @@ pub struct NvmlUtilization {
 }
 
 const NVML_ERROR_NOT_FOUND: c_int = 6;
+const NVML_ERROR_NOT_SUPPORTED: c_int = 3;
+const NVML_ERROR_INSUFFICIENT_RESOURCES: c_int = 23;
 
 /// The utilisation window `[a, b)` on the monotonic timeline for NVML's `lastSeen`
 /// (CPU time in µs since the epoch, as real NVML): since `last_seen`, at most 1 s back
@@ -1454,7 +1467,8 @@ nvml_exports! {
         tri!(nvml_ready());
         let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
         let (size, used) = { let st = state(); (st.devs[d].size, st.devs[d].used) };
-        if put(mem, NvmlMemory { total: size, free: size - used, used }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+        let (total, free) = limits::visible_memory(d, size, used);
+        if put(mem, NvmlMemory { total, free, used }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
     }
     fn nvmlDeviceGetMemoryInfo_v2(h: *const u8, mem: *mut NvmlMemoryV2) {
         tri!(nvml_ready());
@@ -1465,7 +1479,8 @@ nvml_exports! {
         }
         let (size, used) = { let st = state(); (st.devs[d].size, st.devs[d].used) };
         let reserved = 512 << 20;
-        put(mem, NvmlMemoryV2 { version: v, total: size, reserved, free: size.saturating_sub(used + reserved), used });
+        let (total, free) = limits::visible_memory(d, size, used);
+        put(mem, NvmlMemoryV2 { version: v, total, reserved, free: free.saturating_sub(reserved), used });
         NVML_SUCCESS
     }
     fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, h: *mut *const u8) {
@@ -1551,6 +1566,78 @@ nvml_exports! {
         let gpu = ((ns as f64 * 100.0 / (b - a) as f64).round() as c_uint).min(100);
         if put(u, NvmlUtilization { gpu, memory: 0 }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
     }
+    fn nvmlDeviceSetMemoryLimits_v1(h: *const u8, limits: *const NvmlSetMemoryLimits) {
+        if !limits::advertised() {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(l) = get(limits) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(path) = c_path(l.name_space) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Ok(cg) = limits::resolve(&path) else { return NVML_ERROR_NOT_FOUND };
+        let clear = l.hard_limit == 0 || (l.hard_limit == limits::LIMIT_MAX && l.soft_limit == 0);
+        if !clear && l.hard_limit != limits::LIMIT_MAX && l.soft_limit > l.hard_limit {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let g = limits::table().lock();
+        if clear {
+            g.clear(d, &cg);
+            return NVML_SUCCESS;
+        }
+        match g.set(d, &cg, &path, l.soft_limit, l.hard_limit) {
+            Ok(()) => NVML_SUCCESS,
+            Err(limits::TableFull) => NVML_ERROR_INSUFFICIENT_RESOURCES,
+        }
+    }
+    fn nvmlDeviceGetMemoryLimits_v1(h: *const u8, limits: *mut NvmlGetMemoryLimits) {
+        if !limits::advertised() {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(l) = get(limits as *const NvmlGetMemoryLimits) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(path) = c_path(l.name_space) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Ok(cg) = limits::resolve(&path) else { return NVML_ERROR_NOT_FOUND };
+        let (soft, hard) = limits::table().lock().find(d, &cg).map_or((0, limits::LIMIT_MAX), |e| (e.soft, e.hard));
+        put(limits, NvmlGetMemoryLimits {
+            name_space: l.name_space,
+            soft_limit: soft,
+            hard_limit: hard,
+            current_used: limits::cgroup_total(d, &cg),
+        });
+        NVML_SUCCESS
+    }
+}
+
+/// `nvmlSetMemoryLimits_v1_t` (CUDA 13.4's `nvml.h`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NvmlSetMemoryLimits {
+    /// Full sysfs path of the cgroup.
+    pub name_space: *const c_char,
+    pub soft_limit: u64,
+    pub hard_limit: u64,
+}
+
+/// `nvmlGetMemoryLimits_v1_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NvmlGetMemoryLimits {
+    /// [in] Full sysfs path of the cgroup.
+    pub name_space: *const c_char,
+    pub soft_limit: u64,
+    pub hard_limit: u64,
+    pub current_used: u64,
+}
+
+/// A caller's cgroup path (None: null, not UTF-8, empty or too long to store).
+fn c_path(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated string (caller contract), checked non-null.
+    let s = unsafe { CStr::from_ptr(p) }.to_str().ok()?;
+    (!s.is_empty() && s.len() <= limits::PATH_LEN).then(|| s.to_owned())
 }
 
 /// `nvmlErrorString` returns a pointer, not a status.
@@ -1560,6 +1647,10 @@ pub extern "C" fn nvmlErrorString(r: c_int) -> *const c_char {
         0 => c"Success".as_ptr(),
         1 => c"Uninitialized".as_ptr(),
         2 => c"Invalid Argument".as_ptr(),
+        3 => c"Not Supported".as_ptr(),
+        6 => c"Not Found".as_ptr(),
+        7 => c"Insufficient Size".as_ptr(),
+        23 => c"Insufficient Resources".as_ptr(),
         _ => c"Unknown Error".as_ptr(),
     }
 }

@@ -42,6 +42,9 @@ pub struct Slot {
 #[repr(C)]
 pub struct Table {
     devs: [[Slot; SLOTS]; DEVICES],
+    /// The cgroup of each slot's process (`limits::Cgroup::id`; 0 = unknown), written when
+    /// it takes the slot. After `devs`, so a file of the earlier layout only grows.
+    cgroups: [[AtomicU64; SLOTS]; DEVICES],
 }
 
 const TABLE_SIZE: usize = std::mem::size_of::<Table>();
@@ -202,7 +205,11 @@ pub fn has_context(dev: usize) {
     });
     // Alive for the others before the key is in the table.
     pidns::register();
-    if let (Some(s), Some(o)) = (table().slot(dev, pidns::own_key(), true), OWN.get(dev)) {
+    let t = table();
+    if let (Some(s), Some(o)) = (t.slot(dev, pidns::own_key(), true), OWN.get(dev)) {
+        let i = (s as *const Slot as usize - t.devs[dev].as_ptr() as usize)
+            / std::mem::size_of::<Slot>();
+        t.cgroups[dev][i].store(crate::limits::own_cgroup().id(), Ordering::Relaxed);
         o.store(s as *const Slot as *mut Slot, Ordering::Relaxed);
     }
 }
@@ -217,6 +224,25 @@ pub fn set_used(dev: usize, bytes: u64) {
         // SAFETY: a slot of the table's mapping, never unmapped.
         unsafe { &*s }.used.store(bytes, Ordering::Relaxed);
     }
+}
+
+/// Device memory on `dev` of the live processes whose cgroup id is `cgroup` (without the
+/// caller's own when `exclude_own`).
+pub fn cgroup_used(dev: usize, cgroup: u64, exclude_own: bool) -> u64 {
+    let t = table();
+    let (Some(d), Some(c)) = (t.devs.get(dev), t.cgroups.get(dev)) else {
+        return 0;
+    };
+    let me = pidns::own_key();
+    d.iter()
+        .zip(c)
+        .filter(|(_, c)| c.load(Ordering::Relaxed) == cgroup)
+        .filter_map(|(s, _)| {
+            let k = s.key.load(Ordering::Acquire);
+            (k != 0 && !(exclude_own && k == me) && pidns::alive(k))
+                .then(|| s.used.load(Ordering::Relaxed))
+        })
+        .sum()
 }
 
 /// `nvmlProcessInfo_v1_t`.

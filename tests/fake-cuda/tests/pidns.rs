@@ -66,11 +66,13 @@ fn start(state: &Path, new_ns: bool, args: &[&str], mib: u64) -> Proc {
         .stderr(Stdio::inherit());
     fake_env(&mut cmd, state);
     let mut child = cmd.spawn().expect("spawn (unshare needs root)");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), format!("bypass_allocated_mib={mib}"));
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("bypass_mem_total_mib=16384 "), "{line}");
     let pid = if new_ns {
         // unshare forked the bypass: its only child.
         let kids =

@@ -12,7 +12,8 @@
 //! ```
 //! Creates a context on the GPU (an index is a CUDA ordinal, after `CUDA_VISIBLE_DEVICES`;
 //! a UUID is matched against `cuDeviceGetUuid`), allocates N MiB in steps of 256 MiB,
-//! prints `bypass_allocated_mib=<n>` and holds it S seconds (default: until killed).
+//! prints `bypass_allocated_mib=<n>`, then `bypass_mem_total_mib=<t> bypass_mem_free_mib=<f>`
+//! (`cuMemGetInfo` after allocating), and holds it S seconds (default: until killed).
 //! `--busy P` keeps the GPU P % busy meanwhile (one kernel per 10 ms; needs
 //! `FAKE_CUDA_BLOCK_NS`). Exit 1 when not all of N could be allocated (after printing
 //! what was), 2 on bad usage. `FAKE_CUDA_UUIDS`, `FAKE_CUDA_MEMORY`, `FAKE_CUDA_GPUS`
@@ -146,8 +147,18 @@ fn main() {
             ptrs.push(p);
             got += n;
         }
-        println!("bypass_allocated_mib={}", got >> 20);
-        let _ = std::io::stdout().flush();
+        // (Write errors ignored: a reader that stopped reading must not end the hold.)
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "bypass_allocated_mib={}", got >> 20);
+        let (mut free, mut total) = (0usize, 0usize);
+        check("cuMemGetInfo", cu::cuMemGetInfo_v2(&mut free, &mut total));
+        let _ = writeln!(
+            out,
+            "bypass_mem_total_mib={} bypass_mem_free_mib={}",
+            total >> 20,
+            free >> 20
+        );
+        let _ = out.flush();
         if got < want {
             eprintln!(
                 "fgpu-bypass: cuMemAlloc failed after {} MiB of {}: CUDA error {err}",

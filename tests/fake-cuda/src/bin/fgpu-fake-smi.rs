@@ -9,6 +9,15 @@
 //! gpu=<index> uuid=<GPU-…> pid=<pid> sm=<percent>      every utilisation sample (last second)
 //! ```
 //! Exit 1 when an NVML call fails (other than "no samples").
+//!
+//! Driver-native limits (`nvmlDeviceSetMemoryLimits_v1` / `nvmlDeviceGetMemoryLimits_v1`;
+//! need `FAKE_CUDA_MEMORY_LIMITS=1`):
+//!
+//! ```text
+//! fgpu-fake-smi set-limit <gpu index> <cgroup> <soft bytes> <hard bytes>
+//! fgpu-fake-smi get-limit <gpu index> <cgroup>   → soft=<b> hard=<b> current_used=<b>
+//! ```
+//! Exit status: the NVML return code (0 = success; 3 = not supported), 100 on bad usage.
 
 use std::ffi::{c_char, c_uint};
 
@@ -21,7 +30,68 @@ fn check(what: &str, r: i32) {
     }
 }
 
+fn usage() -> ! {
+    eprintln!(
+        "usage: fgpu-fake-smi [set-limit <gpu> <cgroup> <soft> <hard> | get-limit <gpu> <cgroup>]"
+    );
+    std::process::exit(100)
+}
+
+/// `set-limit` / `get-limit`: the NVML status as the exit code.
+fn limits(args: &[String]) -> ! {
+    let num = |s: &String| s.parse::<u64>().unwrap_or_else(|_| usage());
+    let (cmd, gpu, cg) = match args {
+        [cmd, gpu, cg, ..] => (cmd.as_str(), num(gpu) as c_uint, cg),
+        _ => usage(),
+    };
+    let cg = std::ffi::CString::new(cg.as_str()).unwrap_or_else(|_| usage());
+    // SAFETY: direct calls into the linked-in fake NVML with valid pointers to locals.
+    let r = unsafe {
+        check("nvmlInit_v2", cu::nvmlInit_v2());
+        let mut h: *const u8 = std::ptr::null();
+        check(
+            "nvmlDeviceGetHandleByIndex_v2",
+            cu::nvmlDeviceGetHandleByIndex_v2(gpu, &mut h),
+        );
+        match (cmd, args.len()) {
+            ("set-limit", 5) => {
+                let l = cu::NvmlSetMemoryLimits {
+                    name_space: cg.as_ptr(),
+                    soft_limit: num(&args[3]),
+                    hard_limit: num(&args[4]),
+                };
+                cu::nvmlDeviceSetMemoryLimits_v1(h, &l)
+            }
+            ("get-limit", 3) => {
+                let mut l = cu::NvmlGetMemoryLimits {
+                    name_space: cg.as_ptr(),
+                    soft_limit: 0,
+                    hard_limit: 0,
+                    current_used: 0,
+                };
+                let r = cu::nvmlDeviceGetMemoryLimits_v1(h, &mut l);
+                if r == 0 {
+                    println!(
+                        "soft={} hard={} current_used={}",
+                        l.soft_limit, l.hard_limit, l.current_used
+                    );
+                }
+                r
+            }
+            _ => usage(),
+        }
+    };
+    if r != 0 {
+        eprintln!("fgpu-fake-smi: {cmd}: NVML error {r}");
+    }
+    std::process::exit(r)
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.is_empty() {
+        limits(&args);
+    }
     // SAFETY: direct calls into the linked-in fake NVML; every pointer is to a local
     // buffer of the size passed.
     unsafe {
