@@ -348,7 +348,7 @@ fn launch_on_timeline(dur: u64) -> CUresult {
     }
     let tl = timeline::mapped();
     // Alive for the others before the key is on the timeline.
-    pidns::register();
+    pidns::register(false);
     let key = pidns::own_key();
     loop {
         match tl.enqueue(dev, key, dur, timeline::monotonic_ns(), config().queue_ns) {
@@ -1510,7 +1510,7 @@ nvml_exports! {
             .collect();
         // The PIDs NVML reports (host view: those the reader's namespace sees; the others
         // are left out).
-        let keys: Vec<u64> = busy.iter().map(|&(k, _)| k).collect();
+        let keys: Vec<(u64, u64)> = busy.iter().map(|&(k, _)| (k, procs::start_of(d, k))).collect();
         let busy: Vec<(u32, u64)> = procs::nvml_pids(&keys, false)
             .into_iter()
             .zip(busy)

@@ -251,8 +251,8 @@ pub fn resolve(name_space: &str) -> Result<Cgroup, NoSuchCgroup> {
 /// A limits table: the shared file or private memory.
 pub struct Table {
     base: *mut u8,
-    /// The file's descriptor for `flock` (-1: private).
-    fd: c_int,
+    /// The file, for `flock` (None: private).
+    file: Option<crate::pidns::KeptFd>,
     mutex: Mutex<()>,
 }
 
@@ -264,14 +264,16 @@ unsafe impl Send for Table {}
 /// Holds the table's locks; entries are read and written only through it.
 pub struct Guard<'a> {
     t: &'a Table,
+    /// The descriptor `flock`ed (-1: none).
+    locked: c_int,
     _m: MutexGuard<'a, ()>,
 }
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        if self.t.fd >= 0 {
-            // SAFETY: fd is the table's open descriptor.
-            unsafe { libc::flock(self.t.fd, libc::LOCK_UN) };
+        if self.locked >= 0 {
+            // SAFETY: the descriptor this guard locked.
+            unsafe { libc::flock(self.locked, libc::LOCK_UN) };
         }
     }
 }
@@ -300,7 +302,7 @@ impl Table {
     pub fn private() -> Table {
         Table {
             base: map_private(),
-            fd: -1,
+            file: None,
             mutex: Mutex::new(()),
         }
     }
@@ -338,14 +340,14 @@ impl Table {
                 libc::MAP_FAILED
             }
         };
+        // SAFETY: fd is ours; the mapping stays valid after close.
+        unsafe { libc::close(fd) };
         if m == libc::MAP_FAILED {
-            // SAFETY: fd is ours.
-            unsafe { libc::close(fd) };
             return None;
         }
         Some(Table {
             base: m as *mut u8,
-            fd,
+            file: Some(crate::pidns::KeptFd::new(path)?),
             mutex: Mutex::new(()),
         })
     }
@@ -362,11 +364,19 @@ impl Table {
 
     pub fn lock(&self) -> Guard<'_> {
         let m = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-        if self.fd >= 0 {
-            // SAFETY: fd is the table's open descriptor; blocks until the others let go.
-            unsafe { libc::flock(self.fd, libc::LOCK_EX) };
+        let mut locked = -1;
+        if let Some((fd, _)) = self.file.as_ref().and_then(crate::pidns::KeptFd::get) {
+            // SAFETY: fd names the table's file (just checked); blocks until the others
+            // let go.
+            if unsafe { libc::flock(fd, libc::LOCK_EX) } == 0 {
+                locked = fd;
+            }
         }
-        Guard { t: self, _m: m }
+        Guard {
+            t: self,
+            locked,
+            _m: m,
+        }
     }
 }
 

@@ -7,26 +7,30 @@
 //! PID-namespace inode (`/proc/self/ns/pid`, `pid:[N]`) in the high 32 bits and its PID in
 //! that namespace in the low 32 (inode 0: `/proc` was not readable, the PID alone).
 //!
-//! **Liveness.** A process of the reader's own namespace is checked with `kill(pid, 0)`.
-//! One of another namespace cannot be (its PID may name another process here, or none):
-//! every writer holds a POSIX record lock on one byte of `$FAKE_CUDA_STATE.live`, at an
-//! offset made from its key ([`lock_offset`]), for as long as it lives (the kernel drops
-//! it when the process dies; a forked child is another process and takes its own). A
-//! reader asks `F_GETLK` whether that byte is locked by someone else.
+//! **Liveness.** The process list also records each process's start time (ticks since
+//! boot, the same in every namespace): a dead container's namespace inode is soon
+//! reused, and its PID 1 with it. A process of the reader's own namespace is checked
+//! with `kill(pid, 0)` and its start time; one of another namespace that the reader's
+//! `/proc` shows, by that process and its start time; one it cannot see (another
+//! container's) by its liveness lock: every writer holds a POSIX record lock on one
+//! byte of `$FAKE_CUDA_STATE.live`, at an offset made from its key ([`lock_offset`]),
+//! for as long as it lives (the kernel drops it when the process dies; a forked child is
+//! another process and takes its own), and a reader asks `F_GETLK` whether that byte is
+//! locked by someone else.
 //!
 //! **Host view** (`FAKE_CUDA_NVML_HOST=1`, the node monitor): NVML on a host reports each
 //! process's PID as the host sees it. A slot of the reader's namespace is reported as is;
 //! another's is translated through the reader's `/proc`: the process `<p>` whose
 //! `/proc/<p>/ns/pid` is the slot's namespace and whose `NSpid:` line in
 //! `/proc/<p>/status` ends with the slot's PID. Translations are cached and re-checked at
-//! each use; a slot that cannot be translated (a dead process, or a namespace the reader
-//! cannot see into) is left out.
+//! each use, with the start time; a slot that cannot be translated (a dead process, or
+//! a namespace the reader cannot see into) is left out.
 
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// PIDs are below 2^22 (the kernel's `PID_MAX_LIMIT` on 64-bit).
 const PID_BITS: u32 = 22;
@@ -80,19 +84,42 @@ pub fn own_ns() -> u32 {
     key_ns(own_key())
 }
 
+/// The start time of a `/proc/<p>/stat` text (field 22: clock ticks after boot, the same
+/// in every PID namespace): with the key it tells a process from a later one that got
+/// the same namespace inode (inodes are reused) and PID.
+pub fn parse_stat_start(stat: &str) -> Option<u64> {
+    // Fields after the command name (which may hold spaces and parentheses): 3, 4, …
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+fn start_at(proc_dir: &Path) -> Option<u64> {
+    parse_stat_start(&std::fs::read_to_string(proc_dir.join("stat")).ok()?)
+}
+
+static OWN_PID: AtomicU32 = AtomicU32::new(0);
+static OWN_KEY: AtomicU64 = AtomicU64::new(0);
+static OWN_START: AtomicU64 = AtomicU64::new(0);
+
 /// The calling process's key, recomputed when the PID changed (a forked child).
 pub fn own_key() -> u64 {
-    static PID: AtomicU32 = AtomicU32::new(0);
-    static KEY: AtomicU64 = AtomicU64::new(0);
     let pid = getpid();
-    if PID.load(Ordering::Acquire) == pid {
-        return KEY.load(Ordering::Acquire);
+    if OWN_PID.load(Ordering::Acquire) == pid {
+        return OWN_KEY.load(Ordering::Acquire);
     }
     let ns = ns_of(Path::new("/proc/self/ns/pid")).unwrap_or(0);
     let k = key(ns, pid);
-    KEY.store(k, Ordering::Release);
-    PID.store(pid, Ordering::Release);
+    let start = start_at(Path::new("/proc/self")).unwrap_or(0);
+    OWN_KEY.store(k, Ordering::Release);
+    OWN_START.store(start, Ordering::Release);
+    OWN_PID.store(pid, Ordering::Release);
     k
+}
+
+/// The calling process's start time (0: `/proc` cannot tell).
+pub fn own_start() -> u64 {
+    own_key();
+    OWN_START.load(Ordering::Acquire)
 }
 
 fn kill_alive(pid: u32) -> bool {
@@ -108,25 +135,69 @@ pub fn lock_offset(k: u64) -> libc::off_t {
         as libc::off_t
 }
 
-/// `$FAKE_CUDA_STATE.live`, opened once (descriptor kept: closing any descriptor of the
-/// file would drop the process's locks). None: no shared state, or not openable.
-fn live_fd() -> Option<libc::c_int> {
-    static FD: OnceLock<Option<libc::c_int>> = OnceLock::new();
-    *FD.get_or_init(|| {
-        let p = std::env::var("FAKE_CUDA_STATE")
-            .ok()
-            .filter(|p| !p.is_empty())?;
-        let c = CString::new(format!("{p}.live")).ok()?;
-        // SAFETY: c is a valid C string.
+/// A descriptor of a state file that the fake keeps open, checked before each use: a
+/// program may close descriptors it did not open (`closefrom`, `close_range`), and the
+/// number may then name another file. Reopened when it no longer names the file.
+pub struct KeptFd {
+    path: CString,
+    /// (descriptor, st_dev, st_ino); -1 when not open.
+    cur: Mutex<(libc::c_int, u64, u64)>,
+}
+
+fn fstat_id(fd: libc::c_int) -> Option<(u64, u64)> {
+    // SAFETY: st is a valid out-buffer; fstat of any number is safe (EBADF at worst).
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
+    }
+}
+
+impl KeptFd {
+    pub fn new(path: &str) -> Option<KeptFd> {
+        let k = KeptFd {
+            path: CString::new(path).ok()?,
+            cur: Mutex::new((-1, 0, 0)),
+        };
+        k.get()?;
+        Some(k)
+    }
+
+    /// The descriptor, and whether it was (re)opened by this call (so locks taken through
+    /// the earlier one are gone). None: the file cannot be opened.
+    pub fn get(&self) -> Option<(libc::c_int, bool)> {
+        let mut c = self.cur.lock().unwrap_or_else(|e| e.into_inner());
+        if c.0 >= 0 && fstat_id(c.0) == Some((c.1, c.2)) {
+            return Some((c.0, false));
+        }
+        // (The old number, if any, is not ours any more: never closed here.)
+        // SAFETY: path is a valid C string.
         let fd = unsafe {
             libc::open(
-                c.as_ptr(),
+                self.path.as_ptr(),
                 libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
                 0o666,
             )
         };
-        (fd >= 0).then_some(fd)
+        if fd < 0 {
+            return None;
+        }
+        let (dev, ino) = fstat_id(fd)?;
+        *c = (fd, dev, ino);
+        Some((fd, true))
+    }
+}
+
+/// `$FAKE_CUDA_STATE.live` (kept open: closing any descriptor of the file would drop the
+/// process's locks). None: no shared state, or not openable.
+fn live_fd() -> Option<&'static KeptFd> {
+    static FD: OnceLock<Option<KeptFd>> = OnceLock::new();
+    FD.get_or_init(|| {
+        let p = std::env::var("FAKE_CUDA_STATE")
+            .ok()
+            .filter(|p| !p.is_empty())?;
+        KeptFd::new(&format!("{p}.live"))
     })
+    .as_ref()
 }
 
 fn flock_at(kind: libc::c_int, off: libc::off_t) -> libc::flock {
@@ -141,16 +212,21 @@ fn flock_at(kind: libc::c_int, off: libc::off_t) -> libc::flock {
 
 /// Marks the calling process alive for the others (once per process; a forked child
 /// calls it again for its own PID). Call before writing the own key into a table.
-pub fn register() {
+/// `check`: also re-take the lock if the descriptor it was taken through was closed by
+/// the program (context creation checks; the launch path only registers once).
+pub fn register(check: bool) {
     static DONE_FOR: AtomicU32 = AtomicU32::new(0);
     let pid = getpid();
-    if DONE_FOR.load(Ordering::Acquire) == pid {
+    let done = DONE_FOR.load(Ordering::Acquire) == pid;
+    if done && !check {
         return;
     }
-    if let Some(fd) = live_fd() {
+    if let Some((fd, reopened)) = live_fd().and_then(KeptFd::get)
+        && (!done || reopened)
+    {
         let fl = flock_at(libc::F_WRLCK, lock_offset(own_key()));
         // SAFETY: fd is open; fl is a valid flock. A failure leaves the process judged by
-        // `kill` only, as without shared state.
+        // `kill` and `/proc` only, as without shared state.
         unsafe { libc::fcntl(fd, libc::F_SETLK, &fl) };
     }
     DONE_FOR.store(pid, Ordering::Release);
@@ -158,27 +234,51 @@ pub fn register() {
 
 /// Whether another process holds the liveness lock of key `k` (None: no liveness file).
 fn lock_held(k: u64) -> Option<bool> {
-    let fd = live_fd()?;
+    let (fd, _) = live_fd()?.get()?;
     let mut fl = flock_at(libc::F_WRLCK, lock_offset(k));
     // SAFETY: fd is open; fl is a valid, writable flock.
     let r = unsafe { libc::fcntl(fd, libc::F_GETLK, &mut fl) };
     (r == 0).then_some(fl.l_type != libc::F_UNLCK as libc::c_short)
 }
 
-/// Whether the process of key `k` is alive, as far as the caller can tell: its own key
-/// is; one of the caller's namespace (or of an unknown one) by `kill(pid, 0)`; one of
-/// another namespace by its liveness lock (alive when there is no liveness file: it
-/// cannot be told, and reusing a live process's slot would be worse).
-pub fn alive(k: u64) -> bool {
+fn translator() -> MutexGuard<'static, Translator> {
+    static T: OnceLock<Mutex<Translator>> = OnceLock::new();
+    T.get_or_init(|| Mutex::new(Translator::new("/proc")))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether process `p` of the caller's `/proc` is the one that started at `start`
+/// (0: not recorded, any is).
+fn same_start(p: u32, start: u64) -> bool {
+    start == 0 || start_at(&Path::new("/proc").join(p.to_string())).is_none_or(|s| s == start)
+}
+
+/// Whether the process of key `k` that started at `start` (0: unknown) is alive, as far
+/// as the caller can tell. Its own key is. One of the caller's namespace (or of an
+/// unknown one): `kill(pid, 0)` and the start time. One of another namespace: found in
+/// the caller's `/proc` (namespace, innermost PID) with that start time — a dead
+/// container's namespace inode is soon reused, and its PID 1 with it — or, when the
+/// caller cannot see it (another container's), by its liveness lock; alive when there is
+/// neither (it cannot be told, and reusing a live process's slot is worse).
+pub fn alive_since(k: u64, start: u64) -> bool {
     let me = own_key();
     if k == me {
         return true;
     }
     let ns = key_ns(k);
     if ns == 0 || ns == key_ns(me) {
-        return kill_alive(key_pid(k));
+        return kill_alive(key_pid(k)) && same_start(key_pid(k), start);
     }
-    lock_held(k).unwrap_or(true)
+    if let Some(p) = translator().lookup(k, key_ns(me), &mut false) {
+        return same_start(p, start);
+    }
+    lock_held(k) != Some(false)
+}
+
+/// [`alive_since`] without a recorded start time.
+pub fn alive(k: u64) -> bool {
+    alive_since(k, 0)
 }
 
 /// Translates keys of other PID namespaces to PIDs of the reader's `/proc`.
@@ -252,27 +352,24 @@ pub fn host_mode() -> bool {
     *H.get_or_init(|| std::env::var("FAKE_CUDA_NVML_HOST").is_ok_and(|v| v.trim() == "1"))
 }
 
-/// The host view of `keys` (in order): the PID the reader's namespace knows each live
-/// process by, None for one left out (dead, or not visible from here).
-pub fn host_pids(keys: &[u64]) -> Vec<Option<u32>> {
-    static T: OnceLock<Mutex<Translator>> = OnceLock::new();
-    let mut t = T
-        .get_or_init(|| Mutex::new(Translator::new("/proc")))
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+/// The host view of `procs` (`(key, start time)`, in order): the PID the reader's
+/// namespace knows each live process by, None for one left out (dead, or not visible
+/// from here). Another namespace's process is the one the reader's `/proc` shows with
+/// its namespace, innermost PID and start time (it exists, whatever its liveness lock).
+pub fn host_pids(procs: &[(u64, u64)]) -> Vec<Option<u32>> {
+    let mut t = translator();
     let me = own_ns();
     let mut scanned = false;
-    keys.iter()
-        .map(|&k| {
+    procs
+        .iter()
+        .map(|&(k, start)| {
             let ns = key_ns(k);
-            if ns == me || ns == 0 {
-                return kill_alive(key_pid(k)).then_some(key_pid(k));
-            }
-            if !alive(k) {
-                return None;
-            }
-            let p = t.lookup(k, me, &mut scanned)?;
-            kill_alive(p).then_some(p)
+            let p = if ns == me || ns == 0 {
+                Some(key_pid(k)).filter(|&p| kill_alive(p))
+            } else {
+                t.lookup(k, me, &mut scanned)
+            };
+            p.filter(|&p| same_start(p, start))
         })
         .collect()
 }
@@ -311,6 +408,22 @@ mod tests {
     }
 
     #[test]
+    fn start_times() {
+        let st = "812 (fgpu) bypass) S 1 812 812 0 -1 4194560 100 0 0 0 3 1 0 0 20 0 1 0 987654 12345 67";
+        assert_eq!(parse_stat_start(st), Some(987654));
+        assert_eq!(parse_stat_start("812 (x) S 1"), None);
+        let me = own_start();
+        assert!(me > 0);
+        assert_eq!(start_at(Path::new("/proc/self")), Some(me));
+        // The same PID with another start time is another (later) process.
+        let k = own_key();
+        assert!(alive_since(key(key_ns(k), 1), 0));
+        let init = start_at(Path::new("/proc/1")).unwrap();
+        assert!(alive_since(key(key_ns(k), 1), init));
+        assert!(!alive_since(key(key_ns(k), 1), init + 1));
+    }
+
+    #[test]
     fn own_key_is_this_process_in_its_namespace() {
         let k = own_key();
         assert_eq!(key_pid(k), std::process::id());
@@ -318,6 +431,38 @@ mod tests {
         assert!(alive(k));
         // The same namespace: judged by kill; a PID nobody has is dead.
         assert!(!alive(key(key_ns(k), 4_194_303)));
+    }
+
+    #[test]
+    fn a_kept_descriptor_closed_behind_its_back_is_reopened() {
+        let path = std::env::temp_dir().join(format!("fgpu-keptfd-{}", std::process::id()));
+        let other = std::env::temp_dir().join(format!("fgpu-keptfd-o-{}", std::process::id()));
+        let k = KeptFd::new(path.to_str().unwrap()).unwrap();
+        let (fd, reopened) = k.get().unwrap();
+        assert!(!reopened);
+        assert_eq!(k.get(), Some((fd, false)));
+        // The program closes it and the number is reused for another file.
+        let f = std::fs::File::create(&other).unwrap();
+        // SAFETY: fd is the test's own descriptor; dup2 over it with a file it owns.
+        unsafe {
+            assert_eq!(libc::close(fd), 0);
+            assert_eq!(libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&f), fd), fd);
+        }
+        let (fd2, reopened) = k.get().unwrap();
+        assert!(reopened);
+        assert_ne!(fd2, fd);
+        assert_eq!(
+            fstat_id(fd2),
+            std::fs::metadata(&path).ok().map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino())
+            })
+        );
+        assert_eq!(k.get(), Some((fd2, false)));
+        // SAFETY: the dup2'd number is the test's.
+        unsafe { libc::close(fd) };
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&other);
     }
 
     /// A fake `/proc` tree: `(pid, namespace inode, NSpid line)`.

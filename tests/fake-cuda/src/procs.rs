@@ -12,8 +12,9 @@
 //! is shared by every process naming the same `FAKE_CUDA_STATE` (file
 //! `$FAKE_CUDA_STATE.procs`), else private to the process. A slot names its process by
 //! its key (PID-namespace inode and PID there, `pidns.rs`), so two containers' PID 1 are
-//! two processes; dead processes drop out of the list (`pidns::alive`: `kill(pid, 0)` in
-//! the reader's namespace, the liveness lock for another's).
+//! two processes, and records its start time and cgroup beside it; dead processes drop
+//! out of the list (`pidns::alive_since`: `kill(pid, 0)` or the reader's `/proc`, with
+//! the start time, else the liveness lock).
 //!
 //! With `FAKE_CUDA_NVML_HOST=1` (a host-side reader such as the node monitor) the PIDs
 //! are those of the reader's namespace (`pidns::host_pids`) and the offset is not added.
@@ -45,6 +46,8 @@ pub struct Table {
     /// The cgroup of each slot's process (`limits::Cgroup::id`; 0 = unknown), written when
     /// it takes the slot. After `devs`, so a file of the earlier layout only grows.
     cgroups: [[AtomicU64; SLOTS]; DEVICES],
+    /// Each slot's process start time (`pidns::own_start`; 0 = unknown), written with it.
+    starts: [[AtomicU64; SLOTS]; DEVICES],
 }
 
 const TABLE_SIZE: usize = std::mem::size_of::<Table>();
@@ -66,16 +69,32 @@ pub fn nvml_pid(pid: u32) -> u32 {
     pid.wrapping_add(offset())
 }
 
-/// The PIDs NVML reports for the processes of `keys` (in order; None: left out). Host
-/// mode: as the reader's namespace sees them, live ones only. Otherwise own PID + offset;
-/// `live_only` drops the dead (the running-process list does, utilisation samples do not).
-pub fn nvml_pids(keys: &[u64], live_only: bool) -> Vec<Option<u32>> {
+/// The PIDs NVML reports for `procs` (`(key, start time)`, in order; None: left out).
+/// Host mode: as the reader's namespace sees them, live ones only. Otherwise own PID +
+/// offset; `live_only` drops the dead (the running-process list does, utilisation
+/// samples do not).
+pub fn nvml_pids(procs: &[(u64, u64)], live_only: bool) -> Vec<Option<u32>> {
     if pidns::host_mode() {
-        return pidns::host_pids(keys);
+        return pidns::host_pids(procs);
     }
-    keys.iter()
-        .map(|&k| (!live_only || pidns::alive(k)).then(|| nvml_pid(pidns::key_pid(k))))
+    procs
+        .iter()
+        .map(|&(k, st)| {
+            (!live_only || pidns::alive_since(k, st)).then(|| nvml_pid(pidns::key_pid(k)))
+        })
         .collect()
+}
+
+/// The start time recorded with process `key` on `dev` (0: not in the list).
+pub fn start_of(dev: usize, key: u64) -> u64 {
+    let t = table();
+    let (Some(d), Some(st)) = (t.devs.get(dev), t.starts.get(dev)) else {
+        return 0;
+    };
+    d.iter()
+        .zip(st)
+        .find(|(s, _)| s.key.load(Ordering::Acquire) == key)
+        .map_or(0, |(_, st)| st.load(Ordering::Relaxed))
 }
 
 fn map(path: Option<&str>) -> *mut u8 {
@@ -160,6 +179,9 @@ impl Table {
         }
         d.iter().find(|s| {
             let cur = s.key.load(Ordering::Acquire);
+            // Reused only when dead by PID alone: the start time recorded beside the key
+            // is written after it, so it may still be the previous owner's (reporting
+            // uses it; stealing a slot just claimed must not).
             (cur == 0 || !pidns::alive(cur))
                 && s.key
                     .compare_exchange(cur, key, Ordering::AcqRel, Ordering::Relaxed)
@@ -171,16 +193,23 @@ impl Table {
         })
     }
 
-    /// (key, used bytes) of every process with a context on `dev` (dead ones included:
-    /// the reader judges them, in its namespace).
-    fn running(&self, dev: usize) -> Vec<(u64, u64)> {
+    /// The start time recorded for slot `s` of `dev`.
+    fn start_at(&self, dev: usize, s: &Slot) -> u64 {
+        let i = (s as *const Slot as usize - self.devs[dev].as_ptr() as usize)
+            / std::mem::size_of::<Slot>();
+        self.starts[dev][i].load(Ordering::Relaxed)
+    }
+
+    /// (key, start time, used bytes) of every process with a context on `dev` (dead ones
+    /// included: the reader judges them, in its namespace).
+    fn running(&self, dev: usize) -> Vec<(u64, u64, u64)> {
         let Some(d) = self.devs.get(dev) else {
             return Vec::new();
         };
         d.iter()
             .filter_map(|s| {
                 let k = s.key.load(Ordering::Acquire);
-                (k != 0).then(|| (k, s.used.load(Ordering::Relaxed)))
+                (k != 0).then(|| (k, self.start_at(dev, s), s.used.load(Ordering::Relaxed)))
             })
             .collect()
     }
@@ -204,12 +233,13 @@ pub fn has_context(dev: usize) {
         unsafe { libc::pthread_atfork(None, None, Some(forget_own)) };
     });
     // Alive for the others before the key is in the table.
-    pidns::register();
+    pidns::register(true);
     let t = table();
     if let (Some(s), Some(o)) = (t.slot(dev, pidns::own_key(), true), OWN.get(dev)) {
         let i = (s as *const Slot as usize - t.devs[dev].as_ptr() as usize)
             / std::mem::size_of::<Slot>();
         t.cgroups[dev][i].store(crate::limits::own_cgroup().id(), Ordering::Relaxed);
+        t.starts[dev][i].store(pidns::own_start(), Ordering::Relaxed);
         o.store(s as *const Slot as *mut Slot, Ordering::Relaxed);
     }
 }
@@ -239,7 +269,7 @@ pub fn cgroup_used(dev: usize, cgroup: u64, exclude_own: bool) -> u64 {
         .filter(|(_, c)| c.load(Ordering::Relaxed) == cgroup)
         .filter_map(|(s, _)| {
             let k = s.key.load(Ordering::Acquire);
-            (k != 0 && !(exclude_own && k == me) && pidns::alive(k))
+            (k != 0 && !(exclude_own && k == me) && pidns::alive_since(k, t.start_at(dev, s)))
                 .then(|| s.used.load(Ordering::Relaxed))
         })
         .sum()
@@ -279,11 +309,11 @@ fn hide_memory() -> bool {
 /// The list NVML reports for `dev`: (NVML PID, used bytes) of the live processes.
 pub fn reported(dev: usize) -> Vec<(u32, u64)> {
     let running = table().running(dev);
-    let keys: Vec<u64> = running.iter().map(|&(k, _)| k).collect();
+    let keys: Vec<(u64, u64)> = running.iter().map(|&(k, st, _)| (k, st)).collect();
     nvml_pids(&keys, true)
         .into_iter()
         .zip(running)
-        .filter_map(|(pid, (_, used))| {
+        .filter_map(|(pid, (_, _, used))| {
             Some((
                 pid?,
                 if hide_memory() {
@@ -382,25 +412,32 @@ mod tests {
     fn a_process_is_listed_once_it_has_a_context_with_its_memory() {
         let t = table();
         let me = pidns::own_key();
-        assert!(t.running(3).iter().all(|&(p, _)| p != me));
+        assert!(t.running(3).iter().all(|&(p, _, _)| p != me));
         t.slot(3, me, true);
         if let Some(s) = t.slot(3, me, false) {
             s.used.store(4096, Ordering::Relaxed);
         }
-        assert!(t.running(3).contains(&(me, 4096)));
+        assert!(t.running(3).contains(&(me, 0, 4096)));
         // Another device is independent.
-        assert!(t.running(4).iter().all(|&(p, _)| p != me));
+        assert!(t.running(4).iter().all(|&(p, _, _)| p != me));
         // A dead PID's slot (of this namespace) is not reported and is reused.
         let d = &t.devs[5];
         let dead = pidns::key(pidns::own_ns(), 4_194_303);
         d[0].key.store(dead, Ordering::Relaxed);
-        assert_eq!(t.running(5), vec![(dead, 0)]);
+        assert_eq!(t.running(5), vec![(dead, 0, 0)]);
         assert_eq!(
-            nvml_pids(&[dead, me], true),
+            nvml_pids(&[(dead, 0), (me, 0)], true),
             vec![None, Some(nvml_pid(std::process::id()))]
         );
         // Utilisation samples of a dead process are still reported (offset mode).
-        assert_eq!(nvml_pids(&[dead], false), vec![Some(nvml_pid(4_194_303))]);
+        assert_eq!(
+            nvml_pids(&[(dead, 0)], false),
+            vec![Some(nvml_pid(4_194_303))]
+        );
+        // A live PID with another start time is a later process: the slot's is dead.
+        let init = pidns::key(pidns::own_ns(), 1);
+        assert_eq!(nvml_pids(&[(init, 1)], true), vec![None]);
+        assert_eq!(nvml_pids(&[(init, 0)], true), vec![Some(nvml_pid(1))]);
         t.slot(5, me, true);
         assert_eq!(d[0].key.load(Ordering::Relaxed), me);
         // Two namespaces' processes with the same PID are two slots.
@@ -408,7 +445,7 @@ mod tests {
         let b = pidns::key(8, 1);
         t.slot(6, a, true);
         t.slot(6, b, true);
-        assert_eq!(t.running(6), vec![(a, 0), (b, 0)]);
+        assert_eq!(t.running(6), vec![(a, 0, 0), (b, 0, 0)]);
     }
 
     #[test]

@@ -274,3 +274,38 @@ fn a_dead_containers_slot_is_reused_by_the_next_container_process() {
     drop((b, c));
     let _ = std::fs::remove_dir_all(st.parent().unwrap());
 }
+
+#[test]
+fn a_container_process_that_closes_the_fakes_descriptors_stays_listed() {
+    let st = state("closefds");
+    // It drops its liveness lock with its descriptors: this namespace still sees it in
+    // /proc, so neither view loses it (a bypass must not hide from the monitor that way).
+    let a = start(
+        &st,
+        true,
+        &[
+            "--gpu",
+            "0",
+            "--alloc-mib",
+            "256",
+            "--hold-s",
+            "60",
+            "--close-fds",
+        ],
+        256,
+    );
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", a.pid))
+        .unwrap()
+        .count();
+    assert!(fds <= 3, "{fds} descriptors open");
+    let host = smi(&st, HOST);
+    assert_eq!(used(&host, 0, a.pid), vec!["256"], "{host:?}");
+    let off = smi(&st, &[]);
+    assert_eq!(used(&off, 0, 400_001), vec!["256"], "{off:?}");
+    let a_pid = a.pid;
+    drop(a);
+    let host = smi(&st, HOST);
+    assert!(used(&host, 0, a_pid).is_empty(), "{host:?}");
+    assert!(used(&smi(&st, &[]), 0, 400_001).is_empty());
+    let _ = std::fs::remove_dir_all(st.parent().unwrap());
+}

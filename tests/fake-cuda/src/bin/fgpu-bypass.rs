@@ -8,14 +8,15 @@
 //! binary or a raw ioctl does on a real node: the node monitor's backstop must catch it.
 //!
 //! ```text
-//! fgpu-bypass --gpu <index|UUID> --alloc-mib N [--hold-s S] [--busy PERCENT]
+//! fgpu-bypass --gpu <index|UUID> --alloc-mib N [--hold-s S] [--busy PERCENT] [--close-fds]
 //! ```
 //! Creates a context on the GPU (an index is a CUDA ordinal, after `CUDA_VISIBLE_DEVICES`;
 //! a UUID is matched against `cuDeviceGetUuid`), allocates N MiB in steps of 256 MiB,
 //! prints `bypass_allocated_mib=<n>`, then `bypass_mem_total_mib=<t> bypass_mem_free_mib=<f>`
 //! (`cuMemGetInfo` after allocating), and holds it S seconds (default: until killed).
 //! `--busy P` keeps the GPU P % busy meanwhile (one kernel per 10 ms; needs
-//! `FAKE_CUDA_BLOCK_NS`). Exit 1 when not all of N could be allocated (after printing
+//! `FAKE_CUDA_BLOCK_NS`). `--close-fds` closes every descriptor above 2 once the memory is
+//! taken and before the report, as a hostile program may (the fake's own included). Exit 1 when not all of N could be allocated (after printing
 //! what was), 2 on bad usage. `FAKE_CUDA_UUIDS`, `FAKE_CUDA_MEMORY`, `FAKE_CUDA_GPUS`
 //! and the fake's other variables apply as in the library.
 
@@ -33,11 +34,14 @@ struct Args {
     alloc_mib: u64,
     hold: Option<Duration>,
     busy: u32,
+    close_fds: bool,
 }
 
 fn usage(msg: &str) -> ! {
     eprintln!("fgpu-bypass: {msg}");
-    eprintln!("usage: fgpu-bypass --gpu <index|UUID> --alloc-mib N [--hold-s S] [--busy PERCENT]");
+    eprintln!(
+        "usage: fgpu-bypass --gpu <index|UUID> --alloc-mib N [--hold-s S] [--busy PERCENT] [--close-fds]"
+    );
     std::process::exit(2)
 }
 
@@ -47,6 +51,7 @@ fn parse_args() -> Args {
         alloc_mib: 0,
         hold: None,
         busy: 0,
+        close_fds: false,
     };
     let mut seen_alloc = false;
     let mut it = std::env::args().skip(1);
@@ -78,6 +83,7 @@ fn parse_args() -> Args {
                     .filter(|p| *p <= 100)
                     .unwrap_or_else(|| usage("--busy: a percentage 0..100"));
             }
+            "--close-fds" => a.close_fds = true,
             "-h" | "--help" => usage("help"),
             other => usage(&format!("unknown argument {other}")),
         }
@@ -146,6 +152,11 @@ fn main() {
             }
             ptrs.push(p);
             got += n;
+        }
+        if args.close_fds {
+            // Every descriptor above stderr, the fake's state files included (before the
+            // report, so a reader of it knows they are closed).
+            libc::close_range(3, u32::MAX, 0);
         }
         // (Write errors ignored: a reader that stopped reading must not end the hold.)
         let mut out = std::io::stdout();
