@@ -4,8 +4,10 @@
 #   fgpu.local/pause:3.10     a static pause binary (tests/images/pause.c)
 #   fgpu.local/workload:dev   busybox (Debian busybox-static), glibc, fgpu-probe
 #                             (tests/images/fgpu-probe.c), and when built: the fake CUDA driver
-#                             + NVML (libfgpu_fake_cuda.so as libcuda.so.1 / libnvidia-ml.so.1)
-#                             and the shim /usr/lib/fgpu/libfgpu.so, from $CARGO_TARGET_DIR.
+#                             + NVML (libfgpu_fake_cuda.so as libcuda.so.1 / libnvidia-ml.so.1),
+#                             /usr/local/bin/fgpu-bypass (allocates through the fake driver
+#                             without the shim, tests/fake-cuda) and the shim
+#                             /usr/lib/fgpu/libfgpu.so, from $CARGO_TARGET_DIR.
 #   fgpu.local/kubelet-plugin:dev and fgpu.local/kubelet-plugin-fake:dev
 #                             only when fgpu-kubelet-plugin, libfgpu.so and the fake CUDA
 #                             driver are built: deploy/images/kubelet-plugin/Dockerfile's
@@ -85,7 +87,7 @@ build() {
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$r/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
   gcc -O2 -Wall -o "$r/usr/local/bin/fgpu-probe" "$FGPU_ROOT/tests/images/fgpu-probe.c" -ldl
-  local fake shim have=()
+  local fake shim bypass have=()
   # The shim and the fake CUDA driver are cdylibs, which `cargo test` does not leave in the
   # target dir: build them (a no-op when up to date), so that a fresh machine's first image
   # has them whoever starts the cluster (make test, make demo, a bench).
@@ -93,6 +95,7 @@ build() {
     || log "NOTE: cargo build -p fgpu-hook -p fgpu-fake-cuda failed: using what the target dir holds"
   fake="$(cargo_artifact libfgpu_fake_cuda.so)"
   shim="$(cargo_artifact libfgpu.so)"
+  bypass="$(cargo_artifact fgpu-bypass)"
   if [ -n "$fake" ]; then
     cp "$fake" "$r/usr/lib/x86_64-linux-gnu/libfgpu_fake_cuda.so"
     ln -s libfgpu_fake_cuda.so "$r/usr/lib/x86_64-linux-gnu/libcuda.so.1"
@@ -102,13 +105,19 @@ build() {
   else
     log "NOTE: no libfgpu_fake_cuda.so in $CARGO_TARGET_DIR/{debug,release} (tests/fake-cuda not built): the workload image has no fake CUDA driver"
   fi
+  if [ -n "$bypass" ]; then
+    cp "$bypass" "$r/usr/local/bin/fgpu-bypass"
+    have+=("fgpu-bypass from $bypass")
+  else
+    log "NOTE: no fgpu-bypass in $CARGO_TARGET_DIR/{debug,release} (tests/fake-cuda not built): the workload image has no shim-free test program"
+  fi
   if [ -n "$shim" ]; then
     cp "$shim" "$r/usr/lib/fgpu/libfgpu.so"
     have+=("shim from $shim")
   else
     log "NOTE: no libfgpu.so in $CARGO_TARGET_DIR/{debug,release} (hook-lib not built): the workload image has no shim"
   fi
-  copy_libs "$r" "$r/usr/local/bin/fgpu-probe" ${fake:+"$fake"} ${shim:+"$shim"}
+  copy_libs "$r" "$r/usr/local/bin/fgpu-probe" ${fake:+"$fake"} ${shim:+"$shim"} ${bypass:+"$bypass"}
   ldconfig -r "$r" 2>/dev/null || true
   printf '%s\n' "fgpu workload image, built $(date -u +%FT%TZ)" "${have[@]}" >"$r/etc/fgpu-image"
   python3 "$FGPU_ROOT/tests/images/mkoci.py" "$r" "$WORKLOAD_IMAGE" "$IMAGES_DIR/workload.tar" --cmd /bin/sh

@@ -261,6 +261,42 @@ gn=$(share_of "$WORK/core-bare")
 if awk -v g="$gn" 'BEGIN { exit !(g != "" && g > 90) }'; then ok "without the shim the same workload takes $gn % of the GPU"; else ko "bare workload: '$gn'"; fi
 if grep -q stalled "$WORK/prio-low" && [ ! -s "$WORK/prio-high" ]; then ok "priority: low $(cat "$WORK/prio-low")"; else ko "priority"; sed 's/^/      /' "$WORK/prio-low" "$WORK/prio-high"; fi
 
+echo "== a shim-free program (fgpu-bypass) and what a host-side NVML reader sees"
+# fgpu-bypass links the fake driver in: nothing the shim can interpose. With the shim
+# preloaded and a 64 MiB quota it still takes 512 MiB, which the fake NVML (host view)
+# lists under its PID: what the node monitor's backstop has to catch.
+bstate="$WORK/bypass-gpu"
+if ! syms=$(readelf --dyn-syms -W "$HOOK_DIR/fgpu-bypass" 2>&1); then
+  ko "readelf --dyn-syms fgpu-bypass: $syms"
+elif grep -Eq ' (cu|nvml)[A-Z][A-Za-z_0-9]*$|dlopen|dlsym' <<<"$syms"; then
+  ko "fgpu-bypass has dynamic CUDA/NVML or dlopen/dlsym symbols"; grep -E ' (cu|nvml)[A-Z]|dlopen|dlsym' <<<"$syms"
+else
+  ok "fgpu-bypass: no dynamic cu*/nvml* symbol, no dlopen/dlsym ($(wc -l <<<"$syms") dynamic symbols)"
+fi
+must_fail "the same quota refuses 512 MiB through libcuda.so.1" \
+  quota FAKE_CUDA_STATE="$bstate" "$BIN/hooktest" alloc $((512 << 20))
+mkdir -p "$WORK/state-bypass"
+# (A plain command in the background: $! is the program's own pid.)
+env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$WORK/state-bypass" FAKE_CUDA_STATE="$bstate" \
+  "$HOOK_DIR/fgpu-bypass" --gpu GPU-fa4ec0da-0000-0000-8000-000000000001 --alloc-mib 512 --hold-s 30 \
+  >"$WORK/bypass" 2>&1 &
+bypass=$!
+for _ in $(seq 100); do grep -q bypass_allocated_mib "$WORK/bypass" && break; sleep 0.05; done
+if grep -qx bypass_allocated_mib=512 "$WORK/bypass" && grep -q libfgpu.so "/proc/$bypass/maps"; then
+  ok "fgpu-bypass with the shim loaded and a 64 MiB quota: $(head -n1 "$WORK/bypass")"
+else
+  ko "fgpu-bypass under the shim"; sed 's/^/      /' "$WORK/bypass"
+fi
+FAKE_CUDA_STATE="$bstate" FAKE_CUDA_NVML_HOST=1 "$HOOK_DIR/fgpu-fake-smi" >"$WORK/smi" 2>&1
+if grep -qx "gpu=1 uuid=GPU-fa4ec0da-0000-0000-8000-000000000001 pid=$bypass used_mib=512" "$WORK/smi"; then
+  ok "host-mode NVML lists fgpu-bypass (pid $bypass) with its 512 MiB on GPU 1"
+else
+  ko "host-mode NVML view of fgpu-bypass (pid $bypass)"; sed 's/^/      /' "$WORK/smi"
+fi
+kill -KILL "$bypass"; wait "$bypass" 2>/dev/null
+FAKE_CUDA_STATE="$bstate" FAKE_CUDA_NVML_HOST=1 "$HOOK_DIR/fgpu-fake-smi" >"$WORK/smi" 2>&1
+if [ -z "$(grep "pid=$bypass " "$WORK/smi")" ]; then ok "... and not once it is dead"; else ko "dead fgpu-bypass still listed"; cat "$WORK/smi"; fi
+
 # shellcheck source=hook-lib/tests/hostile.sh
 . "$(dirname "$0")/hostile.sh"
 

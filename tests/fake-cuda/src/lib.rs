@@ -22,6 +22,11 @@
 //! Launches carry simulated durations and run on a virtual timeline shared by all
 //! processes (`timeline.rs`; `FAKE_CUDA_BLOCK_NS`, `FAKE_CUDA_GRAPH_NS`,
 //! `FAKE_CUDA_STATE`), from which fake NVML reports per-process and device utilisation.
+//!
+//! Processes are named across PID namespaces by (namespace inode, PID) and, for a
+//! host-side reader (`FAKE_CUDA_NVML_HOST=1`), reported by their PIDs there (`pidns.rs`).
+//! Driver-native per-cgroup memory limits (`nvmlDeviceSetMemoryLimits_v1`, with
+//! `FAKE_CUDA_MEMORY_LIMITS=1`) are enforced in every allocation (`limits.rs`).
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
@@ -29,6 +34,8 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+pub mod limits;
+pub mod pidns;
 pub mod procs;
 pub mod timeline;
 
@@ -180,7 +187,8 @@ fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     Some(u)
 }
 
-fn uuid_string(u: &[u8; 16]) -> String {
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (lower case), as NVML and `nvidia-smi` write it.
+pub fn uuid_string(u: &[u8; 16]) -> String {
     let mut s = String::from("GPU-");
     for (i, b) in u.iter().enumerate() {
         if matches!(i, 4 | 6 | 8 | 10) {
@@ -253,11 +261,14 @@ impl State {
     fn take(&mut self, dev: usize, size: u64) -> Result<(), CUresult> {
         let d = self.devs.get_mut(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
         match d.used.checked_add(size) {
-            Some(n) if n <= d.size => {
-                d.used = n;
-                procs::set_used(dev, n);
-                Ok(())
-            }
+            // The cgroup's driver-native limit, if any, and the process table's figure.
+            Some(n) if n <= d.size => match limits::charge(dev, d.used, n) {
+                Ok(()) => {
+                    d.used = n;
+                    Ok(())
+                }
+                Err(limits::OverLimit) => Err(CUDA_ERROR_OUT_OF_MEMORY),
+            },
             _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
         }
     }
@@ -336,10 +347,11 @@ fn launch_on_timeline(dur: u64) -> CUresult {
         return CUDA_SUCCESS;
     }
     let tl = timeline::mapped();
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() } as u32;
+    // Alive for the others before the key is on the timeline.
+    pidns::register(false);
+    let key = pidns::own_key();
     loop {
-        match tl.enqueue(dev, pid, dur, timeline::monotonic_ns(), config().queue_ns) {
+        match tl.enqueue(dev, key, dur, timeline::monotonic_ns(), config().queue_ns) {
             timeline::Enqueue::Placed { end, .. } => {
                 LAST_END.fetch_max(end, Ordering::Relaxed);
                 return CUDA_SUCCESS;
@@ -791,8 +803,10 @@ exports! {
         }
         let st = state();
         let dev = &st.devs[d];
-        put(free, (dev.size - dev.used) as usize);
-        put(total, dev.size as usize);
+        // A hard limit on the process's cgroup is the total it sees.
+        let (t, f) = limits::visible_memory(d, dev.size, dev.used);
+        put(free, f as usize);
+        put(total, t as usize);
         CUDA_SUCCESS
     }
 
@@ -1270,8 +1284,9 @@ pub extern "C" fn fakeCudaLaunchCount() -> u64 {
     LAUNCHES.load(Ordering::Relaxed)
 }
 
-/// GPU time (ns) of every launch process `pid` made on device `dev` so far, from the
-/// shared timeline (queued work included). `pid` 0: all processes.
+/// GPU time (ns) of every launch process `pid` (of the caller's PID namespace) made on
+/// device `dev` so far, from the shared timeline (queued work included). `pid` 0: all
+/// processes.
 #[unsafe(no_mangle)]
 pub extern "C" fn fakeCudaBusyNs(dev: c_int, pid: c_int) -> u64 {
     let tl = timeline::mapped();
@@ -1281,7 +1296,7 @@ pub extern "C" fn fakeCudaBusyNs(dev: c_int, pid: c_int) -> u64 {
             .total
             .load(Ordering::Relaxed);
     }
-    tl.proc_slot(d, pid as u32, false)
+    tl.proc_slot(d, pidns::key(pidns::own_ns(), pid as u32), false)
         .map_or(0, |p| p.total.load(Ordering::Relaxed))
 }
 
@@ -1339,6 +1354,8 @@ pub struct NvmlUtilization {
 }
 
 const NVML_ERROR_NOT_FOUND: c_int = 6;
+const NVML_ERROR_NOT_SUPPORTED: c_int = 3;
+const NVML_ERROR_INSUFFICIENT_RESOURCES: c_int = 23;
 
 /// The utilisation window `[a, b)` on the monotonic timeline for NVML's `lastSeen`
 /// (CPU time in µs since the epoch, as real NVML): since `last_seen`, at most 1 s back
@@ -1450,7 +1467,8 @@ nvml_exports! {
         tri!(nvml_ready());
         let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
         let (size, used) = { let st = state(); (st.devs[d].size, st.devs[d].used) };
-        if put(mem, NvmlMemory { total: size, free: size - used, used }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+        let (total, free) = limits::visible_memory(d, size, used);
+        if put(mem, NvmlMemory { total, free, used }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
     }
     fn nvmlDeviceGetMemoryInfo_v2(h: *const u8, mem: *mut NvmlMemoryV2) {
         tri!(nvml_ready());
@@ -1461,7 +1479,8 @@ nvml_exports! {
         }
         let (size, used) = { let st = state(); (st.devs[d].size, st.devs[d].used) };
         let reserved = 512 << 20;
-        put(mem, NvmlMemoryV2 { version: v, total: size, reserved, free: size.saturating_sub(used + reserved), used });
+        let (total, free) = limits::visible_memory(d, size, used);
+        put(mem, NvmlMemoryV2 { version: v, total, reserved, free: free.saturating_sub(reserved), used });
         NVML_SUCCESS
     }
     fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, h: *mut *const u8) {
@@ -1484,10 +1503,18 @@ nvml_exports! {
         let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
         let Some(cap) = get(count) else { return NVML_ERROR_INVALID_ARGUMENT };
         let (a, b, now_us) = util_window(last_seen);
-        let busy: Vec<(u32, u64)> = timeline::mapped()
+        let busy: Vec<(u64, u64)> = timeline::mapped()
             .proc_busy(d, a, b)
             .into_iter()
             .filter(|&(_, ns)| ns > 0)
+            .collect();
+        // The PIDs NVML reports (host view: those the reader's namespace sees; the others
+        // are left out).
+        let keys: Vec<(u64, u64)> = busy.iter().map(|&(k, _)| (k, procs::start_of(d, k))).collect();
+        let busy: Vec<(u32, u64)> = procs::nvml_pids(&keys, false)
+            .into_iter()
+            .zip(busy)
+            .filter_map(|(pid, (_, ns))| Some((pid?, ns)))
             .collect();
         if busy.is_empty() {
             put(count, 0);
@@ -1502,7 +1529,7 @@ nvml_exports! {
             // SAFETY: the caller's buffer holds `cap` >= busy.len() samples.
             unsafe {
                 samples.add(i).write(NvmlProcessUtilizationSample {
-                    pid: procs::nvml_pid(pid),
+                    pid,
                     time_stamp: now_us,
                     sm_util: sm,
                     mem_util: 0,
@@ -1539,6 +1566,78 @@ nvml_exports! {
         let gpu = ((ns as f64 * 100.0 / (b - a) as f64).round() as c_uint).min(100);
         if put(u, NvmlUtilization { gpu, memory: 0 }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
     }
+    fn nvmlDeviceSetMemoryLimits_v1(h: *const u8, limits: *const NvmlSetMemoryLimits) {
+        if !limits::advertised() {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(l) = get(limits) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(path) = c_path(l.name_space) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Ok(cg) = limits::resolve(&path) else { return NVML_ERROR_NOT_FOUND };
+        let clear = l.hard_limit == 0 || (l.hard_limit == limits::LIMIT_MAX && l.soft_limit == 0);
+        if !clear && l.hard_limit != limits::LIMIT_MAX && l.soft_limit > l.hard_limit {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let g = limits::table().lock();
+        if clear {
+            g.clear(d, &cg);
+            return NVML_SUCCESS;
+        }
+        match g.set(d, &cg, &path, l.soft_limit, l.hard_limit) {
+            Ok(()) => NVML_SUCCESS,
+            Err(limits::TableFull) => NVML_ERROR_INSUFFICIENT_RESOURCES,
+        }
+    }
+    fn nvmlDeviceGetMemoryLimits_v1(h: *const u8, limits: *mut NvmlGetMemoryLimits) {
+        if !limits::advertised() {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(l) = get(limits as *const NvmlGetMemoryLimits) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Some(path) = c_path(l.name_space) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let Ok(cg) = limits::resolve(&path) else { return NVML_ERROR_NOT_FOUND };
+        let (soft, hard) = limits::table().lock().find(d, &cg).map_or((0, limits::LIMIT_MAX), |e| (e.soft, e.hard));
+        put(limits, NvmlGetMemoryLimits {
+            name_space: l.name_space,
+            soft_limit: soft,
+            hard_limit: hard,
+            current_used: limits::cgroup_total(d, &cg),
+        });
+        NVML_SUCCESS
+    }
+}
+
+/// `nvmlSetMemoryLimits_v1_t` (CUDA 13.4's `nvml.h`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NvmlSetMemoryLimits {
+    /// Full sysfs path of the cgroup.
+    pub name_space: *const c_char,
+    pub soft_limit: u64,
+    pub hard_limit: u64,
+}
+
+/// `nvmlGetMemoryLimits_v1_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NvmlGetMemoryLimits {
+    /// [in] Full sysfs path of the cgroup.
+    pub name_space: *const c_char,
+    pub soft_limit: u64,
+    pub hard_limit: u64,
+    pub current_used: u64,
+}
+
+/// A caller's cgroup path (None: null, not UTF-8, empty or too long to store).
+fn c_path(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated string (caller contract), checked non-null.
+    let s = unsafe { CStr::from_ptr(p) }.to_str().ok()?;
+    (!s.is_empty() && s.len() <= limits::PATH_LEN).then(|| s.to_owned())
 }
 
 /// `nvmlErrorString` returns a pointer, not a status.
@@ -1548,6 +1647,10 @@ pub extern "C" fn nvmlErrorString(r: c_int) -> *const c_char {
         0 => c"Success".as_ptr(),
         1 => c"Uninitialized".as_ptr(),
         2 => c"Invalid Argument".as_ptr(),
+        3 => c"Not Supported".as_ptr(),
+        6 => c"Not Found".as_ptr(),
+        7 => c"Insufficient Size".as_ptr(),
+        23 => c"Insufficient Resources".as_ptr(),
         _ => c"Unknown Error".as_ptr(),
     }
 }

@@ -256,6 +256,8 @@ exports! {
             }
         }
         crate::procs::has_context(d);
+        // The context's memory, taken before the process had its slot.
+        crate::procs::set_used(d, state().devs[d].used);
         put(ctx, primary(d));
         CUDA_SUCCESS
     }
@@ -306,6 +308,8 @@ exports! {
         let h = CTX_TAG | (serial << 8) | d;
         contexts().by_handle.insert(h, c);
         crate::procs::has_context(d);
+        // The context's memory, taken before the process had its slot.
+        crate::procs::set_used(d, state().devs[d].used);
         CURRENT.with(|x| x.set(h));
         put(ctx, h);
         CUDA_SUCCESS

@@ -10,12 +10,20 @@
 //! (`nvmlDeviceGetComputeRunningProcesses[_v2|_v3]`) only once it has a context on that
 //! device, as on real NVML, with the device memory it holds (`usedGpuMemory`). The list
 //! is shared by every process naming the same `FAKE_CUDA_STATE` (file
-//! `$FAKE_CUDA_STATE.procs`), else private to the process. Dead processes drop out of
-//! it (checked with `kill(pid, 0)`: the fake plays the host, which sees every PID).
+//! `$FAKE_CUDA_STATE.procs`), else private to the process. A slot names its process by
+//! its key (PID-namespace inode and PID there, `pidns.rs`), so two containers' PID 1 are
+//! two processes, and records its start time and cgroup beside it; dead processes drop
+//! out of the list (`pidns::alive_since`: `kill(pid, 0)` or the reader's `/proc`, with
+//! the start time, else the liveness lock).
+//!
+//! With `FAKE_CUDA_NVML_HOST=1` (a host-side reader such as the node monitor) the PIDs
+//! are those of the reader's namespace (`pidns::host_pids`) and the offset is not added.
 
 use std::ffi::c_uint;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use crate::pidns;
 
 /// Offset added to every PID the fake's NVML reports, unless configured.
 pub const DEFAULT_OFFSET: u32 = 400_000;
@@ -26,15 +34,20 @@ pub const SLOTS: usize = 64;
 
 #[repr(C)]
 pub struct Slot {
-    /// The process's own PID (as `getpid()` sees it); 0 = free.
-    pid: AtomicU32,
-    _pad: u32,
+    /// The process's key: PID-namespace inode << 32 | its own PID (as `getpid()` sees
+    /// it); 0 = free.
+    key: AtomicU64,
     used: AtomicU64,
 }
 
 #[repr(C)]
 pub struct Table {
     devs: [[Slot; SLOTS]; DEVICES],
+    /// The cgroup of each slot's process (`limits::Cgroup::id`; 0 = unknown), written when
+    /// it takes the slot. After `devs`, so a file of the earlier layout only grows.
+    cgroups: [[AtomicU64; SLOTS]; DEVICES],
+    /// Each slot's process start time (`pidns::own_start`; 0 = unknown), written with it.
+    starts: [[AtomicU64; SLOTS]; DEVICES],
 }
 
 const TABLE_SIZE: usize = std::mem::size_of::<Table>();
@@ -50,20 +63,38 @@ pub fn offset() -> u32 {
     })
 }
 
-/// The PID NVML reports for a process whose own PID is `pid`.
+/// The PID NVML reports for a process whose own PID is `pid` (without
+/// `FAKE_CUDA_NVML_HOST`).
 pub fn nvml_pid(pid: u32) -> u32 {
     pid.wrapping_add(offset())
 }
 
-fn own_pid() -> u32 {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() as u32 }
+/// The PIDs NVML reports for `procs` (`(key, start time)`, in order; None: left out).
+/// Host mode: as the reader's namespace sees them, live ones only. Otherwise own PID +
+/// offset; `live_only` drops the dead (the running-process list does, utilisation
+/// samples do not).
+pub fn nvml_pids(procs: &[(u64, u64)], live_only: bool) -> Vec<Option<u32>> {
+    if pidns::host_mode() {
+        return pidns::host_pids(procs);
+    }
+    procs
+        .iter()
+        .map(|&(k, st)| {
+            (!live_only || pidns::alive_since(k, st)).then(|| nvml_pid(pidns::key_pid(k)))
+        })
+        .collect()
 }
 
-fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks existence.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+/// The start time recorded with process `key` on `dev` (0: not in the list).
+pub fn start_of(dev: usize, key: u64) -> u64 {
+    let t = table();
+    let (Some(d), Some(st)) = (t.devs.get(dev), t.starts.get(dev)) else {
+        return 0;
+    };
+    d.iter()
+        .zip(st)
+        .find(|(s, _)| s.key.load(Ordering::Acquire) == key)
+        .map_or(0, |(_, st)| st.load(Ordering::Relaxed))
 }
 
 fn map(path: Option<&str>) -> *mut u8 {
@@ -138,19 +169,22 @@ fn table() -> &'static Table {
 }
 
 impl Table {
-    fn slot(&self, dev: usize, pid: u32, create: bool) -> Option<&Slot> {
+    fn slot(&self, dev: usize, key: u64, create: bool) -> Option<&Slot> {
         let d = self.devs.get(dev)?;
-        if let Some(s) = d.iter().find(|s| s.pid.load(Ordering::Acquire) == pid) {
+        if let Some(s) = d.iter().find(|s| s.key.load(Ordering::Acquire) == key) {
             return Some(s);
         }
         if !create {
             return None;
         }
         d.iter().find(|s| {
-            let cur = s.pid.load(Ordering::Acquire);
-            (cur == 0 || !alive(cur))
-                && s.pid
-                    .compare_exchange(cur, pid, Ordering::AcqRel, Ordering::Relaxed)
+            let cur = s.key.load(Ordering::Acquire);
+            // Reused only when dead by PID alone: the start time recorded beside the key
+            // is written after it, so it may still be the previous owner's (reporting
+            // uses it; stealing a slot just claimed must not).
+            (cur == 0 || !pidns::alive(cur))
+                && s.key
+                    .compare_exchange(cur, key, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 && {
                     s.used.store(0, Ordering::Relaxed);
@@ -159,15 +193,23 @@ impl Table {
         })
     }
 
-    /// (own PID, used bytes) of every live process with a context on `dev`.
-    fn running(&self, dev: usize) -> Vec<(u32, u64)> {
+    /// The start time recorded for slot `s` of `dev`.
+    fn start_at(&self, dev: usize, s: &Slot) -> u64 {
+        let i = (s as *const Slot as usize - self.devs[dev].as_ptr() as usize)
+            / std::mem::size_of::<Slot>();
+        self.starts[dev][i].load(Ordering::Relaxed)
+    }
+
+    /// (key, start time, used bytes) of every process with a context on `dev` (dead ones
+    /// included: the reader judges them, in its namespace).
+    fn running(&self, dev: usize) -> Vec<(u64, u64, u64)> {
         let Some(d) = self.devs.get(dev) else {
             return Vec::new();
         };
         d.iter()
             .filter_map(|s| {
-                let pid = s.pid.load(Ordering::Acquire);
-                (pid != 0 && alive(pid)).then(|| (pid, s.used.load(Ordering::Relaxed)))
+                let k = s.key.load(Ordering::Acquire);
+                (k != 0).then(|| (k, self.start_at(dev, s), s.used.load(Ordering::Relaxed)))
             })
             .collect()
     }
@@ -190,7 +232,14 @@ pub fn has_context(dev: usize) {
         // SAFETY: registering a handler that only stores atomics.
         unsafe { libc::pthread_atfork(None, None, Some(forget_own)) };
     });
-    if let (Some(s), Some(o)) = (table().slot(dev, own_pid(), true), OWN.get(dev)) {
+    // Alive for the others before the key is in the table.
+    pidns::register(true);
+    let t = table();
+    if let (Some(s), Some(o)) = (t.slot(dev, pidns::own_key(), true), OWN.get(dev)) {
+        let i = (s as *const Slot as usize - t.devs[dev].as_ptr() as usize)
+            / std::mem::size_of::<Slot>();
+        t.cgroups[dev][i].store(crate::limits::own_cgroup().id(), Ordering::Relaxed);
+        t.starts[dev][i].store(pidns::own_start(), Ordering::Relaxed);
         o.store(s as *const Slot as *mut Slot, Ordering::Relaxed);
     }
 }
@@ -205,6 +254,25 @@ pub fn set_used(dev: usize, bytes: u64) {
         // SAFETY: a slot of the table's mapping, never unmapped.
         unsafe { &*s }.used.store(bytes, Ordering::Relaxed);
     }
+}
+
+/// Device memory on `dev` of the live processes whose cgroup id is `cgroup` (without the
+/// caller's own when `exclude_own`).
+pub fn cgroup_used(dev: usize, cgroup: u64, exclude_own: bool) -> u64 {
+    let t = table();
+    let (Some(d), Some(c)) = (t.devs.get(dev), t.cgroups.get(dev)) else {
+        return 0;
+    };
+    let me = pidns::own_key();
+    d.iter()
+        .zip(c)
+        .filter(|(_, c)| c.load(Ordering::Relaxed) == cgroup)
+        .filter_map(|(s, _)| {
+            let k = s.key.load(Ordering::Acquire);
+            (k != 0 && !(exclude_own && k == me) && pidns::alive_since(k, t.start_at(dev, s)))
+                .then(|| s.used.load(Ordering::Relaxed))
+        })
+        .sum()
 }
 
 /// `nvmlProcessInfo_v1_t`.
@@ -238,20 +306,22 @@ fn hide_memory() -> bool {
     *H.get_or_init(|| std::env::var("FAKE_CUDA_NVML_HIDE_MEMORY").is_ok_and(|v| v == "1"))
 }
 
-/// The list NVML reports for `dev`: (NVML PID, used bytes).
+/// The list NVML reports for `dev`: (NVML PID, used bytes) of the live processes.
 pub fn reported(dev: usize) -> Vec<(u32, u64)> {
-    table()
-        .running(dev)
+    let running = table().running(dev);
+    let keys: Vec<(u64, u64)> = running.iter().map(|&(k, st, _)| (k, st)).collect();
+    nvml_pids(&keys, true)
         .into_iter()
-        .map(|(pid, used)| {
-            (
-                nvml_pid(pid),
+        .zip(running)
+        .filter_map(|(pid, (_, _, used))| {
+            Some((
+                pid?,
                 if hide_memory() {
                     VALUE_NOT_AVAILABLE
                 } else {
                     used
                 },
-            )
+            ))
         })
         .collect()
 }
@@ -341,21 +411,41 @@ mod tests {
     #[test]
     fn a_process_is_listed_once_it_has_a_context_with_its_memory() {
         let t = table();
-        let me = own_pid();
-        assert!(t.running(3).iter().all(|&(p, _)| p != me));
+        let me = pidns::own_key();
+        assert!(t.running(3).iter().all(|&(p, _, _)| p != me));
         t.slot(3, me, true);
         if let Some(s) = t.slot(3, me, false) {
             s.used.store(4096, Ordering::Relaxed);
         }
-        assert!(t.running(3).contains(&(me, 4096)));
+        assert!(t.running(3).contains(&(me, 0, 4096)));
         // Another device is independent.
-        assert!(t.running(4).iter().all(|&(p, _)| p != me));
-        // A dead PID's slot is not reported and is reused.
+        assert!(t.running(4).iter().all(|&(p, _, _)| p != me));
+        // A dead PID's slot (of this namespace) is not reported and is reused.
         let d = &t.devs[5];
-        d[0].pid.store(u32::MAX - 1, Ordering::Relaxed);
-        assert!(t.running(5).is_empty());
+        let dead = pidns::key(pidns::own_ns(), 4_194_303);
+        d[0].key.store(dead, Ordering::Relaxed);
+        assert_eq!(t.running(5), vec![(dead, 0, 0)]);
+        assert_eq!(
+            nvml_pids(&[(dead, 0), (me, 0)], true),
+            vec![None, Some(nvml_pid(std::process::id()))]
+        );
+        // Utilisation samples of a dead process are still reported (offset mode).
+        assert_eq!(
+            nvml_pids(&[(dead, 0)], false),
+            vec![Some(nvml_pid(4_194_303))]
+        );
+        // A live PID with another start time is a later process: the slot's is dead.
+        let init = pidns::key(pidns::own_ns(), 1);
+        assert_eq!(nvml_pids(&[(init, 1)], true), vec![None]);
+        assert_eq!(nvml_pids(&[(init, 0)], true), vec![Some(nvml_pid(1))]);
         t.slot(5, me, true);
-        assert_eq!(d[0].pid.load(Ordering::Relaxed), me);
+        assert_eq!(d[0].key.load(Ordering::Relaxed), me);
+        // Two namespaces' processes with the same PID are two slots.
+        let a = pidns::key(7, 1);
+        let b = pidns::key(8, 1);
+        t.slot(6, a, true);
+        t.slot(6, b, true);
+        assert_eq!(t.running(6), vec![(a, 0, 0), (b, 0, 0)]);
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! instance (the file `FAKE_CUDA_STATE`, or private memory when that is unset).
 //! All-zero bytes are a valid empty timeline: a new file needs no initialisation.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Devices with a timeline.
 pub const TL_DEVICES: usize = 16;
@@ -87,8 +87,8 @@ impl Ring {
 
 #[repr(C)]
 pub struct ProcSlot {
-    pub pid: AtomicU32,
-    _pad: u32,
+    /// The process's key (`pidns::key`: PID-namespace inode and PID there); 0 = free.
+    pub key: AtomicU64,
     /// Busy time of every launch of this process so far (queued work included).
     pub total: AtomicU64,
     pub ring: Ring,
@@ -116,16 +116,10 @@ pub enum Enqueue {
     Wait(u64),
 }
 
-fn pid_alive(pid: u32) -> bool {
-    // SAFETY: kill with signal 0 only checks for existence.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
 impl Timeline {
     /// Places a launch of `dur` ns on device `dev` at time `now`, unless more than
-    /// `cap` ns of work are queued.
-    pub fn enqueue(&self, dev: usize, pid: u32, dur: u64, now: u64, cap: u64) -> Enqueue {
+    /// `cap` ns of work are queued. `key`: the launching process (`pidns::key`).
+    pub fn enqueue(&self, dev: usize, key: u64, dur: u64, now: u64, cap: u64) -> Enqueue {
         let d = &self.devs[dev % TL_DEVICES];
         let mut bu = d.busy_until.load(Ordering::Acquire);
         let (start, end) = loop {
@@ -144,20 +138,21 @@ impl Timeline {
         };
         d.total.fetch_add(dur, Ordering::Relaxed);
         d.ring.add(start, end);
-        if let Some(p) = self.proc_slot(dev, pid, true) {
+        if let Some(p) = self.proc_slot(dev, key, true) {
             p.total.fetch_add(dur, Ordering::Relaxed);
             p.ring.add(start, end);
         }
         Enqueue::Placed { start, end }
     }
 
-    /// The slot of `pid` on `dev` (claimed when `create`; a dead process's slot is reused).
-    pub fn proc_slot(&self, dev: usize, pid: u32, create: bool) -> Option<&ProcSlot> {
+    /// The slot of process `key` on `dev` (claimed when `create`; a dead process's slot is
+    /// reused).
+    pub fn proc_slot(&self, dev: usize, key: u64, create: bool) -> Option<&ProcSlot> {
         let d = &self.devs[dev % TL_DEVICES];
         if let Some(p) = d
             .procs
             .iter()
-            .find(|p| p.pid.load(Ordering::Acquire) == pid)
+            .find(|p| p.key.load(Ordering::Acquire) == key)
         {
             return Some(p);
         }
@@ -165,10 +160,10 @@ impl Timeline {
             return None;
         }
         for p in &d.procs {
-            let cur = p.pid.load(Ordering::Acquire);
-            if (cur == 0 || !pid_alive(cur))
-                && p.pid
-                    .compare_exchange(cur, pid, Ordering::AcqRel, Ordering::Relaxed)
+            let cur = p.key.load(Ordering::Acquire);
+            if (cur == 0 || !crate::pidns::alive(cur))
+                && p.key
+                    .compare_exchange(cur, key, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
                 p.total.store(0, Ordering::Relaxed);
@@ -181,14 +176,14 @@ impl Timeline {
         None
     }
 
-    /// (pid, busy ns in `[a, b)`) of every process seen on `dev`.
-    pub fn proc_busy(&self, dev: usize, a: u64, b: u64) -> Vec<(u32, u64)> {
+    /// (key, busy ns in `[a, b)`) of every process seen on `dev`.
+    pub fn proc_busy(&self, dev: usize, a: u64, b: u64) -> Vec<(u64, u64)> {
         self.devs[dev % TL_DEVICES]
             .procs
             .iter()
             .filter_map(|p| {
-                let pid = p.pid.load(Ordering::Acquire);
-                (pid != 0).then(|| (pid, p.ring.busy(a, b)))
+                let k = p.key.load(Ordering::Acquire);
+                (k != 0).then(|| (k, p.ring.busy(a, b)))
             })
             .collect()
     }
@@ -366,5 +361,17 @@ mod tests {
         assert_eq!(t.device_busy(0, base, base + 500 * MS), 250 * MS);
         // Future work is not counted as done.
         assert_eq!(t.device_busy(0, end, end + 100 * MS), 0);
+    }
+
+    #[test]
+    fn the_same_pid_in_two_namespaces_is_two_processes() {
+        let t = fresh();
+        let (a, b) = (crate::pidns::key(7, 1), crate::pidns::key(8, 1));
+        let now = 3000 * MS;
+        t.enqueue(2, a, 4 * MS, now, 50 * MS);
+        t.enqueue(2, b, MS, now, 50 * MS);
+        let mut per = t.proc_busy(2, now, now + 10 * MS);
+        per.sort();
+        assert_eq!(per, vec![(a, 4 * MS), (b, MS)]);
     }
 }
