@@ -398,7 +398,7 @@ impl Guard<'_> {
     }
 
     fn matches(e: &Entry, dev: usize, cg: &Cgroup) -> bool {
-        e.dev1 as usize == dev + 1
+        e.dev1 as usize == crate::gpus::slot(dev) + 1
             && if cg.inode != 0 && e.inode != 0 {
                 e.inode == cg.inode
             } else {
@@ -432,7 +432,7 @@ impl Guard<'_> {
         };
         let was_free = self.read(i).dev1 == 0;
         let mut e = Entry {
-            dev1: dev as u32 + 1,
+            dev1: crate::gpus::slot(dev) as u32 + 1,
             path_len: 0,
             inode: cg.inode,
             path_hash: path_id(&cg.rel),
@@ -473,9 +473,7 @@ impl Entry {
 pub fn table() -> &'static Table {
     static T: OnceLock<Table> = OnceLock::new();
     T.get_or_init(|| {
-        std::env::var("FAKE_CUDA_STATE")
-            .ok()
-            .filter(|p| !p.is_empty())
+        crate::gpus::shared_path()
             .and_then(|p| Table::file(&format!("{p}.limits")))
             .unwrap_or_else(Table::private)
     })
