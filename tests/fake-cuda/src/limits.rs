@@ -10,7 +10,8 @@
 //! `NVML_ERROR_NOT_SUPPORTED`, as on an older driver.
 //!
 //! Limits live in `$FAKE_CUDA_STATE.limits` (private memory without `FAKE_CUDA_STATE`): a
-//! header and [`ENTRIES`] fixed-size entries, read and written under `flock` (and a
+//! header and [`ENTRIES`] fixed-size entries (each names its GPU by directory row,
+//! `gpus::slot`, so by UUID), read and written under `flock` (and a
 //! process mutex, since threads share the descriptor). An entry names its cgroup by the
 //! cgroup directory's **inode** when the setter can see it, and by the path relative to
 //! the cgroup2 root: a process inside a container with its own cgroup namespace reads

@@ -10,7 +10,8 @@
 //! (`nvmlDeviceGetComputeRunningProcesses[_v2|_v3]`) only once it has a context on that
 //! device, as on real NVML, with the device memory it holds (`usedGpuMemory`). The list
 //! is shared by every process naming the same `FAKE_CUDA_STATE` (file
-//! `$FAKE_CUDA_STATE.procs`), else private to the process. A slot names its process by
+//! `$FAKE_CUDA_STATE.procs`), else private to the process; its rows are GPUs by UUID
+//! (`gpus::slot`: the public functions take the caller's device ordinal). A slot names its process by
 //! its key (PID-namespace inode and PID there, `pidns.rs`), so two containers' PID 1 are
 //! two processes, and records its start time and cgroup beside it; dead processes drop
 //! out of the list (`pidns::alive_since`: `kill(pid, 0)` or the reader's `/proc`, with

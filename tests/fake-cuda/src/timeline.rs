@@ -13,7 +13,8 @@
 //!
 //! Time is a parameter of every method (`now`, nanoseconds of `CLOCK_MONOTONIC`), so
 //! the logic is tested with an injected clock; `mapped()` is the process's shared
-//! instance (the file `FAKE_CUDA_STATE`, or private memory when that is unset).
+//! instance (the file `FAKE_CUDA_STATE`, or private memory when that is unset). Its
+//! `dev` arguments are rows (`gpus::slot` of a device ordinal: GPUs by UUID).
 //! All-zero bytes are a valid empty timeline: a new file needs no initialisation.
 
 use std::sync::atomic::{AtomicU64, Ordering};
