@@ -34,6 +34,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+pub mod gpus;
 pub mod limits;
 pub mod pidns;
 pub mod procs;
@@ -351,7 +352,13 @@ fn launch_on_timeline(dur: u64) -> CUresult {
     pidns::register(false);
     let key = pidns::own_key();
     loop {
-        match tl.enqueue(dev, key, dur, timeline::monotonic_ns(), config().queue_ns) {
+        match tl.enqueue(
+            gpus::slot(dev),
+            key,
+            dur,
+            timeline::monotonic_ns(),
+            config().queue_ns,
+        ) {
             timeline::Enqueue::Placed { end, .. } => {
                 LAST_END.fetch_max(end, Ordering::Relaxed);
                 return CUDA_SUCCESS;
@@ -1290,11 +1297,12 @@ pub extern "C" fn fakeCudaLaunchCount() -> u64 {
 #[unsafe(no_mangle)]
 pub extern "C" fn fakeCudaBusyNs(dev: c_int, pid: c_int) -> u64 {
     let tl = timeline::mapped();
-    let d = dev.max(0) as usize;
+    let d = gpus::slot(dev.max(0) as usize);
     if pid == 0 {
-        return tl.devs[d % timeline::TL_DEVICES]
-            .total
-            .load(Ordering::Relaxed);
+        return tl
+            .devs
+            .get(d)
+            .map_or(0, |t| t.total.load(Ordering::Relaxed));
     }
     tl.proc_slot(d, pidns::key(pidns::own_ns(), pid as u32), false)
         .map_or(0, |p| p.total.load(Ordering::Relaxed))
@@ -1504,7 +1512,7 @@ nvml_exports! {
         let Some(cap) = get(count) else { return NVML_ERROR_INVALID_ARGUMENT };
         let (a, b, now_us) = util_window(last_seen);
         let busy: Vec<(u64, u64)> = timeline::mapped()
-            .proc_busy(d, a, b)
+            .proc_busy(gpus::slot(d), a, b)
             .into_iter()
             .filter(|&(_, ns)| ns > 0)
             .collect();
@@ -1562,7 +1570,7 @@ nvml_exports! {
         tri!(nvml_ready());
         let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
         let (a, b, _) = util_window(0);
-        let ns = timeline::mapped().device_busy(d, a, b);
+        let ns = timeline::mapped().device_busy(gpus::slot(d), a, b);
         let gpu = ((ns as f64 * 100.0 / (b - a) as f64).round() as c_uint).min(100);
         if put(u, NvmlUtilization { gpu, memory: 0 }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
     }

@@ -10,7 +10,8 @@
 //! `NVML_ERROR_NOT_SUPPORTED`, as on an older driver.
 //!
 //! Limits live in `$FAKE_CUDA_STATE.limits` (private memory without `FAKE_CUDA_STATE`): a
-//! header and [`ENTRIES`] fixed-size entries, read and written under `flock` (and a
+//! header and [`ENTRIES`] fixed-size entries (each names its GPU by directory row,
+//! `gpus::slot`, so by UUID), read and written under `flock` (and a
 //! process mutex, since threads share the descriptor). An entry names its cgroup by the
 //! cgroup directory's **inode** when the setter can see it, and by the path relative to
 //! the cgroup2 root: a process inside a container with its own cgroup namespace reads
@@ -398,7 +399,7 @@ impl Guard<'_> {
     }
 
     fn matches(e: &Entry, dev: usize, cg: &Cgroup) -> bool {
-        e.dev1 as usize == dev + 1
+        e.dev1 as usize == crate::gpus::slot(dev) + 1
             && if cg.inode != 0 && e.inode != 0 {
                 e.inode == cg.inode
             } else {
@@ -432,7 +433,7 @@ impl Guard<'_> {
         };
         let was_free = self.read(i).dev1 == 0;
         let mut e = Entry {
-            dev1: dev as u32 + 1,
+            dev1: crate::gpus::slot(dev) as u32 + 1,
             path_len: 0,
             inode: cg.inode,
             path_hash: path_id(&cg.rel),
@@ -473,9 +474,7 @@ impl Entry {
 pub fn table() -> &'static Table {
     static T: OnceLock<Table> = OnceLock::new();
     T.get_or_init(|| {
-        std::env::var("FAKE_CUDA_STATE")
-            .ok()
-            .filter(|p| !p.is_empty())
+        crate::gpus::shared_path()
             .and_then(|p| Table::file(&format!("{p}.limits")))
             .unwrap_or_else(Table::private)
     })

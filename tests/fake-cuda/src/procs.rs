@@ -10,7 +10,8 @@
 //! (`nvmlDeviceGetComputeRunningProcesses[_v2|_v3]`) only once it has a context on that
 //! device, as on real NVML, with the device memory it holds (`usedGpuMemory`). The list
 //! is shared by every process naming the same `FAKE_CUDA_STATE` (file
-//! `$FAKE_CUDA_STATE.procs`), else private to the process. A slot names its process by
+//! `$FAKE_CUDA_STATE.procs`), else private to the process; its rows are GPUs by UUID
+//! (`gpus::slot`: the public functions take the caller's device ordinal). A slot names its process by
 //! its key (PID-namespace inode and PID there, `pidns.rs`), so two containers' PID 1 are
 //! two processes, and records its start time and cgroup beside it; dead processes drop
 //! out of the list (`pidns::alive_since`: `kill(pid, 0)` or the reader's `/proc`, with
@@ -87,6 +88,7 @@ pub fn nvml_pids(procs: &[(u64, u64)], live_only: bool) -> Vec<Option<u32>> {
 
 /// The start time recorded with process `key` on `dev` (0: not in the list).
 pub fn start_of(dev: usize, key: u64) -> u64 {
+    let dev = crate::gpus::slot(dev);
     let t = table();
     let (Some(d), Some(st)) = (t.devs.get(dev), t.starts.get(dev)) else {
         return 0;
@@ -157,12 +159,7 @@ fn map(path: Option<&str>) -> *mut u8 {
 
 fn table() -> &'static Table {
     static T: OnceLock<usize> = OnceLock::new();
-    let p = *T.get_or_init(|| {
-        let path = std::env::var("FAKE_CUDA_STATE")
-            .ok()
-            .filter(|p| !p.is_empty());
-        map(path.as_deref()) as usize
-    });
+    let p = *T.get_or_init(|| map(crate::gpus::shared_path()) as usize);
     // SAFETY: a live mapping of TABLE_SIZE bytes, never unmapped; all-zero is a valid
     // table (atomics only).
     unsafe { &*(p as *const Table) }
@@ -235,11 +232,12 @@ pub fn has_context(dev: usize) {
     // Alive for the others before the key is in the table.
     pidns::register(true);
     let t = table();
-    if let (Some(s), Some(o)) = (t.slot(dev, pidns::own_key(), true), OWN.get(dev)) {
-        let i = (s as *const Slot as usize - t.devs[dev].as_ptr() as usize)
+    let row = crate::gpus::slot(dev);
+    if let (Some(s), Some(o)) = (t.slot(row, pidns::own_key(), true), OWN.get(dev)) {
+        let i = (s as *const Slot as usize - t.devs[row].as_ptr() as usize)
             / std::mem::size_of::<Slot>();
-        t.cgroups[dev][i].store(crate::limits::own_cgroup().id(), Ordering::Relaxed);
-        t.starts[dev][i].store(pidns::own_start(), Ordering::Relaxed);
+        t.cgroups[row][i].store(crate::limits::own_cgroup().id(), Ordering::Relaxed);
+        t.starts[row][i].store(pidns::own_start(), Ordering::Relaxed);
         o.store(s as *const Slot as *mut Slot, Ordering::Relaxed);
     }
 }
@@ -259,6 +257,7 @@ pub fn set_used(dev: usize, bytes: u64) {
 /// Device memory on `dev` of the live processes whose cgroup id is `cgroup` (without the
 /// caller's own when `exclude_own`).
 pub fn cgroup_used(dev: usize, cgroup: u64, exclude_own: bool) -> u64 {
+    let dev = crate::gpus::slot(dev);
     let t = table();
     let (Some(d), Some(c)) = (t.devs.get(dev), t.cgroups.get(dev)) else {
         return 0;
@@ -308,7 +307,7 @@ fn hide_memory() -> bool {
 
 /// The list NVML reports for `dev`: (NVML PID, used bytes) of the live processes.
 pub fn reported(dev: usize) -> Vec<(u32, u64)> {
-    let running = table().running(dev);
+    let running = table().running(crate::gpus::slot(dev));
     let keys: Vec<(u64, u64)> = running.iter().map(|&(k, st, _)| (k, st)).collect();
     nvml_pids(&keys, true)
         .into_iter()

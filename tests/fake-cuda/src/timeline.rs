@@ -13,7 +13,8 @@
 //!
 //! Time is a parameter of every method (`now`, nanoseconds of `CLOCK_MONOTONIC`), so
 //! the logic is tested with an injected clock; `mapped()` is the process's shared
-//! instance (the file `FAKE_CUDA_STATE`, or private memory when that is unset).
+//! instance (the file `FAKE_CUDA_STATE`, or private memory when that is unset). Its
+//! `dev` arguments are rows (`gpus::slot` of a device ordinal: GPUs by UUID).
 //! All-zero bytes are a valid empty timeline: a new file needs no initialisation.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -120,7 +121,13 @@ impl Timeline {
     /// Places a launch of `dur` ns on device `dev` at time `now`, unless more than
     /// `cap` ns of work are queued. `key`: the launching process (`pidns::key`).
     pub fn enqueue(&self, dev: usize, key: u64, dur: u64, now: u64, cap: u64) -> Enqueue {
-        let d = &self.devs[dev % TL_DEVICES];
+        let Some(d) = self.devs.get(dev) else {
+            // A device without a timeline: the launch takes no time.
+            return Enqueue::Placed {
+                start: now,
+                end: now,
+            };
+        };
         let mut bu = d.busy_until.load(Ordering::Acquire);
         let (start, end) = loop {
             if bu > now.saturating_add(cap) {
@@ -148,7 +155,7 @@ impl Timeline {
     /// The slot of process `key` on `dev` (claimed when `create`; a dead process's slot is
     /// reused).
     pub fn proc_slot(&self, dev: usize, key: u64, create: bool) -> Option<&ProcSlot> {
-        let d = &self.devs[dev % TL_DEVICES];
+        let d = self.devs.get(dev)?;
         if let Some(p) = d
             .procs
             .iter()
@@ -178,18 +185,19 @@ impl Timeline {
 
     /// (key, busy ns in `[a, b)`) of every process seen on `dev`.
     pub fn proc_busy(&self, dev: usize, a: u64, b: u64) -> Vec<(u64, u64)> {
-        self.devs[dev % TL_DEVICES]
-            .procs
-            .iter()
-            .filter_map(|p| {
-                let k = p.key.load(Ordering::Acquire);
-                (k != 0).then(|| (k, p.ring.busy(a, b)))
-            })
-            .collect()
+        self.devs.get(dev).map_or(Vec::new(), |d| {
+            d.procs
+                .iter()
+                .filter_map(|p| {
+                    let k = p.key.load(Ordering::Acquire);
+                    (k != 0).then(|| (k, p.ring.busy(a, b)))
+                })
+                .collect()
+        })
     }
 
     pub fn device_busy(&self, dev: usize, a: u64, b: u64) -> u64 {
-        self.devs[dev % TL_DEVICES].ring.busy(a, b)
+        self.devs.get(dev).map_or(0, |d| d.ring.busy(a, b))
     }
 }
 
@@ -227,10 +235,7 @@ pub fn mapped() -> &'static Timeline {
     use std::sync::OnceLock;
     static TL: OnceLock<usize> = OnceLock::new();
     let p = *TL.get_or_init(|| {
-        let shared = std::env::var("FAKE_CUDA_STATE")
-            .ok()
-            .filter(|p| !p.is_empty())
-            .and_then(|p| map_file(&p));
+        let shared = crate::gpus::shared_path().and_then(map_file);
         shared.unwrap_or_else(|| {
             // SAFETY: anonymous zeroed mapping of TIMELINE_SIZE bytes.
             let m = unsafe {

@@ -222,8 +222,9 @@ fn a_host_reader_sees_processes_of_other_pid_namespaces_by_their_host_pids() {
     let _ = std::fs::remove_dir_all(st.parent().unwrap());
 }
 
-/// The key a slot of `$FAKE_CUDA_STATE.procs` holds (16 devices x 64 slots of
-/// `{key: u64, used: u64}`).
+/// The key a slot of `$FAKE_CUDA_STATE.procs` holds (16 GPU rows x 64 slots of
+/// `{key: u64, used: u64}`). Row = the GPU's index in `$FAKE_CUDA_STATE.gpus`: every
+/// process here lists the same two UUIDs and claims them in that order, so row = device.
 fn slot_key(state: &Path, dev: usize, slot: usize) -> u64 {
     let procs = std::fs::read(format!("{}.procs", state.display())).unwrap();
     let off = (dev * 64 + slot) * 16;

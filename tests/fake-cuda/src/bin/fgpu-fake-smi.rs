@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! gpu=<index> uuid=<GPU-…> pid=<pid> used_mib=<MiB>    every running compute process
+//! gpu=<index> uuid=<GPU-…> util=<percent>             the device's utilisation (last second)
 //! gpu=<index> uuid=<GPU-…> pid=<pid> sm=<percent>      every utilisation sample (last second)
 //! ```
 //! Exit 1 when an NVML call fails (other than "no samples").
@@ -124,6 +125,12 @@ fn main() {
                 };
                 println!("gpu={i} uuid={uuid} pid={} used_mib={used}", p.pid);
             }
+            let mut util: cu::NvmlUtilization = std::mem::zeroed();
+            check(
+                "nvmlDeviceGetUtilizationRates",
+                cu::nvmlDeviceGetUtilizationRates(h, &mut util),
+            );
+            println!("gpu={i} uuid={uuid} util={}", util.gpu);
             let mut count: c_uint = 64;
             let mut samples: Vec<cu::NvmlProcessUtilizationSample> =
                 (0..64).map(|_| std::mem::zeroed()).collect();
