@@ -20,7 +20,11 @@ const UUIDS: [&str; 2] = [
 fn library() -> PathBuf {
     // The test binary is in <target>/<profile>/deps; the cdylib in <target>/<profile>.
     let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("libfgpu_fake_cuda.so")
+    exe.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("libfgpu_fake_cuda.so")
 }
 
 #[test]
@@ -41,7 +45,16 @@ fn the_fake_backend_sees_a_bypassing_process_with_its_memory_and_utilisation() {
     .unwrap();
     // The process the monitor must see: on the node's GPU-0, 768 MiB, 40 % busy.
     let mut child = Command::new(env!("CARGO_BIN_EXE_fgpu-bypass"))
-        .args(["--gpu", "0", "--alloc-mib", "768", "--busy", "40", "--hold-s", "30"])
+        .args([
+            "--gpu",
+            "0",
+            "--alloc-mib",
+            "768",
+            "--busy",
+            "40",
+            "--hold-s",
+            "30",
+        ])
         .env("FAKE_CUDA_STATE", &state)
         .env("FAKE_CUDA_UUIDS", UUIDS.join(","))
         .env("FAKE_CUDA_BLOCK_NS", "10000")
@@ -75,21 +88,39 @@ fn the_fake_backend_sees_a_bypassing_process_with_its_memory_and_utilisation() {
     };
     let (gpus, p) = loop {
         let gpus = backend.usage(since(Duration::from_secs(1))).unwrap();
-        if let Some(p) = gpus[0].processes.iter().find(|p| p.pid == child.id()).cloned()
+        if let Some(p) = gpus[0]
+            .processes
+            .iter()
+            .find(|p| p.pid == child.id())
+            .cloned()
             && p.sm_percent.is_some()
         {
             break (gpus, p);
         }
-        assert!(Instant::now() < deadline, "the bypass process never showed: {gpus:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the bypass process never showed: {gpus:?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(gpus.len(), 2);
     assert_eq!(gpus[0].uuid, UUIDS[0]);
     assert!(gpus.iter().all(|g| g.error.is_none()), "{gpus:?}");
-    assert_eq!(p.used_memory, Some(768 << 20), "host PID, its memory: {p:?}");
+    assert_eq!(
+        p.used_memory,
+        Some(768 << 20),
+        "host PID, its memory: {p:?}"
+    );
     let sm = p.sm_percent.unwrap();
-    assert!((30..=50).contains(&sm), "utilisation of a 40 % busy process: {sm}");
-    assert!(gpus[1].processes.is_empty(), "nothing on GPU-1: {:?}", gpus[1]);
+    assert!(
+        (30..=50).contains(&sm),
+        "utilisation of a 40 % busy process: {sm}"
+    );
+    assert!(
+        gpus[1].processes.is_empty(),
+        "nothing on GPU-1: {:?}",
+        gpus[1]
+    );
 
     child.kill().unwrap();
     child.wait().unwrap();
