@@ -696,17 +696,25 @@ fn sleep_ns(ns: u64) {
 fn measure(e: &Entry, dev: &Dev, last_us: u64, now: u64) -> Option<(f64, bool)> {
     let now_us = clock(libc::CLOCK_REALTIME) / 1000;
     let window_us = now_us.saturating_sub(last_us).clamp(1_000, 1_000_000);
-    // The node's feed, when fresh, says the claim's utilisation directly.
-    let from_feed = config()
-        .feed_path
-        .as_deref()
-        .and_then(|p| feed::read(p, now_us / 1000))
-        .and_then(|f| f.sm_permille(&dev.uuid));
     let nvml = dev.nvml;
     // An unidentified process of the claim is launching: NVML's samples cannot tell
     // the claim's work from others' ("no sample of mine" must never read as "idle").
     let unknown = now.saturating_sub(e.unknown_ns.load(Ordering::Relaxed)) < UNKNOWN_NS;
     let f = real::nvmlDeviceGetProcessUtilization().filter(|_| nvml != 0);
+    // Every process of the claim identified: NVML's own samples over exactly this
+    // period are the best measure (the node's feed is a second old and covers another
+    // window: pairing it with this period's units makes the estimate oscillate).
+    if !unknown && let Some(m) = f.and_then(|f| measure_nvml(e, f, nvml, now_us, window_us, false))
+    {
+        return Some(m);
+    }
+    // Otherwise the node's feed, when fresh, says the claim's utilisation from the host's
+    // view (host PIDs mapped to the claim by the node monitor).
+    let from_feed = config()
+        .feed_path
+        .as_deref()
+        .and_then(|p| feed::read(p, now_us / 1000))
+        .and_then(|fd| fd.sm_permille(&dev.uuid));
     if let Some(permille) = from_feed {
         let busy = permille as f64 / 1000.0 * window_us as f64 * 1000.0;
         // Whether anyone else is on the card: only NVML can say, and only when the

@@ -281,7 +281,7 @@ else
 fi
 if within "$gc" 40 3; then ok "claim mode: gpu.<UUID>.cores=40 with foreign PIDs -> $gc %"; else ko "claim-mode core quota: '$gc'"; cat "$WORK/core-claim"; fi
 
-# The node's feed is preferred: claim A (30 %, unidentifiable: NVML hides memory) shares
+# The node's feed replaces the upper bound: claim A (30 %, unidentifiable: NVML hides memory) shares
 # GPU 3 with claim B (50 %). Without a feed A can only count B's time as its own (the
 # upper bound) and stays far below its quota: closed, not open. With a fresh feed saying
 # A's own utilisation (written as the node monitor would), A gets its 30 %.
@@ -299,7 +299,7 @@ wait
 fa=$(share_of "$WORK/feed-a") fb=$(share_of "$WORK/feed-b")
 na=$(share_of "$WORK/nofeed-a") nb=$(share_of "$WORK/nofeed-b")
 if within "$fa" 30 3 && within "$fb" 50 3; then
-  ok "a fresh utilisation feed is preferred: unidentifiable 30 % claim at $fa % beside 50 % at $fb %"
+  ok "a fresh utilisation feed replaces the upper bound: unidentifiable 30 % claim at $fa % beside 50 % at $fb %"
 else
   ko "feed: '$fa' + '$fb'"
   cat "$WORK/feed-a" "$WORK/feed-b"
