@@ -5,8 +5,8 @@
 #   * what an admin looks at: the release, fgpu's pods, the ResourceSlices, the classes;
 #   * memory: three pods sharing one fake GPU with 4, 8 and 12 GiB quotas, what each
 #     container sees and what happens when it allocates past its quota;
-#   * compute: two processes at 30 % and 70 % of one fake GPU's cores, competing, and the
-#     split they get on the fake's shared timeline (with libfgpu.so, on this host).
+#   * compute: two pods at 30 % and 70 % of one fake GPU's cores, competing, the split they
+#     get on the node's shared fake GPU and what the node monitor measures of each claim.
 # Parts that fail are named plainly at the end.
 #
 #   hack/demo.sh [--keep]      --keep (or FGPU_DEMO_KEEP=1): leave the cluster running
@@ -125,31 +125,70 @@ echo; echo "The pods' claims, as kube-scheduler allocated them (one fake GPU, on
 kubectl get resourceclaims -n default -o 'custom-columns=CLAIM:.metadata.name,DEVICE:.status.allocation.devices.results[0].device,MEMORY:.status.allocation.devices.results[0].consumedCapacity.memory,SHARE:.status.allocation.devices.results[0].shareID' 2>&1 | sed 's/^/  /'
 kubectl delete pod -l app=fgpu-demo --wait=false >/dev/null 2>&1 || true
 
-banner "8. compute: 30 % and 70 % of one fake GPU's cores, competing"
-# The shim's core limiter, as hook-lib/tests/run.sh measures it: two processes with
-# libfgpu.so on one GPU of the fake driver's shared timeline (GPU time, kernels of 40 blocks
-# x 10 us), their share over 5 s after 2 s of warm-up. On this host: in pods the two
-# containers would need the fake's timeline file shared between them, which the demo
-# profile does not set up.
-TARGET="${CARGO_TARGET_DIR:-$FGPU_CACHE/target}"
-if make -s -C "$FGPU_ROOT" hook-build >/tmp/fgpu-demo-hook.log 2>&1; then
-  w="$(mktemp -d /tmp/fgpu-demo-core.XXXXXX)"; mkdir -p "$w/a" "$w/b"
-  run_core() { env FAKE_CUDA_GPUS=1 FAKE_CUDA_STATE="$w/gpu" FAKE_CUDA_BLOCK_NS=10000 LD_LIBRARY_PATH="$TARGET/debug/fake-cuda" \
-    LD_PRELOAD="$TARGET/debug/libfgpu.so" HT_DEV=0 FGPU_CORE_LIMIT="$1" FGPU_STATE_DIR="$2" "$TARGET/debug/fgpu-hook-test/hooktest" work 7 2; }
-  run_core 30 "$w/a" >"$w/a.out" 2>&1 & pa=$!
-  run_core 70 "$w/b" >"$w/b.out" 2>&1 & pb=$!
-  wait "$pa" "$pb" || true
-  sa="$(sed -n 's/.*share=\([0-9.]*\).*/\1/p' "$w/a.out")"; sb="$(sed -n 's/.*share=\([0-9.]*\).*/\1/p' "$w/b.out")"
-  if [ -n "$sa" ] && [ -n "$sb" ]; then
-    echo "  process at FGPU_CORE_LIMIT=30: ${sa} % of the GPU's time"
-    echo "  process at FGPU_CORE_LIMIT=70: ${sb} % of the GPU's time"
-  else
-    missing+=("the core split (outputs in $w)")
-  fi
-  [ ${#missing[@]} -gt 0 ] || rm -rf "$w"
+banner "8. compute: two pods at 30 % and 70 % of one fake GPU's cores, competing"
+# Two pods whose claims ask 30 and 70 cores (percent of the SMs) of the same fake GPU. The
+# plugin shares the node's fake GPU state with every claim's containers (--fake-state-dir),
+# so their kernels queue on one timeline, as on one real GPU; each probe launches for 9 s
+# and prints its share of the GPU's time over the last 7 s. Meanwhile the node monitor
+# measures each claim from the host (its metrics).
+STATE_DIR=/run/fgpu-e2e/fake-state # the chart's fakeGpus.stateDir
+rm -f "$STATE_DIR/demo-go"
+for c in 30 70; do
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: gpu-cores-$c, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: shared.gpu.fgpu.dev
+          capacity: {requests: {memory: 1Gi, cores: "$c"}}
+          selectors:
+          - cel: {expression: 'device.attributes["gpu.fgpu.dev"].index == 0'}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: demo-cores-$c, namespace: default, labels: {app: fgpu-demo}}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: gpu-cores-$c}]
+  containers:
+  - name: probe
+    image: $FGPU_WORKLOAD_IMAGE
+    imagePullPolicy: Never
+    env: [{name: FAKE_CUDA_BLOCK_NS, value: "10000"}]
+    command: ["/bin/sh", "-c", "echo waiting; until [ -e /run/fgpu-fake/demo-go ]; do sleep 0.1; done; /usr/local/bin/fgpu-probe --step-mib 256 --max-gib 0 --work-s 9 --warm-s 2; echo probe_done; exec sleep 3600"]
+    resources: {claims: [{name: gpu}]}
+EOF
+done
+ready=1
+for c in 30 70; do
+  wait_for 120 "demo-cores-$c started" sh -c "kubectl logs demo-cores-$c 2>/dev/null | grep -q waiting" || ready=0
+done
+if [ $ready = 1 ]; then
+  touch "$STATE_DIR/demo-go"
+  sleep 5
+  echo "  the node monitor, from the host (fgpu_kubelet_plugin_claim_sm_utilization_ratio, one sample):"
+  m="$(curl -s "http://127.0.0.1:9400/metrics" | grep '^fgpu_kubelet_plugin_claim_sm_utilization_ratio' || true)"
+  if [ -n "$m" ]; then printf '    %s\n' "${m//$'\n'/$'\n'    }"; else missing+=("the node monitor's metrics on 127.0.0.1:9400"); fi
+  for c in 30 70; do
+    wait_for 60 "demo-cores-$c finished" sh -c "kubectl logs demo-cores-$c 2>/dev/null | grep -q probe_done" || true
+    share="$(kubectl logs "demo-cores-$c" 2>/dev/null | sed -n 's/^work_share=//p')"
+    if [ -n "$share" ]; then
+      echo "  pod demo-cores-$c (claim: $c cores): ${share} % of the GPU's time"
+    else
+      missing+=("the core split of demo-cores-$c (kubectl logs demo-cores-$c)")
+    fi
+  done
 else
-  missing+=("make hook-build (see /tmp/fgpu-demo-hook.log)")
+  missing+=("the core-quota pods did not start")
 fi
+kubectl delete pod -l app=fgpu-demo --wait=false >/dev/null 2>&1 || true
+rm -f "$STATE_DIR/demo-go"
 
 banner "what is missing for the full demo"
 if [ ${#missing[@]} -eq 0 ]; then echo "nothing"; else printf '  - %s\n' "${missing[@]}"; fi

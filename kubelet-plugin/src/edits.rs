@@ -49,6 +49,43 @@ pub const SHIM_CONTAINER_PATH: &str = "/usr/lib/fgpu/libfgpu.so";
 /// Mode of the node's GPU directory on the host (`<state root>/gpus`): only the plugin
 /// creates files in it, one `<GPU-UUID>.priority` per GPU ([`contract::SHARED_FILE_MODE`]).
 pub const GPU_DIR_MODE: u32 = 0o755;
+/// Where a fake node's GPU state directory appears in containers (`--fake-state-dir`).
+pub const FAKE_STATE_CONTAINER: &str = "/run/fgpu-fake";
+/// The fake GPU state file in that directory (`FAKE_CUDA_STATE`); the fake driver keeps
+/// its other tables beside it, in [`FAKE_STATE_FILES`].
+pub const FAKE_STATE_FILE: &str = "gpu";
+/// The fake driver's files of one state (`tests/fake-cuda/README.md`), pre-created
+/// writable for every UID by the plugin so that non-root containers can map them.
+pub const FAKE_STATE_FILES: [&str; 5] = ["gpu", "gpu.procs", "gpu.live", "gpu.limits", "gpu.gpus"];
+
+/// Creates a fake node's GPU state directory and the fake driver's files in it, writable
+/// by every UID (the fake stands for a device every container of the node may use), and
+/// checks that the plugin's own reader (`FAKE_CUDA_STATE` in its environment, for the
+/// node monitor) names the same state; a mismatch is returned as a warning.
+pub fn create_fake_state(dir: &Path) -> std::io::Result<Option<String>> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    for f in FAKE_STATE_FILES {
+        let p = dir.join(f);
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&p)?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666))?;
+    }
+    let want = dir.join(FAKE_STATE_FILE);
+    Ok(match std::env::var_os("FAKE_CUDA_STATE") {
+        Some(v) if Path::new(&v) == want => None,
+        v => Some(format!(
+            "--fake-state-dir {}: the containers' fake GPU state is {}, but this process's FAKE_CUDA_STATE is {:?}: the node monitor reads another state and sees none of them",
+            dir.display(),
+            want.display(),
+            v.unwrap_or_default()
+        )),
+    })
+}
+
 /// Mode of a claim's feed directory on the host (the node monitor writes it).
 pub const FEED_DIR_MODE: u32 = 0o755;
 /// The preload file in containers.
@@ -105,6 +142,11 @@ pub struct NodeFiles {
     /// real driver sees only the device nodes it was given. Without it the fake would report
     /// its own UUIDs, which no claim names, and the shim would rightly refuse them.
     pub fake_driver: bool,
+    /// A fake node's GPU state directory (`--fake-state-dir`): mounted read-write at
+    /// [`FAKE_STATE_CONTAINER`] in every claim's containers with `FAKE_CUDA_STATE` naming
+    /// its `gpu` file, so that all the node's containers share one fake GPU (its timeline,
+    /// its process list) as they would share a real one, and the node monitor sees them.
+    pub fake_state_dir: Option<PathBuf>,
     /// Bytes the shim charges per CUDA context (`--context-overhead`; 0: none), written into
     /// the limits file as `context_overhead`.
     pub context_overhead: u64,
@@ -472,6 +514,14 @@ pub fn build(
     if files.fake_driver {
         let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
         common = common.env("FAKE_CUDA_UUIDS", uuids.join(","));
+        if let Some(dir) = &files.fake_state_dir {
+            common = common
+                .env(
+                    "FAKE_CUDA_STATE",
+                    format!("{FAKE_STATE_CONTAINER}/{FAKE_STATE_FILE}"),
+                )
+                .mount(MountEdit::bind(dir, FAKE_STATE_CONTAINER, &STATE_RW));
+        }
     }
     // HAMi-core's names, for images that bring HAMi-core's library.
     if let Some(m) = uniform(|g| g.memory_bytes) {
@@ -693,6 +743,7 @@ pub(crate) mod tests {
                 timeout: None,
             }],
             fake_driver: false,
+            fake_state_dir: None,
             context_overhead: 0,
         }
     }
@@ -714,6 +765,62 @@ pub(crate) mod tests {
             .iter()
             .map(|v| v.as_str().unwrap().to_owned())
             .collect()
+    }
+
+    #[test]
+    fn a_fake_state_dir_is_shared_with_every_claim_and_made_writable() {
+        let g0 = gpu(0, "0000:1b:00.0");
+        let devices = vec![dev(&g0, "a", None, 10, 30)];
+        let shared = NodeFiles {
+            fake_driver: true,
+            fake_state_dir: Some("/run/fgpu-e2e/state".into()),
+            ..files()
+        };
+        let e = build(&DriverName::default(), &claim(), &devices, &shared, &paths()).unwrap();
+        let json = e.spec.to_json_value();
+        assert!(env_of(&e.spec).contains(&"FAKE_CUDA_STATE=/run/fgpu-fake/gpu".to_owned()));
+        let mounts = json["containerEdits"]["mounts"].as_array().unwrap();
+        let m = mounts
+            .iter()
+            .find(|m| m["containerPath"] == "/run/fgpu-fake")
+            .expect("the state directory is mounted");
+        assert_eq!(m["hostPath"], "/run/fgpu-e2e/state");
+        assert!(m["options"].as_array().unwrap().iter().any(|o| o == "rw"));
+        // A real node (or a fake one without the flag) gets nothing of it.
+        let plain = build(
+            &DriverName::default(),
+            &claim(),
+            &devices,
+            &NodeFiles {
+                fake_driver: true,
+                ..files()
+            },
+            &paths(),
+        )
+        .unwrap();
+        assert!(
+            !env_of(&plain.spec)
+                .iter()
+                .any(|v| v.starts_with("FAKE_CUDA_STATE"))
+        );
+
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("s");
+        // This test process's FAKE_CUDA_STATE is not that state: the mismatch is reported.
+        let warning = create_fake_state(&state).unwrap();
+        assert!(warning.is_some_and(|w| w.contains("the node monitor reads another state")));
+        for f in FAKE_STATE_FILES {
+            let mode = std::fs::metadata(state.join(f))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o666, "{f}");
+        }
+        // Again over existing files (a restart): nothing truncated.
+        std::fs::write(state.join("gpu"), b"x").unwrap();
+        create_fake_state(&state).unwrap();
+        assert_eq!(std::fs::read(state.join("gpu")).unwrap(), b"x");
     }
 
     #[test]

@@ -105,6 +105,13 @@ pub(crate) struct ServeArgs {
     )]
     driver_files: Vec<String>,
 
+    /// With --backend fake: the node's fake GPU state directory, shared read-write by every
+    /// claim's containers (mounted at /run/fgpu-fake, FAKE_CUDA_STATE=/run/fgpu-fake/gpu) so
+    /// that they share one fake GPU; give the plugin FAKE_CUDA_STATE=<DIR>/gpu for the node
+    /// monitor. Created at start.
+    #[arg(long, value_name = "DIR", env = "FGPU_FAKE_STATE_DIR")]
+    fake_state_dir: Option<PathBuf>,
+
     /// Where the host's root file system is mounted, for discovering the driver's files
     /// when neither --driver-file nor the NVIDIA container toolkit's CDI spec names them.
     #[arg(
@@ -168,6 +175,30 @@ fn file_mount(spec: &str) -> anyhow::Result<FileMount> {
     driver_files::parse_driver_file(spec).map_err(|e| BadInput(e.to_string()).into())
 }
 
+/// `--fake-state-dir`, checked and created (fake backend only).
+pub(crate) fn fake_state(fake: bool, dir: Option<PathBuf>) -> anyhow::Result<Option<PathBuf>> {
+    let Some(dir) = dir else { return Ok(None) };
+    if !fake {
+        return Err(BadInput("--fake-state-dir: only with --backend fake".into()).into());
+    }
+    if !dir.is_absolute() {
+        return Err(BadInput(format!(
+            "--fake-state-dir {}: must be absolute",
+            dir.display()
+        ))
+        .into());
+    }
+    match fgpu_kubelet_plugin::edits::create_fake_state(&dir)
+        .with_context(|| format!("--fake-state-dir {}", dir.display()))?
+    {
+        Some(warning) => tracing::warn!("{warning}"),
+        None => {
+            tracing::info!(dir = %dir.display(), "fake GPU state shared by the node's containers")
+        }
+    }
+    Ok(Some(dir))
+}
+
 /// Runs `serve` until SIGTERM / SIGINT, or until the kubelet refuses the registration.
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let driver = DriverName::new(args.driver_name.as_str())
@@ -196,15 +227,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         &args.node,
         args.monitor.fake_nvml_library.as_deref(),
     )?;
-    let monitor = match (args.gpus.backend, &args.monitor.fake_nvml_library) {
-        (Backend::Fake, None) => {
-            tracing::info!(
-                "node monitor off: a fake node has no processes to read without --fake-nvml-library"
-            );
-            None
-        }
-        _ => args.monitor.config(&args.node),
-    };
+    let fake_state_dir = fake_state(args.gpus.backend == Backend::Fake, args.fake_state_dir)?;
+    let monitor = args
+        .monitor
+        .config_for(&args.node, args.gpus.backend == Backend::Fake);
     let cfg = ServeConfig {
         driver,
         node_name: args.node,
@@ -218,6 +244,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             driver_mounts,
             driver_hooks,
             fake_driver: args.gpus.backend == Backend::Fake,
+            fake_state_dir,
             context_overhead: args.context_overhead,
         },
         boot_id_path: args.boot_id_file,

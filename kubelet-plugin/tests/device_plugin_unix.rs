@@ -120,6 +120,7 @@ async fn registers_lists_and_allocates() {
                 driver_mounts: vec![FileMount::same(root.join("fake-cuda/libcuda.so.1"))],
                 driver_hooks: vec![],
                 fake_driver: false,
+                fake_state_dir: None,
                 context_overhead: 0,
             },
             boot_id: "boot-1".into(),

@@ -108,6 +108,7 @@ impl Setup {
                 }],
                 driver_hooks: vec![],
                 fake_driver: false,
+                fake_state_dir: None,
                 context_overhead: 0,
             },
             boot_id: "boot-1".into(),

@@ -202,6 +202,7 @@ mod serve_loop {
                 driver_mounts: vec![],
                 driver_hooks: vec![],
                 fake_driver: false,
+                fake_state_dir: None,
                 context_overhead: 0,
             },
             boot_id_path: boot_id,

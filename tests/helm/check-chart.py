@@ -186,9 +186,12 @@ for name in ("fgpu-kubelet-plugin", "fgpu-device-plugin"):
           and "--over-quota=kill" in c["args"] and "--monitor-period-ms=1000" in c["args"]
           and any(a.startswith("--fake-nvml-library=") for a in c["args"])
           and env.get("FAKE_CUDA_NVML_HOST") == "1"
+          and env.get("FAKE_CUDA_STATE") == "/run/fgpu-e2e/fake-state/gpu"
+          and "--fake-state-dir=/run/fgpu-e2e/fake-state" in c["args"]
+          and any(m["name"] == "fake-state" and m["mountPath"] == "/run/fgpu-e2e/fake-state" for m in c["volumeMounts"])
           and env.get("FAKE_CUDA_UUIDS") == "GPU-e2e00000-0000-4000-8000-000000000000,GPU-e2e00000-0000-4000-8000-000000000001"
           and c["securityContext"]["capabilities"].get("add") == ["KILL"],
-          f"{name}: monitor on: hostPID, flags, the fake NVML's host view, KILL for --over-quota=kill")
+          f"{name}: monitor on: hostPID, flags, the fake NVML's host view and shared state, KILL for --over-quota=kill")
     d = render("1.37.2", "legacy.enabled=true", "kubeletPlugin.monitor.enabled=false")
     ds = get(d, "DaemonSet", name)
     check("hostPID" not in ds["spec"]["template"]["spec"] and "--monitor-period-ms=0" in containers(ds)[0]["args"],

@@ -175,6 +175,7 @@ mod tests {
             driver_mounts: vec![FileMount::same("/usr/lib/libcuda.so.1")],
             driver_hooks: vec![],
             fake_driver: false,
+            fake_state_dir: None,
             context_overhead: 0,
         };
         let e = build(&driver, &r, &planned, &files, &paths).unwrap();

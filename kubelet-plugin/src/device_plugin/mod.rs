@@ -376,6 +376,10 @@ pub struct DevicePluginArgs {
         env = "FGPU_DRIVER_FILES"
     )]
     pub driver_files: Vec<String>,
+    /// With --backend fake: the node's fake GPU state directory shared by every claim's
+    /// containers (see `serve --help`).
+    #[arg(long, value_name = "DIR", env = "FGPU_FAKE_STATE_DIR")]
+    pub fake_state_dir: Option<PathBuf>,
     /// Host root for discovering the driver's files when no --driver-file is given.
     #[arg(
         long,
@@ -437,6 +441,20 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
     let monitor = args
         .monitor
         .config_for(&args.node, args.backend == BackendChoice::Fake);
+    let fake_state_dir = match &args.fake_state_dir {
+        None => None,
+        Some(_) if args.backend != BackendChoice::Fake => {
+            anyhow::bail!("--fake-state-dir: only with --backend fake")
+        }
+        Some(dir) => {
+            if let Some(w) = crate::edits::create_fake_state(dir)
+                .with_context(|| format!("--fake-state-dir {}", dir.display()))?
+            {
+                tracing::warn!("{w}");
+            }
+            Some(dir.clone())
+        }
+    };
     let boot_id = crate::checkpoint::read_boot_id(&args.boot_id_file)?;
     let cfg = DevicePluginConfig {
         plugin: PluginConfig {
@@ -450,6 +468,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
                 driver_mounts,
                 driver_hooks,
                 fake_driver: args.backend == BackendChoice::Fake,
+                fake_state_dir,
                 context_overhead: args.context_overhead,
             },
             boot_id,

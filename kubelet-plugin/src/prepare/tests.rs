@@ -57,6 +57,7 @@ impl Env {
                 driver_mounts: vec![FileMount::same("/usr/lib/libcuda.so.1")],
                 driver_hooks: vec![],
                 fake_driver: false,
+                fake_state_dir: None,
                 context_overhead: 0,
             },
             boot_id: boot.into(),
