@@ -776,7 +776,14 @@ pub(crate) mod tests {
             fake_state_dir: Some("/run/fgpu-e2e/state".into()),
             ..files()
         };
-        let e = build(&DriverName::default(), &claim(), &devices, &shared, &paths()).unwrap();
+        let e = build(
+            &DriverName::default(),
+            &claim(),
+            &devices,
+            &shared,
+            &paths(),
+        )
+        .unwrap();
         let json = e.spec.to_json_value();
         assert!(env_of(&e.spec).contains(&"FAKE_CUDA_STATE=/run/fgpu-fake/gpu".to_owned()));
         let mounts = json["containerEdits"]["mounts"].as_array().unwrap();
