@@ -17,7 +17,7 @@ pub mod nvml;
 pub mod usage;
 
 pub use fake::{FakeBackend, FakeProfile};
-pub use usage::{GpuUsage, ProcessUsage};
+pub use usage::{GpuUsage, ProcessUsage, UsageReader};
 
 /// A source of GPUs for one node.
 pub trait DeviceBackend: Send + Sync {

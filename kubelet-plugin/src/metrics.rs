@@ -149,6 +149,25 @@ struct CauseLabels {
     cause: &'static str,
 }
 
+/// One claim's figures on one GPU, as the node monitor measured them.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimGpuFigures<'a> {
+    /// The claim's namespace.
+    pub namespace: &'a str,
+    /// The claim's name.
+    pub claim: &'a str,
+    /// The GPU.
+    pub gpu_uuid: &'a str,
+    /// Device memory its processes hold.
+    pub used_memory: u64,
+    /// Device memory granted.
+    pub granted_memory: u64,
+    /// SM utilisation in percent.
+    pub sm_percent: u32,
+    /// Its processes on the GPU.
+    pub processes: usize,
+}
+
 /// The node monitor's metrics (see the module documentation).
 #[derive(Default)]
 struct MonitorFamilies {
@@ -302,35 +321,36 @@ impl Metrics {
         Self { registry, ..m }
     }
 
-    /// Replaces the per-claim gauges with one monitor pass's view.
-    pub fn set_claim_usage(&self, usage: &crate::monitor::attribute::Attribution) {
+    /// Replaces the per-claim gauges with one monitor pass's figures, and the per-GPU
+    /// count of processes of no claim.
+    pub fn set_claim_usage<'a>(
+        &self,
+        rows: impl IntoIterator<Item = ClaimGpuFigures<'a>>,
+        unattributed: &BTreeMap<String, u32>,
+    ) {
         let mon = &self.monitor;
         mon.used_memory.clear();
         mon.granted_memory.clear();
         mon.sm_ratio.clear();
         mon.processes.clear();
         mon.unattributed.clear();
-        for c in &usage.claims {
-            for g in &c.gpus {
-                let l = ClaimGpuLabels {
-                    namespace: c.namespace.clone(),
-                    claim: c.name.clone(),
-                    gpu_uuid: g.grant.gpu_uuid.clone(),
-                };
-                let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-                mon.used_memory.get_or_create(&l).set(int(g.used_memory()));
-                mon.granted_memory
-                    .get_or_create(&l)
-                    .set(int(g.grant.memory_bytes));
-                mon.sm_ratio
-                    .get_or_create(&l)
-                    .set(f64::from(g.sm_percent()) / 100.0);
-                mon.processes
-                    .get_or_create(&l)
-                    .set(int(g.processes.len() as u64));
-            }
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for r in rows {
+            let l = ClaimGpuLabels {
+                namespace: r.namespace.to_owned(),
+                claim: r.claim.to_owned(),
+                gpu_uuid: r.gpu_uuid.to_owned(),
+            };
+            mon.used_memory.get_or_create(&l).set(int(r.used_memory));
+            mon.granted_memory
+                .get_or_create(&l)
+                .set(int(r.granted_memory));
+            mon.sm_ratio
+                .get_or_create(&l)
+                .set(f64::from(r.sm_percent) / 100.0);
+            mon.processes.get_or_create(&l).set(int(r.processes as u64));
         }
-        for (gpu, n) in &usage.unattributed {
+        for (gpu, n) in unattributed {
             mon.unattributed
                 .get_or_create(&UuidLabels {
                     gpu_uuid: gpu.clone(),

@@ -123,8 +123,7 @@ pub struct FakeBackend {
     path: PathBuf,
     node: String,
     /// The fake driver's NVML (`tests/fake-cuda`), answering [`DeviceBackend::usage`].
-    #[cfg(feature = "nvml")]
-    usage_nvml: Option<std::sync::Arc<nvml_wrapper::Nvml>>,
+    usage: Option<std::sync::Arc<dyn super::UsageReader>>,
 }
 
 impl std::fmt::Debug for FakeBackend {
@@ -144,26 +143,19 @@ impl FakeBackend {
         Ok(Self {
             path: path.as_ref().to_owned(),
             node,
-            #[cfg(feature = "nvml")]
-            usage_nvml: None,
+            usage: None,
         })
     }
 
-    /// Answers [`DeviceBackend::usage`] through the fake driver's NVML at `library`
-    /// (`libfgpu_fake_cuda.so`), which sees the processes of every container that shares
-    /// its state file (`FAKE_CUDA_STATE`, `FAKE_CUDA_NVML_HOST=1` for host PIDs; see
-    /// `tests/fake-cuda/README.md`). The library must know the profile's GPUs by UUID
-    /// (`FAKE_CUDA_UUIDS`); a GPU it does not know is reported as failed.
-    #[cfg(feature = "nvml")]
-    pub fn with_usage_library(mut self, library: &Path) -> Result<Self, BackendError> {
-        self.usage_nvml = Some(std::sync::Arc::new(super::nvml::load(library)?));
-        Ok(self)
-    }
-
-    /// Without the `nvml` feature there is no NVML to load.
-    #[cfg(not(feature = "nvml"))]
-    pub fn with_usage_library(self, _library: &Path) -> Result<Self, BackendError> {
-        Err(BackendError::NotCompiled("nvml"))
+    /// Answers [`DeviceBackend::usage`] through `reader`: the fake driver's NVML
+    /// (`libfgpu_fake_cuda.so`, through the `nvml` module's `NvmlUsage`), which sees the processes of
+    /// every container that shares its state file (`FAKE_CUDA_STATE`,
+    /// `FAKE_CUDA_NVML_HOST=1` for host PIDs; see `tests/fake-cuda/README.md`). The reader
+    /// must know the profile's GPUs by UUID (`FAKE_CUDA_UUIDS`); a GPU it does not know is
+    /// reported as failed.
+    pub fn with_usage_reader(mut self, reader: std::sync::Arc<dyn super::UsageReader>) -> Self {
+        self.usage = Some(reader);
+        self
     }
 
     /// The node this backend serves.
@@ -182,22 +174,12 @@ impl DeviceBackend for FakeBackend {
         Ok(profile.node(&self.node)?.gpus.clone())
     }
 
-    #[cfg(feature = "nvml")]
     fn usage(&self, since_us: u64) -> Result<Vec<super::GpuUsage>, BackendError> {
-        let Some(nvml) = &self.usage_nvml else {
+        let Some(reader) = &self.usage else {
             return Err(BackendError::UsageUnsupported { backend: "fake" });
         };
-        Ok(self
-            .enumerate()?
-            .into_iter()
-            .map(|g| match nvml.device_by_uuid(g.uuid.as_str()) {
-                Ok(dev) => super::nvml::device_usage(&dev, g.uuid, since_us),
-                Err(e) => super::GpuUsage::failed(
-                    g.uuid,
-                    format!("the fake NVML library does not know this GPU ({e}); give the plugin FAKE_CUDA_UUIDS with the profile's UUIDs"),
-                ),
-            })
-            .collect())
+        let uuids: Vec<String> = self.enumerate()?.into_iter().map(|g| g.uuid).collect();
+        Ok(reader.usage_of(&uuids, since_us))
     }
 }
 

@@ -200,6 +200,32 @@ impl DeviceBackend for NvmlBackend {
     }
 }
 
+/// An NVML library loaded only to read usage by GPU UUID: the fake driver's, for the
+/// fake backend ([`super::FakeBackend::with_usage_reader`]).
+pub struct NvmlUsage(Nvml);
+
+impl NvmlUsage {
+    /// Loads the NVML library at `lib`.
+    pub fn load(lib: &Path) -> Result<Self, BackendError> {
+        Ok(Self(load(lib)?))
+    }
+}
+
+impl super::UsageReader for NvmlUsage {
+    fn usage_of(&self, uuids: &[String], since_us: u64) -> Vec<GpuUsage> {
+        uuids
+            .iter()
+            .map(|u| match self.0.device_by_uuid(u.as_str()) {
+                Ok(dev) => device_usage(&dev, u.clone(), since_us),
+                Err(e) => GpuUsage::failed(
+                    u.clone(),
+                    format!("the NVML library does not know this GPU ({e}); a fake one needs FAKE_CUDA_UUIDS with the profile's UUIDs"),
+                ),
+            })
+            .collect()
+    }
+}
+
 /// The processes on `dev` (UUID `uuid`) and their SM utilisation since `since_us`.
 ///
 /// `nvmlDeviceGetProcessUtilization` answers `NOT_FOUND` when no process ran in the window

@@ -1,8 +1,17 @@
 //! What runs on a GPU, as the driver reports it: the node monitor's raw samples.
 //!
-//! Both backends answer through NVML ([`super::nvml::usage`]): the `nvml` backend with the
+//! Both backends answer through NVML (the `nvml` module's `device_usage`): the `nvml` backend with the
 //! node's driver, the `fake` backend with the fake driver's NVML (`tests/fake-cuda`) when it
 //! is given one, so that the monitor's code path is the same on a real and a fake node.
+
+/// Where a backend without a driver of its own reads what runs on its GPUs: the fake
+/// backend is given the fake driver's NVML this way (the `nvml` module's `NvmlUsage`), so that
+/// it does not depend on the NVML module itself.
+pub trait UsageReader: Send + Sync {
+    /// The GPUs `uuids`, in that order, since `since_us` (see
+    /// [`super::DeviceBackend::usage`]).
+    fn usage_of(&self, uuids: &[String], since_us: u64) -> Vec<GpuUsage>;
+}
 
 /// One compute process on a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -120,11 +120,27 @@ pub fn backend(
     Ok(match (kind, fake_nvml) {
         (BackendKind::Fake, Some(lib)) => {
             let path = profile.ok_or(BackendError::NoProfile)?;
-            Box::new(FakeBackend::open(path, Some(node))?.with_usage_library(lib)?)
+            Box::new(FakeBackend::open(path, Some(node))?.with_usage_reader(usage_library(lib)?))
         }
         (BackendKind::Fake, None) => build_backend(BackendKind::Fake, profile, Some(node))?,
         (BackendKind::Nvml, _) => build_backend(BackendKind::Nvml, None, None)?,
     })
+}
+
+/// The NVML library at `lib` as a usage reader (the fake driver's).
+#[cfg(feature = "nvml")]
+fn usage_library(
+    lib: &Path,
+) -> Result<Arc<dyn fgpu_driver::backend::UsageReader>, fgpu_driver::backend::BackendError> {
+    Ok(Arc::new(fgpu_driver::backend::nvml::NvmlUsage::load(lib)?))
+}
+
+/// Without the `nvml` feature there is no NVML to load.
+#[cfg(not(feature = "nvml"))]
+fn usage_library(
+    _lib: &Path,
+) -> Result<Arc<dyn fgpu_driver::backend::UsageReader>, fgpu_driver::backend::BackendError> {
+    Err(fgpu_driver::backend::BackendError::NotCompiled("nvml"))
 }
 
 impl MonitorArgs {
@@ -417,7 +433,20 @@ impl Monitor {
         }
         let host = self.host.clone();
         let metrics = host.metrics();
-        metrics.set_claim_usage(&usage);
+        metrics.set_claim_usage(
+            usage.claims.iter().flat_map(|c| {
+                c.gpus.iter().map(move |g| crate::metrics::ClaimGpuFigures {
+                    namespace: &c.namespace,
+                    claim: &c.name,
+                    gpu_uuid: &g.grant.gpu_uuid,
+                    used_memory: g.used_memory(),
+                    granted_memory: g.grant.memory_bytes,
+                    sm_percent: g.sm_percent(),
+                    processes: g.processes.len(),
+                })
+            }),
+            &usage.unattributed,
+        );
         let findings = self.backstop.assess(&usage, Instant::now());
         let action = self.backstop.config().action;
         for f in &findings {

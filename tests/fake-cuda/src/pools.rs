@@ -255,7 +255,7 @@ exports! {
                 cs.by_handle.insert(primary(d), c);
             }
         }
-        crate::procs::has_context(d);
+        crate::procs::has_context(d, crate::limits::own_cgroup().id());
         // The context's memory, taken before the process had its slot.
         crate::procs::set_used(d, state().devs[d].used);
         put(ctx, primary(d));
@@ -307,7 +307,7 @@ exports! {
         let serial = CTX_SERIAL.fetch_add(1, Ordering::Relaxed) as usize & 0xFF_FFFF;
         let h = CTX_TAG | (serial << 8) | d;
         contexts().by_handle.insert(h, c);
-        crate::procs::has_context(d);
+        crate::procs::has_context(d, crate::limits::own_cgroup().id());
         // The context's memory, taken before the process had its slot.
         crate::procs::set_used(d, state().devs[d].used);
         CURRENT.with(|x| x.set(h));

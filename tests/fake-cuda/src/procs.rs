@@ -44,7 +44,7 @@ pub struct Slot {
 #[repr(C)]
 pub struct Table {
     devs: [[Slot; SLOTS]; DEVICES],
-    /// The cgroup of each slot's process (`limits::Cgroup::id`; 0 = unknown), written when
+    /// The cgroup of each slot's process (the limits table's cgroup id; 0 = unknown), written when
     /// it takes the slot. After `devs`, so a file of the earlier layout only grows.
     cgroups: [[AtomicU64; SLOTS]; DEVICES],
     /// Each slot's process start time (`pidns::own_start`; 0 = unknown), written with it.
@@ -222,8 +222,9 @@ extern "C" fn forget_own() {
     }
 }
 
-/// The calling process now has a context on `dev`.
-pub fn has_context(dev: usize) {
+/// The calling process, in the cgroup of id `cgroup` (the limits table's id of its own
+/// cgroup), now has a context on `dev`.
+pub fn has_context(dev: usize, cgroup: u64) {
     static ATFORK: std::sync::Once = std::sync::Once::new();
     ATFORK.call_once(|| {
         // SAFETY: registering a handler that only stores atomics.
@@ -236,7 +237,7 @@ pub fn has_context(dev: usize) {
     if let (Some(s), Some(o)) = (t.slot(row, pidns::own_key(), true), OWN.get(dev)) {
         let i = (s as *const Slot as usize - t.devs[row].as_ptr() as usize)
             / std::mem::size_of::<Slot>();
-        t.cgroups[row][i].store(crate::limits::own_cgroup().id(), Ordering::Relaxed);
+        t.cgroups[row][i].store(cgroup, Ordering::Relaxed);
         t.starts[row][i].store(pidns::own_start(), Ordering::Relaxed);
         o.store(s as *const Slot as *mut Slot, Ordering::Relaxed);
     }

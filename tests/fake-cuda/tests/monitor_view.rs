@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fgpu_driver::backend::nvml::NvmlUsage;
 use fgpu_driver::backend::{DeviceBackend, FakeBackend};
 
 const UUIDS: [&str; 2] = [
@@ -76,8 +77,7 @@ fn the_fake_backend_sees_a_bypassing_process_with_its_memory_and_utilisation() {
     }
     let backend = FakeBackend::open(&profile, None)
         .unwrap()
-        .with_usage_library(&library())
-        .unwrap();
+        .with_usage_reader(std::sync::Arc::new(NvmlUsage::load(&library()).unwrap()));
     std::thread::sleep(Duration::from_millis(1500));
     let deadline = Instant::now() + Duration::from_secs(10);
     let since = |d: Duration| {
