@@ -151,43 +151,10 @@ impl Dir {
 
 /// `path` mapped shared, created and grown to [`DIR_SIZE`] as needed (zero-filled).
 fn map_file(path: &str) -> Option<&'static Dir> {
-    let c = std::ffi::CString::new(path).ok()?;
-    // SAFETY: c is a valid C string.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-            0o666,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: fd is ours; growing zero-fills (an empty directory) and a concurrent
-    // ftruncate to the same size is harmless; the mapping outlives the descriptor.
-    let m = unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        let ok = libc::fstat(fd, &mut st) == 0
-            && ((st.st_size as usize) >= DIR_SIZE
-                || libc::ftruncate(fd, DIR_SIZE as libc::off_t) == 0);
-        let m = if ok {
-            libc::mmap(
-                std::ptr::null_mut(),
-                DIR_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        } else {
-            libc::MAP_FAILED
-        };
-        libc::close(fd);
-        m
-    };
+    let m = crate::shm::map_shared(path, DIR_SIZE)?;
     // SAFETY: a live shared mapping of DIR_SIZE bytes, never unmapped; any bytes are a
     // valid Dir (atomics only).
-    (m != libc::MAP_FAILED).then(|| unsafe { &*(m as *const Dir) })
+    Some(unsafe { &*(m as *const Dir) })
 }
 
 struct Resolved {

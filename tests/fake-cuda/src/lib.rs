@@ -38,6 +38,7 @@ pub mod gpus;
 pub mod limits;
 pub mod pidns;
 pub mod procs;
+pub mod shm;
 pub mod timeline;
 
 pub type CUresult = c_int;

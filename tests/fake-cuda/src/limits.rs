@@ -31,7 +31,7 @@
 //! (the real driver's `dmem` hierarchy is not modelled); the soft limit is stored and
 //! reported, never enforced (the fake has no memory pressure).
 
-use std::ffi::{CString, c_int};
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -310,44 +310,9 @@ impl Table {
 
     /// `path`, created and grown as needed (zero bytes: an empty table); None if it cannot.
     fn file(path: &str) -> Option<Table> {
-        let c = CString::new(path).ok()?;
-        // SAFETY: c is a valid C string.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-                0o666,
-            )
-        };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: fd is ours; growing zero-fills; concurrent growth to one size is harmless.
-        let m = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            let ok = libc::fstat(fd, &mut st) == 0
-                && ((st.st_size as usize) >= FILE_SIZE
-                    || libc::ftruncate(fd, FILE_SIZE as libc::off_t) == 0);
-            if ok {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    FILE_SIZE,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            } else {
-                libc::MAP_FAILED
-            }
-        };
-        // SAFETY: fd is ours; the mapping stays valid after close.
-        unsafe { libc::close(fd) };
-        if m == libc::MAP_FAILED {
-            return None;
-        }
+        let m = crate::shm::map_shared(path, FILE_SIZE)?;
         Some(Table {
-            base: m as *mut u8,
+            base: m,
             file: Some(crate::pidns::KeptFd::new(path)?),
             mutex: Mutex::new(()),
         })

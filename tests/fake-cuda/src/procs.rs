@@ -100,44 +100,8 @@ pub fn start_of(dev: usize, key: u64) -> u64 {
 }
 
 fn map(path: Option<&str>) -> *mut u8 {
-    if let Some(p) = path
-        && let Ok(c) = std::ffi::CString::new(format!("{p}.procs"))
-    {
-        // SAFETY: c is a valid C string.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-                0o666,
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: fd is ours; growing zero-fills (an empty table); concurrent growth
-            // to the same size is harmless; the mapping outlives the descriptor.
-            let m = unsafe {
-                let mut st: libc::stat = std::mem::zeroed();
-                let ok = libc::fstat(fd, &mut st) == 0
-                    && ((st.st_size as usize) >= TABLE_SIZE
-                        || libc::ftruncate(fd, TABLE_SIZE as libc::off_t) == 0);
-                let m = if ok {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        TABLE_SIZE,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_SHARED,
-                        fd,
-                        0,
-                    )
-                } else {
-                    libc::MAP_FAILED
-                };
-                libc::close(fd);
-                m
-            };
-            if m != libc::MAP_FAILED {
-                return m as *mut u8;
-            }
-        }
+    if let Some(m) = path.and_then(|p| crate::shm::map_shared(&format!("{p}.procs"), TABLE_SIZE)) {
+        return m;
     }
     // SAFETY: anonymous zeroed mapping.
     let m = unsafe {

@@ -258,40 +258,7 @@ pub fn mapped() -> &'static Timeline {
 }
 
 fn map_file(path: &str) -> Option<usize> {
-    let c = std::ffi::CString::new(path).ok()?;
-    // SAFETY: valid C string.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-            0o666,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: fd is ours; growing a file with ftruncate zero-fills it, and a concurrent
-    // ftruncate to the same size by another process is harmless.
-    let ok = unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        libc::fstat(fd, &mut st) == 0
-            && ((st.st_size as usize) >= TIMELINE_SIZE
-                || libc::ftruncate(fd, TIMELINE_SIZE as libc::off_t) == 0)
-    };
-    // SAFETY: shared mapping of a file at least TIMELINE_SIZE long.
-    let m = ok.then(|| unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            TIMELINE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    });
-    // SAFETY: fd is ours; the mapping stays valid after close.
-    unsafe { libc::close(fd) };
-    m.filter(|&m| m != libc::MAP_FAILED).map(|m| m as usize)
+    crate::shm::map_shared(path, TIMELINE_SIZE).map(|m| m as usize)
 }
 
 #[cfg(test)]
