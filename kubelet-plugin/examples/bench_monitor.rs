@@ -79,7 +79,19 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
-    let dir = std::env::temp_dir().join(format!("fgpu-bench-monitor-{}", std::process::id()));
+    // The claims' directories where the plugin keeps them on a node: a tmpfs (/run); here
+    // /dev/shm when present, else the temporary directory (FGPU_BENCH_DIR overrides).
+    let base = std::env::var_os("FGPU_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let shm = PathBuf::from("/dev/shm");
+            if shm.is_dir() {
+                shm
+            } else {
+                std::env::temp_dir()
+            }
+        });
+    let dir = base.join(format!("fgpu-bench-monitor-{}", std::process::id()));
     let pids: Vec<u32> = std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
