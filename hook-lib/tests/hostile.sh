@@ -157,7 +157,10 @@ set -u
 as() { setpriv --reuid 1000 --regid 1000 --clear-groups env LD_PRELOAD="$SHIM" LD_LIBRARY_PATH="\$LD_LIBRARY_PATH" "\$@"; }
 pids=""
 for i in 1 2 3; do
-  as "$H" hold 0 $((20 * MI)) none >"$WORK/nr-\$i" 2>&1 &
+  # exec: \$! is then the holder itself (setpriv and env exec too), which the kill below
+  # must reach; a function run in the background is a subshell of its own.
+  (as_exec() { exec setpriv --reuid 1000 --regid 1000 --clear-groups env LD_PRELOAD="$SHIM" LD_LIBRARY_PATH="\$LD_LIBRARY_PATH" "\$@"; }
+   as_exec "$H" hold 0 $((20 * MI)) none) >"$WORK/nr-\$i" 2>&1 &
   pids="\$pids \$!"
 done
 for i in 1 2 3; do
@@ -168,6 +171,7 @@ if as "$H" alloc 0 $((20 * MI)) 2>/dev/null; then echo "a 4th process took 20 Mi
 as "$H" alloc 0 $((4 * MI)) || r=1
 cat "$WORK"/nr-1 "$WORK"/nr-2 "$WORK"/nr-3 >&2
 kill \$pids
+wait \$pids 2>/dev/null
 exit \$r
 EOS
 if in_ns "mount_claim nonroot $NR" bash "$WORK/nonroot.sh" >"$WORK/out" 2>"$WORK/err" &&
