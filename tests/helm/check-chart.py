@@ -174,7 +174,8 @@ check("kubelet-plugin-fake" in c["image"] and "--backend=fake" in c["args"], "fa
 check(c["securityContext"]["privileged"] is False and c["securityContext"]["capabilities"]["drop"] == ["ALL"],
       "fake mode: no privilege, no capability")
 check(get(d, "ConfigMap", "fgpu-fake-gpus") is not None, "fake profile ConfigMap")
-check("add" not in c["securityContext"]["capabilities"], "monitor report (default): no KILL capability")
+check(c["securityContext"]["capabilities"].get("add") == ["SYS_PTRACE"],
+      "fake mode, monitor report (default): only SYS_PTRACE (the fake NVML's host view), no KILL")
 
 # --- the node monitor
 for name in ("fgpu-kubelet-plugin", "fgpu-device-plugin"):
@@ -190,7 +191,7 @@ for name in ("fgpu-kubelet-plugin", "fgpu-device-plugin"):
           and "--fake-state-dir=/run/fgpu-e2e/fake-state" in c["args"]
           and any(m["name"] == "fake-state" and m["mountPath"] == "/run/fgpu-e2e/fake-state" for m in c["volumeMounts"])
           and env.get("FAKE_CUDA_UUIDS") == "GPU-e2e00000-0000-4000-8000-000000000000,GPU-e2e00000-0000-4000-8000-000000000001"
-          and c["securityContext"]["capabilities"].get("add") == ["KILL"],
+          and c["securityContext"]["capabilities"].get("add") == ["SYS_PTRACE", "KILL"],
           f"{name}: monitor on: hostPID, flags, the fake NVML's host view and shared state, KILL for --over-quota=kill")
     d = render("1.37.2", "legacy.enabled=true", "kubeletPlugin.monitor.enabled=false")
     ds = get(d, "DaemonSet", name)
