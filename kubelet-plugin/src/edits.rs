@@ -86,6 +86,31 @@ pub fn create_fake_state(dir: &Path) -> std::io::Result<Option<String>> {
     })
 }
 
+/// A daemon's `--fake-state-dir` (`serve`, `device-plugin`): checked (fake backend only, an
+/// absolute path: bad input otherwise) and created ([`create_fake_state`]).
+pub fn fake_state_dir(fake: bool, dir: Option<PathBuf>) -> anyhow::Result<Option<PathBuf>> {
+    use anyhow::Context as _;
+    use fgpu_plumbing::exit::BadInput;
+    let Some(dir) = dir else { return Ok(None) };
+    if !fake {
+        return Err(BadInput("--fake-state-dir: only with --backend fake".into()).into());
+    }
+    if !dir.is_absolute() {
+        return Err(BadInput(format!(
+            "--fake-state-dir {}: must be absolute",
+            dir.display()
+        ))
+        .into());
+    }
+    match create_fake_state(&dir).with_context(|| format!("--fake-state-dir {}", dir.display()))? {
+        Some(warning) => tracing::warn!("{warning}"),
+        None => {
+            tracing::info!(dir = %dir.display(), "fake GPU state shared by the node's containers")
+        }
+    }
+    Ok(Some(dir))
+}
+
 /// Mode of a claim's feed directory on the host (the node monitor writes it).
 pub const FEED_DIR_MODE: u32 = 0o755;
 /// The preload file in containers.

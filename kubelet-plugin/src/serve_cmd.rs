@@ -175,30 +175,6 @@ fn file_mount(spec: &str) -> anyhow::Result<FileMount> {
     driver_files::parse_driver_file(spec).map_err(|e| BadInput(e.to_string()).into())
 }
 
-/// `--fake-state-dir`, checked and created (fake backend only).
-pub(crate) fn fake_state(fake: bool, dir: Option<PathBuf>) -> anyhow::Result<Option<PathBuf>> {
-    let Some(dir) = dir else { return Ok(None) };
-    if !fake {
-        return Err(BadInput("--fake-state-dir: only with --backend fake".into()).into());
-    }
-    if !dir.is_absolute() {
-        return Err(BadInput(format!(
-            "--fake-state-dir {}: must be absolute",
-            dir.display()
-        ))
-        .into());
-    }
-    match fgpu_kubelet_plugin::edits::create_fake_state(&dir)
-        .with_context(|| format!("--fake-state-dir {}", dir.display()))?
-    {
-        Some(warning) => tracing::warn!("{warning}"),
-        None => {
-            tracing::info!(dir = %dir.display(), "fake GPU state shared by the node's containers")
-        }
-    }
-    Ok(Some(dir))
-}
-
 /// Runs `serve` until SIGTERM / SIGINT, or until the kubelet refuses the registration.
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     let driver = DriverName::new(args.driver_name.as_str())
@@ -227,7 +203,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         &args.node,
         args.monitor.fake_nvml_library.as_deref(),
     )?;
-    let fake_state_dir = fake_state(args.gpus.backend == Backend::Fake, args.fake_state_dir)?;
+    let fake_state_dir = fgpu_kubelet_plugin::edits::fake_state_dir(
+        args.gpus.backend == Backend::Fake,
+        args.fake_state_dir,
+    )?;
     let monitor = args
         .monitor
         .config_for(&args.node, args.gpus.backend == Backend::Fake);

@@ -441,20 +441,10 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
     let monitor = args
         .monitor
         .config_for(&args.node, args.backend == BackendChoice::Fake);
-    let fake_state_dir = match &args.fake_state_dir {
-        None => None,
-        Some(_) if args.backend != BackendChoice::Fake => {
-            anyhow::bail!("--fake-state-dir: only with --backend fake")
-        }
-        Some(dir) => {
-            if let Some(w) = crate::edits::create_fake_state(dir)
-                .with_context(|| format!("--fake-state-dir {}", dir.display()))?
-            {
-                tracing::warn!("{w}");
-            }
-            Some(dir.clone())
-        }
-    };
+    let fake_state_dir = crate::edits::fake_state_dir(
+        args.backend == BackendChoice::Fake,
+        args.fake_state_dir.clone(),
+    )?;
     let boot_id = crate::checkpoint::read_boot_id(&args.boot_id_file)?;
     let cfg = DevicePluginConfig {
         plugin: PluginConfig {

@@ -5,10 +5,9 @@
 use std::io::Write as _;
 use std::path::Path;
 
-use super::attribute::ClaimUsage;
+use fgpu_api::names::contract::FEED_FILE;
 
-/// File name of the feed inside a claim's feed directory.
-pub const FEED_FILE: &str = "utilisation";
+use super::attribute::ClaimUsage;
 
 /// The feed's text for `claim`, sampled at `sampled_unix_ms` over `window_ms`.
 pub fn render(claim: &ClaimUsage, sampled_unix_ms: u64, window_ms: u64) -> String {

@@ -91,9 +91,20 @@ pub struct MonitorArgs {
 }
 
 impl MonitorArgs {
-    /// The monitor's settings, `None` when it is off.
-    pub fn config(&self, node: &str) -> Option<MonitorConfig> {
-        (self.monitor_period_ms > 0).then(|| MonitorConfig {
+    /// The monitor's settings, `None` when it is off: `--monitor-period-ms 0`, or a fake
+    /// node (`fake`) without the fake NVML library, where there is nothing to read (said in
+    /// a log line).
+    pub fn config_for(&self, node: &str, fake: bool) -> Option<MonitorConfig> {
+        if self.monitor_period_ms == 0 {
+            return None;
+        }
+        if fake && self.fake_nvml_library.is_none() {
+            tracing::info!(
+                "node monitor off: a fake node has no processes to read without --fake-nvml-library"
+            );
+            return None;
+        }
+        Some(MonitorConfig {
             node: node.to_owned(),
             period: Duration::from_millis(self.monitor_period_ms),
             proc_root: PathBuf::from("/proc"),
@@ -141,20 +152,6 @@ fn usage_library(
     _lib: &Path,
 ) -> Result<Arc<dyn fgpu_driver::backend::UsageReader>, fgpu_driver::backend::BackendError> {
     Err(fgpu_driver::backend::BackendError::NotCompiled("nvml"))
-}
-
-impl MonitorArgs {
-    /// [`MonitorArgs::config`], except on a fake node without the fake NVML library (there
-    /// is nothing to read there): off, with a log line.
-    pub fn config_for(&self, node: &str, fake: bool) -> Option<MonitorConfig> {
-        if fake && self.fake_nvml_library.is_none() && self.monitor_period_ms > 0 {
-            tracing::info!(
-                "node monitor off: a fake node has no processes to read without --fake-nvml-library"
-            );
-            return None;
-        }
-        self.config(node)
-    }
 }
 
 /// The monitor's settings.
@@ -235,7 +232,8 @@ pub fn claim_views(
                     }),
                 }
             }
-            let feed_dir = (!r.claim_dir.as_os_str().is_empty()).then(|| r.claim_dir.join("feed"));
+            let feed_dir = (!r.claim_dir.as_os_str().is_empty())
+                .then(|| r.claim_dir.join(fgpu_api::names::contract::FEED_DIR));
             (
                 ClaimView {
                     uid: uid.clone(),
@@ -406,8 +404,8 @@ impl Monitor {
             }
         }
         let records = self.host.records();
-        let views = claim_views(&records, &self.consumers);
-        let claims: Vec<ClaimView> = views.iter().map(|(v, _)| v.clone()).collect();
+        let (claims, feed_dirs): (Vec<ClaimView>, Vec<Option<PathBuf>>) =
+            claim_views(&records, &self.consumers).into_iter().unzip();
         let proc_root = self.cfg.proc_root.clone();
         let mut cache = HashMap::new();
         let usage = attribute::attribute(&gpus, &claims, |pid| {
@@ -422,7 +420,7 @@ impl Monitor {
             now_us.saturating_sub(since) / 1000
         };
         let sampled_ms = now_us / 1000;
-        for (c, (_, dir)) in usage.claims.iter().zip(&views) {
+        for (c, dir) in usage.claims.iter().zip(&feed_dirs) {
             let Some(dir) = dir else { continue };
             if !dir.is_dir() {
                 continue; // unprepared meanwhile
