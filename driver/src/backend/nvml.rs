@@ -44,31 +44,7 @@ impl NvmlBackend {
             sysfs_pci: PathBuf::from(SYSFS_PCI_DEVICES),
         })
     }
-}
 
-/// Loads the NVML library at `lib` (a soname or a path) and initialises it.
-pub fn load(lib: &Path) -> Result<Nvml, BackendError> {
-    let not_found = |detail: String| {
-        if lib == Path::new(NVML_LIBRARY) {
-            BackendError::NvmlNotFound { detail }
-        } else {
-            BackendError::NvmlLibrary {
-                path: lib.to_owned(),
-                detail,
-            }
-        }
-    };
-    Nvml::builder()
-        .lib_path(lib.as_os_str())
-        .init()
-        .map_err(|e| match e {
-            NvmlError::LibloadingError(e) => not_found(e.to_string()),
-            NvmlError::LibraryNotFound | NvmlError::DriverNotLoaded => not_found(e.to_string()),
-            other => nvml_err("nvmlInit_v2", None, other),
-        })
-}
-
-impl NvmlBackend {
     /// Reads GPU `index`; `driver` is (driver version, CUDA driver version), node-wide.
     fn gpu(&self, index: u32, driver: &(String, String)) -> Result<Gpu, BackendError> {
         let call = |name: &'static str| move |e| nvml_err(name, Some(index), e);
@@ -266,6 +242,28 @@ pub fn device_usage(dev: &Device<'_>, uuid: String, since_us: u64) -> GpuUsage {
         error: None,
         sm_error,
     }
+}
+
+/// Loads the NVML library at `lib` (a soname or a path) and initialises it.
+pub fn load(lib: &Path) -> Result<Nvml, BackendError> {
+    let not_found = |detail: String| {
+        if lib == Path::new(NVML_LIBRARY) {
+            BackendError::NvmlNotFound { detail }
+        } else {
+            BackendError::NvmlLibrary {
+                path: lib.to_owned(),
+                detail,
+            }
+        }
+    };
+    Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .map_err(|e| match e {
+            NvmlError::LibloadingError(e) => not_found(e.to_string()),
+            NvmlError::LibraryNotFound | NvmlError::DriverNotLoaded => not_found(e.to_string()),
+            other => nvml_err("nvmlInit_v2", None, other),
+        })
 }
 
 fn nvml_err(call: &'static str, gpu: Option<u32>, e: NvmlError) -> BackendError {
