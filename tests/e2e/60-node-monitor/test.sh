@@ -73,8 +73,13 @@ field() { kubectl -n "$E2E_NS" logs "$1" | sed -n "s/^$2=//p" | head -1; }
 claim_of() { jp "pod/$1" '{.status.resourceClaimStatuses[0].resourceClaimName}'; }
 uid_of_claim() { kubectl -n "$E2E_NS" get resourceclaim "$1" -o jsonpath='{.metadata.uid}'; }
 metrics() { curl -s "http://$METRICS/metrics"; }
-# metric <family> <claim>: the value of the family's series for that claim
-metric() { metrics | sed -n "s/^fgpu_kubelet_plugin_$1{namespace=\"$E2E_NS\",claim=\"$2\",[^}]*} //p" | head -1; }
+# metric <family> <claim> [page]: the value of the family's series for that claim, in page
+# (default: a fresh scrape)
+metric() {
+  local page="${3:-$(metrics)}"
+  sed -n "s/^fgpu_kubelet_plugin_$1{namespace=\"$E2E_NS\",claim=\"$2\",[^}]*} //p" <<<"$page" | sed -n 1p
+}
+metric_is() { [ "$(metric "$1" "$2")" = "$3" ]; }
 now_ms() { date +%s%3N; }
 
 for p in cores-30 cores-70; do
@@ -97,8 +102,8 @@ for _ in $(seq 1 10); do
     [ "$i" -eq 5 ] || sleep 0.2
   done
   m="$(metrics)"
-  s30+=("$(echo "$m" | sed -n "s/^fgpu_kubelet_plugin_claim_sm_utilization_ratio{namespace=\"$E2E_NS\",claim=\"$c30\",[^}]*} //p")")
-  s70+=("$(echo "$m" | sed -n "s/^fgpu_kubelet_plugin_claim_sm_utilization_ratio{namespace=\"$E2E_NS\",claim=\"$c70\",[^}]*} //p")")
+  s30+=("$(metric claim_sm_utilization_ratio "$c30" "$m")")
+  s70+=("$(metric claim_sm_utilization_ratio "$c70" "$m")")
 done
 avg() { printf '%s\n' "$@" | awk 'NF { s += $1 * 100; n++ } END { if (n) printf "%.1f", s / n }'; }
 a30="$(avg "${s30[@]}")" a70="$(avg "${s70[@]}")"
@@ -154,7 +159,7 @@ check "kill: the shim's process in the same container" alive "$(field bypass shi
 check "kill: backstop_kills_total" 1 "$(metrics | sed -n 's/^fgpu_kubelet_plugin_backstop_kills_total //p')"
 wait_until 30 "Event GpuMemoryOverQuotaKilled on pod bypass" sh -c "kubectl -n $E2E_NS get events --field-selector involvedObject.name=bypass,reason=GpuMemoryOverQuotaKilled -o name | grep -q ."
 say "      event: $(ev GpuMemoryOverQuotaKilled)"
-wait_until 15 "the claim back under its grant" sh -c "[ \"\$(curl -s http://$METRICS/metrics | sed -n 's/^fgpu_kubelet_plugin_claim_used_memory_bytes{namespace=\"$E2E_NS\",claim=\"$cb\",[^}]*} //p')\" = $((1024 << 20)) ]"
+wait_until 15 "the claim back under its grant" metric_is claim_used_memory_bytes "$cb" "$((1024 << 20))"
 say "ok: claim $cb holds $(( $(metric claim_used_memory_bytes "$cb") >> 20 )) MiB after the kill"
 
 [ ${#failed[@]} -eq 0 ] || fail "${#failed[@]} check(s) failed: ${failed[*]}"
