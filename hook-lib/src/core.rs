@@ -26,7 +26,7 @@ use std::ffi::{CString, c_int, c_uint, c_void};
 use std::path::Path;
 use std::ptr::null_mut;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::boundary::Batch;
 use crate::config::{CorePolicy, MAX_DEVICES, Priority};
@@ -211,7 +211,10 @@ pub struct Entry {
     /// [`k_fixed`] of the estimate, published by the control step after `est_*`
     /// (0: not yet; the launch derives it from `est_*`).
     k_fp: AtomicU64,
-    _reserved: [u64; 5],
+    /// Bumped after a PID in `pids` is replaced: every process then checks that its own
+    /// is still there (a process left out would have its work counted as another's).
+    pids_gen: AtomicU64,
+    _reserved: [u64; 4],
 }
 
 const HEADER_SIZE: usize = 64;
@@ -444,15 +447,22 @@ struct Dev {
     nvml_pid: AtomicU32,
     /// Identification attempts made (at most [`identity::ATTEMPTS`]).
     attempts: AtomicU32,
+    /// The entry's `pids_gen` when this process last found its PID in `pids`
+    /// ([`UNREGISTERED`]: not yet, or a fork made it another process).
+    registered_gen: AtomicU64,
+    /// No slot of `pids` was free: this process's launches count as an unidentified
+    /// process's (see [`Entry::unknown_ns`]) until one is.
+    overflow: AtomicBool,
 }
+
+/// [`Dev::registered_gen`] of a process not registered in the entry.
+const UNREGISTERED: u64 = u64::MAX;
 
 struct CoreProc {
     /// One limiter file per claim (env mode: one).
     files: Vec<CoreFile>,
     /// CUDA ordinal → leaked `Dev` (null: not resolved yet).
     devs: [AtomicPtr<Dev>; MAX_DEVICES],
-    /// Bit i: this process's pid is registered in entry i (cleared after fork).
-    registered: AtomicU32,
 }
 
 static REGISTERED_RESET: AtomicU32 = AtomicU32::new(0);
@@ -482,7 +492,6 @@ fn core_proc() -> &'static CoreProc {
                 None => vec![CoreFile::open(config().core_state_path.as_deref(), false)],
             },
             devs: Default::default(),
-            registered: AtomicU32::new(0),
         }
     })
 }
@@ -580,6 +589,8 @@ impl CoreProc {
             uuid,
             nvml_pid: AtomicU32::new(0),
             attempts: AtomicU32::new(0),
+            registered_gen: AtomicU64::new(UNREGISTERED),
+            overflow: AtomicBool::new(false),
         }));
         if dev.pct.is_some() {
             try_identify(dev);
@@ -598,15 +609,16 @@ impl CoreProc {
         }
     }
 
-    /// Records this process's NVML PID in the entry (once), or, while it is unknown,
-    /// that an unidentified process of the claim is launching.
+    /// Records this process's NVML PID in the entry, or, while it is unknown (or no slot
+    /// is free), that an unidentified process of the claim is launching. Once registered,
+    /// one load per call: the PID is looked for again only after the entry's `pids_gen`
+    /// moved (some process took a slot it judged dead).
     #[inline]
     fn register(&self, dev: &Dev, now: u64) {
         if REGISTERED_RESET.load(Ordering::Relaxed) == 1
             && REGISTERED_RESET.swap(0, Ordering::Relaxed) == 1
         {
             // A forked child is another process: another NVML PID on every device.
-            self.registered.store(0, Ordering::Relaxed);
             for d in &self.devs {
                 let d = d.load(Ordering::Acquire);
                 if !d.is_null() {
@@ -614,43 +626,65 @@ impl CoreProc {
                     let d = unsafe { &*d };
                     d.nvml_pid.store(0, Ordering::Relaxed);
                     d.attempts.store(0, Ordering::Relaxed);
+                    d.registered_gen.store(UNREGISTERED, Ordering::Relaxed);
+                    d.overflow.store(false, Ordering::Relaxed);
                 }
             }
         }
-        let i = dev.entry;
-        if self.registered.load(Ordering::Relaxed) & (1 << i) != 0 {
-            return;
-        }
-        let e = self.files[dev.file].entry(i);
+        let e = self.files[dev.file].entry(dev.entry);
         let me = dev.nvml_pid.load(Ordering::Relaxed);
-        if me == 0 {
+        if me == 0 || dev.overflow.load(Ordering::Relaxed) {
             e.unknown_ns.store(now, Ordering::Relaxed);
+        }
+        if me == 0 {
             return;
         }
-        self.register_pid(dev, me);
-    }
-
-    #[cold]
-    fn register_pid(&self, dev: &Dev, me: u32) {
-        let i = dev.entry;
-        let e = self.files[dev.file].entry(i);
-        // Liveness that works across PID namespaces: a registered PID is alive while
-        // NVML lists it among the device's processes (NVML sees host PIDs).
-        let live: Vec<u32> = identity::running(dev.nvml as NvmlDevice)
-            .map(|l| l.into_iter().map(|x| x.0).collect())
-            .unwrap_or_default();
-        let done = e.pids.iter().any(|p| p.load(Ordering::Relaxed) == me)
-            || e.pids.iter().any(|p| {
-                let cur = p.load(Ordering::Relaxed);
-                (cur == 0 || !live.contains(&cur))
-                    && p.compare_exchange(cur, me, Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
-            });
-        if !done {
-            crate::debug!("core: {PIDS} processes already registered on this GPU");
+        // The generation first, then the PIDs: a slot taken after this load bumps the
+        // generation after its CAS, so the next call looks again.
+        let seen = e.pids_gen.load(Ordering::Acquire);
+        if dev.registered_gen.load(Ordering::Relaxed) == seen {
+            return;
         }
-        self.registered.fetch_or(1 << i, Ordering::Relaxed);
+        if e.pids.iter().any(|p| p.load(Ordering::Acquire) == me) {
+            dev.overflow.store(false, Ordering::Relaxed);
+            dev.registered_gen.store(seen, Ordering::Relaxed);
+            return;
+        }
+        register_pid(e, dev, me, seen);
     }
+}
+
+/// Puts `me` in a slot of `e.pids` that is free, or whose PID NVML no longer lists on
+/// the device (a dead process's). When NVML cannot list the device's processes, only
+/// free slots are taken: a live process's PID must never be dropped, or its work would
+/// count as another's. No slot: the process counts as unidentified (`overflow`).
+#[cold]
+fn register_pid(e: &Entry, dev: &Dev, me: u32, seen: u64) {
+    // Liveness that works across PID namespaces: a registered PID is alive while NVML
+    // lists it among the device's processes (NVML sees host PIDs).
+    let live: Option<Vec<u32>> = crate::boundary::in_driver(|| {
+        identity::running(dev.nvml as NvmlDevice).map(|l| l.into_iter().map(|x| x.0).collect())
+    });
+    let dead = |cur: u32| cur == 0 || live.as_ref().is_some_and(|l| !l.contains(&cur));
+    let took = e.pids.iter().any(|p| {
+        let cur = p.load(Ordering::Acquire);
+        dead(cur)
+            && p.compare_exchange(cur, me, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            && {
+                if cur != 0 {
+                    e.pids_gen.fetch_add(1, Ordering::AcqRel);
+                }
+                true
+            }
+    });
+    dev.overflow.store(!took, Ordering::Relaxed);
+    if !took {
+        crate::debug!(
+            "core: no free slot among {PIDS} registered processes on this GPU; counted as unidentified"
+        );
+    }
+    dev.registered_gen.store(seen, Ordering::Relaxed);
 }
 
 /// One identification attempt for `dev` (see [`identity`]), while attempts remain.
@@ -780,7 +814,21 @@ fn measure_nvml(
             others = true;
         }
     }
+    // NVML's samples are whole percents per process: many small processes of one claim
+    // (each under 0.5 %) could hide their work in the rounding. Alone on the card, the
+    // claim's time is the device's, which NVML gives as one figure: never less than that.
+    if !others && let Some(dev) = device_percent(nvml) {
+        pct = pct.max(dev);
+    }
     Some((pct / 100.0 * window_us as f64 * 1000.0, others))
+}
+
+/// The device's utilisation in percent (NVML's last sample period), if NVML says.
+fn device_percent(nvml: usize) -> Option<f64> {
+    let f = real::nvmlDeviceGetUtilizationRates()?;
+    let mut u = NvmlUtilization::default();
+    // SAFETY: u is a valid out-pointer of the struct's layout.
+    (unsafe { f(nvml as NvmlDevice, &mut u) } == NVML_SUCCESS).then_some(f64::from(u.gpu.min(100)))
 }
 
 fn load_estimate(e: &Entry) -> Estimate {
@@ -801,6 +849,10 @@ fn control(e: &Entry, dev: &Dev, now: u64) {
     }
     if dev.nvml_pid.load(Ordering::Relaxed) == 0 {
         try_identify(dev);
+    }
+    if dev.overflow.load(Ordering::Relaxed) {
+        // Without a slot: look for one again at the next launch (a process may be gone).
+        dev.registered_gen.store(UNREGISTERED, Ordering::Relaxed);
     }
     let Some((busy, others)) = measure(e, dev, last_us, now) else {
         // Cannot tell: keep the estimate, and never count as alone.

@@ -28,6 +28,14 @@ pub const NVML_ERROR_NOT_FOUND: c_int = 6;
 
 pub type CUgraphExec = *mut c_void;
 
+/// `nvmlUtilization_t`: the device's utilisation in percent over NVML's last sample period.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlUtilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
 /// `nvmlProcessUtilizationSample_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]

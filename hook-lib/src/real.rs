@@ -200,4 +200,5 @@ real_fns! { Lib::Nvml;
     nvmlInit_v2() -> c_int;
     nvmlDeviceGetHandleByUUID(*const c_char, *mut NvmlDevice) -> c_int;
     nvmlDeviceGetProcessUtilization(NvmlDevice, *mut NvmlProcessUtilizationSample, *mut c_uint, u64) -> c_int;
+    nvmlDeviceGetUtilizationRates(NvmlDevice, *mut NvmlUtilization) -> c_int;
 }

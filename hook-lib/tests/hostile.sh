@@ -295,7 +295,22 @@ core2 FAKE_CUDA_NVML_HIDE_MEMORY=1 FGPU_CORE_LIMIT=30 FGPU_STATE_DIR="$WORK/fa" 
 a=$!
 core2 FGPU_CORE_LIMIT=50 FGPU_STATE_DIR="$WORK/fb" HT_DEV=3 "$BIN/hooktest" work 7 2 >"$WORK/feed-b" 2>&1 &
 env FAKE_CUDA_GPUS=4 FAKE_CUDA_STATE="$WORK/fake-gpu-hostile" "$H" feed "$WORK/feed" "$(uuid 3)" 3 $a 7 &
+# Two claims, one GPU each: a launch on claim A's GPU 0 first, then work on claim B's GPU
+# 1. Both GPUs are entry 0 of their claim's account; registering in A's must not pass
+# for registering in B's (B's quota would then measure none of its own work: open).
+T1=$(claim_file twoa "gpu.$(uuid 0).cores=30" "gpu.$(uuid 0).memory=$((64 * MI))")
+T2=$(claim_file twob "gpu.$(uuid 1).cores=30" "gpu.$(uuid 1).memory=$((64 * MI))")
+in_ns "mount_claim twoa $T1; mount_claim twob $T2" env FAKE_CUDA_GPUS=4 \
+  FAKE_CUDA_STATE="$WORK/fake-gpu-hostile" FAKE_CUDA_BLOCK_NS=10000 FAKE_CUDA_GRAPH_NS=3000000 \
+  LD_PRELOAD="$SHIM" HT_TOUCH0=1 HT_DEV=1 "$BIN/hooktest" work 7 2 >"$WORK/core-two" 2>&1 &
 wait
+gt=$(share_of "$WORK/core-two")
+if within "$gt" 30 3; then
+  ok "a process of two claims: claim B's GPU keeps its 30 % after a launch under claim A's: $gt %"
+else
+  ko "two claims, core quota on the second: '$gt'"
+  cat "$WORK/core-two"
+fi
 core2 FAKE_CUDA_NVML_HIDE_MEMORY=1 FGPU_CORE_LIMIT=30 FGPU_STATE_DIR="$WORK/fa2" HT_DEV=2 \
   "$BIN/hooktest" work 7 2 >"$WORK/nofeed-a" 2>&1 &
 core2 FGPU_CORE_LIMIT=50 FGPU_STATE_DIR="$WORK/fb2" HT_DEV=2 "$BIN/hooktest" work 7 2 >"$WORK/nofeed-b" 2>&1 &

@@ -261,6 +261,16 @@ gn=$(share_of "$WORK/core-bare")
 if awk -v g="$gn" 'BEGIN { exit !(g != "" && g > 90) }'; then ok "without the shim the same workload takes $gn % of the GPU"; else ko "bare workload: '$gn'"; fi
 if grep -q stalled "$WORK/prio-low" && [ ! -s "$WORK/prio-high" ]; then ok "priority: low $(cat "$WORK/prio-low")"; else ko "priority"; sed 's/^/      /' "$WORK/prio-low" "$WORK/prio-high"; fi
 
+# More processes in one claim than its account has PID slots (32): those left without a
+# slot must count as unidentified (their work is the claim's), never as another claim's.
+many=$(claim many)
+for i in $(seq 1 40); do
+  core_env FGPU_CORE_LIMIT=30 FGPU_STATE_DIR="$many" HT_DEV=6 "$BIN/hooktest" work 6 2 >"$WORK/core-many$i" 2>&1 &
+done
+wait
+gm=$(cat "$WORK"/core-many* | sed -n 's/.*share=\([0-9.]*\).*/\1/p' | awk '{ s += $1 } END { if (NR == 40) print s }')
+if within "$gm" 30 3; then ok "40 processes in one claim (32 PID slots): the claim keeps its 30 %: $gm %"; else ko "40 processes in one claim: '$gm'"; fi
+
 echo "== a shim-free program (fgpu-bypass) and what a host-side NVML reader sees"
 # fgpu-bypass links the fake driver in: nothing the shim can interpose. With the shim
 # preloaded and a 64 MiB quota it still takes 512 MiB, which the fake NVML (host view)

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Devices with a timeline.
 pub const TL_DEVICES: usize = 16;
 /// Processes per device with their own utilisation ring.
-pub const TL_PROCS: usize = 32;
+pub const TL_PROCS: usize = 64;
 pub const RING: usize = 2048;
 pub const BUCKET_NS: u64 = 1_000_000;
 const BUSY_BITS: u32 = 24;
