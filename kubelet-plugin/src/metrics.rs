@@ -179,6 +179,12 @@ struct MonitorFamilies {
     kills: Counter,
     unattributed: Family<UuidLabels, Gauge>,
     errors: Family<CauseLabels, Counter>,
+    status_writes: Family<ResultLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
 }
 
 /// The plugin's metrics and their registry.
@@ -314,6 +320,11 @@ impl Metrics {
             mon.errors.clone(),
         );
         registry.register(
+            "claim_status_writes",
+            "Writes of ResourceClaim status.devices by the node monitor, by result (ok, error, dropped)",
+            mon.status_writes.clone(),
+        );
+        registry.register(
             "monitor_pass_duration_seconds",
             "Time of one node monitor pass",
             m.monitor_pass.clone(),
@@ -377,6 +388,15 @@ impl Metrics {
         self.monitor
             .errors
             .get_or_create(&CauseLabels { cause })
+            .inc();
+    }
+
+    /// Counts one write of a claim's `status.devices` (`ok`, `error`, or `dropped`: the API
+    /// server did not keep the field).
+    pub fn observe_status_write(&self, result: &'static str) {
+        self.monitor
+            .status_writes
+            .get_or_create(&ResultLabels { result })
             .inc();
     }
 

@@ -174,7 +174,8 @@ pub async fn run(
             );
         }
         let host: Arc<dyn Host> = plugin.clone();
-        let monitor = Monitor::new(mcfg, backend.clone(), host, consumers, Some(client.clone()));
+        let monitor = Monitor::new(mcfg, backend.clone(), host, consumers, Some(client.clone()))
+            .with_claim_status(cfg.driver.as_str(), api);
         tokio::spawn(monitor.run(monitor_stopped));
     }
     let watch = cache.map(|cache| {

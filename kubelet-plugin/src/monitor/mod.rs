@@ -10,6 +10,8 @@
 //!
 //! * it writes each claim's utilisation feed for the shim's core limiter ([`feed`]);
 //! * it refreshes the per-claim metrics ([`crate::metrics`]);
+//! * it writes each claim's used figures into its `ResourceClaim.status.devices`, on
+//!   change and at most once per `--claim-status-interval-seconds` ([`status`]);
 //! * it hands the view to the backstop ([`backstop`]), which reports claims over their
 //!   grant (a Warning Event on the pod, a metric, a log line) and, with
 //!   `--over-quota=kill`, kills the processes holding the excess.
@@ -24,6 +26,7 @@ pub mod attribute;
 pub mod backstop;
 pub mod cgroup;
 pub mod feed;
+pub mod status;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -33,10 +36,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fgpu_driver::backend::DeviceBackend;
 use fgpu_plumbing::events::{self, EventType, Regarding, Reporter, Said};
 
+use kube::Api;
+use kube::api::{DynamicObject, Patch, PatchParams};
+
 use crate::checkpoint::{ClaimRecord, PrepareState};
 use crate::metrics::Metrics;
+use crate::slices::ApiVersion;
 use attribute::{Attribution, ClaimView, GpuGrant, PodRef};
 use backstop::{Backstop, BackstopConfig, Finding, Kind, OverQuotaAction};
+use status::{StatusConfig, StatusWrite, StatusWriter};
 
 /// The monitor's flags (in `serve` and `device-plugin`).
 #[derive(Clone, Debug, clap::Args)]
@@ -74,6 +82,17 @@ pub struct MonitorArgs {
     #[arg(long, default_value_t = 15, value_name = "POINTS")]
     pub compute_over_quota_points: u32,
 
+    /// Shortest time between two writes of one claim's `status.devices` (used memory, SM
+    /// utilisation, the `WithinGrant` condition); a claim is written only when those change.
+    /// 0: the plugin does not write claim status.
+    #[arg(
+        long,
+        default_value_t = 30,
+        value_name = "SECONDS",
+        env = "FGPU_CLAIM_STATUS_INTERVAL_SECONDS"
+    )]
+    pub claim_status_interval_seconds: u64,
+
     /// Seconds compute must stay over quota before it is reported.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub compute_over_quota_seconds: u64,
@@ -108,6 +127,8 @@ impl MonitorArgs {
             node: node.to_owned(),
             period: Duration::from_millis(self.monitor_period_ms),
             proc_root: PathBuf::from("/proc"),
+            claim_status_interval: (self.claim_status_interval_seconds > 0)
+                .then(|| Duration::from_secs(self.claim_status_interval_seconds)),
             backstop: BackstopConfig {
                 action: self.over_quota,
                 memory_tolerance: self.over_quota_tolerance,
@@ -163,6 +184,9 @@ pub struct MonitorConfig {
     pub period: Duration,
     /// Where host processes are (`/proc`; the plugin runs in the host's PID namespace).
     pub proc_root: PathBuf,
+    /// Shortest time between two status writes of one claim (`None`: no writes; the
+    /// legacy path has no ResourceClaims and writes none either way).
+    pub claim_status_interval: Option<Duration>,
     /// The backstop.
     pub backstop: BackstopConfig,
 }
@@ -314,6 +338,11 @@ pub struct Monitor {
     latest: Latest,
     logged: Once,
     last_sample_us: u64,
+    /// The claim status writer and the `resource.k8s.io` version it writes
+    /// ([`Monitor::with_claim_status`]).
+    status: Option<(StatusWriter, ApiVersion)>,
+    /// The writes the last pass found due.
+    status_due: Vec<StatusWrite>,
 }
 
 impl Monitor {
@@ -337,7 +366,23 @@ impl Monitor {
             latest: Latest::default(),
             logged: Once::default(),
             last_sample_us: 0,
+            status: None,
+            status_due: Vec::new(),
         }
+    }
+
+    /// Writes each claim's figures into its `status.devices` as driver `driver`, through
+    /// `resource.k8s.io` at `api` (when the config's interval is set).
+    pub fn with_claim_status(mut self, driver: &str, api: ApiVersion) -> Self {
+        self.status = self.cfg.claim_status_interval.map(|interval| {
+            let cfg = StatusConfig {
+                driver: driver.to_owned(),
+                interval,
+                tolerance: self.cfg.backstop.memory_tolerance,
+            };
+            (StatusWriter::new(cfg), api)
+        });
+        self
     }
 
     /// The shared view of the last pass.
@@ -378,6 +423,7 @@ impl Monitor {
             for f in &findings {
                 me.publish(f).await;
             }
+            me.write_status().await;
         }
     }
 
@@ -462,6 +508,12 @@ impl Monitor {
                 }
             }
         }
+        if let Some((writer, _)) = &mut self.status {
+            let now = k8s_openapi::jiff::Timestamp::now()
+                .round(k8s_openapi::jiff::Unit::Second)
+                .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
+            self.status_due = writer.due(&records, &usage.claims, Instant::now(), &now.to_string());
+        }
         self.latest.set(Snapshot {
             sampled_unix_ms: sampled_ms,
             usage,
@@ -475,6 +527,52 @@ impl Monitor {
         let key = format!("{cause}: {}", first_words(detail));
         if self.logged.first(&key) {
             tracing::warn!(cause, error = %detail, "node monitor (logged once per cause; counted in monitor_errors_total)");
+        }
+    }
+
+    /// Sends the status writes the last pass found due.
+    async fn write_status(&mut self) {
+        let due = std::mem::take(&mut self.status_due);
+        let (Some(client), Some((_, api))) = (self.client.clone(), self.status.as_ref()) else {
+            return;
+        };
+        let api = *api;
+        let ar = fgpu_plumbing::discovery::resource(api, "ResourceClaim", "resourceclaims");
+        let params = PatchParams::apply(status::FIELD_MANAGER).force();
+        for w in due {
+            let claims: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &w.namespace, &ar);
+            let body = status::apply_body(api.api_version(), &w);
+            let what = format!("ResourceClaim {}/{} status.devices", w.namespace, w.name);
+            match claims
+                .patch_status(&w.name, &params, &Patch::Apply(body))
+                .await
+            {
+                Ok(stored) => {
+                    let stored = serde_json::to_value(stored).unwrap_or_default();
+                    if status::kept(&stored, &w) {
+                        self.host.metrics().observe_status_write("ok");
+                    } else {
+                        self.host.metrics().observe_status_write("dropped");
+                        tracing::warn!(claim = %format!("{}/{}", w.namespace, w.name),
+                            "the API server does not keep ResourceClaim status.devices (feature gate DRAResourceClaimDeviceStatus off?): claim status writes stop");
+                        if let Some((writer, _)) = &mut self.status {
+                            writer.turn_off();
+                        }
+                        return;
+                    }
+                }
+                // Deleted meanwhile, or deallocated (its devices are no longer allocated).
+                Err(kube::Error::Api(e))
+                    if e.code == 404 || (w.devices.is_empty() && e.code == 422) => {}
+                Err(e) => {
+                    self.host.metrics().observe_status_write("error");
+                    self.failed("claim-status", &format!("{what}: {e}"));
+                    if let Some((writer, _)) = &mut self.status {
+                        writer.failed(&w.uid);
+                    }
+                }
+            }
         }
     }
 

@@ -123,6 +123,7 @@ fn a_pass_writes_feeds_metrics_and_reports_the_claim_over_its_grant() {
         node: "n".into(),
         period: Duration::from_secs(1),
         proc_root: proc_root.clone(),
+        claim_status_interval: None,
         backstop: BackstopConfig {
             action: OverQuotaAction::Report,
             memory_tolerance: 256 << 20,

@@ -20,6 +20,10 @@
 #     the plugin restarted with --over-quota=kill: the bypassing process dies (SIGKILL), the
 #     shim's process in the same container lives, Event GpuMemoryOverQuotaKilled,
 #     backstop_kills_total 1.
+#   * claim status (--claim-status-interval-seconds 2): each claim's status.devices entry
+#     (driver, pool, device, shareID of its allocation) carries the granted figures and the
+#     monitor's used memory: bypass shows 4096 MiB and WithinGrant=False (MemoryOverGrant)
+#     while over, 1024 MiB and True after the kill; status writes counted ok, none failed.
 source "$(dirname "$0")/../lib.sh"
 [ "$K8S_MINOR" -ge 36 ] || skip "Kubernetes $K8S_VERSION: DRA consumable capacity is not on by default before 1.36"
 
@@ -48,7 +52,7 @@ chmod 0755 "$fake_dir"
 for f in gpu gpu.procs gpu.live gpu.limits gpu.gpus; do : >"$fake_dir/$f"; chmod 0666 "$fake_dir/$f"; done
 
 uuids="GPU-e2e00000-0000-4000-8000-000000000000,GPU-e2e00000-0000-4000-8000-000000000001"
-monitor_args="--fake-nvml-library $work/bin/libfgpu_fake_cuda.so --monitor-period-ms 1000 --over-quota-tolerance 64Mi --compute-over-quota-seconds 5"
+monitor_args="--fake-nvml-library $work/bin/libfgpu_fake_cuda.so --monitor-period-ms 1000 --over-quota-tolerance 64Mi --compute-over-quota-seconds 5 --claim-status-interval-seconds 2"
 start_monitored_plugin() { # <report|kill>
   FGPU_E2E_METRICS="$METRICS" FGPU_E2E_PLUGIN_ARGS="$monitor_args --over-quota $1" \
     FAKE_CUDA_STATE="$fake_dir/gpu" FAKE_CUDA_NVML_HOST=1 FAKE_CUDA_UUIDS="$uuids" start_plugin
@@ -146,6 +150,17 @@ check "report: the Event names claim, GPU, used vs granted" yes \
 check "report: the Event lists both processes" 2 "$(echo "$note" | grep -o 'pid [0-9]* [0-9]* MiB' | wc -l)"
 check "report: over_quota_total{memory,report}" 1 "$(metrics | sed -n 's/^fgpu_kubelet_plugin_over_quota_total{kind="memory",action="report"} //p')"
 check "report: used memory of the claim (bytes)" "$((4096 << 20))" "$(metric claim_used_memory_bytes "$cb")"
+# The claim's status.devices: the same figure, within one sample of the monitor's.
+cstat() { kubectl -n "$E2E_NS" get resourceclaim "$1" -o jsonpath="{.status.devices[0]$2}"; }
+status_is() { [ "$(cstat "$1" "$2")" = "$3" ]; }
+wait_until 15 "claim $cb: status.devices shows 4096 MiB used" status_is "$cb" .data.usedMemoryBytes "$((4096 << 20))"
+check "status: bypass's WithinGrant condition" "False MemoryOverGrant" \
+  "$(cstat "$cb" '.conditions[?(@.type=="WithinGrant")].status') $(cstat "$cb" '.conditions[?(@.type=="WithinGrant")].reason')"
+check "status: the entry's driver and device are the allocation's" \
+  "$(kubectl -n "$E2E_NS" get resourceclaim "$cb" -o jsonpath='{.status.allocation.devices.results[0].driver} {.status.allocation.devices.results[0].device} {.status.allocation.devices.results[0].shareID}')" \
+  "$(cstat "$cb" .driver) $(cstat "$cb" .device) $(cstat "$cb" .shareID)"
+check "status: cores-30's granted cores, enforcement" "30 shim" "$(cstat "$c30" .data.grantedCores) $(cstat "$c30" .data.enforcement)"
+check "status: bypass's granted memory" "$((2048 << 20))" "$(cstat "$cb" .data.grantedMemoryBytes)"
 sleep 2
 check "report: nothing killed" "" "$(kubectl -n "$E2E_NS" logs bypass | sed -n 's/^bypass_exit=//p')"
 
@@ -161,6 +176,11 @@ wait_until 30 "Event GpuMemoryOverQuotaKilled on pod bypass" sh -c "kubectl -n $
 say "      event: $(ev GpuMemoryOverQuotaKilled)"
 wait_until 15 "the claim back under its grant" metric_is claim_used_memory_bytes "$cb" "$((1024 << 20))"
 say "ok: claim $cb holds $(( $(metric claim_used_memory_bytes "$cb") >> 20 )) MiB after the kill"
+wait_until 15 "claim $cb: status.devices back to 1024 MiB, WithinGrant" sh -c \
+  "[ \"\$(kubectl -n $E2E_NS get resourceclaim $cb -o jsonpath='{.status.devices[0].data.usedMemoryBytes} {.status.devices[0].conditions[0].status}')\" = '$((1024 << 20)) True' ]"
+page="$(metrics)"
+check "status: writes failed" "" "$(sed -n 's/^fgpu_kubelet_plugin_claim_status_writes_total{result="error"} //p' <<<"$page")"
+say "      status writes ok: $(sed -n 's/^fgpu_kubelet_plugin_claim_status_writes_total{result="ok"} //p' <<<"$page")"
 
 [ ${#failed[@]} -eq 0 ] || fail "${#failed[@]} check(s) failed: ${failed[*]}"
 say "ok: every check passed"
