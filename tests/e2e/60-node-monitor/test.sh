@@ -23,7 +23,9 @@
 #   * claim status (--claim-status-interval-seconds 2): each claim's status.devices entry
 #     (driver, pool, device, shareID of its allocation) carries the granted figures and the
 #     monitor's used memory: bypass shows 4096 MiB and WithinGrant=False (MemoryOverGrant)
-#     while over, 1024 MiB and True after the kill; status writes counted ok, none failed.
+#     while over, 1024 MiB and True after the kill; status writes counted ok, none failed;
+#   * kubectl fgpu (kubectl-fgpu on PATH): `top gpus` shows gpu-0 with the three shares and
+#     4096 MiB granted, `top claims` each claim's grant and bypass's use over it.
 source "$(dirname "$0")/../lib.sh"
 [ "$K8S_MINOR" -ge 36 ] || skip "Kubernetes $K8S_VERSION: DRA consumable capacity is not on by default before 1.36"
 
@@ -161,6 +163,24 @@ check "status: the entry's driver and device are the allocation's" \
   "$(cstat "$cb" .driver) $(cstat "$cb" .device) $(cstat "$cb" .shareID)"
 check "status: cores-30's granted cores, enforcement" "30 shim" "$(cstat "$c30" .data.grantedCores) $(cstat "$c30" .data.enforcement)"
 check "status: bypass's granted memory" "$((2048 << 20))" "$(cstat "$cb" .data.grantedMemoryBytes)"
+
+# kubectl fgpu (the kubectl-fgpu binary on PATH): the three shares of gpu-0, their grants.
+(cd "$E2E_DIR/../../.." && cargo build -q -p kubectl-fgpu) >&2 || fail "cargo build -p kubectl-fgpu failed"
+kf_dir="${CARGO_TARGET_DIR:-${FGPU_CACHE:-/var/cache/fgpu}/target}/debug"
+claims_with_status() {
+  kubectl -n "$E2E_NS" get resourceclaims -o jsonpath='{range .items[*]}{.status.devices[0].data.grantedMemoryBytes}{"\n"}{end}' | grep -c .
+}
+all_status() { [ "$(claims_with_status)" = 3 ]; }
+wait_until 15 "every claim's status written" all_status
+top="$(PATH="$kf_dir:$PATH" kubectl fgpu top gpus)"
+say "      kubectl fgpu top gpus:"; sed 's/^/        /' <<<"$top" >&2
+check "kubectl fgpu top gpus: gpu-0's shares and granted memory" "3 4096Mi" \
+  "$(awk '$2 == "gpu-0" { print $4, $6 }' <<<"$top")"
+claims_top="$(PATH="$kf_dir:$PATH" kubectl fgpu top claims -n "$E2E_NS")"
+sed 's/^/        /' <<<"$claims_top" >&2
+check "kubectl fgpu top claims: cores-30's grant" "1024Mi 30%" "$(awk -v c="$E2E_NS/$c30" '$1 == c { print $4, $5 }' <<<"$claims_top")"
+check "kubectl fgpu top claims: bypass over its grant" "2048Mi 4096Mi False" \
+  "$(awk -v c="$E2E_NS/$cb" '$1 == c { print $4, $6, $9 }' <<<"$claims_top")"
 sleep 2
 check "report: nothing killed" "" "$(kubectl -n "$E2E_NS" logs bypass | sed -n 's/^bypass_exit=//p')"
 
