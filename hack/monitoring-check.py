@@ -23,6 +23,8 @@ What is checked:
     recording rules, with Grafana's variables substituted), every metric name one the code
     exports (or `up`), every label in a matcher one the family has or the scrape adds,
     every `by`/`on` label one of the expression's families has, every `$variable` defined;
+  * every dashboard expression returns data (absent(expr) empty, promtool test rules) from
+    an hour of series shaped like the daemons' exposition (SAMPLE_LABELS);
   * the same name and label checks on the alert expressions;
   * docs/observability.md's tables of panels and alerts list exactly the families each uses;
   * deploy/monitoring/prometheus-rules.yaml is the rule file wrapped in a PrometheusRule
@@ -35,7 +37,8 @@ What is checked:
     Kubernetes discovery and refuses the field).
 
 Not checked here: that an expression returns data from a real Prometheus scraping the
-daemons (that needs a cluster: e2e), Grafana's rendering, label values (e.g. `operation="Prepare"`).
+running daemons (that needs a cluster: e2e), Grafana's rendering; label values only as far
+as SAMPLE_LABELS holds the values the code writes.
 """
 import copy
 import json
@@ -426,6 +429,59 @@ def check_dashboard(dash, series, promtool, report):
     return panels
 
 
+# Series shaped like the daemons' exposition, for check_dashboard_data: one series per
+# family with every label it has, at these values (the values the code writes; the plugin
+# names a GPU by UUID, the controller by its device name), one sample a minute for an hour.
+SAMPLE_LABELS = {"operation": "Prepare", "result": "ok", "phase": "Build", "reason": "no_fit", "read": "CacheHit",
+                 "namespace": "ml", "claim": "train-0", "gpu_uuid": "GPU-0001", "kind": "memory",
+                 "action": "report", "cause": "usage", "mode": "capacity", "node": "gpu-a"}
+SAMPLE_TARGETS = {"fgpu_kubelet_plugin": {"job": "fgpu-system/fgpu-kubelet-plugin", "instance": "10.88.0.11:9400",
+                                          "node": "gpu-a", "gpu": "GPU-0001"},
+                  "fgpu_controller": {"job": "fgpu-controller", "instance": "10.88.1.21:19500", "gpu": "gpu-0"}}
+
+
+def sample_series(fams):
+    out = []
+    for fam, (kind, labels, _) in sorted(fams.items()):
+        target = next(t for p, t in SAMPLE_TARGETS.items() if fam.startswith(p + "_"))
+        ls = {k: v for k, v in target.items() if k != "gpu"}
+        ls.update({l: target["gpu"] if l == "gpu" else SAMPLE_LABELS.get(l, f"{l}-0") for l in sorted(labels)})
+
+        def sel(name, extra=None):
+            return name + "{" + ",".join(f'{k}="{v}"' for k, v in {**ls, **(extra or {})}.items()) + "}"
+        if kind == "histogram":
+            out += [{"series": sel(fam + "_bucket", {"le": le}), "values": "0+1x60"} for le in ("0.001", "+Inf")]
+            out += [{"series": sel(fam + "_sum"), "values": "0+0.001x60"}, {"series": sel(fam + "_count"), "values": "0+1x60"}]
+        elif kind == "counter":
+            out.append({"series": sel(exposed(fam, kind)), "values": "0+1x60"})
+        else:
+            out.append({"series": sel(exposed(fam, kind)), "values": "1x60"})
+    for t in SAMPLE_TARGETS.values():
+        out.append({"series": "up{" + f'job="{t["job"]}",instance="{t["instance"]}"' + "}", "values": "1x60"})
+    return out
+
+
+def check_dashboard_data(dash, fams, promtool, report):
+    """Every dashboard expression returns data from series shaped like the daemons' (the
+    variables at All): absent(expr) must be empty, with promtool test rules."""
+    exprs = dashboard_exprs(dash)
+    tests = [{"expr": f"absent({GRAFANA_VAR.sub('.*', GRAFANA_RANGES.sub('5m', e))})", "eval_time": "30m",
+              "exp_samples": []} for _, e, _, _ in exprs]
+    with tempfile.TemporaryDirectory() as d:
+        f = os.path.join(d, "data.yaml")
+        with open(f, "w") as out:
+            yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m",
+                            "tests": [{"interval": "1m", "input_series": sample_series(fams), "promql_expr_test": tests}]}, out)
+        p = subprocess.run([promtool, "test", "rules", f], capture_output=True, text=True)
+    if p.returncode != 0:
+        empty = re.findall(r'expr: "absent\((.*)\)", time', p.stdout + p.stderr)
+        where = [w for w, e, _, _ in exprs if any(GRAFANA_VAR.sub(".*", GRAFANA_RANGES.sub("5m", e)) in x.replace('\\"', '"') for x in empty)]
+        raise CheckError("dashboard: queries that return nothing from series shaped like the daemons' "
+                         f"(label values: {SAMPLE_LABELS}):\n  " + "\n  ".join(where or empty)
+                         + f"\n{(p.stdout + p.stderr).strip()[:3000]}")
+    report(f"dashboard: all {len(exprs)} expressions return data from series shaped like the daemons' (promtool test rules)")
+
+
 # --------------------------------------------------------------------------------------
 # The alerts
 
@@ -656,6 +712,7 @@ def run_checks(root, promtool, report, sources=None, dash=None, doc=None, full=T
     check_generated(root, report)
     dash = dash if dash is not None else json.load(open(os.path.join(root, DASHBOARD)))
     panels = check_dashboard(dash, series, promtool, report)
+    check_dashboard_data(dash, fams, promtool, report)
     check_doc(root, panels, alerts, fams, report, doc)
     used = {f for fs in list(panels.values()) + list(alerts.values()) for f in fs}
     unused = sorted({exposed(f, kind) for f, (kind, _, _) in fams.items()} - used)
@@ -723,6 +780,13 @@ def self_test(root, promtool):
         ("an expression that does not parse",
          dict(dash=dash_with("sum(max by (node, gpu) (fgpu_controller_gpu_memory_bytes))", "sum(max by (node, gpu) (fgpu_controller_gpu_memory_bytes)")),
          "promtool cannot parse"),
+        ("a label value the code never writes (operation=\"prepare\")",
+         dict(dash=dash_with('operation="Prepare"', 'operation="prepare"')),
+         "queries that return nothing"),
+        ("a join whose two sides never match",
+         dict(dash=dash_with("sum by (namespace, claim, gpu_uuid) (fgpu_kubelet_plugin_claim_used_memory_bytes{node=~\"$node\",namespace=~\"$namespace\",claim=~\"$claim\"}) / sum by (namespace, claim, gpu_uuid)",
+                             "sum by (namespace, claim, gpu_uuid) (fgpu_kubelet_plugin_claim_used_memory_bytes{node=~\"$node\",namespace=~\"$namespace\",claim=~\"$claim\"}) / sum by (namespace, claim)")),
+         "queries that return nothing"),
         ("an undefined dashboard variable",
          dict(dash=dash_with('node=~"$node"', 'node=~"$nodes"')),
          "undefined variable(s) ['nodes']"),
