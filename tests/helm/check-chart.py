@@ -9,9 +9,13 @@ break: the gate webhook sees only pods with resourceClaims; in controller mode t
 DeviceClass matches no device for kube-scheduler; the extender's /bind is on the pod's
 loopback beside the fgpu kube-scheduler; the legacy grant webhook is registered for CREATE
 and UPDATE; the VAPs bind the node daemons to their token's node; the controller has a PDB;
-production renders name no fake CUDA; values the schema refuses are refused.
+production renders name no fake CUDA; the monitoring objects render only when asked, select
+the chart's Service and pods like deploy/monitoring's and carry the files/monitoring/ files
+unchanged; values the schema refuses are refused.
 Prints one line per check and "N passed, 0 failed"; exits 1 on the first failure.
 """
+import json
+import os
 import subprocess
 import sys
 
@@ -220,12 +224,60 @@ check(get(d, "Certificate", "fgpu-webhook") is not None and get(d, "Job", "fgpu-
 check(get(d, "MutatingWebhookConfiguration", "fgpu-allocation-gate")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
       == "fgpu-system/fgpu-webhook-tls", "cert-manager injects the caBundle")
 
+# --- monitoring (deploy/monitoring/, docs/observability.md)
+MON_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+d = render("1.37.2")
+check(not [x for x in d if x["kind"] in MON_KINDS] and get(d, "ConfigMap", "fgpu-grafana-dashboard") is None,
+      "monitoring off by default: no ServiceMonitor, PodMonitor, PrometheusRule or dashboard ConfigMap")
+on = ("monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true",
+      "monitoring.labels.release=kube-prometheus-stack")
+d = render("1.37.2", *on)
+deploy = os.path.dirname(os.path.dirname(os.path.abspath(CHART)))
+static = {k: [x for x in yaml.safe_load_all(open(os.path.join(deploy, "monitoring", f))) if x][0]
+          for k, f in (("ServiceMonitor", "servicemonitor.yaml"), ("PodMonitor", "podmonitor.yaml"))}
+svc = get(d, "Service", "fgpu-controller")
+sm = get(d, "ServiceMonitor", "fgpu-controller")
+sel = sm["spec"]["selector"]["matchLabels"]
+check(sel.items() <= svc["metadata"]["labels"].items() and "metrics" in [p["name"] for p in svc["spec"]["ports"]]
+      and sm["spec"]["namespaceSelector"]["matchNames"] == ["fgpu-system"],
+      "ServiceMonitor selects the controller's Service (its labels, port metrics, the release namespace)")
+ds = get(d, "DaemonSet", "fgpu-kubelet-plugin")
+pm = get(d, "PodMonitor", "fgpu-kubelet-plugin")
+sel = pm["spec"]["selector"]["matchLabels"]
+check(sel.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+      and "metrics" in [p["name"] for p in containers(ds)[0]["ports"]],
+      "PodMonitor selects the kubelet plugin's pods, port metrics")
+for kind, key, m in (("ServiceMonitor", "endpoints", sm), ("PodMonitor", "podMetricsEndpoints", pm)):
+    ep = dict(m["spec"][key][0])
+    check(ep.pop("scrapeTimeout") == "10s" and ep == static[kind]["spec"][key][0],
+          f"{kind}: the same endpoint as deploy/monitoring's (honorLabels, relabelings, interval) + scrapeTimeout")
+    check(m["metadata"]["labels"].get("release") == "kube-prometheus-stack", f"{kind}: monitoring.labels added")
+rule = get(d, "PrometheusRule", "fgpu")
+check(rule["spec"] == yaml.safe_load(open(os.path.join(CHART, "files/monitoring/prometheus-rules.rules.yaml"))),
+      "PrometheusRule spec is files/monitoring/prometheus-rules.rules.yaml, unchanged")
+cm = get(d, "ConfigMap", "fgpu-grafana-dashboard")
+check(cm["metadata"]["labels"].get("grafana_dashboard") == "1" and cm["metadata"]["namespace"] == "fgpu-system"
+      and json.loads(cm["data"]["fgpu-shared-gpus.json"]) == json.load(open(os.path.join(CHART, "files/monitoring/grafana-dashboard.json"))),
+      "dashboard ConfigMap: the sidecar's label, the dashboard JSON unchanged")
+d = render("1.37.2", *on, "monitoring.dashboard.namespace=grafana", "monitoring.dashboard.annotations.grafana_folder=GPUs",
+           "kubeletPlugin.enabled=false")
+cm = get(d, "ConfigMap", "fgpu-grafana-dashboard")
+check(cm["metadata"]["namespace"] == "grafana" and cm["metadata"]["annotations"] == {"grafana_folder": "GPUs"},
+      "dashboard ConfigMap in monitoring.dashboard.namespace, with its annotations")
+check(get(d, "PodMonitor", "fgpu-kubelet-plugin") is None and get(d, "ServiceMonitor", "fgpu-controller") is not None,
+      "no PodMonitor without the kubelet plugin")
+d = render("1.37.2", *on, "controller.enabled=false")
+check(get(d, "ServiceMonitor", "fgpu-controller") is None and get(d, "PodMonitor", "fgpu-kubelet-plugin") is not None,
+      "no ServiceMonitor without the controller")
+
 # --- the schema refuses
 for s, why in (("mode=bogus", "mode"), ("driverName=Bad_Name", "driverName"), ("certs.mode=openssl", "certs.mode"),
                ("legacy.splitCount=0", "splitCount"), ("image.pullPolicy=Sometimes", "pullPolicy"),
                ("controller.replica=2", "an unknown key"),
                ("kubeletPlugin.monitor.overQuota=bogus", "overQuota"),
-               ("kubeletPlugin.monitor.periodMs=10", "periodMs")):
+               ("kubeletPlugin.monitor.periodMs=10", "periodMs"),
+               ("monitoring.serviceMonitor.interval=often", "a scrape interval that is no duration"),
+               ("monitoring.dashboard.enable=true", "an unknown monitoring key")):
     p = render("1.37.2", s, ok=False)
     check(p.returncode != 0 and "values don't meet the specifications of the schema" in p.stderr, f"schema refuses {why} ({s})")
 
