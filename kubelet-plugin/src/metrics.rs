@@ -113,7 +113,21 @@ struct ErrorLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
-    gpu: String,
+    gpu_uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuIndexLabels {
+    gpu_uuid: String,
+    gpu_index: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimPodLabels {
+    namespace: String,
+    claim: String,
+    gpu_uuid: String,
+    pod: String,
 }
 
 fn duration_histogram() -> Histogram {
@@ -180,6 +194,10 @@ struct MonitorFamilies {
     unattributed: Family<UuidLabels, Gauge>,
     errors: Family<CauseLabels, Counter>,
     status_writes: Family<ResultLabels, Counter>,
+    gpu_used_memory: Family<UuidLabels, Gauge>,
+    gpu_sm_ratio: Family<UuidLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    gpu_processes: Family<UuidLabels, Gauge>,
+    claim_info: Family<ClaimPodLabels, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -197,6 +215,9 @@ pub struct Metrics {
     prepared_claims: Gauge,
     granted_memory: Family<GpuLabels, Gauge>,
     granted_cores: Family<GpuLabels, Gauge>,
+    shares: Family<GpuLabels, Gauge>,
+    gpu_memory: Family<GpuIndexLabels, Gauge>,
+    gpu_healthy: Family<GpuIndexLabels, Gauge>,
     claim_reads: Family<ClaimReadLabels, Counter>,
     claim_cache_claims: Gauge,
     monitor: MonitorFamilies,
@@ -227,6 +248,9 @@ impl Metrics {
             prepared_claims: Gauge::default(),
             granted_memory: Family::default(),
             granted_cores: Family::default(),
+            shares: Family::default(),
+            gpu_memory: Family::default(),
+            gpu_healthy: Family::default(),
             claim_reads: Family::default(),
             claim_cache_claims: Gauge::default(),
             monitor: MonitorFamilies::default(),
@@ -267,6 +291,21 @@ impl Metrics {
             "gpu_granted_cores",
             "Cores (percent of SMs) granted on the GPU by prepared claims",
             m.granted_cores.clone(),
+        );
+        registry.register(
+            "gpu_shares",
+            "Prepared claim devices (shares) on the GPU",
+            m.shares.clone(),
+        );
+        registry.register(
+            "gpu_memory_bytes",
+            "Device memory of the GPU",
+            m.gpu_memory.clone(),
+        );
+        registry.register(
+            "gpu_healthy",
+            "1 while the GPU is healthy, 0 while it is not (as the device backend last said)",
+            m.gpu_healthy.clone(),
         );
         registry.register(
             "claim_reads",
@@ -320,6 +359,26 @@ impl Metrics {
             mon.errors.clone(),
         );
         registry.register(
+            "gpu_used_memory_bytes",
+            "Device memory all processes on the GPU hold (claims' or not), as the driver reports it",
+            mon.gpu_used_memory.clone(),
+        );
+        registry.register(
+            "gpu_sm_utilization_ratio",
+            "SM utilisation of all processes on the GPU over the last monitor pass (0-1)",
+            mon.gpu_sm_ratio.clone(),
+        );
+        registry.register(
+            "gpu_processes",
+            "Compute processes on the GPU",
+            mon.gpu_processes.clone(),
+        );
+        registry.register(
+            "claim_info",
+            "1 per pod a prepared claim serves on a GPU: the device to pod mapping",
+            mon.claim_info.clone(),
+        );
+        registry.register(
             "claim_status_writes",
             "Writes of ResourceClaim status.devices by the node monitor, by result (ok, error, dropped)",
             mon.status_writes.clone(),
@@ -367,6 +426,69 @@ impl Metrics {
                     gpu_uuid: gpu.clone(),
                 })
                 .set(i64::from(*n));
+        }
+    }
+
+    /// Replaces the per-GPU usage gauges with one monitor pass's figures (GPUs that could
+    /// not be read are left out).
+    pub fn set_gpu_usage(&self, gpus: &[fgpu_driver::backend::GpuUsage]) {
+        let mon = &self.monitor;
+        mon.gpu_used_memory.clear();
+        mon.gpu_sm_ratio.clear();
+        mon.gpu_processes.clear();
+        for g in gpus.iter().filter(|g| g.error.is_none()) {
+            let l = UuidLabels {
+                gpu_uuid: g.uuid.clone(),
+            };
+            let used: u64 = g.processes.iter().filter_map(|p| p.used_memory).sum();
+            mon.gpu_used_memory
+                .get_or_create(&l)
+                .set(i64::try_from(used).unwrap_or(i64::MAX));
+            if g.sm_error.is_none() {
+                let sm: u32 = g.processes.iter().filter_map(|p| p.sm_percent).sum();
+                mon.gpu_sm_ratio
+                    .get_or_create(&l)
+                    .set(f64::from(sm.min(100)) / 100.0);
+            }
+            mon.gpu_processes
+                .get_or_create(&l)
+                .set(i64::try_from(g.processes.len()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Replaces the device to pod mapping: (namespace, claim, GPU UUID, pod) per row.
+    pub fn set_claim_pods<'a>(
+        &self,
+        rows: impl IntoIterator<Item = (&'a str, &'a str, &'a str, &'a str)>,
+    ) {
+        let info = &self.monitor.claim_info;
+        info.clear();
+        for (namespace, claim, gpu_uuid, pod) in rows {
+            info.get_or_create(&ClaimPodLabels {
+                namespace: namespace.to_owned(),
+                claim: claim.to_owned(),
+                gpu_uuid: gpu_uuid.to_owned(),
+                pod: pod.to_owned(),
+            })
+            .set(1);
+        }
+    }
+
+    /// Sets the per-GPU memory and health gauges from the node's inventory.
+    pub fn set_gpus(&self, inventory: &fgpu_driver::device::NodeInventory) {
+        self.gpu_memory.clear();
+        self.gpu_healthy.clear();
+        for g in &inventory.gpus {
+            let l = GpuIndexLabels {
+                gpu_uuid: g.uuid.clone(),
+                gpu_index: g.index.to_string(),
+            };
+            self.gpu_memory
+                .get_or_create(&l)
+                .set(i64::try_from(g.memory_bytes).unwrap_or(i64::MAX));
+            self.gpu_healthy
+                .get_or_create(&l)
+                .set(i64::from(g.health.is_healthy()));
         }
     }
 
@@ -457,18 +579,21 @@ impl Metrics {
             .collect();
         self.prepared_claims
             .set(i64::try_from(completed.len()).unwrap_or(i64::MAX));
-        let mut per_gpu: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        let mut per_gpu: BTreeMap<&str, (u64, u64, i64)> = BTreeMap::new();
         for d in completed.iter().flat_map(|c| &c.devices) {
             let e = per_gpu.entry(&d.gpu_uuid).or_default();
             e.0 = e.0.saturating_add(d.memory_bytes);
             e.1 += u64::from(d.cores);
+            e.2 += 1;
         }
         self.granted_memory.clear();
         self.granted_cores.clear();
-        for (gpu, (memory, cores)) in per_gpu {
+        self.shares.clear();
+        for (gpu, (memory, cores, shares)) in per_gpu {
             let labels = GpuLabels {
-                gpu: gpu.to_owned(),
+                gpu_uuid: gpu.to_owned(),
             };
+            self.shares.get_or_create(&labels).set(shares);
             self.granted_memory
                 .get_or_create(&labels)
                 .set(i64::try_from(memory).unwrap_or(i64::MAX));
@@ -568,8 +693,9 @@ mod tests {
             "fgpu_kubelet_plugin_errors_total{operation=\"Prepare\",reason=\"not_found\"} 1",
             "fgpu_kubelet_plugin_request_duration_seconds_count{operation=\"Prepare\"} 2",
             "fgpu_kubelet_plugin_prepared_claims 2",
-            "fgpu_kubelet_plugin_gpu_granted_memory_bytes{gpu=\"GPU-1\"} 15",
-            "fgpu_kubelet_plugin_gpu_granted_cores{gpu=\"GPU-1\"} 50",
+            "fgpu_kubelet_plugin_gpu_granted_memory_bytes{gpu_uuid=\"GPU-1\"} 15",
+            "fgpu_kubelet_plugin_gpu_granted_cores{gpu_uuid=\"GPU-1\"} 50",
+            "fgpu_kubelet_plugin_gpu_shares{gpu_uuid=\"GPU-1\"} 2",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
@@ -580,6 +706,77 @@ mod tests {
         // A GPU whose claims are gone disappears.
         m.set_claims(&BTreeMap::new());
         assert!(!m.encode().contains("GPU-1"));
+    }
+
+    #[test]
+    fn per_gpu_inventory_usage_and_the_device_to_pod_map() {
+        use fgpu_driver::backend::{GpuUsage, ProcessUsage};
+        use fgpu_driver::device::{Health, NodeInventory};
+        let m = Metrics::new();
+        let mut inv = NodeInventory {
+            node: "n".into(),
+            gpus: vec![
+                crate::edits::tests::gpu(0, "0000:01:00.0"),
+                crate::edits::tests::gpu(1, "0000:02:00.0"),
+            ],
+        };
+        inv.gpus[1].health = Health::Unhealthy {
+            reason: "xid 79".into(),
+        };
+        m.set_gpus(&inv);
+        let (u0, u1) = (inv.gpus[0].uuid.clone(), inv.gpus[1].uuid.clone());
+        let proc_ = |pid, used, sm| ProcessUsage {
+            pid,
+            used_memory: used,
+            sm_percent: sm,
+        };
+        m.set_gpu_usage(&[
+            GpuUsage {
+                uuid: u0.clone(),
+                processes: vec![
+                    proc_(1, Some(3 << 30), Some(60)),
+                    proc_(2, Some(1 << 30), Some(50)),
+                    proc_(3, None, None),
+                ],
+                error: None,
+                sm_error: None,
+            },
+            GpuUsage::failed(u1.clone(), "gone"),
+        ]);
+        m.set_claim_pods([
+            ("ml", "c1", u0.as_str(), "p1"),
+            ("ml", "c1", u0.as_str(), "p2"),
+        ]);
+        let text = m.encode();
+        for line in [
+            format!(
+                "fgpu_kubelet_plugin_gpu_memory_bytes{{gpu_uuid=\"{u0}\",gpu_index=\"0\"}} {}",
+                80u64 << 30
+            ),
+            format!("fgpu_kubelet_plugin_gpu_healthy{{gpu_uuid=\"{u0}\",gpu_index=\"0\"}} 1"),
+            format!("fgpu_kubelet_plugin_gpu_healthy{{gpu_uuid=\"{u1}\",gpu_index=\"1\"}} 0"),
+            format!(
+                "fgpu_kubelet_plugin_gpu_used_memory_bytes{{gpu_uuid=\"{u0}\"}} {}",
+                4u64 << 30
+            ),
+            // Capped at 1: two processes' samples can sum past 100 through rounding.
+            format!("fgpu_kubelet_plugin_gpu_sm_utilization_ratio{{gpu_uuid=\"{u0}\"}} 1.0"),
+            format!("fgpu_kubelet_plugin_gpu_processes{{gpu_uuid=\"{u0}\"}} 3"),
+            format!(
+                "fgpu_kubelet_plugin_claim_info{{namespace=\"ml\",claim=\"c1\",gpu_uuid=\"{u0}\",pod=\"p2\"}} 1"
+            ),
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert!(
+            !text.contains(&format!("gpu_processes{{gpu_uuid=\"{u1}\"}}")),
+            "a GPU that could not be read has no usage series"
+        );
+        m.set_claim_pods([]);
+        assert!(!m.encode().contains("claim_info{"));
     }
 
     #[tokio::test]

@@ -491,6 +491,19 @@ impl Monitor {
             }),
             &usage.unattributed,
         );
+        metrics.set_gpu_usage(&gpus);
+        metrics.set_claim_pods(claims.iter().flat_map(|c| {
+            c.grants.iter().flat_map(move |g| {
+                c.pods.iter().map(move |p| {
+                    (
+                        c.namespace.as_str(),
+                        c.name.as_str(),
+                        g.gpu_uuid.as_str(),
+                        p.name.as_str(),
+                    )
+                })
+            })
+        }));
         let findings = self.backstop.assess(&usage, Instant::now());
         let action = self.backstop.config().action;
         for f in &findings {

@@ -149,6 +149,7 @@ impl<S: ClaimSource> Plugin<S> {
     /// Replaces the GPUs that prepares use (the caller read them from the backend, e.g.
     /// to publish the ResourceSlice).
     pub fn set_inventory(&self, inventory: NodeInventory) {
+        self.metrics.set_gpus(&inventory);
         *unpoisoned(&self.inventory) = Some(Arc::new(inventory));
     }
 
