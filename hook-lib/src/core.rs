@@ -214,7 +214,10 @@ pub struct Entry {
     /// Bumped after a PID in `pids` is replaced: every process then checks that its own
     /// is still there (a process left out would have its work counted as another's).
     pids_gen: AtomicU64,
-    _reserved: [u64; 4],
+    /// Wall time the claim's launches waited for the bucket, in ns (informational: the
+    /// node's metrics read it; a tenant can write it, nothing enforces by it).
+    throttled_ns: AtomicU64,
+    _reserved: [u64; 3],
 }
 
 const HEADER_SIZE: usize = 64;
@@ -223,6 +226,9 @@ const ENTRY_SIZE: usize = 256;
 pub const FILE_SIZE: usize = HEADER_SIZE + MAX_DEVICES * ENTRY_SIZE;
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<Entry>() == ENTRY_SIZE);
+// The fields the node's plugin reads back (docs/shim-contract.md, "The accounts").
+const _: () = assert!(std::mem::offset_of!(Entry, state) == 16);
+const _: () = assert!(std::mem::offset_of!(Entry, throttled_ns) == 224);
 
 fn private_map(size: usize) -> *mut u8 {
     // SAFETY: anonymous zeroed mapping.
@@ -1053,7 +1059,12 @@ fn throttle_in(b: &Batch, ord: c_int, units: u64) {
     let inc = increment_fp(units, k_fp, dev.scale);
     let wait = reserve(b, e, inc, now);
     if wait > 0 {
+        let t0 = clock(libc::CLOCK_MONOTONIC);
         sleep_ns(wait.min(MAX_WAIT_NS));
+        e.throttled_ns.fetch_add(
+            clock(libc::CLOCK_MONOTONIC).saturating_sub(t0),
+            Ordering::Relaxed,
+        );
     }
     // Counted when the launch goes, so the units and the GPU time they cause fall in
     // the same control period.

@@ -72,7 +72,10 @@ struct DeviceEntry {
     ordinal: u32,
     limit: AtomicU64,
     used: AtomicU64,
-    _reserved: [u64; 3],
+    /// Allocations refused past the limit (informational: the node's metrics read it; a
+    /// tenant can write it, nothing enforces by it).
+    refusals: AtomicU64,
+    _reserved: [u64; 2],
 }
 
 #[repr(C)]
@@ -86,6 +89,9 @@ struct Slot {
 
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_SIZE);
 const _: () = assert!(std::mem::size_of::<DeviceEntry>() == DEVICE_SIZE);
+// The fields the node's plugin reads back (docs/shim-contract.md, "The accounts").
+const _: () = assert!(std::mem::offset_of!(DeviceEntry, state) == 16);
+const _: () = assert!(std::mem::offset_of!(DeviceEntry, refusals) == 40);
 const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_SIZE);
 
 /// One account file (or private memory when none is configured, or nothing when it is
@@ -319,6 +325,12 @@ impl Account {
     pub fn force_reserve(&self, i: usize, size: u64) {
         let (p, l) = self.split(i);
         p.force_reserve(l, size)
+    }
+
+    /// Counts one allocation of device `i` refused past its limit.
+    pub fn count_refusal(&self, i: usize) {
+        let (p, l) = self.split(i);
+        p.count_refusal(l)
     }
 
     /// Gives back `size` bytes of device `i` (never below zero).
@@ -766,6 +778,13 @@ impl Part {
         }
         slot.used[i].fetch_add(size, Ordering::Relaxed);
         true
+    }
+
+    /// Counts one refusal on device entry `i`.
+    pub fn count_refusal(&self, i: usize) {
+        if self.broken.is_none() {
+            self.device(i).refusals.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Takes `size` bytes even past the limit (the driver already gave them).

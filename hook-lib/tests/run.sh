@@ -261,6 +261,17 @@ gn=$(share_of "$WORK/core-bare")
 if awk -v g="$gn" 'BEGIN { exit !(g != "" && g > 90) }'; then ok "without the shim the same workload takes $gn % of the GPU"; else ko "bare workload: '$gn'"; fi
 if grep -q stalled "$WORK/prio-low" && [ ! -s "$WORK/prio-high" ]; then ok "priority: low $(cat "$WORK/prio-low")"; else ko "priority"; sed 's/^/      /' "$WORK/prio-low" "$WORK/prio-high"; fi
 
+# What the node's metrics read back from the accounts (docs/shim-contract.md): the time
+# the claim's launches waited, in its core account (entry 0, throttled_ns at +224).
+u64_at() { od -An -t u8 -j "$2" -N 8 "$1" 2>/dev/null | tr -d ' '; }
+t30=$(u64_at "$WORK/claim-alone30/fgpu-core.state" $((64 + 224)))
+tsh=$(u64_at "$WORK/claim-share/fgpu-core.state" $((64 + 224)))
+if [ -n "$t30" ] && [ "$t30" -gt 3000000000 ] && [ "$tsh" = 0 ]; then
+  ok "core account: a 30 % claim waited $((t30 / 1000000)) ms in 7 s; share alone waited $tsh"
+else
+  ko "core account throttled_ns: 30 % '$t30', share alone '$tsh'"
+fi
+
 # More processes in one claim than its account has PID slots (32): those left without a
 # slot must count as unidentified (their work is the claim's), never as another claim's.
 many=$(claim many)
@@ -270,6 +281,17 @@ done
 wait
 gm=$(cat "$WORK"/core-many* | sed -n 's/.*share=\([0-9.]*\).*/\1/p' | awk '{ s += $1 } END { if (NR == 40) print s }')
 if within "$gm" 30 3; then ok "40 processes in one claim (32 PID slots): the claim keeps its 30 %: $gm %"; else ko "40 processes in one claim: '$gm'"; fi
+
+# Refusals past the quota, counted in the memory account (device 0, refusals at +40).
+mkdir -p "$WORK/refusals"
+for _ in 1 2 3; do
+  env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$WORK/refusals" \
+    "$BIN/hooktest" alloc $((512 << 20)) >/dev/null 2>&1 || true
+done
+env LD_PRELOAD="$SHIM" FGPU_MEMORY_LIMIT=64Mi FGPU_STATE_DIR="$WORK/refusals" \
+  "$BIN/hooktest" alloc $((16 << 20)) >/dev/null 2>&1 || true
+nref=$(u64_at "$WORK/refusals/fgpu-memory.state" $((64 + 40)))
+if [ "$nref" = 3 ]; then ok "memory account: 3 allocations past the quota counted as refusals, the one within not"; else ko "memory account refusals: '$nref' (want 3)"; fi
 
 echo "== a shim-free program (fgpu-bypass) and what a host-side NVML reader sees"
 # fgpu-bypass links the fake driver in: nothing the shim can interpose. With the shim

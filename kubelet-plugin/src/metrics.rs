@@ -198,6 +198,8 @@ struct MonitorFamilies {
     gpu_sm_ratio: Family<UuidLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     gpu_processes: Family<UuidLabels, Gauge>,
     claim_info: Family<ClaimPodLabels, Gauge>,
+    refusals: Family<ClaimGpuLabels, Counter>,
+    throttled: Family<ClaimGpuLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -374,6 +376,16 @@ impl Metrics {
             mon.gpu_processes.clone(),
         );
         registry.register(
+            "claim_allocation_refusals",
+            "Device memory allocations the shim refused past the claim's grant (counted by the shim in the claim's account; informational)",
+            mon.refusals.clone(),
+        );
+        registry.register(
+            "claim_throttled_seconds",
+            "Wall time the claim's kernel launches waited for its core quota (counted by the shim in the claim's account; informational)",
+            mon.throttled.clone(),
+        );
+        registry.register(
             "claim_info",
             "1 per pod a prepared claim serves on a GPU: the device to pod mapping",
             mon.claim_info.clone(),
@@ -453,6 +465,28 @@ impl Metrics {
             mon.gpu_processes
                 .get_or_create(&l)
                 .set(i64::try_from(g.processes.len()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sets the shim's counters per claim and GPU: (namespace, claim, GPU UUID, refusals,
+    /// throttled ns) per row, totals that only grow (`monitor::accounts::Counters`).
+    pub fn set_shim_counters<'a>(
+        &self,
+        rows: impl IntoIterator<Item = (&'a str, &'a str, &'a str, u64, u64)>,
+    ) {
+        let mon = &self.monitor;
+        mon.refusals.clear();
+        mon.throttled.clear();
+        for (namespace, claim, gpu_uuid, refusals, throttled_ns) in rows {
+            let l = ClaimGpuLabels {
+                namespace: namespace.to_owned(),
+                claim: claim.to_owned(),
+                gpu_uuid: gpu_uuid.to_owned(),
+            };
+            mon.refusals.get_or_create(&l).inc_by(refusals);
+            mon.throttled
+                .get_or_create(&l)
+                .inc_by(throttled_ns as f64 / 1e9);
         }
     }
 

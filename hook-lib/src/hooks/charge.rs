@@ -24,6 +24,7 @@ pub(super) fn get<T: Copy>(p: *const T) -> Option<T> {
 }
 
 pub(super) fn oom(q: &Quota, size: u64, what: &str) -> CUresult {
+    q.proc.acct.count_refusal(q.dev);
     crate::debug!(
         "{what}: {size} bytes refused on device entry {}: {} of {} in use",
         q.dev,

@@ -22,6 +22,7 @@
 //! no pod, an Event the API server refuses — is logged once per cause, counted in
 //! `monitor_errors_total`, and the pass goes on.
 
+pub mod accounts;
 pub mod attribute;
 pub mod backstop;
 pub mod cgroup;
@@ -343,6 +344,8 @@ pub struct Monitor {
     status: Option<(StatusWriter, ApiVersion)>,
     /// The writes the last pass found due.
     status_due: Vec<StatusWrite>,
+    /// The shim's refusal and throttling counters, per claim and GPU.
+    accounts: accounts::Counters,
 }
 
 impl Monitor {
@@ -368,6 +371,7 @@ impl Monitor {
             last_sample_us: 0,
             status: None,
             status_due: Vec::new(),
+            accounts: accounts::Counters::default(),
         }
     }
 
@@ -492,6 +496,36 @@ impl Monitor {
             &usage.unattributed,
         );
         metrics.set_gpu_usage(&gpus);
+        let mut shim_rows = Vec::new();
+        for c in &usage.claims {
+            let Some(r) = records.get(&c.uid) else {
+                continue;
+            };
+            if r.claim_dir.as_os_str().is_empty() {
+                continue;
+            }
+            let state = r.claim_dir.join("state");
+            let raw = accounts::read(
+                &state.join(fgpu_api::names::contract::MEMORY_ACCOUNT),
+                &state.join(fgpu_api::names::contract::CORE_ACCOUNT),
+            );
+            for g in &c.gpus {
+                let now = raw.get(&g.grant.gpu_uuid).copied().unwrap_or_default();
+                let total = self.accounts.update(&c.uid, &g.grant.gpu_uuid, now);
+                shim_rows.push((c, g.grant.gpu_uuid.as_str(), total));
+            }
+        }
+        self.accounts
+            .retain(&usage.claims.iter().map(|c| c.uid.as_str()).collect());
+        metrics.set_shim_counters(shim_rows.iter().map(|(c, gpu, t)| {
+            (
+                c.namespace.as_str(),
+                c.name.as_str(),
+                *gpu,
+                t.refusals,
+                t.throttled_ns,
+            )
+        }));
         metrics.set_claim_pods(claims.iter().flat_map(|c| {
             c.grants.iter().flat_map(move |g| {
                 c.pods.iter().map(move |p| {
