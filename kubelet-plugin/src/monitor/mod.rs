@@ -27,6 +27,7 @@ pub mod attribute;
 pub mod backstop;
 pub mod cgroup;
 pub mod feed;
+pub mod lifecycle;
 pub mod status;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -346,6 +347,11 @@ pub struct Monitor {
     status_due: Vec<StatusWrite>,
     /// The shim's refusal and throttling counters, per claim and GPU.
     accounts: accounts::Counters,
+    /// The `resource.k8s.io` version of the claims (DRA path only: Events about claims).
+    api: Option<ApiVersion>,
+    /// What happened between passes, and what the last pass found.
+    lifecycle: lifecycle::Lifecycle,
+    lifecycle_due: Vec<lifecycle::Happening>,
 }
 
 impl Monitor {
@@ -372,12 +378,16 @@ impl Monitor {
             status: None,
             status_due: Vec::new(),
             accounts: accounts::Counters::default(),
+            api: None,
+            lifecycle: lifecycle::Lifecycle::default(),
+            lifecycle_due: Vec::new(),
         }
     }
 
     /// Writes each claim's figures into its `status.devices` as driver `driver`, through
     /// `resource.k8s.io` at `api` (when the config's interval is set).
     pub fn with_claim_status(mut self, driver: &str, api: ApiVersion) -> Self {
+        self.api = Some(api);
         self.status = self.cfg.claim_status_interval.map(|interval| {
             let cfg = StatusConfig {
                 driver: driver.to_owned(),
@@ -428,6 +438,7 @@ impl Monitor {
                 me.publish(f).await;
             }
             me.write_status().await;
+            me.tell_lifecycle().await;
         }
     }
 
@@ -517,6 +528,24 @@ impl Monitor {
         }
         self.accounts
             .retain(&usage.claims.iter().map(|c| c.uid.as_str()).collect());
+        let pods: HashMap<String, Vec<PodRef>> = claims
+            .iter()
+            .map(|c| (c.uid.clone(), c.pods.clone()))
+            .collect();
+        let refusals: HashMap<(String, String), u64> = shim_rows
+            .iter()
+            .map(|(c, gpu, t)| ((c.uid.clone(), (*gpu).to_owned()), t.refusals))
+            .collect();
+        self.lifecycle_due = self.lifecycle.step(
+            &usage,
+            &pods,
+            &refusals,
+            Instant::now(),
+            self.cfg.backstop.repeat,
+        );
+        for h in &self.lifecycle_due {
+            tracing::info!(reason = h.reason(), note = %h.note(), "claim lifecycle");
+        }
         metrics.set_shim_counters(shim_rows.iter().map(|(c, gpu, t)| {
             (
                 c.namespace.as_str(),
@@ -618,6 +647,75 @@ impl Monitor {
                     if let Some((writer, _)) = &mut self.status {
                         writer.failed(&w.uid);
                     }
+                }
+            }
+        }
+    }
+
+    /// The lifecycle Events the last pass found: about the claim (DRA path) or its pods.
+    async fn tell_lifecycle(&mut self) {
+        use lifecycle::Happening;
+        let due = std::mem::take(&mut self.lifecycle_due);
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        let reporter = Reporter {
+            controller: "fgpu.dev/kubelet-plugin".into(),
+            instance: self.cfg.node.clone(),
+        };
+        for h in &due {
+            let note = h.note();
+            let pod = |namespace: &str, name: &str, uid: &str| Regarding {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                uid: uid.to_owned(),
+            };
+            let (type_, regarding): (EventType, Vec<Regarding>) = match h {
+                Happening::Prepared(c) | Happening::Unprepared(c) => {
+                    let Some(api) = self.api else { continue };
+                    (
+                        EventType::Normal,
+                        vec![Regarding {
+                            api_version: api.api_version().to_owned(),
+                            kind: "ResourceClaim".into(),
+                            namespace: c.namespace.clone(),
+                            name: c.name.clone(),
+                            uid: c.uid.clone(),
+                        }],
+                    )
+                }
+                Happening::ContainerStarted(x) | Happening::ContainerExited(x) => (
+                    EventType::Normal,
+                    vec![pod(&x.pod.namespace, &x.pod.name, &x.pod.uid)],
+                ),
+                Happening::Refused { pods, .. } => (
+                    EventType::Warning,
+                    pods.iter()
+                        .map(|p| pod(&p.namespace, &p.name, &p.uid))
+                        .collect(),
+                ),
+            };
+            for r in regarding {
+                let said = Said {
+                    type_,
+                    reason: h.reason(),
+                    action: "Monitor",
+                    note: &note,
+                };
+                let ev = events::event(&reporter, &r, said, k8s_openapi::jiff::Timestamp::now());
+                if let Err(e) = events::publish(&client, &ev).await {
+                    self.failed(
+                        "event",
+                        &format!(
+                            "Event {} on {} {}/{}: {e}",
+                            h.reason(),
+                            r.kind,
+                            r.namespace,
+                            r.name
+                        ),
+                    );
                 }
             }
         }

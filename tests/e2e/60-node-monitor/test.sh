@@ -24,6 +24,9 @@
 #     (driver, pool, device, shareID of its allocation) carries the granted figures and the
 #     monitor's used memory: bypass shows 4096 MiB and WithinGrant=False (MemoryOverGrant)
 #     while over, 1024 MiB and True after the kill; status writes counted ok, none failed;
+#   * lifecycle: GpuClaimPrepared on each claim, GpuContainerStarted on each pod,
+#     GpuAllocationRefused on bypass (a second process asks past the grant once), and the
+#     shim's counters as metrics (one refusal; cores-30's launches waited > 5 s);
 #   * kubectl fgpu (kubectl-fgpu on PATH): `top gpus` shows gpu-0 with the three shares and
 #     4096 MiB granted, `top claims` each claim's grant and bypass's use over it.
 source "$(dirname "$0")/../lib.sh"
@@ -163,6 +166,20 @@ check "status: the entry's driver and device are the allocation's" \
   "$(cstat "$cb" .driver) $(cstat "$cb" .device) $(cstat "$cb" .shareID)"
 check "status: cores-30's granted cores, enforcement" "30 shim" "$(cstat "$c30" .data.grantedCores) $(cstat "$c30" .data.enforcement)"
 check "status: bypass's granted memory" "$((2048 << 20))" "$(cstat "$cb" .data.grantedMemoryBytes)"
+
+# Lifecycle Events and the shim's counters read back from the claims' accounts.
+ev_any() { kubectl -n "$E2E_NS" get events --field-selector "involvedObject.name=$1,reason=$2" -o name | grep -q .; }
+wait_until 15 "Event GpuAllocationRefused on pod bypass" ev_any bypass GpuAllocationRefused
+check "lifecycle: the refusal's note" yes \
+  "$(ev GpuAllocationRefused | grep -q "^1 device memory allocation(s) on GPU GPU-e2e00000-0000-4000-8000-000000000000 refused: claim $E2E_NS/$cb" && echo yes || echo "no: $(ev GpuAllocationRefused)")"
+check "lifecycle: the probe was refused after" 1024 "$(field bypass refused_after_mib)"
+check "metrics: bypass's claim_allocation_refusals_total" 1 "$(metric claim_allocation_refusals_total "$cb")"
+check "metrics: cores-30 waited for its quota (claim_throttled_seconds_total > 5)" yes \
+  "$(awk -v t="$(metric claim_throttled_seconds_total "$c30")" 'BEGIN { print (t > 5) ? "yes" : "no (" t ")" }')"
+for p in cores-30 cores-70 bypass; do
+  wait_until 10 "Event GpuContainerStarted on pod $p" ev_any "$p" GpuContainerStarted
+done
+wait_until 10 "Event GpuClaimPrepared on claim $c30" ev_any "$c30" GpuClaimPrepared
 
 # kubectl fgpu (the kubectl-fgpu binary on PATH): the three shares of gpu-0, their grants.
 (cd "$E2E_DIR/../../.." && cargo build -q -p kubectl-fgpu) >&2 || fail "cargo build -p kubectl-fgpu failed"
