@@ -192,11 +192,11 @@ claims_with_status() {
 all_status() { [ "$(claims_with_status)" = 3 ]; }
 wait_until 15 "every claim's status written" all_status
 top="$(PATH="$kf_dir:$PATH" kubectl fgpu top gpus)"
-say "      kubectl fgpu top gpus:"; sed 's/^/        /' <<<"$top" >&2
+say "      kubectl fgpu top gpus:"; printf '%s\n' "$top" | sed 's/^/        /' >&2
 check "kubectl fgpu top gpus: gpu-0's shares and granted memory" "3 4096Mi" \
   "$(awk '$2 == "gpu-0" { print $4, $6 }' <<<"$top")"
 claims_top="$(PATH="$kf_dir:$PATH" kubectl fgpu top claims -n "$E2E_NS")"
-sed 's/^/        /' <<<"$claims_top" >&2
+printf '%s\n' "$claims_top" | sed 's/^/        /' >&2
 check "kubectl fgpu top claims: cores-30's grant" "1024Mi 30%" "$(awk -v c="$E2E_NS/$c30" '$1 == c { print $4, $5 }' <<<"$claims_top")"
 check "kubectl fgpu top claims: bypass over its grant" "2048Mi 4096Mi False" \
   "$(awk -v c="$E2E_NS/$cb" '$1 == c { print $4, $6, $9 }' <<<"$claims_top")"
