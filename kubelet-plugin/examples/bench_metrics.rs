@@ -98,7 +98,9 @@ fn main() {
         .unwrap_or(200);
     let (bs, bn, bm, bp) = measure(&Metrics::new(), n);
     let (fs, fnn, fm, fp) = measure(&filled(), n);
-    println!("baseline (no claim): {bs} bytes, {bn} series, render median {bm:.3} ms, p99 {bp:.3} ms");
+    println!(
+        "baseline (no claim): {bs} bytes, {bn} series, render median {bm:.3} ms, p99 {bp:.3} ms"
+    );
     println!(
         "{GPUS} GPUs x {PER_GPU} claims: {fs} bytes ({:.0} KiB), {fnn} series, render median {fm:.3} ms, p99 {fp:.3} ms ({:.0}x the baseline's median)",
         fs as f64 / 1024.0,
