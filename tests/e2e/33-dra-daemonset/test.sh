@@ -177,12 +177,15 @@ can() { kubectl auth can-i --as="$SA" "$@" 2>/dev/null || true; }
 for a in "get resourceclaims.resource.k8s.io -n $E2E_NS" "list resourceclaims.resource.k8s.io -A" \
          "watch resourceclaims.resource.k8s.io -A" "get resourceslices.resource.k8s.io" \
          "create resourceslices.resource.k8s.io" "update resourceslices.resource.k8s.io" \
-         "get nodes" "create events -n default"; do
+         "get nodes" "create events -n default" \
+         "patch resourceclaims.resource.k8s.io --subresource=status -n $E2E_NS" \
+         "associated-node:patch resourceclaims.resource.k8s.io/gpu.fgpu.dev --subresource=driver -n $E2E_NS"; do
   # shellcheck disable=SC2086 # word-split on purpose
   assert_eq "can-i $a" yes "$(can $a)"
 done
+# (status: patch only, for the node monitor's status.devices; never update, never the claim.)
 for a in "update resourceclaims.resource.k8s.io --subresource=status -n $E2E_NS" \
-         "patch resourceclaims.resource.k8s.io --subresource=status -n $E2E_NS" \
+         "associated-node:patch resourceclaims.resource.k8s.io/other.dev --subresource=driver -n $E2E_NS" \
          "update resourceclaims.resource.k8s.io -n $E2E_NS" "delete resourceclaims.resource.k8s.io -n $E2E_NS" \
          "delete resourceslices.resource.k8s.io" "list resourceslices.resource.k8s.io" \
          "list secrets -A" "get secrets -n $SYS_NS" "patch nodes" "create pods -n $E2E_NS" \
