@@ -823,10 +823,25 @@ fn measure_nvml(
     // NVML's samples are whole percents per process: many small processes of one claim
     // (each under 0.5 %) could hide their work in the rounding. Alone on the card, the
     // claim's time is the device's, which NVML gives as one figure: never less than that.
-    if !others && let Some(dev) = device_percent(nvml) {
+    // Alone means no other process holds a context there (not merely no sample of another
+    // in this period: a throttled neighbour's past work would be counted as the claim's,
+    // over NVML's longer device window, and the two claims would oscillate).
+    if !others
+        && (all || only_mine_running(e, nvml))
+        && let Some(dev) = device_percent(nvml)
+    {
         pct = pct.max(dev);
     }
     Some((pct / 100.0 * window_us as f64 * 1000.0, others))
+}
+
+/// Whether every process NVML lists on the device is a registered one of the claim.
+fn only_mine_running(e: &Entry, nvml: usize) -> bool {
+    let Some(list) = identity::running(nvml as NvmlDevice) else {
+        return false;
+    };
+    list.iter()
+        .all(|(pid, _)| e.pids.iter().any(|p| p.load(Ordering::Relaxed) == *pid))
 }
 
 /// The device's utilisation in percent (NVML's last sample period), if NVML says.
