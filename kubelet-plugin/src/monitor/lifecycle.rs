@@ -93,20 +93,8 @@ impl Happening {
         match self {
             Self::Prepared(c) => format!("claim {}/{} prepared on this node", c.namespace, c.name),
             Self::Unprepared(c) => format!("claim {}/{} unprepared", c.namespace, c.name),
-            Self::ContainerStarted(x) => format!(
-                "container {} of pod {} started on GPU {} (claim {})",
-                short(&x.container_id),
-                x.pod.name,
-                x.gpu_uuid,
-                x.claim.name
-            ),
-            Self::ContainerExited(x) => format!(
-                "container {} of pod {} has no process left on GPU {} (claim {})",
-                short(&x.container_id),
-                x.pod.name,
-                x.gpu_uuid,
-                x.claim.name
-            ),
+            Self::ContainerStarted(x) => x.note("started on"),
+            Self::ContainerExited(x) => x.note("has no process left on"),
             Self::Refused {
                 claim,
                 gpu_uuid,
@@ -117,6 +105,18 @@ impl Happening {
                 claim.namespace, claim.name
             ),
         }
+    }
+}
+
+impl ContainerOnGpu {
+    fn note(&self, what: &str) -> String {
+        format!(
+            "container {} of pod {} {what} GPU {} (claim {})",
+            short(&self.container_id),
+            self.pod.name,
+            self.gpu_uuid,
+            self.claim.name
+        )
     }
 }
 

@@ -655,24 +655,8 @@ impl Monitor {
     /// The lifecycle Events the last pass found: about the claim (DRA path) or its pods.
     async fn tell_lifecycle(&mut self) {
         use lifecycle::Happening;
-        let due = std::mem::take(&mut self.lifecycle_due);
-        let Some(client) = self.client.clone() else {
-            return;
-        };
-        let reporter = Reporter {
-            controller: "fgpu.dev/kubelet-plugin".into(),
-            instance: self.cfg.node.clone(),
-        };
-        for h in &due {
-            let note = h.note();
-            let pod = |namespace: &str, name: &str, uid: &str| Regarding {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-                uid: uid.to_owned(),
-            };
-            let (type_, regarding): (EventType, Vec<Regarding>) = match h {
+        for h in std::mem::take(&mut self.lifecycle_due) {
+            let (type_, regarding): (EventType, Vec<Regarding>) = match &h {
                 Happening::Prepared(c) | Happening::Unprepared(c) => {
                     let Some(api) = self.api else { continue };
                     (
@@ -688,48 +672,24 @@ impl Monitor {
                 }
                 Happening::ContainerStarted(x) | Happening::ContainerExited(x) => (
                     EventType::Normal,
-                    vec![pod(&x.pod.namespace, &x.pod.name, &x.pod.uid)],
+                    vec![pod_regarding(&x.pod.namespace, &x.pod.name, &x.pod.uid)],
                 ),
                 Happening::Refused { pods, .. } => (
                     EventType::Warning,
                     pods.iter()
-                        .map(|p| pod(&p.namespace, &p.name, &p.uid))
+                        .map(|p| pod_regarding(&p.namespace, &p.name, &p.uid))
                         .collect(),
                 ),
             };
-            for r in regarding {
-                let said = Said {
-                    type_,
-                    reason: h.reason(),
-                    action: "Monitor",
-                    note: &note,
-                };
-                let ev = events::event(&reporter, &r, said, k8s_openapi::jiff::Timestamp::now());
-                if let Err(e) = events::publish(&client, &ev).await {
-                    self.failed(
-                        "event",
-                        &format!(
-                            "Event {} on {} {}/{}: {e}",
-                            h.reason(),
-                            r.kind,
-                            r.namespace,
-                            r.name
-                        ),
-                    );
-                }
+            let note = h.note();
+            for r in &regarding {
+                self.send_event(r, type_, h.reason(), &note).await;
             }
         }
     }
 
     /// The Warning Event on each pod of the finding.
     async fn publish(&mut self, f: &Finding) {
-        let Some(client) = self.client.clone() else {
-            return;
-        };
-        let reporter = Reporter {
-            controller: "fgpu.dev/kubelet-plugin".into(),
-            instance: self.cfg.node.clone(),
-        };
         let note = event_note(f, self.backstop.config().action);
         let reason = match (f.kind, f.kill.is_empty()) {
             (Kind::Memory, true) => "GpuMemoryOverQuota",
@@ -740,32 +700,48 @@ impl Monitor {
         pods.sort_by(|a, b| a.uid.cmp(&b.uid));
         pods.dedup_by(|a, b| a.uid == b.uid);
         for pod in pods {
-            let regarding = Regarding {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-            };
-            let said = Said {
-                type_: EventType::Warning,
-                reason,
-                action: "Monitor",
-                note: &note,
-            };
-            let ev = events::event(
-                &reporter,
-                &regarding,
-                said,
-                k8s_openapi::jiff::Timestamp::now(),
-            );
-            if let Err(e) = events::publish(&client, &ev).await {
-                self.failed(
-                    "event",
-                    &format!("Event {reason} on pod {}/{}: {e}", pod.namespace, pod.name),
-                );
-            }
+            let r = pod_regarding(&pod.namespace, &pod.name, &pod.uid);
+            self.send_event(&r, EventType::Warning, reason, &note).await;
         }
+    }
+
+    /// One Event from the monitor (`fgpu.dev/kubelet-plugin` on this node); a refusal is
+    /// counted and logged once per cause. Nothing without a client.
+    async fn send_event(&mut self, r: &Regarding, type_: EventType, reason: &str, note: &str) {
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        let reporter = Reporter {
+            controller: "fgpu.dev/kubelet-plugin".into(),
+            instance: self.cfg.node.clone(),
+        };
+        let said = Said {
+            type_,
+            reason,
+            action: "Monitor",
+            note,
+        };
+        let ev = events::event(&reporter, r, said, k8s_openapi::jiff::Timestamp::now());
+        if let Err(e) = events::publish(&client, &ev).await {
+            self.failed(
+                "event",
+                &format!(
+                    "Event {reason} on {} {}/{}: {e}",
+                    r.kind, r.namespace, r.name
+                ),
+            );
+        }
+    }
+}
+
+/// An Event's object: a pod.
+fn pod_regarding(namespace: &str, name: &str, uid: &str) -> Regarding {
+    Regarding {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
     }
 }
 
