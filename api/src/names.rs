@@ -379,6 +379,20 @@ pub mod contract {
     pub const MEMORY_ACCOUNT: &str = "memory.state";
     /// File name of a claim's core account.
     pub const CORE_ACCOUNT: &str = "core.state";
+
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` of a GPU UUID's 16 bytes, as the
+    /// accounts store it (lowercase hex: how NVML spells a UUID).
+    pub fn gpu_uuid_string(u: &[u8; 16]) -> String {
+        let mut s = String::with_capacity(40);
+        s.push_str("GPU-");
+        for (i, b) in u.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                s.push('-');
+            }
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
     /// Directory name of a claim's utilisation feed.
     pub const FEED_DIR: &str = "feed";
     /// File name of the feed in [`FEED_DIR`].

@@ -41,24 +41,18 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` of 16 UUID bytes.
-fn uuid_string(u: &[u8]) -> String {
-    let mut s = String::from("GPU-");
-    for (i, b) in u.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
-        }
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
-
 /// (UUID, counter) of each entry in use of one file's bytes.
 fn entries(bytes: &[u8], offset: usize, size: usize, field: usize) -> Vec<(String, u64)> {
     (0..ENTRIES)
         .filter_map(|i| {
             let e = bytes.get(offset + i * size..offset + (i + 1) * size)?;
-            (u32_at(e, STATE)? == 1).then(|| Some((uuid_string(&e[..16]), u64_at(e, field)?)))?
+            let uuid: &[u8; 16] = e[..16].try_into().ok()?;
+            (u32_at(e, STATE)? == 1).then(|| {
+                Some((
+                    fgpu_api::names::contract::gpu_uuid_string(uuid),
+                    u64_at(e, field)?,
+                ))
+            })?
         })
         .collect()
 }
