@@ -74,9 +74,9 @@ pub mod podresources {
     /// Package `v1`: `PodResourcesLister.List` and its messages.
     pub mod v1 {
         pub use crate::proto::drahealth::v1::{
-            ContainerDevices, ContainerResources, ListPodResourcesRequest,
-            ListPodResourcesResponse, PodResources, pod_resources_lister_client,
-            pod_resources_lister_server,
+            ClaimResource, ContainerDevices, ContainerResources, DynamicResource,
+            ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
+            pod_resources_lister_client, pod_resources_lister_server,
         };
     }
 }

@@ -1,10 +1,12 @@
 //! Scrape cost of the plugin's metrics page (issue 19's benchmark): a node of 8 GPUs x 64
 //! claims (512 claims, one share each, two processes per claim, one pod per claim), every
-//! per-claim family filled as a monitor pass fills it.
+//! per-claim and per-container family filled as a monitor pass fills it, HAMi's families on.
 //!
 //! ```text
-//! cargo run --release -p fgpu-kubelet-plugin --example bench_metrics [SCRAPES]
+//! cargo run --release -p fgpu-kubelet-plugin --example bench_metrics [SCRAPES] [DUMP_FILE]
 //! ```
+//!
+//! DUMP_FILE: where to write the filled page (for `promtool check metrics < DUMP_FILE`).
 //!
 //! Printed: the page's size, series count, and the time to render it (median and p99 of
 //! SCRAPES renders), against a baseline page of the same node with no claim prepared, in the
@@ -14,7 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use fgpu_kubelet_plugin::checkpoint::{ClaimRecord, PrepareState, PreparedDevice};
-use fgpu_kubelet_plugin::metrics::{ClaimGpuFigures, Metrics};
+use fgpu_kubelet_plugin::metrics::{ClaimGpuFigures, ContainerFigures, Metrics};
 
 const GPUS: usize = 8;
 const PER_GPU: usize = 64;
@@ -25,6 +27,29 @@ fn uuid(g: usize) -> String {
 
 fn filled() -> Metrics {
     let m = Metrics::new();
+    m.enable_hami("node-1");
+    m.set_gpus(&fgpu_driver::device::NodeInventory {
+        node: "node-1".into(),
+        gpus: (0..GPUS)
+            .map(|g| fgpu_driver::device::Gpu {
+                index: g as u32,
+                minor: g as u32,
+                uuid: uuid(g),
+                product_name: "NVIDIA H200".into(),
+                memory_bytes: 141 << 30,
+                sm_count: 132,
+                compute_capability: fgpu_driver::device::ComputeCapability { major: 9, minor: 0 },
+                driver_version: "580.0".into(),
+                cuda_driver_version: "13.0".into(),
+                pci_bus_id: format!("0000:{:02x}:00.0", g + 1),
+                pcie_root: None,
+                numa_node: None,
+                mig_capable: true,
+                health: fgpu_driver::device::Health::Healthy,
+                device_nodes: Vec::new(),
+            })
+            .collect(),
+    });
     let mut claims = BTreeMap::new();
     let mut rows = Vec::new();
     for g in 0..GPUS {
@@ -62,6 +87,23 @@ fn filled() -> Metrics {
         &BTreeMap::new(),
     );
     let pods: Vec<String> = rows.iter().map(|(n, _)| format!("pod-{n}")).collect();
+    let containers: Vec<ContainerFigures<'_>> = rows
+        .iter()
+        .zip(&pods)
+        .map(|((n, u), p)| ContainerFigures {
+            namespace: "team-a",
+            pod: p,
+            container: "main".into(),
+            claim: n,
+            gpu_uuid: u,
+            gpu_position: 0,
+            used_memory: 900 << 20,
+            granted_memory: 1 << 30,
+            sm_percent: 1,
+            processes: 2,
+        })
+        .collect();
+    m.set_container_usage(&containers);
     m.set_claim_pods(
         rows.iter()
             .zip(&pods)
@@ -97,7 +139,13 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(200);
     let (bs, bn, bm, bp) = measure(&Metrics::new(), n);
-    let (fs, fnn, fm, fp) = measure(&filled(), n);
+    let page = filled();
+    let (fs, fnn, fm, fp) = measure(&page, n);
+    if let Some(path) = std::env::args().nth(2) {
+        // As a reader without an OpenMetrics Accept header (promtool) gets it.
+        let text = fgpu_plumbing::exposition::to_text(&page.encode());
+        std::fs::write(&path, text).expect("cannot write the dump file");
+    }
     println!(
         "baseline (no claim): {bs} bytes, {bn} series, render median {bm:.3} ms, p99 {bp:.3} ms"
     );

@@ -148,6 +148,7 @@ fn main() {
         node: "bench".into(),
         period: Duration::from_secs(1),
         proc_root: PathBuf::from("/proc"),
+        hami_metrics: false,
         claim_status_interval: None,
         backstop: BackstopConfig {
             action: OverQuotaAction::Report,

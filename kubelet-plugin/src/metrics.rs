@@ -7,8 +7,11 @@
 //! | `fgpu_kubelet_plugin_prepare_phase_duration_seconds` | `phase` | time per step of a prepare ([`Phase`]) |
 //! | `fgpu_kubelet_plugin_errors_total` | `operation`, `reason` | failures by reason ([`crate::prepare::PrepareError::reason`]) |
 //! | `fgpu_kubelet_plugin_prepared_claims` | | claims in the checkpoint marked `PrepareCompleted` |
-//! | `fgpu_kubelet_plugin_gpu_granted_memory_bytes` | `gpu` (UUID) | memory granted on the GPU by prepared claims |
-//! | `fgpu_kubelet_plugin_gpu_granted_cores` | `gpu` (UUID) | cores (percent) granted on the GPU by prepared claims |
+//! | `fgpu_kubelet_plugin_gpu_granted_memory_bytes` | `gpu_uuid` | memory granted on the GPU by prepared claims |
+//! | `fgpu_kubelet_plugin_gpu_granted_cores` | `gpu_uuid` | cores (percent) granted on the GPU by prepared claims |
+//! | `fgpu_kubelet_plugin_gpu_shares` | `gpu_uuid` | prepared claim devices (shares) on the GPU |
+//! | `fgpu_kubelet_plugin_gpu_memory_bytes` | `gpu_uuid`, `gpu_index` | device memory of the GPU (inventory) |
+//! | `fgpu_kubelet_plugin_gpu_healthy` | `gpu_uuid`, `gpu_index` | 1 when the GPU is healthy |
 //! | `fgpu_kubelet_plugin_claim_reads_total` | `read` ([`ClaimRead`]) | where each prepare got its claim: the claim cache, or a GET and why |
 //! | `fgpu_kubelet_plugin_claim_cache_claims` | | claims the claim cache holds (allocated on this node) |
 //!
@@ -21,11 +24,24 @@
 //! | `fgpu_kubelet_plugin_claim_granted_memory_bytes` | `namespace`, `claim`, `gpu_uuid` | memory granted |
 //! | `fgpu_kubelet_plugin_claim_sm_utilization_ratio` | `namespace`, `claim`, `gpu_uuid` | SM utilisation of the claim's processes over the last pass (0-1) |
 //! | `fgpu_kubelet_plugin_claim_processes` | `namespace`, `claim`, `gpu_uuid` | the claim's processes on the GPU |
+//! | `fgpu_kubelet_plugin_claim_allocation_refusals_total` | `namespace`, `claim`, `gpu_uuid` | allocations the shim refused past the grant (the shim's count) |
+//! | `fgpu_kubelet_plugin_claim_throttled_seconds_total` | `namespace`, `claim`, `gpu_uuid` | time the claim's launches waited for its core quota (the shim's count) |
+//! | `fgpu_kubelet_plugin_claim_info` | `namespace`, `claim`, `gpu_uuid`, `pod` | 1 per pod a claim serves on a GPU: the device to pod map |
+//! | `fgpu_kubelet_plugin_container_used_memory_bytes` | `namespace`, `pod`, `container`, `claim`, `gpu_uuid` | device memory a container's processes hold |
+//! | `fgpu_kubelet_plugin_container_sm_utilization_ratio` | the same | SM utilisation of a container's processes over the last pass (0-1) |
+//! | `fgpu_kubelet_plugin_container_processes` | the same | a container's processes on the GPU |
+//! | `fgpu_kubelet_plugin_gpu_used_memory_bytes`, `_gpu_sm_utilization_ratio`, `_gpu_processes` | `gpu_uuid` | the same for all processes on the GPU |
+//! | `fgpu_kubelet_plugin_claim_status_writes_total` | `result` | writes of claims' `status.devices` |
 //! | `fgpu_kubelet_plugin_over_quota_total` | `kind` (`memory`, `compute`), `action` | findings of the backstop (each report; a kill is counted in `backstop_kills_total`) |
 //! | `fgpu_kubelet_plugin_backstop_kills_total` | | processes killed by `--over-quota=kill` |
 //! | `fgpu_kubelet_plugin_gpu_unattributed_processes` | `gpu_uuid` | processes on the GPU that belong to no prepared claim of this node |
 //! | `fgpu_kubelet_plugin_monitor_errors_total` | `cause` | monitor failures (logged once per cause) |
 //! | `fgpu_kubelet_plugin_monitor_pass_duration_seconds` | | time of one monitor pass |
+//!
+//! The per-container families name the container the monitor found for each process
+//! ([`crate::monitor::containers`]); `container` is empty where it could not tell (several
+//! containers of one pod sharing the claim, or the kubelet's pod resources API unread).
+//! With `--hami-metrics` the registry also encodes HAMi's node families ([`hami`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,6 +54,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::checkpoint::{ClaimRecord, PrepareState};
+
+mod hami;
 
 /// The kubelet operation.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -123,6 +141,15 @@ struct GpuIndexLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ContainerLabels {
+    namespace: String,
+    pod: String,
+    container: String,
+    claim: String,
+    gpu_uuid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClaimPodLabels {
     namespace: String,
     claim: String,
@@ -182,6 +209,31 @@ pub struct ClaimGpuFigures<'a> {
     pub processes: usize,
 }
 
+/// One container's figures on one GPU, as the node monitor measured them.
+#[derive(Clone, Debug)]
+pub struct ContainerFigures<'a> {
+    /// The pod's namespace (the claim's).
+    pub namespace: &'a str,
+    /// The pod.
+    pub pod: &'a str,
+    /// The container's name (empty: not known).
+    pub container: String,
+    /// The claim.
+    pub claim: &'a str,
+    /// The GPU.
+    pub gpu_uuid: &'a str,
+    /// The GPU's position among the claim's GPUs.
+    pub gpu_position: usize,
+    /// Device memory its processes hold.
+    pub used_memory: u64,
+    /// Device memory granted to the claim on the GPU.
+    pub granted_memory: u64,
+    /// SM utilisation in percent.
+    pub sm_percent: u32,
+    /// Its processes on the GPU.
+    pub processes: usize,
+}
+
 /// The node monitor's metrics (see the module documentation).
 #[derive(Default)]
 struct MonitorFamilies {
@@ -200,6 +252,9 @@ struct MonitorFamilies {
     claim_info: Family<ClaimPodLabels, Gauge>,
     refusals: Family<ClaimGpuLabels, Counter>,
     throttled: Family<ClaimGpuLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    container_used_memory: Family<ContainerLabels, Gauge>,
+    container_sm_ratio: Family<ContainerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    container_processes: Family<ContainerLabels, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -224,6 +279,9 @@ pub struct Metrics {
     claim_cache_claims: Gauge,
     monitor: MonitorFamilies,
     monitor_pass: Histogram,
+    /// HAMi's families (off unless [`Metrics::enable_hami`]), in a registry without prefix.
+    hami: std::sync::Arc<hami::Hami>,
+    hami_registry: Registry,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -258,6 +316,8 @@ impl Metrics {
             monitor: MonitorFamilies::default(),
             monitor_pass: phase_histogram(),
             registry: Registry::default(),
+            hami: std::sync::Arc::default(),
+            hami_registry: Registry::default(),
         };
         registry.register(
             "requests",
@@ -400,7 +460,76 @@ impl Metrics {
             "Time of one node monitor pass",
             m.monitor_pass.clone(),
         );
-        Self { registry, ..m }
+        registry.register(
+            "container_used_memory_bytes",
+            "Device memory a container's processes hold on the GPU, as the driver reports it",
+            mon.container_used_memory.clone(),
+        );
+        registry.register(
+            "container_sm_utilization_ratio",
+            "SM utilisation of a container's processes on the GPU over the last monitor pass (0-1)",
+            mon.container_sm_ratio.clone(),
+        );
+        registry.register(
+            "container_processes",
+            "A container's compute processes on the GPU",
+            mon.container_processes.clone(),
+        );
+        let mut hami_registry = Registry::default();
+        hami_registry.register_collector(Box::new(m.hami.clone()));
+        Self {
+            registry,
+            hami_registry,
+            ..m
+        }
+    }
+
+    /// Adds HAMi's node families (`--hami-metrics`), labelled with node `node`.
+    pub fn enable_hami(&self, node: &str) {
+        self.hami.enable(node);
+    }
+
+    /// Replaces the per-container gauges with one monitor pass's figures.
+    pub fn set_container_usage(&self, rows: &[ContainerFigures<'_>]) {
+        let mon = &self.monitor;
+        mon.container_used_memory.clear();
+        mon.container_sm_ratio.clear();
+        mon.container_processes.clear();
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for r in rows {
+            let l = ContainerLabels {
+                namespace: r.namespace.to_owned(),
+                pod: r.pod.to_owned(),
+                container: r.container.clone(),
+                claim: r.claim.to_owned(),
+                gpu_uuid: r.gpu_uuid.to_owned(),
+            };
+            mon.container_used_memory
+                .get_or_create(&l)
+                .set(int(r.used_memory));
+            mon.container_sm_ratio
+                .get_or_create(&l)
+                .set(f64::from(r.sm_percent.min(100)) / 100.0);
+            mon.container_processes
+                .get_or_create(&l)
+                .set(int(r.processes as u64));
+        }
+        // HAMi's per-container families name a container; rows without a name are left out.
+        self.hami.set_containers(
+            rows.iter()
+                .filter(|r| !r.container.is_empty())
+                .map(|r| hami::ContainerGpu {
+                    namespace: r.namespace.to_owned(),
+                    pod: r.pod.to_owned(),
+                    container: r.container.clone(),
+                    vdevice_index: r.gpu_position,
+                    gpu_uuid: r.gpu_uuid.to_owned(),
+                    used_memory: r.used_memory,
+                    limit: r.granted_memory,
+                    sm_percent: r.sm_percent,
+                })
+                .collect(),
+        );
     }
 
     /// Replaces the per-claim gauges with one monitor pass's figures, and the per-GPU
@@ -448,6 +577,15 @@ impl Metrics {
         mon.gpu_used_memory.clear();
         mon.gpu_sm_ratio.clear();
         mon.gpu_processes.clear();
+        self.hami
+            .set_usage(gpus.iter().filter(|g| g.error.is_none()).map(|g| {
+                let used: u64 = g.processes.iter().filter_map(|p| p.used_memory).sum();
+                let sm = g
+                    .sm_error
+                    .is_none()
+                    .then(|| g.processes.iter().filter_map(|p| p.sm_percent).sum());
+                (g.uuid.clone(), used, sm)
+            }));
         for g in gpus.iter().filter(|g| g.error.is_none()) {
             let l = UuidLabels {
                 gpu_uuid: g.uuid.clone(),
@@ -512,6 +650,12 @@ impl Metrics {
     pub fn set_gpus(&self, inventory: &fgpu_driver::device::NodeInventory) {
         self.gpu_memory.clear();
         self.gpu_healthy.clear();
+        self.hami.set_inventory(
+            inventory
+                .gpus
+                .iter()
+                .map(|g| (g.uuid.clone(), g.index, g.product_name.clone())),
+        );
         for g in &inventory.gpus {
             let l = GpuIndexLabels {
                 gpu_uuid: g.uuid.clone(),
@@ -639,17 +783,23 @@ impl Metrics {
 
     /// The metrics in the Prometheus text format (OpenMetrics).
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
         // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        if self.hami.enabled() {
+            let _ = encode_registry(&mut out, &self.hami_registry);
+        }
+        let _ = encode_eof(&mut out);
         out
     }
 }
 
 /// Content type of [`Metrics::encode`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = fgpu_plumbing::exposition::OPENMETRICS;
 
-/// Serves `GET /metrics` (the text `render` returns) and `GET /healthz` over HTTP/1 on
+/// Serves `GET /metrics` (the OpenMetrics page `render` returns, or its text 0.0.4 form
+/// for a reader that does not ask for OpenMetrics) and `GET /healthz` over HTTP/1 on
 /// `listener` until `stop` turns true (the plumbing's server layer: body limit, timeouts).
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
@@ -663,7 +813,13 @@ pub async fn serve_http(
     let router = axum::Router::new()
         .route(
             "/metrics",
-            get(move || async move { body(StatusCode::OK, CONTENT_TYPE, render()) }),
+            get(move |headers: axum::http::HeaderMap| async move {
+                let accept = headers
+                    .get(axum::http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
+                let (content_type, page) = fgpu_plumbing::exposition::negotiate(accept, render());
+                body(StatusCode::OK, content_type, page)
+            }),
         )
         .route(
             "/healthz",
@@ -826,17 +982,32 @@ mod tests {
             std::sync::Arc::new(move || m.encode())
         };
         let server = tokio::spawn(serve_http(listener, render, stopped));
-        let get = |path: &'static str| async move {
+        let get_with = |path: &'static str, accept: &'static str| async move {
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let req =
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n");
             s.write_all(req.as_bytes()).await.unwrap();
             let mut out = String::new();
             s.read_to_string(&mut out).await.unwrap();
             out
         };
-        let resp = get("/metrics").await;
+        let get = |path: &'static str| get_with(path, "");
+        // Prometheus asks for OpenMetrics and gets it.
+        let resp = get_with(
+            "/metrics",
+            "Accept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n",
+        )
+        .await;
         assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
         assert!(resp.contains(CONTENT_TYPE), "{resp}");
+        assert!(resp.contains("# EOF"), "{resp}");
+        // Any other reader gets text 0.0.4.
+        let resp = get("/metrics").await;
+        assert!(resp.contains(fgpu_plumbing::exposition::TEXT), "{resp}");
+        assert!(
+            resp.contains("# TYPE fgpu_kubelet_plugin_requests_total counter"),
+            "{resp}"
+        );
         assert!(
             resp.contains(
                 "fgpu_kubelet_plugin_requests_total{operation=\"Prepare\",result=\"ok\"} 1"

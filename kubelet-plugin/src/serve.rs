@@ -62,6 +62,9 @@ pub struct ServeConfig {
     pub claim_cache: bool,
     /// Crash tests only: see [`PluginConfig::test_pause`].
     pub test_pause: Option<Duration>,
+    /// The kubelet's pod resources socket, for the monitor's container names; `None`: not
+    /// read.
+    pub pod_resources_socket: Option<PathBuf>,
     /// The node monitor ([`crate::monitor`]); `None`: off.
     pub monitor: Option<crate::monitor::MonitorConfig>,
 }
@@ -174,8 +177,12 @@ pub async fn run(
             );
         }
         let host: Arc<dyn Host> = plugin.clone();
-        let monitor = Monitor::new(mcfg, backend.clone(), host, consumers, Some(client.clone()))
-            .with_claim_status(cfg.driver.as_str(), api);
+        let mut monitor =
+            Monitor::new(mcfg, backend.clone(), host, consumers, Some(client.clone()))
+                .with_claim_status(cfg.driver.as_str(), api);
+        if let Some(socket) = cfg.pod_resources_socket.clone() {
+            monitor = monitor.with_pod_resources(socket);
+        }
         tokio::spawn(monitor.run(monitor_stopped));
     }
     let watch = cache.map(|cache| {

@@ -139,6 +139,11 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     resync_seconds: u64,
 
+    /// The kubelet's pod resources socket, read by the node monitor to name the container
+    /// of each process in the per-container metrics; empty: not read (no container names).
+    #[arg(long, value_name = "FILE", default_value = fgpu_kubelet_plugin::device_plugin::podresources::DEFAULT_SOCKET)]
+    pod_resources_socket: PathBuf,
+
     /// Address of the HTTP endpoint for /metrics and /healthz.
     #[arg(
         long,
@@ -230,6 +235,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         consumable_capacity: args.consumable_capacity,
         resync: Duration::from_secs(args.resync_seconds),
         metrics_addr: Some(args.metrics_address),
+        pod_resources_socket: (!args.pod_resources_socket.as_os_str().is_empty())
+            .then_some(args.pod_resources_socket),
         claim_cache: args.claim_cache,
         test_pause: args.test_pause_prepare_seconds.map(Duration::from_secs),
         monitor,

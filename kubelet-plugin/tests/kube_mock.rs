@@ -211,6 +211,7 @@ mod serve_loop {
             metrics_addr: None,
             claim_cache: true,
             test_pause: None,
+            pod_resources_socket: None,
             monitor: None,
         }
     }

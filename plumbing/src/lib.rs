@@ -8,6 +8,8 @@
 //!   subscriber they install.
 //! * [`exit`]: exit statuses (0, 1 failure, 2 bad input), [`exit::BadInput`] and the one-line
 //!   error report on stderr.
+//! * [`exposition`]: a metrics page in OpenMetrics (for Prometheus) or text 0.0.4 (for
+//!   everyone else, `promtool check metrics` included), by the request's `Accept`.
 //!
 //! Feature `kube` (default):
 //!
@@ -33,11 +35,12 @@
 //! * `testing`: the one fake API server of the tests, an in-memory object store behind a
 //!   real `kube::Client`.
 //!
-//! Layering: `logging` and `exit` use nothing here; `discovery`, `client`, `leader` and
+//! Layering: `logging`, `exit` and `exposition` use nothing here; `discovery`, `client`, `leader` and
 //! `backoff` use nothing here; `server` uses `tls`; `admission` and `testing` use nothing
 //! here.
 
 pub mod exit;
+pub mod exposition;
 pub mod logging;
 
 #[cfg(feature = "kube")]

@@ -41,13 +41,16 @@ pub fn probes(shared: Arc<Shared>) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(s): State<Arc<Shared>>| async move {
-                reply(
-                    StatusCode::OK,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    s.metrics.encode(),
-                )
-            }),
+            get(
+                |State(s): State<Arc<Shared>>, headers: axum::http::HeaderMap| async move {
+                    let accept = headers
+                        .get(axum::http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok());
+                    let (content_type, page) =
+                        fgpu_plumbing::exposition::negotiate(accept, s.metrics.encode());
+                    reply(StatusCode::OK, content_type, page)
+                },
+            ),
         )
         .route(
             "/healthz",

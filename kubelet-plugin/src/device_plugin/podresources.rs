@@ -102,6 +102,14 @@ pub enum PodResourcesError {
 
 /// Reads the kubelet's pods from the pod resources socket; the error says what failed.
 pub async fn list(socket: &Path, resource: &str) -> Result<KubeletPods, PodResourcesError> {
+    Ok(KubeletPods::from_response(
+        &list_all(socket).await?,
+        resource,
+    ))
+}
+
+/// The kubelet's whole `List` answer (every pod, container, device and ResourceClaim).
+pub async fn list_all(socket: &Path) -> Result<pr::ListPodResourcesResponse, PodResourcesError> {
     let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", socket.display()))
         .map_err(|source| PodResourcesError::Endpoint {
             socket: socket.to_owned(),
@@ -123,7 +131,7 @@ pub async fn list(socket: &Path, resource: &str) -> Result<KubeletPods, PodResou
             code: s.code(),
             message: s.message().to_owned(),
         })?;
-    Ok(KubeletPods::from_response(resp.get_ref(), resource))
+    Ok(resp.into_inner())
 }
 
 #[cfg(test)]
@@ -154,6 +162,7 @@ mod tests {
                                         device_ids: ids.iter().map(|s| (*s).into()).collect(),
                                     })
                                     .collect(),
+                                dynamic_resources: vec![],
                             })
                             .collect(),
                     }

@@ -417,6 +417,7 @@ mod tests {
                                 } else {
                                     vec![]
                                 },
+                                dynamic_resources: vec![],
                             }],
                         })
                         .collect(),

@@ -9,7 +9,8 @@
 //! `<pod uid>-<container>`). Then, per pass:
 //!
 //! * it writes each claim's utilisation feed for the shim's core limiter ([`feed`]);
-//! * it refreshes the per-claim metrics ([`crate::metrics`]);
+//! * it refreshes the per-claim and per-container metrics ([`crate::metrics`]; container
+//!   names from the kubelet's pod resources API, [`containers`]);
 //! * it writes each claim's used figures into its `ResourceClaim.status.devices`, on
 //!   change and at most once per `--claim-status-interval-seconds` ([`status`]);
 //! * it hands the view to the backstop ([`backstop`]), which reports claims over their
@@ -26,6 +27,7 @@ pub mod accounts;
 pub mod attribute;
 pub mod backstop;
 pub mod cgroup;
+pub mod containers;
 pub mod feed;
 pub mod lifecycle;
 pub mod status;
@@ -109,6 +111,12 @@ pub struct MonitorArgs {
     /// FAKE_CUDA_NVML_HOST=1). Without it the monitor has nothing to read on a fake node.
     #[arg(long, value_name = "FILE", env = "FGPU_FAKE_NVML_LIBRARY")]
     pub fake_nvml_library: Option<PathBuf>,
+
+    /// Also export HAMi's node-monitor families (`hami_host_gpu_*`, `hami_vgpu_memory_*`,
+    /// `hami_container_device_*`, with HAMi's names, labels and 0-100 utilisation), so that
+    /// dashboards written for HAMi work unchanged. Needs the monitor.
+    #[arg(long, env = "FGPU_HAMI_METRICS")]
+    pub hami_metrics: bool,
 }
 
 impl MonitorArgs {
@@ -129,6 +137,7 @@ impl MonitorArgs {
             node: node.to_owned(),
             period: Duration::from_millis(self.monitor_period_ms),
             proc_root: PathBuf::from("/proc"),
+            hami_metrics: self.hami_metrics,
             claim_status_interval: (self.claim_status_interval_seconds > 0)
                 .then(|| Duration::from_secs(self.claim_status_interval_seconds)),
             backstop: BackstopConfig {
@@ -186,6 +195,8 @@ pub struct MonitorConfig {
     pub period: Duration,
     /// Where host processes are (`/proc`; the plugin runs in the host's PID namespace).
     pub proc_root: PathBuf,
+    /// HAMi's families too (`--hami-metrics`).
+    pub hami_metrics: bool,
     /// Shortest time between two status writes of one claim (`None`: no writes; the
     /// legacy path has no ResourceClaims and writes none either way).
     pub claim_status_interval: Option<Duration>,
@@ -232,6 +243,43 @@ impl Consumers {
             Self::Unknown => Vec::new(),
         }
     }
+}
+
+/// Per claim, GPU, pod and container (named by `name(claim, pod)`, `""` when not known):
+/// the figures of its processes.
+fn container_rows<'a>(
+    claims: &'a [attribute::ClaimUsage],
+    mut name: impl FnMut(&attribute::ClaimUsage, &str) -> String,
+) -> Vec<crate::metrics::ContainerFigures<'a>> {
+    let mut rows = Vec::new();
+    for c in claims {
+        for (position, g) in c.gpus.iter().enumerate() {
+            // (pod, container) -> (used memory, SM percent, processes)
+            let mut per: BTreeMap<(&str, String), (u64, u32, usize)> = BTreeMap::new();
+            for p in &g.processes {
+                let key = (p.pod.name.as_str(), name(c, &p.pod.name));
+                let e = per.entry(key).or_default();
+                e.0 = e.0.saturating_add(p.used_memory);
+                e.1 = e.1.saturating_add(p.sm_percent.unwrap_or(0));
+                e.2 += 1;
+            }
+            for ((pod, container), (used, sm, n)) in per {
+                rows.push(crate::metrics::ContainerFigures {
+                    namespace: &c.namespace,
+                    pod,
+                    container,
+                    claim: &c.name,
+                    gpu_uuid: &g.grant.gpu_uuid,
+                    gpu_position: position,
+                    used_memory: used,
+                    granted_memory: g.grant.memory_bytes,
+                    sm_percent: sm.min(100),
+                    processes: n,
+                });
+            }
+        }
+    }
+    rows
 }
 
 /// The prepared claims as the monitor sees them, with their feed directories. Only
@@ -352,6 +400,10 @@ pub struct Monitor {
     /// What happened between passes, and what the last pass found.
     lifecycle: lifecycle::Lifecycle,
     lifecycle_due: Vec<lifecycle::Happening>,
+    /// The kubelet's pod resources socket (DRA path: container names).
+    pod_resources: Option<PathBuf>,
+    /// Which containers of each pod use which claim.
+    containers: containers::ClaimContainers,
 }
 
 impl Monitor {
@@ -365,6 +417,9 @@ impl Monitor {
         client: Option<kube::Client>,
     ) -> Self {
         let backstop = Backstop::new(cfg.backstop.clone());
+        if cfg.hami_metrics {
+            host.metrics().enable_hami(&cfg.node);
+        }
         Self {
             cfg,
             backend,
@@ -381,6 +436,32 @@ impl Monitor {
             api: None,
             lifecycle: lifecycle::Lifecycle::default(),
             lifecycle_due: Vec::new(),
+            pod_resources: None,
+            containers: containers::ClaimContainers::default(),
+        }
+    }
+
+    /// Names the containers of DRA claims from the kubelet's pod resources API at `socket`.
+    pub fn with_pod_resources(mut self, socket: PathBuf) -> Self {
+        self.pod_resources = Some(socket);
+        self
+    }
+
+    /// Reads the kubelet's pod resources list when it is due.
+    async fn refresh_containers(&mut self) {
+        let Some(socket) = self.pod_resources.clone() else {
+            return;
+        };
+        let now = Instant::now();
+        if !self.containers.due(now) {
+            return;
+        }
+        match crate::device_plugin::podresources::list_all(&socket).await {
+            Ok(resp) => self.containers.replace(&resp, now),
+            Err(e) => {
+                self.containers.failed(now);
+                self.failed("pod-resources", &e.to_string());
+            }
         }
     }
 
@@ -420,6 +501,7 @@ impl Monitor {
                 _ = stop.wait_for(|s| *s) => return,
                 _ = tick.tick() => {}
             }
+            me.refresh_containers().await;
             // The pass reads the driver and /proc: on the blocking pool.
             let (back, findings) = match tokio::task::spawn_blocking(move || {
                 let findings = me.pass();
@@ -507,6 +589,16 @@ impl Monitor {
             &usage.unattributed,
         );
         metrics.set_gpu_usage(&gpus);
+        let legacy = matches!(self.consumers, Consumers::PodUidPrefix);
+        let known = &mut self.containers;
+        metrics.set_container_usage(&container_rows(&usage.claims, |c, pod| {
+            let name = if legacy {
+                containers::of_legacy_claim(&c.name)
+            } else {
+                known.container(&c.namespace, pod, &c.name)
+            };
+            name.unwrap_or_default().to_owned()
+        }));
         let mut shim_rows = Vec::new();
         for c in &usage.claims {
             let Some(r) = records.get(&c.uid) else {

@@ -123,6 +123,7 @@ fn a_pass_writes_feeds_metrics_and_reports_the_claim_over_its_grant() {
         node: "n".into(),
         period: Duration::from_secs(1),
         proc_root: proc_root.clone(),
+        hami_metrics: false,
         claim_status_interval: None,
         backstop: BackstopConfig {
             action: OverQuotaAction::Report,
@@ -205,4 +206,264 @@ fn kill_hits_only_a_process_still_in_the_pod() {
     assert_eq!(status.signal(), Some(9));
     // A PID that does not exist.
     assert!(kill_in_pod(tmp.path(), pid, POD_B).is_err());
+}
+
+fn quiet_backstop() -> BackstopConfig {
+    BackstopConfig {
+        action: OverQuotaAction::Report,
+        memory_tolerance: 256 << 20,
+        compute_points: 15,
+        compute_window: Duration::from_secs(30),
+        repeat: Duration::from_secs(300),
+    }
+}
+
+/// A line of `text` that starts with `series` (a family and its labels), and its value.
+fn value_of(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn legacy_claims_give_per_container_series_and_hami_families() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proc_root = tmp.path().join("proc");
+    proc_entry(&proc_root, 420_001, POD_A);
+    proc_entry(&proc_root, 420_002, POD_A);
+    proc_entry(&proc_root, 420_003, POD_B);
+    let records = BTreeMap::from([
+        (
+            format!("{POD_A}-main"),
+            record(&tmp.path().join("a"), POD_A, 4 * GI, 30),
+        ),
+        (
+            format!("{POD_B}-main"),
+            record(&tmp.path().join("b"), POD_B, 2 * GI, 70),
+        ),
+    ]);
+    let host = Arc::new(TestHost {
+        records,
+        metrics: Metrics::new(),
+    });
+    let mut gpu = crate::edits::tests::gpu(0, "0000:01:00.0");
+    gpu.uuid = "GPU-0".into();
+    let product = gpu.product_name.clone();
+    host.metrics.set_gpus(&fgpu_driver::device::NodeInventory {
+        node: "n".into(),
+        gpus: vec![gpu],
+    });
+    let backend = Arc::new(Recorded(Mutex::new(vec![Ok(vec![gpu0(&[
+        (420_001, GI, 10),
+        (420_002, 2 * GI, 15),
+        (420_003, GI, 60),
+    ])])])));
+    let cfg = |hami| MonitorConfig {
+        node: "node-1".into(),
+        period: Duration::from_secs(1),
+        proc_root: proc_root.clone(),
+        hami_metrics: hami,
+        claim_status_interval: None,
+        backstop: quiet_backstop(),
+    };
+    // Without --hami-metrics: fgpu's families only.
+    let mut m = Monitor::new(
+        cfg(false),
+        backend.clone(),
+        host.clone(),
+        Consumers::PodUidPrefix,
+        None,
+    );
+    m.pass();
+    let text = host.metrics.encode();
+    let a = r#"{namespace="ml",pod="pod-a",container="main",claim="pod-a/main",gpu_uuid="GPU-0"}"#;
+    assert_eq!(
+        value_of(
+            &text,
+            &format!("fgpu_kubelet_plugin_container_used_memory_bytes{a}")
+        ),
+        Some((3 * GI) as f64),
+        "{text}"
+    );
+    assert_eq!(
+        value_of(
+            &text,
+            &format!("fgpu_kubelet_plugin_container_processes{a}")
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        value_of(
+            &text,
+            &format!("fgpu_kubelet_plugin_container_sm_utilization_ratio{a}")
+        ),
+        Some(0.25)
+    );
+    assert!(
+        !text.contains("hami_"),
+        "HAMi's families are off by default"
+    );
+    assert!(text.ends_with("# EOF\n"), "one end marker");
+    // With it: HAMi's names, labels and percent.
+    backend.0.lock().unwrap().push(Ok(vec![gpu0(&[
+        (420_001, GI, 10),
+        (420_002, 2 * GI, 15),
+        (420_003, GI, 60),
+    ])]));
+    let mut m = Monitor::new(
+        cfg(true),
+        backend,
+        host.clone(),
+        Consumers::PodUidPrefix,
+        None,
+    );
+    m.pass();
+    let text = host.metrics.encode();
+    let b =
+        r#"{namespace="ml",pod="pod-b",container="main",vdevice_index="0",device_uuid="GPU-0"}"#;
+    for (family, want) in [
+        ("hami_vgpu_memory_used_bytes", GI as f64),
+        ("hami_vgpu_memory_limit_bytes", (2 * GI) as f64),
+        ("hami_container_device_memory_bytes", GI as f64),
+        ("hami_container_device_utilization_ratio", 60.0),
+    ] {
+        assert_eq!(
+            value_of(&text, &format!("{family}{b}")),
+            Some(want),
+            "{family} in\n{text}"
+        );
+    }
+    let h = format!(
+        r#"{{node="node-1",device_index="0",device_uuid="GPU-0",device_type="NVIDIA-{product}"}}"#
+    );
+    assert_eq!(
+        value_of(&text, &format!("hami_host_gpu_memory_used_bytes{h}")),
+        Some((4 * GI) as f64),
+        "{text}"
+    );
+    assert_eq!(
+        value_of(&text, &format!("hami_host_gpu_utilization_ratio{h}")),
+        Some(85.0)
+    );
+    assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+}
+
+/// The kubelet's pod resources API, answering `List` with one fixed response.
+struct Kubelet(fgpu_api::proto::podresources::v1::ListPodResourcesResponse);
+
+#[tonic::async_trait]
+impl fgpu_api::proto::podresources::v1::pod_resources_lister_server::PodResourcesLister
+    for Kubelet
+{
+    async fn list(
+        &self,
+        _: tonic::Request<fgpu_api::proto::podresources::v1::ListPodResourcesRequest>,
+    ) -> Result<
+        tonic::Response<fgpu_api::proto::podresources::v1::ListPodResourcesResponse>,
+        tonic::Status,
+    > {
+        Ok(tonic::Response::new(self.0.clone()))
+    }
+}
+
+#[tokio::test]
+async fn dra_containers_are_named_from_the_kubelets_pod_resources() {
+    use fgpu_api::proto::podresources::v1 as pr;
+    let tmp = tempfile::tempdir().unwrap();
+    let proc_root = tmp.path().join("proc");
+    proc_entry(&proc_root, 430_001, POD_A);
+    // A DRA claim "shared" used by container "train" of pod-a (and by nothing else).
+    let mut rec = record(&tmp.path().join("a"), POD_A, 4 * GI, 30);
+    rec.name = "shared".into();
+    let records = BTreeMap::from([("claim-uid".to_owned(), rec)]);
+    let host = Arc::new(TestHost {
+        records,
+        metrics: Metrics::new(),
+    });
+    let container = |name: &str, claims: &[&str]| pr::ContainerResources {
+        name: name.into(),
+        devices: vec![],
+        dynamic_resources: claims
+            .iter()
+            .map(|c| pr::DynamicResource {
+                claim_name: (*c).into(),
+                claim_namespace: "ml".into(),
+                claim_resources: vec![],
+            })
+            .collect(),
+    };
+    let answer = pr::ListPodResourcesResponse {
+        pod_resources: vec![pr::PodResources {
+            name: "pod-a".into(),
+            namespace: "ml".into(),
+            containers: vec![container("train", &["shared"]), container("log", &[])],
+        }],
+    };
+    let socket = tmp.path().join("kubelet.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                pr::pod_resources_lister_server::PodResourcesListerServer::new(Kubelet(answer)),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let backend = Arc::new(Recorded(Mutex::new(vec![
+        Ok(vec![gpu0(&[(430_001, GI, 20)])]),
+        Ok(vec![gpu0(&[(430_001, GI, 20)])]),
+    ])));
+    let cfg = MonitorConfig {
+        node: "n".into(),
+        period: Duration::from_secs(1),
+        proc_root: proc_root.clone(),
+        hami_metrics: false,
+        claim_status_interval: None,
+        backstop: quiet_backstop(),
+    };
+    // The claim serves pod-a: its status.reservedFor, in the claim cache.
+    let cache = crate::claim_cache::ClaimCache::new("gpu.fgpu.dev", "n");
+    cache.relist_started();
+    cache.relisted(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "shared", "namespace": "ml", "uid": "claim-uid"},
+            "status": {
+                "allocation": {"devices": {"results": [
+                    {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "n", "device": "gpu-0"}]}},
+                "reservedFor": [{"resource": "pods", "name": "pod-a", "uid": POD_A}]
+            }
+        }))
+        .unwrap(),
+    );
+    cache.relist_done();
+    let consumers = Consumers::ReservedFor(Arc::new(cache));
+    let series = r#"fgpu_kubelet_plugin_container_used_memory_bytes{namespace="ml",pod="pod-a",container="train",claim="shared",gpu_uuid="GPU-0"}"#;
+    // Without the socket: no name.
+    let mut m = Monitor::new(
+        cfg.clone(),
+        backend.clone(),
+        host.clone(),
+        consumers.clone(),
+        None,
+    );
+    m.pass();
+    let text = host.metrics.encode();
+    assert!(
+        text.contains(
+            r#"container_used_memory_bytes{namespace="ml",pod="pod-a",container="",claim="shared""#
+        ),
+        "{text}"
+    );
+    // With it: the one container that uses the claim.
+    let mut m =
+        Monitor::new(cfg, backend, host.clone(), consumers, None).with_pod_resources(socket);
+    m.refresh_containers().await;
+    let m = tokio::task::spawn_blocking(move || {
+        m.pass();
+        m
+    })
+    .await
+    .unwrap();
+    let text = host.metrics.encode();
+    assert_eq!(value_of(&text, series), Some(GI as f64), "{text}");
+    drop(m);
+    server.abort();
 }
