@@ -114,12 +114,7 @@ pub fn shares(claims: &Value, driver: &str) -> Vec<Share> {
             .as_array()
             .map_or(&[][..], Vec::as_slice);
         for r in results.iter().filter(|r| r["driver"] == driver) {
-            let st = statuses.iter().find(|s| {
-                s["driver"] == r["driver"]
-                    && s["pool"] == r["pool"]
-                    && s["device"] == r["device"]
-                    && s["shareID"] == r["shareID"]
-            });
+            let st = statuses.iter().find(|s| fgpu_api::dra::same_device(s, r));
             let data = st.map(|s| &s["data"]);
             let num = |k: &str| data.and_then(|d| d[k].as_u64());
             let granted = num("grantedMemoryBytes")

@@ -2,15 +2,51 @@
 //! chosen ([`ApiVersion`]), and the typed, tolerant object model, one for every served
 //! version:
 //!
-//! * [`claim`]: a ResourceClaim's identity and allocation (what the node side reads).
+//! * [`claim`]: a ResourceClaim's identity and allocation (what the node side reads);
+//!   [`same_device`] matches a `status.devices` entry to its allocation result.
 //!
 //! Slices and classes are still read as JSON by the controller (`fgpu-dra-controller`'s
 //! `objects`, `inventory`, `request`); they join this model next.
 
 pub mod claim;
 
+/// Whether two device entries of a claim, as JSON, name the same allocated device: the
+/// same driver, pool, device and share (`shareID`, absent for a whole device). An entry of
+/// `status.devices` belongs to the allocation result it matches so.
+pub fn same_device(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    ["driver", "pool", "device", "shareID"]
+        .iter()
+        .all(|k| a[*k] == b[*k])
+}
+
 /// The API group of DRA.
 pub const GROUP: &str = "resource.k8s.io";
+
+#[cfg(test)]
+mod device_tests {
+    use serde_json::json;
+
+    #[test]
+    fn same_device_needs_driver_pool_device_and_share() {
+        let r = json!({"driver": "d", "pool": "p", "device": "gpu-0", "shareID": "s1"});
+        assert!(super::same_device(
+            &r,
+            &json!({"driver": "d", "pool": "p", "device": "gpu-0", "shareID": "s1", "data": {}})
+        ));
+        assert!(!super::same_device(
+            &r,
+            &json!({"driver": "d", "pool": "p", "device": "gpu-0", "shareID": "s2"})
+        ));
+        assert!(!super::same_device(
+            &r,
+            &json!({"driver": "d", "pool": "p", "device": "gpu-0"})
+        ));
+        assert!(!super::same_device(
+            &r,
+            &json!({"driver": "x", "pool": "p", "device": "gpu-0", "shareID": "s1"})
+        ));
+    }
+}
 
 /// The `resource.k8s.io` versions fgpu reads and writes, newest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

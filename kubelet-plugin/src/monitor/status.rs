@@ -313,14 +313,7 @@ pub fn apply_body(api_version: &str, w: &StatusWrite) -> Value {
 pub fn kept(stored: &Value, w: &StatusWrite) -> bool {
     let devices = stored["status"]["devices"].as_array();
     w.devices.iter().all(|want| {
-        devices.is_some_and(|have| {
-            have.iter().any(|h| {
-                h["driver"] == want["driver"]
-                    && h["pool"] == want["pool"]
-                    && h["device"] == want["device"]
-                    && h["shareID"] == want["shareID"]
-            })
-        })
+        devices.is_some_and(|have| have.iter().any(|h| fgpu_api::dra::same_device(h, want)))
     })
 }
 

@@ -157,6 +157,10 @@ check "report: the Event names claim, GPU, used vs granted" yes \
 check "report: the Event lists both processes" 2 "$(echo "$note" | grep -o 'pid [0-9]* [0-9]* MiB' | wc -l)"
 check "report: over_quota_total{memory,report}" 1 "$(metrics | sed -n 's/^fgpu_kubelet_plugin_over_quota_total{kind="memory",action="report"} //p')"
 check "report: used memory of the claim (bytes)" "$((4096 << 20))" "$(metric claim_used_memory_bytes "$cb")"
+# The same per container, named from the real kubelet's pod resources API (pod bypass,
+# container probe, the one container that uses the claim).
+check "container: used memory of bypass/probe (bytes)" "$((4096 << 20))" \
+  "$(metrics | sed -n "s/^fgpu_kubelet_plugin_container_used_memory_bytes{namespace=\"$E2E_NS\",pod=\"bypass\",container=\"probe\",claim=\"$cb\",[^}]*} //p")"
 # The claim's status.devices: the same figure, within one sample of the monitor's.
 cstat() { kubectl -n "$E2E_NS" get resourceclaim "$1" -o jsonpath="{.status.devices[0]$2}"; }
 status_is() { [ "$(cstat "$1" "$2")" = "$3" ]; }
