@@ -29,6 +29,8 @@
 //!   slice publishing.
 //! * [`monitor`]: the node monitor — what every claim really uses (host PIDs → pod →
 //!   claim), the shim's utilisation feed, and the backstop for bypassed quotas.
+//! * [`podresources`]: the kubelet's pod resources API (`List`): which pod the device
+//!   plugin's `Allocate` serves, and which containers use which claim (the monitor).
 //! * [`serve`]: the daemon's loop tying the above together.
 
 #![forbid(unsafe_code)]
@@ -46,6 +48,7 @@ pub mod grant;
 pub mod grpc;
 pub mod metrics;
 pub mod monitor;
+pub mod podresources;
 pub mod prepare;
 pub mod serve;
 pub mod slices;

@@ -141,7 +141,7 @@ pub(crate) struct ServeArgs {
 
     /// The kubelet's pod resources socket, read by the node monitor to name the container
     /// of each process in the per-container metrics; empty: not read (no container names).
-    #[arg(long, value_name = "FILE", default_value = fgpu_kubelet_plugin::device_plugin::podresources::DEFAULT_SOCKET)]
+    #[arg(long, value_name = "FILE", default_value = fgpu_kubelet_plugin::podresources::DEFAULT_SOCKET)]
     pod_resources_socket: PathBuf,
 
     /// Address of the HTTP endpoint for /metrics and /healthz.

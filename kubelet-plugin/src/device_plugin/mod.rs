@@ -18,7 +18,7 @@
 pub mod annotations;
 pub mod container;
 pub mod node;
-pub mod podresources;
+pub use crate::podresources;
 pub mod pods;
 pub mod register;
 pub mod service;

@@ -456,7 +456,7 @@ impl Monitor {
         if !self.containers.due(now) {
             return;
         }
-        match crate::device_plugin::podresources::list_all(&socket).await {
+        match crate::podresources::list_all(&socket).await {
             Ok(resp) => self.containers.replace(&resp, now),
             Err(e) => {
                 self.containers.failed(now);

@@ -1,4 +1,5 @@
-//! Which pod the kubelet is admitting, from its pod resources API.
+//! The kubelet's pod resources API: which pod the kubelet is admitting (the device plugin),
+//! and which containers of a pod use which ResourceClaim (the node monitor).
 //!
 //! `Allocate` names no pod. The kubelet admits pods one at a time: it adds the pod to its
 //! pod manager, then runs admission, whose device manager calls `Allocate`, and records the
