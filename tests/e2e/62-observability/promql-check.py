@@ -22,6 +22,8 @@
         lints: a counter family's HELP and TYPE named as its samples (`x_total`), an info
         family as a gauge `x_info`, UNIT and EOF dropped; samples unchanged. Anything it
         cannot translate one to one (another type, timestamps, exemplars, no EOF) fails
+    promql-check.py show URL QUERY --label L
+        one instant query: "<L's value>=<value>" per series, on one line
     promql-check.py alerts URL [--firing A,B] [--active A,B] [--inactive A,B] [--timeout S]
         /api/v1/rules: every rule loaded and healthy; then, polling up to --timeout
         seconds, /api/v1/alerts: each --firing alert firing, each --active one pending or
@@ -52,6 +54,8 @@ def api(url, path, params=None):
             body = json.load(r)
     except urllib.error.HTTPError as e:
         body = json.load(e)
+    except (urllib.error.URLError, OSError) as e:
+        raise RuntimeError(f"{url}{path}: {getattr(e, 'reason', e)}") from None
     if body.get("status") != "success":
         raise RuntimeError(f"{body.get('errorType')}: {body.get('error')}")
     return body["data"]
@@ -139,7 +143,7 @@ def queries(a):
 
         def var(m):
             name = m.group(1) or m.group(2) or m.group(3)
-            if name not in values:
+            if not values.get(name):
                 raise KeyError(name)
             vs = [REGEX_SPECIAL.sub(r"\\\1", v) for v in values[name]]
             return vs[0] if len(vs) == 1 else "(" + "|".join(vs) + ")"
@@ -178,8 +182,8 @@ def queries(a):
             q = subst(expr)
             res = api(a.url, "/api/v1/query", {"query": q})
         except KeyError as e:
-            failures.append(f"{what}: undefined variable ${e.args[0]} in {short(expr)}")
-            print(f"  FAIL {what}: undefined variable ${e.args[0]}")
+            failures.append(f"{what}: variable ${e.args[0]} undefined or without values: {short(expr)}")
+            print(f"  FAIL {what}: variable ${e.args[0]} undefined or without values")
             return None
         except RuntimeError as e:
             failures.append(f"{what}: {short(expr)}: {e}")
@@ -204,8 +208,9 @@ def queries(a):
             alerts += 1
             # Alerts are empty while nothing is wrong: only that they evaluate.
             run(f"rule {name}", r["expr"], "record" in r)
-    print(f"  {checked} expressions checked: {checked - alerts} from the dashboard "
-          f"({len(values)} variables), {alerts} from the rules; window {rng}")
+    nvars = sum(1 for v in dash.get("templating", {}).get("list", []) if v.get("type") == "query")
+    print(f"  {checked} expressions checked: {checked - alerts - nvars} panel targets and {nvars} variables "
+          f"of the dashboard, {alerts} rules; window {rng}")
     if failures:
         print(f"{len(failures)} failure(s):")
         for f in failures:
@@ -251,6 +256,11 @@ def text(_a):
             sys.exit(f"a sample with a timestamp (seconds in OpenMetrics, ms in 0.0.4): {ln}")
         out.append(ln)
     print("\n".join(out))
+
+
+def show(a):
+    res = api(a.url, "/api/v1/query", {"query": a.query})
+    print(" ".join(f"{r['metric'].get(a.label, '?')}={float(r['value'][1]):.2f}" for r in res["result"]))
 
 
 # ---------------------------------------------------------------------------- alerts
@@ -318,6 +328,10 @@ def main():
     q.add_argument("--scrape-interval", type=int, default=1)
     q.add_argument("--expect-var", action="append", default=[])
     sub.add_parser("text")
+    sh = sub.add_parser("show")
+    sh.add_argument("url")
+    sh.add_argument("query")
+    sh.add_argument("--label", required=True)
     al = sub.add_parser("alerts")
     al.add_argument("url")
     al.add_argument("--firing")
@@ -325,7 +339,10 @@ def main():
     al.add_argument("--inactive")
     al.add_argument("--timeout", type=float, default=0)
     a = p.parse_args()
-    {"config": config, "queries": queries, "text": text, "alerts": alerts}[a.cmd](a)
+    try:
+        {"config": config, "queries": queries, "text": text, "show": show, "alerts": alerts}[a.cmd](a)
+    except RuntimeError as e:
+        sys.exit(f"{a.cmd}: {e}")
 
 
 if __name__ == "__main__":

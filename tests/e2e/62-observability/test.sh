@@ -202,6 +202,11 @@ for d in "kubelet plugin:$METRICS" "controller:$CONTROLLER_METRICS_ADDR"; do
   fi
   check "promtool check metrics, ${d%%:*} ($(grep -c '^[a-z]' <<<"$p") samples)" "0 ''" "$rc '$lint'"
 done
+# ... and the lint bites through that translation: the plugin's page without one HELP line
+p="$(page "$METRICS" | grep -v '^# HELP fgpu_kubelet_plugin_gpu_memory_bytes ')"
+lint="$(python3 "$check_py" text <<<"$p" | "$PROMTOOL" check metrics 2>&1)" || true
+check "promtool check metrics: a family without HELP is reported" yes \
+  "$(grep -q 'fgpu_kubelet_plugin_gpu_memory_bytes no help text' <<<"$lint" && echo yes || echo "no: $lint")"
 
 # --- the alerts
 say "alerts (up to 90 s):"
@@ -224,6 +229,17 @@ done
 show "$out"
 check "queries: every dashboard expression returns data, every rule evaluates" ok "$r"
 say "      $(grep -o '[0-9]* expressions checked.*' <<<"$out")"
+# ... and the check bites: a panel on a family nobody exports, a variable on a label no
+# series has
+sed -e 's/fgpu_kubelet_plugin_gpu_shares{/fgpu_kubelet_plugin_gpu_sharez{/' \
+  -e 's/}, claim)"/}, claimz)"/g' \
+  "$ROOT/deploy/monitoring/grafana-dashboard.json" >"$work/broken-dashboard.json"
+out="$(python3 "$check_py" queries "$PROM" "$work/broken-dashboard.json" "$ROOT/deploy/monitoring/prometheus-rules.rules.yaml" \
+  --since "$prom_since" --scrape-interval "$SCRAPE_S" 2>&1)" && r="passed" || r="$(grep -c '^  - ' <<<"$out") failures"
+say "      broken dashboard: $(grep '^  - ' <<<"$out" | cut -c1-120 | tr '\n' ';')"
+check "queries: a broken dashboard fails (the renamed family; the variable, and so the claim panels)" yes \
+  "$(grep -q '^  - dashboard / Shares per GPU: no data' <<<"$out" && grep -q '^  - variable claim:' <<<"$out" \
+    && grep -q '^  - dashboard / Claim processes: variable .claim ' <<<"$out" && echo yes || echo "no ($r)")"
 
 # --- claim status against the monitor
 cstat() { kubectl -n "$E2E_NS" get resourceclaim "$1" -o jsonpath="{.status.devices[0]$2}"; }
@@ -253,6 +269,11 @@ row() { awk -v c="$E2E_NS/$1" '$1 == c { print $3, $4, $5, $6, $9 }' <<<"$claims
 check "kubectl fgpu top claims: train-a" "gpu-0 2048Mi 30% 1024Mi True" "$(row "$ca")"
 check "kubectl fgpu top claims: train-b" "gpu-0 4096Mi 50% 2048Mi True" "$(row "$cb")"
 check "kubectl fgpu top claims: over" "gpu-0 1024Mi 20% 2048Mi False" "$(row "$co")"
+
+# (seen, not asserted here: 60-node-monitor holds the core quotas to +-3 points)
+sm="$(python3 "$check_py" show "$PROM" --label claim \
+  "avg_over_time(fgpu_kubelet_plugin_claim_sm_utilization_ratio{namespace=\"$E2E_NS\"}[20s])" 2>&1)" || true
+say "      SM utilisation over the last 20 s (Prometheus; quotas train-a 30, train-b 50, over 20, idle): $sm"
 
 # --- the plugin down, then back
 stop_plugin
