@@ -2,6 +2,8 @@
 # Starts fgpu-kubelet-plugin serve as a host process for this scenario (and for make demo), in the background, and
 # prints its pid. Usage: plugin.sh <work dir>   (log appended to <work dir>/plugin.log)
 # FGPU_E2E_PLUGIN_ARGS: more flags for serve, split on spaces (hack/bench-prepare.sh's modes).
+# FGPU_E2E_FAKE_GPUS: another fake profile for the same node (62-observability marks a GPU
+# unhealthy in a copy).
 #
 # The node is the local cluster's (fgpu-node) with the fake profile deploy/fake/e2e-node.yaml;
 # its device nodes are stand-ins under /run/fgpu-e2e/dev, created here. The driver files are
@@ -28,7 +30,7 @@ libdir=/usr/lib/x86_64-linux-gnu
 export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-2}"
 # shellcheck disable=SC2086 # FGPU_E2E_PLUGIN_ARGS is split on purpose
 "$t/fgpu-kubelet-plugin" serve \
-  --node "$NODE_NAME" --backend fake --fake-gpus "$root/deploy/fake/e2e-node.yaml" \
+  --node "$NODE_NAME" --backend fake --fake-gpus "${FGPU_E2E_FAKE_GPUS:-$root/deploy/fake/e2e-node.yaml}" \
   --kubelet-registrar-directory-path "$KUBELET_REGISTRAR_DIR" \
   --kubelet-plugins-directory-path "$KUBELET_PLUGINS_DIR" \
   --cdi-root "$CDI_SPEC_DIR" --state-dir "$work/state" --run-dir "${FGPU_E2E_RUN_DIR:-$work/run}" \
