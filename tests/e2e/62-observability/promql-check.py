@@ -16,12 +16,6 @@
         (alternated, as Grafana renders a multi-value selection), which must include the
         --expect-var values; $__rate_interval, $__interval and $__range the time since
         --since (the dashboard's range covering the scenario), at least four scrapes
-    promql-check.py text < OPENMETRICS > TEXT
-        the daemons' exposition (OpenMetrics 1.0, all prometheus-client writes) in the
-        Prometheus text format 0.0.4, which is what `promtool check metrics` parses and
-        lints: a counter family's HELP and TYPE named as its samples (`x_total`), an info
-        family as a gauge `x_info`, UNIT and EOF dropped; samples unchanged. Anything it
-        cannot translate one to one (another type, timestamps, exemplars, no EOF) fails
     promql-check.py show URL QUERY --label L
         one instant query: "<L's value>=<value>" per series, on one line
     promql-check.py alerts URL [--firing A,B] [--active A,B] [--inactive A,B] [--timeout S]
@@ -218,46 +212,6 @@ def queries(a):
         sys.exit(1)
 
 
-# ---------------------------------------------------------------------------- text
-
-def text(_a):
-    lines = sys.stdin.read().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if not lines or lines[-1] != "# EOF":
-        sys.exit("not OpenMetrics: no '# EOF' at the end")
-    lines.pop()
-    types = {}
-    for ln in lines:
-        m = re.match(r"^# TYPE (\S+) (\S+)$", ln)
-        if m:
-            types[m.group(1)] = m.group(2)
-    suffix = {"counter": "_total", "info": "_info", "gauge": "", "histogram": "", "summary": "", "unknown": ""}
-    out = []
-    for ln in lines:
-        m = re.match(r"^# (HELP|TYPE|UNIT) (\S+)(?: (.*))?$", ln)
-        if m:
-            kind, name, rest = m.groups()
-            t = types.get(name)
-            if t not in suffix:
-                sys.exit(f"family {name}: type {t} has no 0.0.4 form")
-            if kind == "UNIT":
-                continue
-            if kind == "TYPE":
-                rest = {"info": "gauge", "unknown": "untyped"}.get(t, t)
-            out.append(f"# {kind} {name}{suffix[t]} {rest or ''}".rstrip())
-            continue
-        if ln.startswith("#"):
-            sys.exit(f"unexpected line: {ln}")
-        if " # " in ln:
-            sys.exit(f"an exemplar (no 0.0.4 form): {ln}")
-        value = ln.rsplit("}", 1)[-1].split()
-        if len(value) != (1 if "}" in ln else 2):
-            sys.exit(f"a sample with a timestamp (seconds in OpenMetrics, ms in 0.0.4): {ln}")
-        out.append(ln)
-    print("\n".join(out))
-
-
 def show(a):
     res = api(a.url, "/api/v1/query", {"query": a.query})
     print(" ".join(f"{r['metric'].get(a.label, '?')}={float(r['value'][1]):.2f}" for r in res["result"]))
@@ -327,7 +281,6 @@ def main():
     q.add_argument("--since", type=float, required=True)
     q.add_argument("--scrape-interval", type=int, default=1)
     q.add_argument("--expect-var", action="append", default=[])
-    sub.add_parser("text")
     sh = sub.add_parser("show")
     sh.add_argument("url")
     sh.add_argument("query")
@@ -340,7 +293,7 @@ def main():
     al.add_argument("--timeout", type=float, default=0)
     a = p.parse_args()
     try:
-        {"config": config, "queries": queries, "text": text, "show": show, "alerts": alerts}[a.cmd](a)
+        {"config": config, "queries": queries, "show": show, "alerts": alerts}[a.cmd](a)
     except RuntimeError as e:
         sys.exit(f"{a.cmd}: {e}")
 
