@@ -659,12 +659,9 @@ impl Controller {
         self.shared.metrics.gpus.set(plan.gpus as i64);
         self.shared.metrics.fragmentation.set(plan.fragmentation);
         self.shared.metrics.set_usage(&plan.usage);
-        let pending = plan
-            .actions
-            .iter()
-            .filter(|a| matches!(a, Action::Pending { .. } | Action::Rejected { .. }))
-            .count();
-        self.shared.metrics.claims_pending.set(pending as i64);
+        self.shared
+            .metrics
+            .set_pending(plan.actions.iter().filter_map(Action::wait_reason));
     }
 
     /// Performs one planned action; true when something was written.
@@ -684,6 +681,7 @@ impl Controller {
                 claim,
                 pod,
                 message,
+                ..
             } => {
                 self.act_pending(claim, pod, message).await;
                 false
@@ -845,6 +843,7 @@ impl Controller {
         self.shared.metrics.failure("revoked");
         match self.deallocate(claim).await {
             Ok(_) => {
+                self.shared.metrics.revocations.inc();
                 // Not a clearing by kube-scheduler: no backoff, no node to avoid.
                 self.allocated_on.remove(&hash_of(&id.uid));
                 self.seen_allocated.remove(&hash_of(&id.uid));

@@ -1,7 +1,12 @@
 //! The controller's Prometheus metrics (`prometheus-client`), served on `/metrics`.
 //!
 //! * `fgpu_controller_mode_info{mode,reason}` 1 for the mode in force;
-//! * `fgpu_controller_claims_allocated_total`, `fgpu_controller_claims_pending`;
+//! * `fgpu_controller_claims_allocated_total`;
+//! * `fgpu_controller_claims_pending{reason}`: the claims of gated pods that wait after the
+//!   last pass, by [`WaitReason`] (`no_fit`, `never_fits`, `rejected`, `internal`); every
+//!   reason is set each pass, 0 when no claim waits for it (and 0 on a standby);
+//! * `fgpu_controller_revocations_total`: tentative allocations the controller cleared
+//!   because kube-scheduler granted the same capacity (written revocations only);
 //! * `fgpu_controller_allocation_failures_total{reason}` (`no_fit`, `rejected`,
 //!   `conflict`, `api`, `cleared`, `revoked`);
 //! * `fgpu_controller_allocation_duration_seconds` (finalizer + status write),
@@ -28,6 +33,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::reconcile::WaitReason;
+
 type Labels = Vec<(String, String)>;
 
 /// The metrics and their registry.
@@ -36,7 +43,8 @@ pub struct Metrics {
     mode: Family<Labels, Gauge>,
     last_mode: Mutex<Option<Labels>>,
     pub allocated: Counter,
-    pub claims_pending: Gauge,
+    claims_pending: Family<Labels, Gauge>,
+    pub revocations: Counter,
     failures: Family<Labels, Counter>,
     pub allocation_seconds: Histogram,
     pub pass_seconds: Histogram,
@@ -113,11 +121,22 @@ impl Metrics {
             "Claims allocated by the controller",
             allocated.clone(),
         );
-        let claims_pending = Gauge::default();
+        let claims_pending = Family::<Labels, Gauge>::default();
         registry.register(
             "claims_pending",
-            "Claims of gated pods that wait (no fit or rejected) after the last pass",
+            "Claims of gated pods that wait after the last pass, by reason",
             claims_pending.clone(),
+        );
+        for reason in WaitReason::ALL {
+            claims_pending
+                .get_or_create(&reason_label(reason.as_str()))
+                .set(0);
+        }
+        let revocations = Counter::default();
+        registry.register(
+            "revocations",
+            "Tentative allocations the controller cleared (kube-scheduler granted the same capacity)",
+            revocations.clone(),
         );
         let failures = Family::<Labels, Counter>::default();
         registry.register(
@@ -157,6 +176,7 @@ impl Metrics {
             last_mode: Mutex::new(None),
             allocated,
             claims_pending,
+            revocations,
             failures,
             allocation_seconds,
             pass_seconds,
@@ -208,9 +228,23 @@ impl Metrics {
     }
 
     pub fn failure(&self, reason: &str) {
-        self.failures
-            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
-            .inc();
+        self.failures.get_or_create(&reason_label(reason)).inc();
+    }
+
+    /// Sets `claims_pending` from the reasons of the claims that wait after a pass (one
+    /// item per claim): every reason is set, 0 for those absent.
+    pub fn set_pending(&self, waiting: impl IntoIterator<Item = WaitReason>) {
+        let mut counts = [0i64; WaitReason::ALL.len()];
+        for r in waiting {
+            if let Some(i) = WaitReason::ALL.iter().position(|x| *x == r) {
+                counts[i] += 1;
+            }
+        }
+        for (reason, n) in WaitReason::ALL.iter().zip(counts) {
+            self.claims_pending
+                .get_or_create(&reason_label(reason.as_str()))
+                .set(n);
+        }
     }
 
     /// The text exposition.
@@ -221,6 +255,10 @@ impl Metrics {
         }
         out
     }
+}
+
+fn reason_label(reason: &str) -> Labels {
+    vec![("reason".to_owned(), reason.to_owned())]
 }
 
 #[cfg(test)]
@@ -271,6 +309,71 @@ mod tests {
         assert!(
             m.encode()
                 .contains(r#"fgpu_controller_allocation_failures_total{reason="no_fit"} 1"#)
+        );
+    }
+
+    #[test]
+    fn pending_by_reason_and_revocations() {
+        let m = Metrics::new();
+        let text = m.encode();
+        // Before any pass (and on a standby) every reason reads 0, revocations 0.
+        for r in WaitReason::ALL {
+            let line = format!(
+                "fgpu_controller_claims_pending{{reason=\"{}\"}} 0",
+                r.as_str()
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(
+            text.contains("# TYPE fgpu_controller_claims_pending gauge"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fgpu_controller_revocations_total 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE fgpu_controller_revocations counter"),
+            "{text}"
+        );
+        m.set_pending([
+            WaitReason::NoFit,
+            WaitReason::Rejected,
+            WaitReason::NoFit,
+            WaitReason::NeverFits,
+        ]);
+        m.revocations.inc();
+        m.revocations.inc();
+        let text = m.encode();
+        for (reason, n) in [
+            ("no_fit", 2),
+            ("never_fits", 1),
+            ("rejected", 1),
+            ("internal", 0),
+        ] {
+            let line = format!("fgpu_controller_claims_pending{{reason=\"{reason}\"}} {n}\n");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(
+            text.contains("fgpu_controller_revocations_total 2\n"),
+            "{text}"
+        );
+        // The next pass sets every reason again: one that no claim has any more reads 0.
+        m.set_pending([WaitReason::Internal]);
+        let text = m.encode();
+        for (reason, n) in [
+            ("no_fit", 0),
+            ("never_fits", 0),
+            ("rejected", 0),
+            ("internal", 1),
+        ] {
+            let line = format!("fgpu_controller_claims_pending{{reason=\"{reason}\"}} {n}\n");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert_eq!(
+            text.matches("fgpu_controller_claims_pending{").count(),
+            4,
+            "{text}"
         );
     }
 }
