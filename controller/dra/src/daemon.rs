@@ -74,6 +74,11 @@ pub struct RunArgs {
         default_value = "127.0.0.1:19500"
     )]
     pub metrics_address: SocketAddr,
+    /// Also serve HAMi's scheduler families on /metrics (`hami_gpu_memory_limit_bytes`,
+    /// `hami_gpu_memory_allocated_bytes`, ...: HAMi's names, labels and units, 0-100 core
+    /// "ratios" included), so that HAMi's dashboards work unchanged (docs/observability.md).
+    #[arg(long)]
+    pub hami_metrics: bool,
     /// Seconds between passes when nothing changes. `--resync` is the older spelling.
     #[arg(long, alias = "resync", value_name = "SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
@@ -228,6 +233,9 @@ async fn connect(args: &RunArgs, driver: &DriverName) -> Result<Arc<Shared>> {
         client,
         mode: ModeCell::default(),
         metrics: Metrics::new(),
+        hami: args
+            .hami_metrics
+            .then(crate::hami_metrics::HamiMetrics::new),
         ready: AtomicBool::new(false),
     });
     if args.mode != Mode::Auto {
@@ -659,6 +667,9 @@ impl Controller {
         self.shared.metrics.gpus.set(plan.gpus as i64);
         self.shared.metrics.fragmentation.set(plan.fragmentation);
         self.shared.metrics.set_usage(&plan.usage);
+        if let Some(h) = &self.shared.hami {
+            h.set(&plan.usage, &plan.shares);
+        }
         self.shared
             .metrics
             .set_pending(plan.actions.iter().filter_map(Action::wait_reason));

@@ -218,6 +218,8 @@ pub struct Plan {
     pub gpus: usize,
     /// The inventory with every grant counted, those of this plan's allocations included.
     pub usage: Inventory,
+    /// Per node and GPU of `usage`: the grants holding part of it ([`shares_per_gpu`]).
+    pub shares: Vec<Vec<u32>>,
     /// The share (0–1) of the free GPU capacity that the mix of shares now granted could
     /// not use ([`fragmentation`]).
     pub fragmentation: f64,
@@ -370,8 +372,26 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
         consumable: snap.consumable,
         gpus,
         fragmentation: fragmentation(&ledger),
+        shares: shares_per_gpu(&ledger),
         usage: ledger.inventory().clone(),
     }
+}
+
+/// Per node and GPU of `ledger`'s inventory (same order), the grants that hold part of it.
+pub fn shares_per_gpu(ledger: &fgpu_driver::ledger::Ledger) -> Vec<Vec<u32>> {
+    let inv = ledger.inventory();
+    let mut out: Vec<Vec<u32>> = inv.nodes.iter().map(|n| vec![0; n.gpus.len()]).collect();
+    for g in ledger.grants() {
+        let Some(n) = inv.node_index(&g.node) else {
+            continue;
+        };
+        for d in &g.devices {
+            if let Some(i) = inv.nodes[n].gpus.iter().position(|x| x.id == d.gpu) {
+                out[n][i] += 1;
+            }
+        }
+    }
+    out
 }
 
 /// The claim keys live pods reference → whether every one of those pods is gated.
@@ -978,6 +998,8 @@ mod tests {
             kinds(&p),
             ["allocate a on gpu-0", "allocate b on gpu-0", "pending c"]
         );
+        // The two planned grants share gpu-0 (the HAMi families' shared count).
+        assert_eq!(p.shares, [[2]]);
         let Action::Pending {
             message,
             pod: waiter,
