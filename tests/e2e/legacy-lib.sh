@@ -14,7 +14,8 @@
 #                          no address flag is passed and the binary's default is used, which
 #                          must then equal $LEGACY_EXTENDER_ADDR); waits for /healthz
 #   start_device_plugin    fgpu-kubelet-plugin device-plugin (fake backend, $LEGACY_PROFILE);
-#                          waits until it has registered with the kubelet once more than before
+#                          waits until it has registered with the kubelet once more than before;
+#                          /metrics on $LEGACY_DP_METRICS_ADDR
 #   start_scheduler        the second kube-scheduler (profile fgpu-scheduler + the extender)
 #   start_kwok             kwok, managing only nodes annotated kwok.x-k8s.io/node=fake
 #   kwok_node <name> <inventory JSON>  a kwok-managed Node carrying <inventory JSON> in the
@@ -46,6 +47,9 @@ LEGACY_WEBHOOK_ADDR="${FGPU_E2E_LEGACY_WEBHOOK_ADDR:-127.0.0.1:18443}"
 LEGACY_WEBHOOK="${LEGACY_WEBHOOK:-1}"
 legacy_webhook_file=""
 LEGACY_SCHEDULER_PORT="${FGPU_E2E_SCHEDULER_PORT:-10269}"
+# The device plugin's /metrics and /healthz (--metrics-address; loopback, the binary's
+# default 0.0.0.0:9401 would be reachable from the node's network).
+LEGACY_DP_METRICS_ADDR="${FGPU_E2E_DP_METRICS_ADDR:-127.0.0.1:19401}"
 LEGACY_INVENTORY_ANN=gpu.fgpu.dev/node-gpus
 LEGACY_DECISION_ANN=gpu.fgpu.dev/assigned-devices
 # The node's fake GPUs: an H100 and an A100 (two models, for the type filters).
@@ -197,7 +201,7 @@ start_device_plugin() {
     --shim-library "$t/libfgpu.so" \
     --driver-file "$t/libfgpu_fake_cuda.so:$libdir/libcuda.so.1" \
     --driver-file "$t/libfgpu_fake_cuda.so:$libdir/libnvidia-ml.so.1" \
-    --health-seconds 2 --resync-seconds 2
+    --health-seconds 2 --resync-seconds 2 --metrics-address "$LEGACY_DP_METRICS_ADDR"
   wait_until 30 "device plugin registered with the kubelet" \
     sh -c "[ \"\$(grep -c 'registered with the kubelet' $work/device-plugin.log)\" -gt ${before:-0} ]"
 }

@@ -157,6 +157,8 @@ check("matchConditions" in mut["webhooks"][0], "legacy mutating webhook narrowed
 check(get(d, "ValidatingAdmissionPolicy", "fgpu-legacy-grant") is None, "1.31: no VAPs (no node claim in tokens)")
 np = get(d, "NetworkPolicy", "fgpu-extender")
 check(np["spec"]["ingress"] == [{"ports": [{"port": 9443, "protocol": "TCP"}]}], "extender NetworkPolicy: webhook port only")
+np = get(d, "NetworkPolicy", "fgpu-device-plugin")
+check(np["spec"]["ingress"] == [{"ports": [{"port": 9401, "protocol": "TCP"}]}], "device plugin NetworkPolicy: metrics port only")
 d = render("1.32.0", "legacy.enabled=true")
 vap = get(d, "ValidatingAdmissionPolicy", "fgpu-legacy-grant")
 check(vap is not None and "system:serviceaccount:fgpu-system:fgpu-extender" in vap["spec"]["validations"][0]["expression"],
@@ -247,6 +249,15 @@ sel = pm["spec"]["selector"]["matchLabels"]
 check(sel.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
       and "metrics" in [p["name"] for p in containers(ds)[0]["ports"]],
       "PodMonitor selects the kubelet plugin's pods, port metrics")
+check(get(d, "PodMonitor", "fgpu-device-plugin") is None, "no device-plugin PodMonitor without legacy.enabled")
+dl = render("1.37.2", *on, "legacy.enabled=true", "legacy.devicePlugin.metricsPort=9411")
+dp = get(dl, "DaemonSet", "fgpu-device-plugin")
+dpm = get(dl, "PodMonitor", "fgpu-device-plugin")
+check(dpm["spec"]["selector"]["matchLabels"].items() <= dp["spec"]["template"]["metadata"]["labels"].items()
+      and {"name": "metrics", "containerPort": 9411, "protocol": "TCP"} in containers(dp)[0]["ports"]
+      and "--metrics-address=0.0.0.0:9411" in containers(dp)[0]["args"]
+      and dpm["spec"]["podMetricsEndpoints"] == get(dl, "PodMonitor", "fgpu-kubelet-plugin")["spec"]["podMetricsEndpoints"],
+      "legacy: PodMonitor selects the device plugin's pods, port metrics (legacy.devicePlugin.metricsPort), same endpoint as the plugin's")
 for kind, key, m in (("ServiceMonitor", "endpoints", sm), ("PodMonitor", "podMetricsEndpoints", pm)):
     ep = dict(m["spec"][key][0])
     check(ep.pop("scrapeTimeout") == "10s" and ep == static[kind]["spec"][key][0],

@@ -14,7 +14,9 @@
 //! * `fgpu_controller_gpus` in the inventory;
 //! * `fgpu_controller_fragmentation_ratio`: the share of the free GPU capacity the mix of
 //!   shares now granted could not use (FGD's measure, [`crate::reconcile::fragmentation`]);
-//! * per GPU (`node`, `gpu`): `fgpu_controller_gpu_memory_bytes`,
+//! * per GPU (`node`, `gpu_uuid`, `gpu_index`: the slice device's `uuid` and `index`
+//!   attributes, the labels the kubelet plugin's per-GPU families have):
+//!   `fgpu_controller_gpu_memory_bytes`,
 //!   `fgpu_controller_gpu_granted_memory_bytes`, `fgpu_controller_gpu_granted_cores`
 //!   (percent), from the ledger after the last pass. These are encoded from a compact
 //!   table at each scrape ([`GpuUsage`]), not kept as gauges: at 8,000 GPUs three gauge
@@ -63,8 +65,9 @@ struct NodeUsage {
     gpus: Vec<GpuRow>,
 }
 
-/// One GPU's row: device, memory bytes, granted memory bytes, granted cores.
-type GpuRow = (Box<str>, u64, u64, u32);
+/// One GPU's row: UUID, index (empty when the slice has none), memory bytes, granted
+/// memory bytes, granted cores.
+type GpuRow = (Box<str>, Box<str>, u64, u64, u32);
 
 /// A per-GPU gauge: name, help, and its value in a row.
 type GpuFamily = (&'static str, &'static str, fn(&GpuRow) -> u64);
@@ -74,23 +77,27 @@ impl Collector for GpuUsage {
         let nodes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let families: [GpuFamily; 3] = [
-            ("gpu_memory_bytes", "Device memory of each GPU", |g| g.1),
+            ("gpu_memory_bytes", "Device memory of each GPU", |g| g.2),
             (
                 "gpu_granted_memory_bytes",
                 "Device memory granted on each GPU (all allocated claims)",
-                |g| g.2,
+                |g| g.3,
             ),
             (
                 "gpu_granted_cores",
                 "Core percent granted on each GPU (all allocated claims)",
-                |g| u64::from(g.3),
+                |g| u64::from(g.4),
             ),
         ];
         for (name, help, value) in families {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for n in nodes.iter() {
                 for g in &n.gpus {
-                    let labels = [("node", n.node.as_str()), ("gpu", &*g.0)];
+                    let labels = [
+                        ("node", n.node.as_str()),
+                        ("gpu_uuid", &*g.0),
+                        ("gpu_index", &*g.1),
+                    ];
                     ConstGauge::new(gauge(value(g))).encode(family.encode_family(&labels)?)?;
                 }
             }
@@ -215,7 +222,8 @@ impl Metrics {
                     .iter()
                     .map(|g| {
                         (
-                            g.id.as_str().into(),
+                            g.uuid.as_str().into(),
+                            g.index.map(|i| i.to_string()).unwrap_or_default().into(),
                             g.memory_total,
                             g.memory_total.saturating_sub(g.memory_free),
                             g.cores_total.saturating_sub(g.cores_free),
@@ -277,34 +285,38 @@ mod tests {
         );
         assert!(!text.contains(r#"mode="controller""#), "{text}");
         let mut gpu = fgpu_driver::engine::Gpu::new("gpu-0", "H100", 80 << 30);
+        gpu.uuid = "GPU-1111".into();
+        gpu.index = Some(3);
         gpu.memory_free = 70 << 30;
         gpu.cores_free = 70;
+        // A slice device without an `index` attribute: the label is empty.
+        let mut other = fgpu_driver::engine::Gpu::new("gpu-1", "H100", 80 << 30);
+        other.uuid = "GPU-2222".into();
         let usage = fgpu_driver::engine::Inventory {
-            nodes: vec![fgpu_driver::engine::Node::new("n", vec![gpu])],
+            nodes: vec![fgpu_driver::engine::Node::new("n", vec![gpu, other])],
         };
         m.set_usage(&usage);
         let text = m.encode();
-        assert!(
-            text.contains(
-                r#"fgpu_controller_gpu_granted_memory_bytes{node="n",gpu="gpu-0"} 10737418240"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"fgpu_controller_gpu_granted_cores{node="n",gpu="gpu-0"} 30"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"fgpu_controller_gpu_memory_bytes{node="n",gpu="gpu-0"} 85899345920"#),
-            "{text}"
-        );
+        // The house labels, the plugin's names for the same GPU (not the device name).
+        let labels = r#"{node="n",gpu_uuid="GPU-1111",gpu_index="3"}"#;
+        for line in [
+            format!("fgpu_controller_gpu_granted_memory_bytes{labels} 10737418240"),
+            format!("fgpu_controller_gpu_granted_cores{labels} 30"),
+            format!("fgpu_controller_gpu_memory_bytes{labels} 85899345920"),
+            r#"fgpu_controller_gpu_granted_cores{node="n",gpu_uuid="GPU-2222",gpu_index=""} 0"#
+                .to_owned(),
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "{line} in {text}");
+        }
+        assert!(!text.contains("gpu=\""), "{text}");
+        assert!(!text.contains("gpu-0"), "{text}");
         assert!(
             text.contains("# TYPE fgpu_controller_gpu_granted_cores gauge"),
             "{text}"
         );
         // The next pass's table replaces the last one: a GPU gone is no longer reported.
         m.set_usage(&fgpu_driver::engine::Inventory { nodes: vec![] });
-        assert!(!m.encode().contains("gpu=\"gpu-0\""));
+        assert!(!m.encode().contains("GPU-1111"));
         m.failure("no_fit");
         assert!(
             m.encode()

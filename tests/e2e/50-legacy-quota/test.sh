@@ -12,7 +12,8 @@
 # by the extender to fgpu-node with a decision annotation that says what they asked for
 # (default GPU policy spread: one pod per GPU); each container sees exactly its grant in
 # cuMemGetInfo and NVML, is refused with CUDA_ERROR_OUT_OF_MEMORY past it, has its limits
-# file (memory and core quota) and HAMi-core's variables, and only its GPU's device node.
+# file (memory and core quota) and HAMi-core's variables, and only its GPU's device node; the
+# device plugin's /metrics counts both containers prepared and passes promtool check metrics.
 source "$(dirname "$0")/../lib.sh"
 source "$E2E_DIR/../plugin-lib.sh"
 source "$E2E_DIR/../legacy-lib.sh"
@@ -80,6 +81,19 @@ uid="$(jp pod/gpu-pod '{.metadata.uid}')"
 spec="$CDI_SPEC_DIR/gpu.fgpu.dev-claim_$uid-ubuntu-container.json"
 [ -f "$spec" ] || fail "no CDI spec $spec: $(ls "$CDI_SPEC_DIR")"
 say "ok: CDI spec $(basename "$spec")"
+
+# The device plugin's /metrics (--metrics-address): both containers prepared, gpu-pod's grant
+# on its GPU, and an exposition promtool accepts.
+uuid1="$(py_json "[g['uuid'] for g in d if g['id'] == '$gpu1'][0]" <<<"$inv")"
+m="$(curl -fsS "http://$LEGACY_DP_METRICS_ADDR/metrics")" || fail "device plugin: no /metrics on $LEGACY_DP_METRICS_ADDR"
+assert_eq "device plugin fgpu_kubelet_plugin_prepared_claims" 2 \
+  "$(sed -n 's/^fgpu_kubelet_plugin_prepared_claims //p' <<<"$m")"
+assert_eq "device plugin fgpu_kubelet_plugin_gpu_granted_memory_bytes on $uuid1 (gpu-pod's)" $((3000 << 20)) \
+  "$(sed -n "s/^fgpu_kubelet_plugin_gpu_granted_memory_bytes{gpu_uuid=\"$uuid1\"} //p" <<<"$m")"
+# shellcheck source=hack/lib.sh
+command -v promtool >/dev/null || (source "$E2E_LIB_DIR/../../hack/lib.sh" && ensure_pkgs prometheus)
+lint="$(promtool check metrics <<<"$m" 2>&1)" || fail "device plugin /metrics: promtool check metrics: $lint"
+say "ok: device plugin /metrics: $(grep -c '^fgpu_' <<<"$m") series, prepared_claims 2, promtool check metrics clean"
 
 kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >&2
 wait_until 30 "CDI specs of the deleted pods removed (device plugin resync)" sh -c "[ ! -e $spec ]"
