@@ -12,7 +12,8 @@
 #   start_extender [args]  fgpu-controller extender on $LEGACY_EXTENDER_ADDR (loopback: the
 #                          extender refuses any other address; with LEGACY_EXTENDER_DEFAULT_ADDR=1
 #                          no address flag is passed and the binary's default is used, which
-#                          must then equal $LEGACY_EXTENDER_ADDR); waits for /healthz
+#                          must then equal $LEGACY_EXTENDER_ADDR); /metrics on
+#                          $LEGACY_EXTENDER_METRICS_ADDR; waits for both /healthz
 #   start_device_plugin    fgpu-kubelet-plugin device-plugin (fake backend, $LEGACY_PROFILE);
 #                          waits until it has registered with the kubelet once more than before;
 #                          /metrics on $LEGACY_DP_METRICS_ADDR
@@ -47,6 +48,8 @@ LEGACY_WEBHOOK_ADDR="${FGPU_E2E_LEGACY_WEBHOOK_ADDR:-127.0.0.1:18443}"
 LEGACY_WEBHOOK="${LEGACY_WEBHOOK:-1}"
 legacy_webhook_file=""
 LEGACY_SCHEDULER_PORT="${FGPU_E2E_SCHEDULER_PORT:-10269}"
+# The extender's /metrics and /healthz (--metrics-address; its own port, not the verbs').
+LEGACY_EXTENDER_METRICS_ADDR="${FGPU_E2E_EXTENDER_METRICS_ADDR:-127.0.0.1:19502}"
 # The device plugin's /metrics and /healthz (--metrics-address; loopback, the binary's
 # default 0.0.0.0:9401 would be reachable from the node's network).
 LEGACY_DP_METRICS_ADDR="${FGPU_E2E_DP_METRICS_ADDR:-127.0.0.1:19401}"
@@ -164,8 +167,10 @@ start_extender() {
   [ "$LEGACY_EXTENDER_DEFAULT_ADDR" != 1 ] || addr=()
   legacy_start extender env RUST_LOG="${FGPU_E2E_EXTENDER_LOG:-info}" "$work/bin/fgpu-controller" extender \
     "${addr[@]}" --kubeconfig "$KUBECONFIG" --resync-seconds 2 \
+    --metrics-address "$LEGACY_EXTENDER_METRICS_ADDR" \
     --scheduler-name "$LEGACY_SCHEDULER_NAME" "${hook[@]}" "$@"
   wait_until 30 "extender /healthz" curl -sf "http://$LEGACY_EXTENDER_ADDR/healthz"
+  wait_until 10 "extender metrics /healthz" curl -sf "http://$LEGACY_EXTENDER_METRICS_ADDR/healthz"
   [ "$LEGACY_WEBHOOK" != 1 ] \
     || wait_until 30 "extender webhook /healthz" curl -sfk "https://$LEGACY_WEBHOOK_ADDR/healthz"
 }
