@@ -93,7 +93,14 @@ assert_eq "device plugin fgpu_kubelet_plugin_gpu_granted_memory_bytes on $uuid1 
   "$(sed -n "s/^fgpu_kubelet_plugin_gpu_granted_memory_bytes{gpu_uuid=\"$uuid1\"} //p" <<<"$m")"
 # shellcheck source=hack/lib.sh
 command -v promtool >/dev/null || (source "$E2E_LIB_DIR/../../hack/lib.sh" && ensure_pkgs prometheus)
-lint="$(promtool check metrics <<<"$m" 2>&1)" || fail "device plugin /metrics: promtool check metrics: $lint"
+# prometheus-client writes OpenMetrics counters (`# TYPE x counter`, sample x_total); Debian's
+# promtool (2.42) reads the Prometheus text format, where HELP and TYPE name x_total, and would
+# report every counter "no help text". Those two lines are renamed, nothing else changes.
+as_text="$(awk '/^# TYPE [^ ]+ counter$/ {c[$3] = 1} {l[NR] = $0}
+  END {for (i = 1; i <= NR; i++) {split(l[i], f, " ")
+    if ((f[2] == "HELP" || f[2] == "TYPE") && (f[3] in c)) sub("^# " f[2] " " f[3] " ", "# " f[2] " " f[3] "_total ", l[i])
+    print l[i]}}' <<<"$m")"
+lint="$(promtool check metrics <<<"$as_text" 2>&1)" || fail "device plugin /metrics: promtool check metrics: $lint"
 say "ok: device plugin /metrics: $(grep -c '^fgpu_' <<<"$m") series, prepared_claims 2, promtool check metrics clean"
 
 # The extender's /metrics (--metrics-address): each pod filtered and bound once (binds can
