@@ -96,11 +96,13 @@ command -v promtool >/dev/null || (source "$E2E_LIB_DIR/../../hack/lib.sh" && en
 # prometheus-client writes OpenMetrics counters (`# TYPE x counter`, sample x_total); Debian's
 # promtool (2.42) reads the Prometheus text format, where HELP and TYPE name x_total, and would
 # report every counter "no help text". Those two lines are renamed, nothing else changes.
-as_text="$(awk '/^# TYPE [^ ]+ counter$/ {c[$3] = 1} {l[NR] = $0}
-  END {for (i = 1; i <= NR; i++) {split(l[i], f, " ")
-    if ((f[2] == "HELP" || f[2] == "TYPE") && (f[3] in c)) sub("^# " f[2] " " f[3] " ", "# " f[2] " " f[3] "_total ", l[i])
-    print l[i]}}' <<<"$m")"
-lint="$(promtool check metrics <<<"$as_text" 2>&1)" || fail "device plugin /metrics: promtool check metrics: $lint"
+as_text() {
+  awk '/^# TYPE [^ ]+ counter$/ {c[$3] = 1} {l[NR] = $0}
+    END {for (i = 1; i <= NR; i++) {split(l[i], f, " ")
+      if ((f[2] == "HELP" || f[2] == "TYPE") && (f[3] in c)) sub("^# " f[2] " " f[3] " ", "# " f[2] " " f[3] "_total ", l[i])
+      print l[i]}}'
+}
+lint="$(as_text <<<"$m" | promtool check metrics 2>&1)" || fail "device plugin /metrics: promtool check metrics: $lint"
 say "ok: device plugin /metrics: $(grep -c '^fgpu_' <<<"$m") series, prepared_claims 2, promtool check metrics clean"
 
 # The extender's /metrics (--metrics-address): each pod filtered and bound once (binds can
@@ -118,7 +120,7 @@ for r in no_fit no_gpu_node invalid; do
 done
 assert_eq "extender nodes with inventory" 1 "$(series fgpu_extender_nodes)"
 [ "$(series 'fgpu_extender_request_duration_seconds_count{verb="bind"}')" -ge 2 ] || fail "extender: bind latency not observed"
-lint="$(promtool check metrics <<<"$em" 2>&1)" || fail "extender /metrics: promtool check metrics: $lint"
+lint="$(as_text <<<"$em" | promtool check metrics 2>&1)" || fail "extender /metrics: promtool check metrics: $lint"
 say "ok: extender /metrics: binds ok 2, $(grep -c '^fgpu_extender_' <<<"$em") series, promtool check metrics clean"
 
 kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >&2
