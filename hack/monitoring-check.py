@@ -431,13 +431,14 @@ def check_dashboard(dash, series, promtool, report):
 
 # Series shaped like the daemons' exposition, for check_dashboard_data: one series per
 # family with every label it has, at these values (the values the code writes; the plugin
-# names a GPU by UUID, the controller by its device name), one sample a minute for an hour.
+# and the controller both name a GPU by its UUID, gpu_uuid), one sample a minute for an hour.
 SAMPLE_LABELS = {"operation": "Prepare", "result": "ok", "phase": "Build", "reason": "no_fit", "read": "CacheHit",
                  "namespace": "ml", "claim": "train-0", "gpu_uuid": "GPU-0001", "kind": "memory",
                  "action": "report", "cause": "usage", "mode": "capacity", "node": "gpu-a"}
 SAMPLE_TARGETS = {"fgpu_kubelet_plugin": {"job": "fgpu-system/fgpu-kubelet-plugin", "instance": "10.88.0.11:9400",
                                           "node": "gpu-a", "gpu": "GPU-0001"},
-                  "fgpu_controller": {"job": "fgpu-controller", "instance": "10.88.1.21:19500", "gpu": "gpu-0"}}
+                  "fgpu_controller": {"job": "fgpu-controller", "instance": "10.88.1.21:19500"},
+                  "fgpu_extender": {"job": "fgpu-extender", "instance": "10.88.1.31:19502"}}
 
 
 def sample_series(fams):
@@ -445,7 +446,7 @@ def sample_series(fams):
     for fam, (kind, labels, _) in sorted(fams.items()):
         target = next(t for p, t in SAMPLE_TARGETS.items() if fam.startswith(p + "_"))
         ls = {k: v for k, v in target.items() if k != "gpu"}
-        ls.update({l: target["gpu"] if l == "gpu" else SAMPLE_LABELS.get(l, f"{l}-0") for l in sorted(labels)})
+        ls.update({l: target.get("gpu", "gpu-0") if l == "gpu" else SAMPLE_LABELS.get(l, f"{l}-0") for l in sorted(labels)})
 
         def sel(name, extra=None):
             return name + "{" + ",".join(f'{k}="{v}"' for k, v in {**ls, **(extra or {})}.items()) + "}"
@@ -778,7 +779,8 @@ def self_test(root, promtool):
          dict(dash=dash_with("sum by (read)", "sum by (reader)")),
          "by/on label ['reader']"),
         ("an expression that does not parse",
-         dict(dash=dash_with("sum(max by (node, gpu) (fgpu_controller_gpu_memory_bytes))", "sum(max by (node, gpu) (fgpu_controller_gpu_memory_bytes)")),
+         dict(dash=dash_with("sum(max by (node, gpu_uuid, gpu_index) (fgpu_controller_gpu_memory_bytes))",
+                             "sum(max by (node, gpu_uuid, gpu_index) (fgpu_controller_gpu_memory_bytes)")),
          "promtool cannot parse"),
         ("a label value the code never writes (operation=\"prepare\")",
          dict(dash=dash_with('operation="Prepare"', 'operation="prepare"')),

@@ -44,6 +44,9 @@ pub struct Gpu {
     pub uuid: String,
     /// Product name (e.g. `NVIDIA A100-SXM4-80GB`, or a trace's `G2`).
     pub model: String,
+    /// The driver's index of the GPU on its node (NVML's), where known; labels only, the
+    /// engine never reads it.
+    pub index: Option<u32>,
     /// NUMA node the GPU is attached to, where known.
     pub numa: Option<u32>,
     /// PCIe root complex (or switch) the GPU sits under, where known.
@@ -68,6 +71,7 @@ impl Gpu {
             uuid: format!("GPU-{id}"),
             id,
             model: model.into(),
+            index: None,
             numa: None,
             pcie_root: None,
             healthy: true,

@@ -12,9 +12,11 @@
 #   start_extender [args]  fgpu-controller extender on $LEGACY_EXTENDER_ADDR (loopback: the
 #                          extender refuses any other address; with LEGACY_EXTENDER_DEFAULT_ADDR=1
 #                          no address flag is passed and the binary's default is used, which
-#                          must then equal $LEGACY_EXTENDER_ADDR); waits for /healthz
+#                          must then equal $LEGACY_EXTENDER_ADDR); /metrics on
+#                          $LEGACY_EXTENDER_METRICS_ADDR; waits for both /healthz
 #   start_device_plugin    fgpu-kubelet-plugin device-plugin (fake backend, $LEGACY_PROFILE);
-#                          waits until it has registered with the kubelet once more than before
+#                          waits until it has registered with the kubelet once more than before;
+#                          /metrics on $LEGACY_DP_METRICS_ADDR
 #   start_scheduler        the second kube-scheduler (profile fgpu-scheduler + the extender)
 #   start_kwok             kwok, managing only nodes annotated kwok.x-k8s.io/node=fake
 #   kwok_node <name> <inventory JSON>  a kwok-managed Node carrying <inventory JSON> in the
@@ -46,6 +48,11 @@ LEGACY_WEBHOOK_ADDR="${FGPU_E2E_LEGACY_WEBHOOK_ADDR:-127.0.0.1:18443}"
 LEGACY_WEBHOOK="${LEGACY_WEBHOOK:-1}"
 legacy_webhook_file=""
 LEGACY_SCHEDULER_PORT="${FGPU_E2E_SCHEDULER_PORT:-10269}"
+# The extender's /metrics and /healthz (--metrics-address; its own port, not the verbs').
+LEGACY_EXTENDER_METRICS_ADDR="${FGPU_E2E_EXTENDER_METRICS_ADDR:-127.0.0.1:19502}"
+# The device plugin's /metrics and /healthz (--metrics-address; loopback, the binary's
+# default 0.0.0.0:9401 would be reachable from the node's network).
+LEGACY_DP_METRICS_ADDR="${FGPU_E2E_DP_METRICS_ADDR:-127.0.0.1:19401}"
 LEGACY_INVENTORY_ANN=gpu.fgpu.dev/node-gpus
 LEGACY_DECISION_ANN=gpu.fgpu.dev/assigned-devices
 # The node's fake GPUs: an H100 and an A100 (two models, for the type filters).
@@ -160,8 +167,10 @@ start_extender() {
   [ "$LEGACY_EXTENDER_DEFAULT_ADDR" != 1 ] || addr=()
   legacy_start extender env RUST_LOG="${FGPU_E2E_EXTENDER_LOG:-info}" "$work/bin/fgpu-controller" extender \
     "${addr[@]}" --kubeconfig "$KUBECONFIG" --resync-seconds 2 \
+    --metrics-address "$LEGACY_EXTENDER_METRICS_ADDR" \
     --scheduler-name "$LEGACY_SCHEDULER_NAME" "${hook[@]}" "$@"
   wait_until 30 "extender /healthz" curl -sf "http://$LEGACY_EXTENDER_ADDR/healthz"
+  wait_until 10 "extender metrics /healthz" curl -sf "http://$LEGACY_EXTENDER_METRICS_ADDR/healthz"
   [ "$LEGACY_WEBHOOK" != 1 ] \
     || wait_until 30 "extender webhook /healthz" curl -sfk "https://$LEGACY_WEBHOOK_ADDR/healthz"
 }
@@ -197,7 +206,7 @@ start_device_plugin() {
     --shim-library "$t/libfgpu.so" \
     --driver-file "$t/libfgpu_fake_cuda.so:$libdir/libcuda.so.1" \
     --driver-file "$t/libfgpu_fake_cuda.so:$libdir/libnvidia-ml.so.1" \
-    --health-seconds 2 --resync-seconds 2
+    --health-seconds 2 --resync-seconds 2 --metrics-address "$LEGACY_DP_METRICS_ADDR"
   wait_until 30 "device plugin registered with the kubelet" \
     sh -c "[ \"\$(grep -c 'registered with the kubelet' $work/device-plugin.log)\" -gt ${before:-0} ]"
 }

@@ -140,7 +140,10 @@ check(cfg["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888" and cfg["profi
       "the fgpu kube-scheduler calls the extender on the pod's loopback")
 check(cs["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.31.0", "kube-scheduler of the cluster's version")
 svc = get(d, "Service", "fgpu-extender")
-check([p["name"] for p in svc["spec"]["ports"]] == ["webhook"], "the extender Service exposes the webhook only")
+check([p["name"] for p in svc["spec"]["ports"]] == ["webhook", "metrics"], "the extender Service exposes the webhook and the metrics only")
+check("--metrics-address=0.0.0.0:19502" in cs["extender"]["args"]
+      and {"name": "metrics", "containerPort": 19502, "protocol": "TCP"} in cs["extender"]["ports"],
+      "extender /metrics on the pod's address, port metrics (legacy.metricsPort)")
 check(get(render("1.31.0", "legacy.enabled=true", "legacy.grantWebhook.enabled=false"),
           "ValidatingWebhookConfiguration", "fgpu-legacy-grant") is None, "grant webhook can be turned off")
 dg = d
@@ -156,7 +159,10 @@ mut = get(d, "MutatingWebhookConfiguration", "fgpu-legacy-pods")
 check("matchConditions" in mut["webhooks"][0], "legacy mutating webhook narrowed by matchConditions")
 check(get(d, "ValidatingAdmissionPolicy", "fgpu-legacy-grant") is None, "1.31: no VAPs (no node claim in tokens)")
 np = get(d, "NetworkPolicy", "fgpu-extender")
-check(np["spec"]["ingress"] == [{"ports": [{"port": 9443, "protocol": "TCP"}]}], "extender NetworkPolicy: webhook port only")
+check(np["spec"]["ingress"] == [{"ports": [{"port": 9443, "protocol": "TCP"}]}, {"ports": [{"port": 19502, "protocol": "TCP"}]}],
+      "extender NetworkPolicy: the webhook and metrics ports only")
+np = get(d, "NetworkPolicy", "fgpu-device-plugin")
+check(np["spec"]["ingress"] == [{"ports": [{"port": 9401, "protocol": "TCP"}]}], "device plugin NetworkPolicy: metrics port only")
 d = render("1.32.0", "legacy.enabled=true")
 vap = get(d, "ValidatingAdmissionPolicy", "fgpu-legacy-grant")
 check(vap is not None and "system:serviceaccount:fgpu-system:fgpu-extender" in vap["spec"]["validations"][0]["expression"],
@@ -247,6 +253,25 @@ sel = pm["spec"]["selector"]["matchLabels"]
 check(sel.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
       and "metrics" in [p["name"] for p in containers(ds)[0]["ports"]],
       "PodMonitor selects the kubelet plugin's pods, port metrics")
+check(get(d, "PodMonitor", "fgpu-device-plugin") is None, "no device-plugin PodMonitor without legacy.enabled")
+dl = render("1.37.2", *on, "legacy.enabled=true", "legacy.devicePlugin.metricsPort=9411")
+dp = get(dl, "DaemonSet", "fgpu-device-plugin")
+dpm = get(dl, "PodMonitor", "fgpu-device-plugin")
+check(dpm["spec"]["selector"]["matchLabels"].items() <= dp["spec"]["template"]["metadata"]["labels"].items()
+      and {"name": "metrics", "containerPort": 9411, "protocol": "TCP"} in containers(dp)[0]["ports"]
+      and "--metrics-address=0.0.0.0:9411" in containers(dp)[0]["args"]
+      and dpm["spec"]["podMetricsEndpoints"] == get(dl, "PodMonitor", "fgpu-kubelet-plugin")["spec"]["podMetricsEndpoints"],
+      "legacy: PodMonitor selects the device plugin's pods, port metrics (legacy.devicePlugin.metricsPort), same endpoint as the plugin's")
+check(get(d, "ServiceMonitor", "fgpu-extender") is None, "no extender ServiceMonitor without legacy.enabled")
+dl = render("1.37.2", *on, "legacy.enabled=true", "legacy.metricsPort=19512")
+esvc = get(dl, "Service", "fgpu-extender")
+esm = get(dl, "ServiceMonitor", "fgpu-extender")
+ecs = {c["name"]: c for c in containers(get(dl, "Deployment", "fgpu-extender"))}
+check(esm["spec"]["selector"]["matchLabels"].items() <= esvc["metadata"]["labels"].items()
+      and {"name": "metrics", "port": 19512, "targetPort": "metrics"} in esvc["spec"]["ports"]
+      and "--metrics-address=0.0.0.0:19512" in ecs["extender"]["args"]
+      and esm["spec"]["endpoints"][0]["port"] == "metrics" and esm["spec"]["namespaceSelector"]["matchNames"] == ["fgpu-system"],
+      "legacy: ServiceMonitor selects the extender's Service, port metrics (legacy.metricsPort)")
 for kind, key, m in (("ServiceMonitor", "endpoints", sm), ("PodMonitor", "podMetricsEndpoints", pm)):
     ep = dict(m["spec"][key][0])
     check(ep.pop("scrapeTimeout") == "10s" and ep == static[kind]["spec"][key][0],

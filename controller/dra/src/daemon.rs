@@ -74,6 +74,11 @@ pub struct RunArgs {
         default_value = "127.0.0.1:19500"
     )]
     pub metrics_address: SocketAddr,
+    /// Also serve HAMi's scheduler families on /metrics (`hami_gpu_memory_limit_bytes`,
+    /// `hami_gpu_memory_allocated_bytes`, ...: HAMi's names, labels and units, 0-100 core
+    /// "ratios" included), so that HAMi's dashboards work unchanged (docs/observability.md).
+    #[arg(long)]
+    pub hami_metrics: bool,
     /// Seconds between passes when nothing changes. `--resync` is the older spelling.
     #[arg(long, alias = "resync", value_name = "SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
@@ -228,6 +233,9 @@ async fn connect(args: &RunArgs, driver: &DriverName) -> Result<Arc<Shared>> {
         client,
         mode: ModeCell::default(),
         metrics: Metrics::new(),
+        hami: args
+            .hami_metrics
+            .then(crate::hami_metrics::HamiMetrics::new),
         ready: AtomicBool::new(false),
     });
     if args.mode != Mode::Auto {
@@ -659,12 +667,12 @@ impl Controller {
         self.shared.metrics.gpus.set(plan.gpus as i64);
         self.shared.metrics.fragmentation.set(plan.fragmentation);
         self.shared.metrics.set_usage(&plan.usage);
-        let pending = plan
-            .actions
-            .iter()
-            .filter(|a| matches!(a, Action::Pending { .. } | Action::Rejected { .. }))
-            .count();
-        self.shared.metrics.claims_pending.set(pending as i64);
+        if let Some(h) = &self.shared.hami {
+            h.set(&plan.usage, &plan.shares);
+        }
+        self.shared
+            .metrics
+            .set_pending(plan.actions.iter().filter_map(Action::wait_reason));
     }
 
     /// Performs one planned action; true when something was written.
@@ -684,6 +692,7 @@ impl Controller {
                 claim,
                 pod,
                 message,
+                ..
             } => {
                 self.act_pending(claim, pod, message).await;
                 false
@@ -845,6 +854,7 @@ impl Controller {
         self.shared.metrics.failure("revoked");
         match self.deallocate(claim).await {
             Ok(_) => {
+                self.shared.metrics.revocations.inc();
                 // Not a clearing by kube-scheduler: no backoff, no node to avoid.
                 self.allocated_on.remove(&hash_of(&id.uid));
                 self.seen_allocated.remove(&hash_of(&id.uid));

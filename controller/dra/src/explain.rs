@@ -47,11 +47,10 @@ fn closeness(gpu: &Gpu, req: &Request) -> f64 {
     part(gpu.memory_free as f64, mem as f64).min(part(f64::from(gpu.cores_free), f64::from(cores)))
 }
 
-/// `Pending` event for a request no node can host now, e.g. `no GPU has 10Gi and 30 cores
-/// free; best candidate node-a/gpu-1 has 6Gi and 100 cores free`. The best candidate is
-/// the allowed GPU that comes closest (ties: more free memory, then inventory order).
-pub fn pending(inventory: &Inventory, req: &Request) -> String {
-    let allowed: Vec<(&str, &Gpu)> = inventory
+/// The GPUs of `inventory` that could host one GPU of `req` were they idle (size, model and
+/// UUID constraints), with their node.
+fn allowed<'i>(inventory: &'i Inventory, req: &Request) -> Vec<(&'i str, &'i Gpu)> {
+    inventory
         .nodes
         .iter()
         .flat_map(|n| n.gpus.iter().map(move |g| (n.name.as_str(), g)))
@@ -61,7 +60,20 @@ pub fn pending(inventory: &Inventory, req: &Request) -> String {
             probe.cores_free = probe.cores_total;
             req.gpu_fits(&probe)
         })
-        .collect();
+        .collect()
+}
+
+/// Whether no GPU of `inventory` could host `req` even idle: [`pending`] then says "no GPU
+/// can ever host".
+pub fn never_fits(inventory: &Inventory, req: &Request) -> bool {
+    allowed(inventory, req).is_empty()
+}
+
+/// `Pending` event for a request no node can host now, e.g. `no GPU has 10Gi and 30 cores
+/// free; best candidate node-a/gpu-1 has 6Gi and 100 cores free`. The best candidate is
+/// the allowed GPU that comes closest (ties: more free memory, then inventory order).
+pub fn pending(inventory: &Inventory, req: &Request) -> String {
+    let allowed = allowed(inventory, req);
     if allowed.is_empty() {
         return format!(
             "no GPU can ever host {}: none of the {} GPUs is large enough and matches the model and UUID constraints",
@@ -169,6 +181,7 @@ mod tests {
         ];
         for (what, req, want) in cases {
             assert_eq!(pending(&inv, &req), want, "{what}");
+            assert_eq!(never_fits(&inv, &req), what == "too big", "{what}");
         }
         let mut h100 = share(10, 30, 1);
         h100.model_include = vec!["H100".into()];

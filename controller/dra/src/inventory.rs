@@ -3,7 +3,7 @@
 //! A node is a pool (`spec.pool.name`, which the kubelet plugin names after the node;
 //! `spec.nodeName` when the pool has no name; a slice whose pool and node names differ is
 //! malformed, since allocations select the node by the pool's name). Per device: GPU id = device name, `uuid`,
-//! `productName` as the model, `numaNode`, `resource.kubernetes.io/pcieRoot`, and the
+//! `productName` as the model, `index` (labels only; left out when not an int), `numaNode`, `resource.kubernetes.io/pcieRoot`, and the
 //! capacities `memory` (bytes) and `cores` (percent, 100 when absent). `v1` and `v1beta2`
 //! devices carry these directly, `v1beta1` devices under `basic`. Slices of other drivers
 //! are ignored; of a pool published in several generations only the newest counts. Every
@@ -166,6 +166,11 @@ fn read_slice(spec: &Value) -> Result<(String, i64, Vec<Gpu>), FieldError> {
                     })?,
             ),
         };
+        // The driver's index: labels of the metrics only, so a bad one is left out rather
+        // than the GPU.
+        let index = attrs[attr::INDEX]["int"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok());
         let memory = quantity_u64(&body["capacity"][capacity::MEMORY]["value"])
             .map_err(|p| (field("capacity.memory.value"), p.to_string()))?;
         let cores = match &body["capacity"][capacity::CORES]["value"] {
@@ -187,6 +192,7 @@ fn read_slice(spec: &Value) -> Result<(String, i64, Vec<Gpu>), FieldError> {
             memory,
         );
         gpu.uuid = string_attr(attr::UUID)?.unwrap_or_default();
+        gpu.index = index;
         gpu.numa = numa;
         gpu.pcie_root = string_attr(attr::PCIE_ROOT)?;
         gpu.cores_total = cores;
@@ -263,6 +269,7 @@ mod tests {
         assert_eq!(g.uuid, "GPU-00000001-0000-0000-0000-000000000000");
         assert_eq!(g.model, "NVIDIA H100 80GB HBM3");
         assert_eq!(g.numa, Some(0));
+        assert_eq!(g.index, Some(1));
         assert_eq!(g.pcie_root.as_deref(), Some("pci0000:15"));
         assert_eq!((g.memory_total, g.memory_free), (80 << 30, 80 << 30));
         assert_eq!((g.cores_total, g.cores_free), (100, 100));
@@ -272,8 +279,8 @@ mod tests {
             ("gpu-0", "GPU-b0", "Tesla T4")
         );
         assert_eq!(
-            (t4.memory_total, t4.numa, t4.pcie_root.clone()),
-            (15 << 30, None, None)
+            (t4.memory_total, t4.numa, t4.pcie_root.clone(), t4.index),
+            (15 << 30, None, None, None)
         );
     }
 

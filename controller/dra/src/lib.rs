@@ -35,6 +35,7 @@ pub mod allocation;
 pub mod cache;
 pub mod daemon;
 pub mod explain;
+pub mod hami_metrics;
 pub mod inventory;
 pub mod metrics;
 pub mod mirror;

@@ -1,7 +1,12 @@
 //! The controller's Prometheus metrics (`prometheus-client`), served on `/metrics`.
 //!
 //! * `fgpu_controller_mode_info{mode,reason}` 1 for the mode in force;
-//! * `fgpu_controller_claims_allocated_total`, `fgpu_controller_claims_pending`;
+//! * `fgpu_controller_claims_allocated_total`;
+//! * `fgpu_controller_claims_pending{reason}`: the claims of gated pods that wait after the
+//!   last pass, by [`WaitReason`] (`no_fit`, `never_fits`, `rejected`, `internal`); every
+//!   reason is set each pass, 0 when no claim waits for it (and 0 on a standby);
+//! * `fgpu_controller_revocations_total`: tentative allocations the controller cleared
+//!   because kube-scheduler granted the same capacity (written revocations only);
 //! * `fgpu_controller_allocation_failures_total{reason}` (`no_fit`, `rejected`,
 //!   `conflict`, `api`, `cleared`, `revoked`);
 //! * `fgpu_controller_allocation_duration_seconds` (finalizer + status write),
@@ -9,7 +14,9 @@
 //! * `fgpu_controller_gpus` in the inventory;
 //! * `fgpu_controller_fragmentation_ratio`: the share of the free GPU capacity the mix of
 //!   shares now granted could not use (FGD's measure, [`crate::reconcile::fragmentation`]);
-//! * per GPU (`node`, `gpu`): `fgpu_controller_gpu_memory_bytes`,
+//! * per GPU (`node`, `gpu_uuid`, `gpu_index`: the slice device's `uuid` and `index`
+//!   attributes, the labels the kubelet plugin's per-GPU families have):
+//!   `fgpu_controller_gpu_memory_bytes`,
 //!   `fgpu_controller_gpu_granted_memory_bytes`, `fgpu_controller_gpu_granted_cores`
 //!   (percent), from the ledger after the last pass. These are encoded from a compact
 //!   table at each scrape ([`GpuUsage`]), not kept as gauges: at 8,000 GPUs three gauge
@@ -28,6 +35,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::reconcile::WaitReason;
+
 type Labels = Vec<(String, String)>;
 
 /// The metrics and their registry.
@@ -36,7 +45,8 @@ pub struct Metrics {
     mode: Family<Labels, Gauge>,
     last_mode: Mutex<Option<Labels>>,
     pub allocated: Counter,
-    pub claims_pending: Gauge,
+    claims_pending: Family<Labels, Gauge>,
+    pub revocations: Counter,
     failures: Family<Labels, Counter>,
     pub allocation_seconds: Histogram,
     pub pass_seconds: Histogram,
@@ -55,8 +65,9 @@ struct NodeUsage {
     gpus: Vec<GpuRow>,
 }
 
-/// One GPU's row: device, memory bytes, granted memory bytes, granted cores.
-type GpuRow = (Box<str>, u64, u64, u32);
+/// One GPU's row: UUID, index (empty when the slice has none), memory bytes, granted
+/// memory bytes, granted cores.
+type GpuRow = (Box<str>, Box<str>, u64, u64, u32);
 
 /// A per-GPU gauge: name, help, and its value in a row.
 type GpuFamily = (&'static str, &'static str, fn(&GpuRow) -> u64);
@@ -66,23 +77,27 @@ impl Collector for GpuUsage {
         let nodes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let families: [GpuFamily; 3] = [
-            ("gpu_memory_bytes", "Device memory of each GPU", |g| g.1),
+            ("gpu_memory_bytes", "Device memory of each GPU", |g| g.2),
             (
                 "gpu_granted_memory_bytes",
                 "Device memory granted on each GPU (all allocated claims)",
-                |g| g.2,
+                |g| g.3,
             ),
             (
                 "gpu_granted_cores",
                 "Core percent granted on each GPU (all allocated claims)",
-                |g| u64::from(g.3),
+                |g| u64::from(g.4),
             ),
         ];
         for (name, help, value) in families {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for n in nodes.iter() {
                 for g in &n.gpus {
-                    let labels = [("node", n.node.as_str()), ("gpu", &*g.0)];
+                    let labels = [
+                        ("node", n.node.as_str()),
+                        ("gpu_uuid", &*g.0),
+                        ("gpu_index", &*g.1),
+                    ];
                     ConstGauge::new(gauge(value(g))).encode(family.encode_family(&labels)?)?;
                 }
             }
@@ -113,11 +128,22 @@ impl Metrics {
             "Claims allocated by the controller",
             allocated.clone(),
         );
-        let claims_pending = Gauge::default();
+        let claims_pending = Family::<Labels, Gauge>::default();
         registry.register(
             "claims_pending",
-            "Claims of gated pods that wait (no fit or rejected) after the last pass",
+            "Claims of gated pods that wait after the last pass, by reason",
             claims_pending.clone(),
+        );
+        for reason in WaitReason::ALL {
+            claims_pending
+                .get_or_create(&reason_label(reason.as_str()))
+                .set(0);
+        }
+        let revocations = Counter::default();
+        registry.register(
+            "revocations",
+            "Tentative allocations the controller cleared (kube-scheduler granted the same capacity)",
+            revocations.clone(),
         );
         let failures = Family::<Labels, Counter>::default();
         registry.register(
@@ -157,6 +183,7 @@ impl Metrics {
             last_mode: Mutex::new(None),
             allocated,
             claims_pending,
+            revocations,
             failures,
             allocation_seconds,
             pass_seconds,
@@ -195,7 +222,8 @@ impl Metrics {
                     .iter()
                     .map(|g| {
                         (
-                            g.id.as_str().into(),
+                            g.uuid.as_str().into(),
+                            g.index.map(|i| i.to_string()).unwrap_or_default().into(),
                             g.memory_total,
                             g.memory_total.saturating_sub(g.memory_free),
                             g.cores_total.saturating_sub(g.cores_free),
@@ -208,9 +236,23 @@ impl Metrics {
     }
 
     pub fn failure(&self, reason: &str) {
-        self.failures
-            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
-            .inc();
+        self.failures.get_or_create(&reason_label(reason)).inc();
+    }
+
+    /// Sets `claims_pending` from the reasons of the claims that wait after a pass (one
+    /// item per claim): every reason is set, 0 for those absent.
+    pub fn set_pending(&self, waiting: impl IntoIterator<Item = WaitReason>) {
+        let mut counts = [0i64; WaitReason::ALL.len()];
+        for r in waiting {
+            if let Some(i) = WaitReason::ALL.iter().position(|x| *x == r) {
+                counts[i] += 1;
+            }
+        }
+        for (reason, n) in WaitReason::ALL.iter().zip(counts) {
+            self.claims_pending
+                .get_or_create(&reason_label(reason.as_str()))
+                .set(n);
+        }
     }
 
     /// The text exposition.
@@ -221,6 +263,10 @@ impl Metrics {
         }
         out
     }
+}
+
+fn reason_label(reason: &str) -> Labels {
+    vec![("reason".to_owned(), reason.to_owned())]
 }
 
 #[cfg(test)]
@@ -239,38 +285,107 @@ mod tests {
         );
         assert!(!text.contains(r#"mode="controller""#), "{text}");
         let mut gpu = fgpu_driver::engine::Gpu::new("gpu-0", "H100", 80 << 30);
+        gpu.uuid = "GPU-1111".into();
+        gpu.index = Some(3);
         gpu.memory_free = 70 << 30;
         gpu.cores_free = 70;
+        // A slice device without an `index` attribute: the label is empty.
+        let mut other = fgpu_driver::engine::Gpu::new("gpu-1", "H100", 80 << 30);
+        other.uuid = "GPU-2222".into();
         let usage = fgpu_driver::engine::Inventory {
-            nodes: vec![fgpu_driver::engine::Node::new("n", vec![gpu])],
+            nodes: vec![fgpu_driver::engine::Node::new("n", vec![gpu, other])],
         };
         m.set_usage(&usage);
         let text = m.encode();
-        assert!(
-            text.contains(
-                r#"fgpu_controller_gpu_granted_memory_bytes{node="n",gpu="gpu-0"} 10737418240"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"fgpu_controller_gpu_granted_cores{node="n",gpu="gpu-0"} 30"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"fgpu_controller_gpu_memory_bytes{node="n",gpu="gpu-0"} 85899345920"#),
-            "{text}"
-        );
+        // The house labels, the plugin's names for the same GPU (not the device name).
+        let labels = r#"{node="n",gpu_uuid="GPU-1111",gpu_index="3"}"#;
+        for line in [
+            format!("fgpu_controller_gpu_granted_memory_bytes{labels} 10737418240"),
+            format!("fgpu_controller_gpu_granted_cores{labels} 30"),
+            format!("fgpu_controller_gpu_memory_bytes{labels} 85899345920"),
+            r#"fgpu_controller_gpu_granted_cores{node="n",gpu_uuid="GPU-2222",gpu_index=""} 0"#
+                .to_owned(),
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "{line} in {text}");
+        }
+        assert!(!text.contains("gpu=\""), "{text}");
+        assert!(!text.contains("gpu-0"), "{text}");
         assert!(
             text.contains("# TYPE fgpu_controller_gpu_granted_cores gauge"),
             "{text}"
         );
         // The next pass's table replaces the last one: a GPU gone is no longer reported.
         m.set_usage(&fgpu_driver::engine::Inventory { nodes: vec![] });
-        assert!(!m.encode().contains("gpu=\"gpu-0\""));
+        assert!(!m.encode().contains("GPU-1111"));
         m.failure("no_fit");
         assert!(
             m.encode()
                 .contains(r#"fgpu_controller_allocation_failures_total{reason="no_fit"} 1"#)
+        );
+    }
+
+    #[test]
+    fn pending_by_reason_and_revocations() {
+        let m = Metrics::new();
+        let text = m.encode();
+        // Before any pass (and on a standby) every reason reads 0, revocations 0.
+        for r in WaitReason::ALL {
+            let line = format!(
+                "fgpu_controller_claims_pending{{reason=\"{}\"}} 0",
+                r.as_str()
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(
+            text.contains("# TYPE fgpu_controller_claims_pending gauge"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fgpu_controller_revocations_total 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE fgpu_controller_revocations counter"),
+            "{text}"
+        );
+        m.set_pending([
+            WaitReason::NoFit,
+            WaitReason::Rejected,
+            WaitReason::NoFit,
+            WaitReason::NeverFits,
+        ]);
+        m.revocations.inc();
+        m.revocations.inc();
+        let text = m.encode();
+        for (reason, n) in [
+            ("no_fit", 2),
+            ("never_fits", 1),
+            ("rejected", 1),
+            ("internal", 0),
+        ] {
+            let line = format!("fgpu_controller_claims_pending{{reason=\"{reason}\"}} {n}\n");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(
+            text.contains("fgpu_controller_revocations_total 2\n"),
+            "{text}"
+        );
+        // The next pass sets every reason again: one that no claim has any more reads 0.
+        m.set_pending([WaitReason::Internal]);
+        let text = m.encode();
+        for (reason, n) in [
+            ("no_fit", 0),
+            ("never_fits", 0),
+            ("rejected", 0),
+            ("internal", 1),
+        ] {
+            let line = format!("fgpu_controller_claims_pending{{reason=\"{reason}\"}} {n}\n");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert_eq!(
+            text.matches("fgpu_controller_claims_pending{").count(),
+            4,
+            "{text}"
         );
     }
 }

@@ -129,6 +129,7 @@ pub enum Action {
     Pending {
         claim: ObjectId,
         pod: ObjectId,
+        reason: WaitReason,
         message: String,
     },
     /// The claim cannot be allocated as written; tell the pod and the claim why.
@@ -156,6 +157,52 @@ pub enum Action {
     },
 }
 
+/// Why a claim of a gated pod waits after a pass ([`Action::Pending`], [`Action::Rejected`]):
+/// the `reason` label of `fgpu_controller_claims_pending`, a closed set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WaitReason {
+    /// No GPU has the free memory and cores now; one could host the claim when idle.
+    NoFit,
+    /// No GPU the claim may use could host it even idle (too large, or no GPU matches its
+    /// model and UUID constraints).
+    NeverFits,
+    /// The claim cannot be allocated as written (its configuration or request is invalid).
+    Rejected,
+    /// The engine placed it but the ledger refused the placement (a bug; logged).
+    Internal,
+}
+
+impl WaitReason {
+    /// Every reason, in the order they are exported.
+    pub const ALL: [WaitReason; 4] = [
+        WaitReason::NoFit,
+        WaitReason::NeverFits,
+        WaitReason::Rejected,
+        WaitReason::Internal,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::NoFit => "no_fit",
+            WaitReason::NeverFits => "never_fits",
+            WaitReason::Rejected => "rejected",
+            WaitReason::Internal => "internal",
+        }
+    }
+}
+
+impl Action {
+    /// Why the claim of this action waits; `None` for an action that is not a wait.
+    pub fn wait_reason(&self) -> Option<WaitReason> {
+        match self {
+            Action::Pending { reason, .. } => Some(*reason),
+            Action::Rejected { .. } => Some(WaitReason::Rejected),
+            _ => None,
+        }
+    }
+}
+
 /// The outcome of one pass.
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
@@ -171,6 +218,8 @@ pub struct Plan {
     pub gpus: usize,
     /// The inventory with every grant counted, those of this plan's allocations included.
     pub usage: Inventory,
+    /// Per node and GPU of `usage`: the grants holding part of it ([`shares_per_gpu`]).
+    pub shares: Vec<Vec<u32>>,
     /// The share (0–1) of the free GPU capacity that the mix of shares now granted could
     /// not use ([`fragmentation`]).
     pub fragmentation: f64,
@@ -323,8 +372,26 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
         consumable: snap.consumable,
         gpus,
         fragmentation: fragmentation(&ledger),
+        shares: shares_per_gpu(&ledger),
         usage: ledger.inventory().clone(),
     }
+}
+
+/// Per node and GPU of `ledger`'s inventory (same order), the grants that hold part of it.
+pub fn shares_per_gpu(ledger: &fgpu_driver::ledger::Ledger) -> Vec<Vec<u32>> {
+    let inv = ledger.inventory();
+    let mut out: Vec<Vec<u32>> = inv.nodes.iter().map(|n| vec![0; n.gpus.len()]).collect();
+    for g in ledger.grants() {
+        let Some(n) = inv.node_index(&g.node) else {
+            continue;
+        };
+        for d in &g.devices {
+            if let Some(i) = inv.nodes[n].gpus.iter().position(|x| x.id == d.gpu) {
+                out[n][i] += 1;
+            }
+        }
+    }
+    out
 }
 
 /// The claim keys live pods reference → whether every one of those pods is gated.
@@ -609,9 +676,10 @@ impl<'v> Placer<'v, '_> {
                     pod: pod_id.clone(),
                     message,
                 },
-                Err(NotPlaced::Pending(message)) => Action::Pending {
+                Err(NotPlaced::Pending(reason, message)) => Action::Pending {
                     claim: claim.id.clone(),
                     pod: pod_id.clone(),
+                    reason,
                     message,
                 },
             },
@@ -649,8 +717,8 @@ impl<'v> Placer<'v, '_> {
 enum NotPlaced {
     /// The claim can never be placed as written.
     Rejected(String),
-    /// Nothing fits now.
-    Pending(String),
+    /// Nothing fits now, for this reason.
+    Pending(WaitReason, String),
 }
 
 /// Places every request of one claim (`pendings`, in order) on one node — `node` when the
@@ -678,9 +746,10 @@ fn place_claim<'p>(
         devices: parts.iter().flat_map(|(_, p)| p.devices.clone()).collect(),
     };
     if let Err(e) = ledger.grant(grant) {
-        return Err(NotPlaced::Pending(format!(
-            "internal: the ledger refused the placement: {e}"
-        )));
+        return Err(NotPlaced::Pending(
+            WaitReason::Internal,
+            format!("internal: the ledger refused the placement: {e}"),
+        ));
     }
     Ok(parts)
 }
@@ -714,9 +783,10 @@ fn place_parts<'p>(
                 let part = Grant::from_placement(id, &inv_now, &pending.request, &p);
                 if let Err(e) = ledger.grant(part.clone()) {
                     // The engine and the ledger disagree: report, write nothing.
-                    return Err(NotPlaced::Pending(format!(
-                        "internal: the ledger refused the placement: {e}"
-                    )));
+                    return Err(NotPlaced::Pending(
+                        WaitReason::Internal,
+                        format!("internal: the ledger refused the placement: {e}"),
+                    ));
                 }
                 node = Some(part.node.clone());
                 parts.push((pending, part));
@@ -726,7 +796,13 @@ fn place_parts<'p>(
             }
             Err(engine::NoFit::Insufficient { .. }) => {
                 let message = format!("{which}{}", explain::pending(&inv_now, &pending.request));
+                let reason = if explain::never_fits(&inv_now, &pending.request) {
+                    WaitReason::NeverFits
+                } else {
+                    WaitReason::NoFit
+                };
                 return Err(NotPlaced::Pending(
+                    reason,
                     message + &where_others_are(node.as_deref(), parts.is_empty()),
                 ));
             }
@@ -922,10 +998,33 @@ mod tests {
             kinds(&p),
             ["allocate a on gpu-0", "allocate b on gpu-0", "pending c"]
         );
-        let Action::Pending { message, pod, .. } = &p.actions[2] else {
+        // The two planned grants share gpu-0 (the HAMi families' shared count).
+        assert_eq!(p.shares, [[2]]);
+        let Action::Pending {
+            message,
+            pod: waiter,
+            reason,
+            ..
+        } = &p.actions[2]
+        else {
             unreachable!()
         };
-        assert_eq!(pod.name, "pc");
+        assert_eq!(waiter.name, "pc");
+        // Free now it would fit: it waits for capacity, not forever.
+        assert_eq!(*reason, WaitReason::NoFit);
+        assert_eq!(p.actions[2].wait_reason(), Some(WaitReason::NoFit));
+        assert_eq!(p.actions[0].wait_reason(), None);
+        // 20Gi fits no 16Gi GPU even idle.
+        let big = [claim("big", 20)];
+        let pods = [pod(
+            "pbig",
+            "2026-01-01T00:00:01Z",
+            true,
+            &[("g", Some("big"))],
+        )];
+        let p2 = run(&big, &pods, &[slice(&[16], false)]);
+        assert_eq!(kinds(&p2), ["pending big"]);
+        assert_eq!(p2.actions[0].wait_reason(), Some(WaitReason::NeverFits));
         assert!(message.contains("no GPU has 4Gi"), "{message}");
         assert!(
             message.contains("best candidate node-a/gpu-0 has 2Gi"),
@@ -1081,6 +1180,7 @@ mod tests {
         )];
         let p = run(&[bad], &pods, &[slice(&[16], false)]);
         assert_eq!(kinds(&p), ["rejected bad"]);
+        assert_eq!(p.actions[0].wait_reason(), Some(WaitReason::Rejected));
         let Action::Rejected { message, .. } = &p.actions[0] else {
             unreachable!()
         };

@@ -46,8 +46,9 @@ pub fn probes(shared: Arc<Shared>) -> Router {
                     let accept = headers
                         .get(axum::http::header::ACCEPT)
                         .and_then(|v| v.to_str().ok());
-                    let (content_type, page) =
-                        fgpu_plumbing::exposition::negotiate(accept, s.metrics.encode());
+                    let page =
+                        crate::hami_metrics::encode_with(s.metrics.encode(), s.hami.as_ref());
+                    let (content_type, page) = fgpu_plumbing::exposition::negotiate(accept, page);
                     reply(StatusCode::OK, content_type, page)
                 },
             ),
@@ -311,6 +312,7 @@ mod tests {
             client: fake.client(),
             mode: ModeCell::default(),
             metrics: Metrics::new(),
+            hami: None,
             ready: AtomicBool::new(true),
         })
     }
@@ -416,5 +418,63 @@ mod tests {
         assert!(out.starts_with("HTTP/1.1 413"), "{out:.200}");
         let out = send(review().to_string().into_bytes()).await;
         assert!(out.starts_with("HTTP/1.1 200"), "{out:.200}");
+    }
+
+    /// `/metrics` over a socket: the house families alone, or followed by HAMi's with
+    /// `--hami-metrics`, in one exposition (one `# EOF`).
+    #[tokio::test]
+    async fn metrics_with_and_without_hami_families() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let fake = FakeApiServer::new().group("resource.k8s.io", &["v1"]);
+        let scrape = |shared: Arc<Shared>| async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(http::serve(
+                listener,
+                probes(shared),
+                Limits::PROBES,
+                None,
+                std::future::pending(),
+            ));
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out).await;
+            String::from_utf8_lossy(&out).to_string()
+        };
+        let off = scrape(shared(&fake)).await;
+        assert!(off.starts_with("HTTP/1.1 200"), "{off:.200}");
+        assert!(off.contains("fgpu_controller_gpus 0"), "{off}");
+        assert!(!off.contains("hami_"), "{off}");
+
+        let mut gpu = fgpu_driver::engine::Gpu::new("gpu-0", "Tesla T4", 16 << 30);
+        gpu.uuid = "GPU-t4".into();
+        gpu.memory_free = 12 << 30;
+        let inv = fgpu_driver::engine::Inventory {
+            nodes: vec![fgpu_driver::engine::Node::new("node-a", vec![gpu])],
+        };
+        let hami = crate::hami_metrics::HamiMetrics::new();
+        hami.set(&inv, &[vec![1]]);
+        let on = Arc::new(Shared {
+            driver: DriverName::default(),
+            api: ApiVersion::V1,
+            client: fake.client(),
+            mode: ModeCell::default(),
+            metrics: Metrics::new(),
+            hami: Some(hami),
+            ready: AtomicBool::new(true),
+        });
+        let text = scrape(on).await;
+        assert!(text.contains("fgpu_controller_gpus 0"), "{text}");
+        assert!(
+            text.contains(
+                "hami_gpu_memory_allocated_bytes{zone=\"vGPU\",node=\"node-a\",device_uuid=\"GPU-t4\",device_index=\"\",device_cores=\"100\",device_type=\"NVIDIA-Tesla T4\"} 4294967296.0"
+            ),
+            "{text}"
+        );
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.trim_end().ends_with("# EOF"), "{text}");
     }
 }

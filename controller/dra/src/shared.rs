@@ -65,6 +65,8 @@ pub struct Shared {
     pub client: kube::Client,
     pub mode: ModeCell,
     pub metrics: Metrics,
+    /// HAMi's scheduler families, with `--hami-metrics`.
+    pub hami: Option<crate::hami_metrics::HamiMetrics>,
     /// All reflectors have listed once.
     pub ready: AtomicBool,
 }

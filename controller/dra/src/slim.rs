@@ -21,7 +21,7 @@
 //! * **slices** ([`slice`]): `metadata` name, uid, resourceVersion; `spec.driver`,
 //!   `spec.nodeName`, `spec.pool`, and per device (also under v1beta1's `basic`) `name`,
 //!   `allowMultipleAllocations`, the attributes the inventory reads (`productName`, `uuid`,
-//!   `numaNode`, `resource.kubernetes.io/pcieRoot`) and the `value` of the capacities
+//!   `index`, `numaNode`, `resource.kubernetes.io/pcieRoot`) and the `value` of the capacities
 //!   `memory` and `cores`. Devices keep their order, so errors name the same index.
 //!
 //! Whoever makes [`plan`] (or [`crate::inventory`], [`crate::request`], [`crate::usage`])
@@ -174,6 +174,7 @@ fn device(d: &mut Value) {
         &[
             attr::PRODUCT_NAME,
             attr::UUID,
+            attr::INDEX,
             attr::NUMA_NODE,
             attr::PCIE_ROOT,
         ],
@@ -608,6 +609,7 @@ mod tests {
                          "devices": [{"name": "gpu-0", "allowMultipleAllocations": true,
                             "attributes": {"uuid": {"string": "GPU-n-0"},
                                            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                                           "index": {"int": 0},
                                            "numaNode": {"int": 0},
                                            "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"}},
                             "capacity": {"memory": {"value": "16Gi"}, "cores": {"value": "100"}}}]}})

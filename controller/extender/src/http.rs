@@ -1,6 +1,7 @@
 //! The extender's HTTP servers (the plumbing's server layer: body limits, timeouts). Plain: `POST /filter`, `/prioritize`,
 //! `/bind` (the last path segment is the verb, so any `urlPrefix` path works) and
-//! `GET /healthz`.
+//! `GET /healthz`; each verb's outcome and time go to the extender's metrics
+//! ([`crate::metrics`]), served on their own port by [`serve_metrics`].
 //!
 //! A body that does not decode is answered 400 with the decoder's message; a pod the
 //! extender cannot read is answered 200 with `Error` set (filter, bind) or 400
@@ -11,9 +12,10 @@
 //! mutating one) and `POST /validate-pods` (the assignment guard alone), and `GET /healthz`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Router;
-use fgpu_api::extender::{ExtenderArgs, ExtenderBindingArgs};
+use fgpu_api::extender::{ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult};
 use fgpu_plumbing::server::Limits;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
@@ -21,6 +23,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
 use tokio::net::TcpListener;
 
+use crate::metrics::{Admission, Outcome, Verb, Webhook};
 use crate::state::Extender;
 use crate::writer::ClusterWriter;
 
@@ -84,12 +87,43 @@ fn json<T: Serialize>(value: &T) -> Response<Full<Bytes>> {
     }
 }
 
-/// Answers one request.
+/// Answers one request, and records a verb's outcome and time in the extender's metrics.
 pub async fn handle<W: ClusterWriter, B: BodyIn>(
     req: Request<B>,
     ext: Arc<Extender>,
     writer: &W,
 ) -> Response<Full<Bytes>> {
+    let started = Instant::now();
+    let (response, call) = answer(req, ext.clone(), writer).await;
+    if let Some((verb, outcome)) = call {
+        ext.metrics().observe(verb, outcome, started.elapsed());
+    }
+    response
+}
+
+/// How a filter's answer ended: an error, no node passed, or some did.
+fn filter_outcome(r: &ExtenderFilterResult) -> Outcome {
+    let passed = match (&r.node_names, &r.nodes) {
+        (Some(names), _) => names.len(),
+        (None, Some(nodes)) => nodes.items.len(),
+        (None, None) => 0,
+    };
+    if !r.error.is_empty() {
+        Outcome::error
+    } else if passed == 0 {
+        Outcome::no_fit
+    } else {
+        Outcome::ok
+    }
+}
+
+type Answer = (Response<Full<Bytes>>, Option<(Verb, Outcome)>);
+
+async fn answer<W: ClusterWriter, B: BodyIn>(
+    req: Request<B>,
+    ext: Arc<Extender>,
+    writer: &W,
+) -> Answer {
     let verb = req
         .uri()
         .path()
@@ -99,68 +133,133 @@ pub async fn handle<W: ClusterWriter, B: BodyIn>(
         .unwrap_or_default()
         .to_owned();
     let method = req.method().clone();
-    match (method, verb.as_str()) {
-        (Method::GET, "healthz") => return text(StatusCode::OK, "ok"),
-        (Method::POST, "filter" | "prioritize" | "bind") => {}
-        (_, "filter" | "prioritize" | "bind") => {
-            return text(
-                StatusCode::METHOD_NOT_ALLOWED,
-                format!("/{verb} takes POST with a JSON body"),
-            );
+    let called = match verb.as_str() {
+        "filter" => Verb::filter,
+        "prioritize" => Verb::prioritize,
+        "bind" => Verb::bind,
+        _ if method == Method::GET && verb == "healthz" => {
+            return (text(StatusCode::OK, "ok"), None);
         }
         _ => {
-            return text(
-                StatusCode::NOT_FOUND,
-                "not found; the extender serves POST /filter, /prioritize, /bind and GET /healthz",
-            );
-        }
-    }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                format!("/{verb}: reading the body: {e}"),
+            return (
+                text(
+                    StatusCode::NOT_FOUND,
+                    "not found; the extender serves POST /filter, /prioritize, /bind and GET /healthz",
+                ),
+                None,
             );
         }
     };
-    match verb.as_str() {
+    if method != Method::POST {
+        return (
+            text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("/{verb} takes POST with a JSON body"),
+            ),
+            None,
+        );
+    }
+    let failed = |response| (response, Some((called, Outcome::error)));
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return failed(text(
+                StatusCode::BAD_REQUEST,
+                format!("/{verb}: reading the body: {e}"),
+            ));
+        }
+    };
+    match called {
         // Filter and prioritize are CPU work (milliseconds for thousands of nodes): run
         // them off the async workers so that binds are never stuck behind them.
-        "filter" | "prioritize" => match serde_json::from_slice::<ExtenderArgs>(&body) {
+        Verb::filter | Verb::prioritize => match serde_json::from_slice::<ExtenderArgs>(&body) {
             Ok(args) => {
-                let filter = verb == "filter";
                 let done = tokio::task::spawn_blocking(move || {
-                    if filter {
-                        json(&ext.filter(&args))
+                    if called == Verb::filter {
+                        let r = ext.filter(&args);
+                        (json(&r), filter_outcome(&r))
                     } else {
                         match ext.prioritize(&args) {
-                            Ok(list) => json(&list),
-                            Err(e) => text(StatusCode::BAD_REQUEST, format!("/prioritize: {e}")),
+                            Ok(list) => (json(&list), Outcome::ok),
+                            Err(e) => (
+                                text(StatusCode::BAD_REQUEST, format!("/prioritize: {e}")),
+                                Outcome::error,
+                            ),
                         }
                     }
                 })
                 .await;
-                done.unwrap_or_else(|e| {
-                    text(
+                match done {
+                    Ok((response, outcome)) => (response, Some((called, outcome))),
+                    Err(e) => failed(text(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         format!("/{verb}: the evaluation failed: {e}"),
-                    )
-                })
+                    )),
+                }
             }
-            Err(e) => text(
+            Err(e) => failed(text(
                 StatusCode::BAD_REQUEST,
                 format!("/{verb}: the body is not an ExtenderArgs: {e}"),
-            ),
+            )),
         },
-        _ => match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
-            Ok(args) => json(&ext.bind(&args, writer).await),
-            Err(e) => text(
+        Verb::bind => match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
+            Ok(args) => {
+                let r = ext.bind(&args, writer).await;
+                let outcome = if r.error.is_empty() {
+                    Outcome::ok
+                } else {
+                    Outcome::error
+                };
+                (json(&r), Some((called, outcome)))
+            }
+            Err(e) => failed(text(
                 StatusCode::BAD_REQUEST,
                 format!("/bind: the body is not an ExtenderBindingArgs: {e}"),
-            ),
+            )),
         },
     }
+}
+
+/// The metrics endpoints: `GET /metrics` ([`Extender::encode_metrics`]) and `GET /healthz`.
+pub fn metrics_router(ext: Arc<Extender>) -> Router {
+    use axum::routing::get;
+    use fgpu_plumbing::server::body;
+    Router::new()
+        .route(
+            "/metrics",
+            get(move |headers: axum::http::HeaderMap| async move {
+                let accept = headers
+                    .get(axum::http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
+                let (content_type, page) =
+                    fgpu_plumbing::exposition::negotiate(accept, ext.encode_metrics());
+                body(StatusCode::OK, content_type, page)
+            }),
+        )
+        .route(
+            "/healthz",
+            get(|| async { body(StatusCode::OK, "text/plain", "ok\n") }),
+        )
+        .fallback(|| async {
+            body(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "not found; this port serves GET /metrics and GET /healthz\n",
+            )
+        })
+}
+
+/// Serves [`metrics_router`] on `listener` (plain HTTP, the plumbing's probe limits) until
+/// the task is dropped.
+pub async fn serve_metrics(listener: TcpListener, ext: Arc<Extender>) {
+    fgpu_plumbing::server::serve(
+        listener,
+        metrics_router(ext),
+        Limits::PROBES,
+        None,
+        std::future::pending(),
+    )
+    .await;
 }
 
 /// Largest AdmissionReview accepted (a Pod is at most about 1.5 MiB in etcd).
@@ -208,6 +307,15 @@ pub async fn handle_webhook<B: BodyIn>(
     cfg: &crate::webhook::WebhookConfig,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path().trim_end_matches('/').to_owned();
+    let hook = if path == "/validate-pods" {
+        Webhook::validate_pods
+    } else {
+        Webhook::mutate_pods
+    };
+    let error = |response| {
+        ext.metrics().observe_admission(hook, Admission::error);
+        response
+    };
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok"),
         (&Method::POST, "/mutate-pods" | "/validate-pods") => {}
@@ -230,19 +338,19 @@ pub async fn handle_webhook<B: BodyIn>(
     {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            return text(
+            return error(text(
                 StatusCode::BAD_REQUEST,
                 format!("{path}: reading the body: {e}"),
-            );
+            ));
         }
     };
     let review: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
-            return text(
+            return error(text(
                 StatusCode::BAD_REQUEST,
                 format!("{path}: the body is not an AdmissionReview (JSON): {e}"),
-            );
+            ));
         }
     };
     let answer = if path == "/validate-pods" {
@@ -253,13 +361,18 @@ pub async fn handle_webhook<B: BodyIn>(
     match answer {
         Ok(answer) => {
             let r = &answer["response"];
-            if r["allowed"] == false {
+            let result = if r["allowed"] == false {
                 tracing::info!("webhook denied: {}", r["status"]["message"]);
+                Admission::denied
             } else if r["patch"].is_string() {
                 tracing::debug!(uid = %r["uid"], "webhook mutated a pod");
-            }
+                Admission::mutated
+            } else {
+                Admission::allowed
+            };
+            ext.metrics().observe_admission(hook, result);
             json(&answer)
         }
-        Err(e) => text(StatusCode::BAD_REQUEST, format!("{path}: {e}")),
+        Err(e) => error(text(StatusCode::BAD_REQUEST, format!("{path}: {e}"))),
     }
 }

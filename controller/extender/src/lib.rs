@@ -17,17 +17,21 @@
 //!   resources (scheduler name, defaults, admission-time refusals).
 //! * [`http`]: the endpoints (the extender over HTTP; the webhook over HTTPS), served by
 //!   the plumbing's server layer.
+//! * [`metrics`]: the Prometheus families (verbs by outcome, latency, pods pending by
+//!   reason, webhook admissions), on `/metrics` at `--metrics-address`.
 //! * [`watch`]: wakes the resync when a pod with a decision goes or a node's inventory
 //!   changes (between the periodic lists).
 //!
 //! [`run`] is the daemon (`fgpu-controller extender`): resync from the API server every
 //! few seconds, serve the extender (plain HTTP, loopback only: it has no authentication, so
 //! it runs in the fgpu kube-scheduler's pod and only that scheduler can reach it) and,
-//! with `--webhook-addr`, the admission webhook (HTTPS).
+//! with `--webhook-addr`, the admission webhook (HTTPS); `/metrics` and `/healthz` on
+//! `--metrics-address` (plain HTTP).
 
 pub mod annotations;
 pub mod http;
 pub mod inventory;
+pub mod metrics;
 pub mod state;
 pub mod watch;
 pub mod webhook;
@@ -43,6 +47,9 @@ use fgpu_driver::engine::Policy;
 
 pub use state::{Extender, ExtenderConfig, SyncReport};
 pub use writer::{ClusterWriter, KubeCluster, MemoryCluster, WriteError};
+
+/// Default `--metrics-address` (loopback, like the controller's; the chart names the pod's).
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:19502";
 
 /// `fgpu-controller extender`: the kube-scheduler extender for clusters below 1.32.
 #[derive(clap::Args, Debug, Clone)]
@@ -61,6 +68,15 @@ pub struct ExtenderArgs {
     /// extender `tlsConfig` with `enableHTTPS: true`), and may listen on any address.
     #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
     pub extender_client_ca: Option<std::path::PathBuf>,
+    /// Plain HTTP: /metrics (Prometheus) and /healthz, on their own port: unlike the verbs
+    /// they may be served off loopback (the Helm chart serves them on the pod's address).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "FGPU_METRICS_ADDRESS",
+        default_value = DEFAULT_METRICS_ADDRESS
+    )]
+    pub metrics_address: SocketAddr,
     /// The user the API server authenticates this extender as (its service account,
     /// `system:serviceaccount:<namespace>:<name>`): the only user the webhook lets set,
     /// change or remove a pod's GPU assignment annotation. Default: asked of the API server
@@ -282,6 +298,9 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
         "scheduler extender ({})",
         if extender_tls.is_some() { "HTTPS, client certificates required" } else { "plain HTTP, loopback only" }
     );
+    let metrics = fgpu_plumbing::server::bind("--metrics-address", args.metrics_address).await?;
+    tracing::info!(addr = %args.metrics_address, "metrics and health endpoints (/metrics, /healthz)");
+    let metrics_server = tokio::spawn(http::serve_metrics(metrics, ext.clone()));
     let writer = Arc::new(KubeCluster::new(client.clone()));
     let server = tokio::spawn(http::serve_tls(listener, ext.clone(), writer, extender_tls));
     let webhook_server = match webhook {
@@ -326,6 +345,7 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
         }
     }
     server.abort();
+    metrics_server.abort();
     if let Some(w) = webhook_server {
         w.abort();
     }

@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 use crate::annotations::{
     AssignedDevice, ContainerAssignment, PodAssignment, grant_id, parse_node_inventory,
 };
+use crate::metrics::{Metrics, PendingReason};
 use crate::writer::ClusterWriter;
 use fgpu_driver::hami::{ContainerRequest, PodRequest, pod_key, pod_request};
 
@@ -115,6 +116,9 @@ pub struct Extender {
     pending: Mutex<HashMap<String, Pod>>,
     /// Filter results by pod UID, for prioritize.
     memos: Mutex<HashMap<String, Arc<Memo>>>,
+    /// Pods whose last filter passed no node, by UID, and why (the pending gauge).
+    waiting: Mutex<HashMap<String, PendingReason>>,
+    metrics: Metrics,
 }
 
 /// Most pods remembered between filter and bind.
@@ -160,11 +164,54 @@ impl Extender {
             nodes: RwLock::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             memos: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(HashMap::new()),
+            metrics: Metrics::new(),
         }
     }
 
     pub fn config(&self) -> &ExtenderConfig {
         &self.config
+    }
+
+    /// The extender's metrics (the HTTP layer records the verbs' outcomes in them).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The metrics' text exposition, with the pending gauge set from the pods that wait now.
+    pub fn encode_metrics(&self) -> String {
+        let mut counts = [0usize; PendingReason::ALL.len()];
+        for r in self
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+        {
+            if let Some(i) = PendingReason::ALL.iter().position(|x| x == r) {
+                counts[i] += 1;
+            }
+        }
+        self.metrics.set_pending(counts);
+        self.metrics.encode()
+    }
+
+    /// Records why the pod `uid` waits after a filter (`None`: it does not, a node passed).
+    fn set_waiting(&self, uid: &str, reason: Option<PendingReason>) {
+        if uid.is_empty() {
+            return;
+        }
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        match reason {
+            Some(r) => {
+                if waiting.len() >= PENDING_LIMIT && !waiting.contains_key(uid) {
+                    waiting.clear();
+                }
+                waiting.insert(uid.to_owned(), r);
+            }
+            None => {
+                waiting.remove(uid);
+            }
+        }
     }
 
     /// Replaces the node cache and the ledger from a list of nodes and a list of pods:
@@ -178,6 +225,7 @@ impl Extender {
         now: Instant,
     ) -> SyncReport {
         let mut report = SyncReport::default();
+        self.forget_waiting(pods);
         let inv_ann = self.config.driver.node_inventory_annotation();
         let pod_ann = self.config.driver.pod_assignment_annotation();
         // Grants recorded on pods, by node; and every pod UID that shows an assignment.
@@ -294,6 +342,7 @@ impl Extender {
             ));
         }
         *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        self.metrics.set_nodes(report.nodes);
         report
     }
 
@@ -322,6 +371,25 @@ impl Extender {
             pod_key(pod),
             self.config.scheduler_name
         ))
+    }
+
+    /// Keeps in the pending gauge only the pods that `pods` (a full list) shows alive and
+    /// not bound to a node.
+    fn forget_waiting(&self, pods: &[Pod]) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiting.is_empty() {
+            return;
+        }
+        let unbound: HashSet<&str> = pods
+            .iter()
+            .filter(|p| {
+                let phase = p.extra["status"]["phase"].as_str();
+                let node = p.spec.extra.get("nodeName").and_then(Value::as_str);
+                !matches!(phase, Some("Succeeded" | "Failed")) && node.is_none_or(str::is_empty)
+            })
+            .map(|p| p.metadata.uid.as_str())
+            .collect();
+        waiting.retain(|uid, _| unbound.contains(uid.as_str()));
     }
 
     fn read_pod(&self, pod: &Pod) -> Result<PodRequest, String> {
@@ -422,11 +490,13 @@ impl Extender {
         let req = match self.read_pod(&args.pod) {
             Ok(r) => r,
             Err(e) => {
+                self.set_waiting(&args.pod.metadata.uid, Some(PendingReason::invalid));
                 result.error = e;
                 return result;
             }
         };
-        let passed: Vec<String> = if req.containers.is_empty() {
+        let asks_gpus = !req.containers.is_empty();
+        let passed: Vec<String> = if !asks_gpus {
             names.iter().map(|s| (*s).to_owned()).collect()
         } else {
             self.remember(&args.pod);
@@ -455,6 +525,14 @@ impl Extender {
             });
             passed
         };
+        let waits = if !asks_gpus || !passed.is_empty() {
+            None
+        } else if result.failed_nodes.is_empty() {
+            Some(PendingReason::no_gpu_node)
+        } else {
+            Some(PendingReason::no_fit)
+        };
+        self.set_waiting(&args.pod.metadata.uid, waits);
         if let Some(nodes) = &args.nodes {
             let keep: HashSet<&str> = passed.iter().map(String::as_str).collect();
             result.nodes = Some(NodeList {
@@ -706,7 +784,10 @@ impl Extender {
         writer: &W,
     ) -> ExtenderBindingResult {
         match self.bind_inner(args, writer).await {
-            Ok(()) => ExtenderBindingResult::default(),
+            Ok(()) => {
+                self.set_waiting(&args.pod_uid, None);
+                ExtenderBindingResult::default()
+            }
             Err(error) => {
                 tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, %error, "bind failed");
                 ExtenderBindingResult { error }

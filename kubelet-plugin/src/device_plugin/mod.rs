@@ -47,6 +47,9 @@ use service::{AllocateResponseMode, DevicePluginService, ServiceConfig, virtual_
 pub const DEFAULT_RESOURCE_NAME: &str = "nvidia.com/gpu";
 /// Default socket file name in the device-plugins directory.
 pub const DEFAULT_SOCKET_NAME: &str = "fgpu.sock";
+/// Default address of `/metrics` and `/healthz` (`serve` has 9400; both may run on one
+/// node).
+pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9401";
 /// Default number of virtual devices per GPU.
 pub const DEFAULT_SPLIT_COUNT: u32 = 10;
 
@@ -408,6 +411,15 @@ pub struct DevicePluginArgs {
     /// kubelet is admitting; empty: not read (the earliest bind decides).
     #[arg(long, value_name = "FILE", default_value = podresources::DEFAULT_SOCKET)]
     pub pod_resources_socket: PathBuf,
+    /// Address of the HTTP endpoint for /metrics and /healthz. Not `serve`'s 9400: both
+    /// may run on one node.
+    #[arg(
+        long,
+        default_value = DEFAULT_METRICS_ADDRESS,
+        value_name = "ADDR",
+        env = "FGPU_METRICS_ADDRESS"
+    )]
+    pub metrics_address: std::net::SocketAddr,
     /// The node monitor.
     #[command(flatten)]
     pub monitor: crate::monitor::MonitorArgs,
@@ -477,7 +489,12 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
     };
     let runtime =
         crate::serve::runtime(args.worker_threads).context("cannot start the async runtime")?;
+    let metrics_addr = args.metrics_address;
     runtime.block_on(async move {
+        // Bound before registering: a port in use fails the start, not the scrape.
+        let listener = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .with_context(|| format!("--metrics-address {metrics_addr}"))?;
         let client = args.kube.client().await?;
         let writer = NodeAnnotationWriter::new(
             client.clone(),
@@ -491,6 +508,15 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
             Some(writer),
         )
         .await?;
+        let (stop_metrics, metrics_stopped) = watch::channel(false);
+        let host = running.host();
+        let render = Arc::new(move || host.metrics().encode());
+        tracing::info!(addr = %metrics_addr, "serving /metrics");
+        tokio::spawn(crate::metrics::serve_http(
+            listener,
+            render,
+            metrics_stopped,
+        ));
         let (stop_monitor, monitor_stopped) = watch::channel(false);
         if let Some(mcfg) = monitor {
             let m = crate::monitor::Monitor::new(
@@ -503,6 +529,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
             tokio::spawn(m.run(monitor_stopped));
         }
         crate::serve::shutdown_signal().await;
+        stop_metrics.send_replace(true);
         stop_monitor.send_replace(true);
         running.shutdown().await;
         tracing::info!("stopped");
@@ -556,6 +583,27 @@ mod tests {
             Cli::try_parse_from(["x", "device-plugin", "--node", "n", "--split-count", "0"])
                 .is_err()
         );
+        // Metrics: not serve's 9400 by default; an address that does not parse is refused.
+        if std::env::var_os("FGPU_METRICS_ADDRESS").is_none() {
+            assert_eq!(a.metrics_address.to_string(), "0.0.0.0:9401");
+        }
+        let parse = |addr: &str| {
+            Cli::try_parse_from([
+                "x",
+                "device-plugin",
+                "--node",
+                "n",
+                "--metrics-address",
+                addr,
+            ])
+            .map(|c| {
+                let Command::DevicePlugin(a) = c.command;
+                a.metrics_address
+            })
+        };
+        assert_eq!(parse("127.0.0.1:19401").unwrap().port(), 19401);
+        let err = parse("localhost").unwrap_err().to_string();
+        assert!(err.contains("--metrics-address"), "{err}");
     }
 
     #[test]

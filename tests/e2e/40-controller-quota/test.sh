@@ -158,8 +158,19 @@ m="$(curl -s "http://$CONTROLLER_METRICS_ADDR/metrics")"
 say "metrics: $(echo "$m" | grep -E '^fgpu_controller_(claims_allocated_total|mode_info)' | tr '\n' ' ')"
 echo "$m" | grep -q '^fgpu_controller_claims_allocated_total 4$' || fail "claims_allocated_total is not 4"
 echo "$m" | grep -q '^fgpu_controller_mode_info{mode="controller",reason="set by --mode"} 1$' || fail "mode_info does not say controller"
-# 4 + 8 + 60 GiB granted on gpu-0 once quota-12g's claim is gone
-granted() { curl -s "http://$CONTROLLER_METRICS_ADDR/metrics" | sed -n "s/^fgpu_controller_gpu_granted_memory_bytes{node=\"$NODE_NAME\",gpu=\"gpu-0\"} //p"; }
+# 4 + 8 + 60 GiB granted on gpu-0 once quota-12g's claim is gone; the per-GPU families name a
+# GPU by the slice device's uuid (gpu_uuid, as the plugin's do), not by its device name
+uuid0="$(kubectl get resourceslices -o json | python3 -c '
+import json, sys
+for s in json.load(sys.stdin)["items"]:
+    if s["spec"].get("driver") != "gpu.fgpu.dev" or s["spec"].get("nodeName") != sys.argv[1]:
+        continue
+    for d in s["spec"].get("devices", []):
+        if d["name"] == "gpu-0":
+            print(d.get("basic", d)["attributes"]["uuid"]["string"])
+' "$NODE_NAME")"
+[ -n "$uuid0" ] || fail "no uuid attribute for gpu-0 in $NODE_NAME's ResourceSlice"
+granted() { curl -s "http://$CONTROLLER_METRICS_ADDR/metrics" | sed -n "s/^fgpu_controller_gpu_granted_memory_bytes{node=\"$NODE_NAME\",gpu_uuid=\"$uuid0\",gpu_index=\"[0-9]*\"} //p"; }
 granted_is() { [ "$(granted)" = "$1" ]; }
 wait_until 15 "metric: 72Gi granted on gpu-0" granted_is 77309411328
 assert_eq "metric: granted memory on gpu-0" 77309411328 "$(granted)"

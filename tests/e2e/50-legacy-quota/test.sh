@@ -12,7 +12,9 @@
 # by the extender to fgpu-node with a decision annotation that says what they asked for
 # (default GPU policy spread: one pod per GPU); each container sees exactly its grant in
 # cuMemGetInfo and NVML, is refused with CUDA_ERROR_OUT_OF_MEMORY past it, has its limits
-# file (memory and core quota) and HAMi-core's variables, and only its GPU's device node.
+# file (memory and core quota) and HAMi-core's variables, and only its GPU's device node; the
+# device plugin's /metrics counts both containers prepared and passes promtool check metrics;
+# the extender's counts two binds, no pod pending, and passes promtool too.
 source "$(dirname "$0")/../lib.sh"
 source "$E2E_DIR/../plugin-lib.sh"
 source "$E2E_DIR/../legacy-lib.sh"
@@ -80,6 +82,39 @@ uid="$(jp pod/gpu-pod '{.metadata.uid}')"
 spec="$CDI_SPEC_DIR/gpu.fgpu.dev-claim_$uid-ubuntu-container.json"
 [ -f "$spec" ] || fail "no CDI spec $spec: $(ls "$CDI_SPEC_DIR")"
 say "ok: CDI spec $(basename "$spec")"
+
+# The device plugin's /metrics (--metrics-address): both containers prepared, gpu-pod's grant
+# on its GPU, and an exposition promtool accepts.
+uuid1="$(py_json "[g['uuid'] for g in d if g['id'] == '$gpu1'][0]" <<<"$inv")"
+m="$(curl -fsS "http://$LEGACY_DP_METRICS_ADDR/metrics")" || fail "device plugin: no /metrics on $LEGACY_DP_METRICS_ADDR"
+assert_eq "device plugin fgpu_kubelet_plugin_prepared_claims" 2 \
+  "$(sed -n 's/^fgpu_kubelet_plugin_prepared_claims //p' <<<"$m")"
+assert_eq "device plugin fgpu_kubelet_plugin_gpu_granted_memory_bytes on $uuid1 (gpu-pod's)" $((3000 << 20)) \
+  "$(sed -n "s/^fgpu_kubelet_plugin_gpu_granted_memory_bytes{gpu_uuid=\"$uuid1\"} //p" <<<"$m")"
+# shellcheck source=hack/lib.sh
+command -v promtool >/dev/null || (source "$E2E_LIB_DIR/../../hack/lib.sh" && ensure_pkgs prometheus)
+# The page as a reader without an OpenMetrics Accept header gets it (text 0.0.4, what
+# promtool parses; Prometheus asks for and gets OpenMetrics).
+lint="$(promtool check metrics <<<"$m" 2>&1)" || fail "device plugin /metrics: promtool check metrics: $lint"
+say "ok: device plugin /metrics: $(grep -c '^fgpu_' <<<"$m") series, prepared_claims 2, promtool check metrics clean"
+
+# The extender's /metrics (--metrics-address): each pod filtered and bound once (binds can
+# only succeed once per pod: a second is refused as already bound), admitted by its webhook,
+# nothing left pending, and an exposition promtool accepts.
+em="$(curl -fsS "http://$LEGACY_EXTENDER_METRICS_ADDR/metrics")" || fail "extender: no /metrics on $LEGACY_EXTENDER_METRICS_ADDR"
+series() { sed -n "s/^$1 //p" <<<"$em"; }
+assert_eq "extender binds ok" 2 "$(series 'fgpu_extender_requests_total{verb="bind",result="ok"}')"
+[ "$(series 'fgpu_extender_requests_total{verb="filter",result="ok"}')" -ge 2 ] \
+  || fail "extender: fewer than 2 passing filters: $(grep '^fgpu_extender_requests_total' <<<"$em" | tr '\n' ' ')"
+[ "$(series 'fgpu_extender_admissions_total{webhook="mutate_pods",result="mutated"}')" -ge 2 ] \
+  || fail "extender: fewer than 2 pods mutated by its webhook: $(grep '^fgpu_extender_admissions_total' <<<"$em" | tr '\n' ' ')"
+for r in no_fit no_gpu_node invalid; do
+  assert_eq "extender pods pending ($r)" 0 "$(series "fgpu_extender_pods_pending{reason=\"$r\"}")"
+done
+assert_eq "extender nodes with inventory" 1 "$(series fgpu_extender_nodes)"
+[ "$(series 'fgpu_extender_request_duration_seconds_count{verb="bind"}')" -ge 2 ] || fail "extender: bind latency not observed"
+lint="$(promtool check metrics <<<"$em" 2>&1)" || fail "extender /metrics: promtool check metrics: $lint"
+say "ok: extender /metrics: binds ok 2, $(grep -c '^fgpu_extender_' <<<"$em") series, promtool check metrics clean"
 
 kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >&2
 wait_until 30 "CDI specs of the deleted pods removed (device plugin resync)" sh -c "[ ! -e $spec ]"

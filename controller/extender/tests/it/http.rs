@@ -192,3 +192,173 @@ async fn bad_requests_keep_the_server_serving() {
     assert_eq!(status, 200);
     assert!(body.contains(r#""NodeNames":["node-a100"]"#), "{body}");
 }
+
+/// The value of the series `line_start` (the name and labels, exactly as written) in the
+/// exposition `text`; `None` when there is no such series.
+fn series(text: &str, line_start: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_verbs_pending_pods_and_serve_on_their_own_port() {
+    let ext = Arc::new(Extender::new(ExtenderConfig::default()));
+    ext.sync(
+        &[
+            gpu_node("node-a100", 1, "NVIDIA A100-SXM4-80GB", 80),
+            gpu_node("node-t4", 1, "Tesla T4", 16),
+        ],
+        &[],
+        Instant::now(),
+    );
+    let cluster = Arc::new(MemoryCluster::default());
+    let pod: Value = serde_json::from_str::<Value>(FILTER).unwrap()["Pod"].clone();
+    cluster.add_pod(serde_json::from_value(pod).unwrap());
+    let addr = start_server(ext.clone(), cluster.clone()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = listener.local_addr().unwrap();
+    tokio::spawn(fgpu_extender::http::serve_metrics(listener, ext.clone()));
+    let mut c = Conn::open(addr).await;
+    let mut m = Conn::open(metrics_addr).await;
+    let scrape = async |m: &mut Conn| {
+        let (status, body) = m.send("GET", "/metrics", b"").await;
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+
+    let text = scrape(&mut m).await;
+    assert_eq!(series(&text, "fgpu_extender_nodes"), Some(2.0), "{text}");
+    assert_eq!(
+        series(&text, r#"fgpu_extender_pods_pending{reason="no_fit"}"#),
+        Some(0.0)
+    );
+    // The metrics port serves nothing of the extender's verbs.
+    let (status, _) = m.post("/bind", BIND).await;
+    assert_eq!(status, 404);
+    let (status, body) = m.send("GET", "/healthz", b"").await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+
+    // Only the T4 node as candidate: the A100 pod fits nowhere and waits.
+    let t4_only = FILTER.replace(
+        r#""NodeNames": ["node-a100", "node-t4", "node-cpu"]"#,
+        r#""NodeNames": ["node-t4"]"#,
+    );
+    let (status, body) = c.post("/filter", &t4_only).await;
+    assert_eq!(status, 200, "{body}");
+    let text = scrape(&mut m).await;
+    assert_eq!(
+        series(
+            &text,
+            r#"fgpu_extender_requests_total{verb="filter",result="no_fit"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, r#"fgpu_extender_pods_pending{reason="no_fit"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    // Only a node without inventory: waits for another reason.
+    let cpu_only = FILTER.replace(
+        r#""NodeNames": ["node-a100", "node-t4", "node-cpu"]"#,
+        r#""NodeNames": ["node-cpu"]"#,
+    );
+    c.post("/filter", &cpu_only).await;
+    let text = scrape(&mut m).await;
+    assert_eq!(
+        series(&text, r#"fgpu_extender_pods_pending{reason="no_fit"}"#),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, r#"fgpu_extender_pods_pending{reason="no_gpu_node"}"#),
+        Some(1.0),
+        "{text}"
+    );
+
+    // All candidates: it passes (no longer pending), then binds.
+    let (status, _) = c.post("/filter", FILTER).await;
+    assert_eq!(status, 200);
+    let text = scrape(&mut m).await;
+    assert_eq!(
+        series(&text, r#"fgpu_extender_pods_pending{reason="no_gpu_node"}"#),
+        Some(0.0),
+        "{text}"
+    );
+    let (status, body) = c.post("/bind", BIND).await;
+    assert_eq!((status, body.as_str()), (200, r#"{"Error":""}"#));
+    // Bound already: the second bind is an error.
+    c.post("/bind", BIND).await;
+    // A body that is not JSON: an error of its verb; a wrong method is not a call.
+    c.post("/prioritize", "{").await;
+    c.send("GET", "/filter", b"").await;
+    let text = scrape(&mut m).await;
+    for (series_start, want) in [
+        (
+            r#"fgpu_extender_requests_total{verb="filter",result="ok"}"#,
+            1.0,
+        ),
+        (
+            r#"fgpu_extender_requests_total{verb="filter",result="no_fit"}"#,
+            2.0,
+        ),
+        (
+            r#"fgpu_extender_requests_total{verb="bind",result="ok"}"#,
+            1.0,
+        ),
+        (
+            r#"fgpu_extender_requests_total{verb="bind",result="error"}"#,
+            1.0,
+        ),
+        (
+            r#"fgpu_extender_requests_total{verb="prioritize",result="error"}"#,
+            1.0,
+        ),
+        (
+            r#"fgpu_extender_request_duration_seconds_count{verb="filter"}"#,
+            3.0,
+        ),
+        (
+            r#"fgpu_extender_request_duration_seconds_count{verb="bind"}"#,
+            2.0,
+        ),
+    ] {
+        assert_eq!(
+            series(&text, series_start),
+            Some(want),
+            "{series_start} in {text}"
+        );
+    }
+    assert_eq!(
+        series(
+            &text,
+            r#"fgpu_extender_requests_total{verb="filter",result="error"}"#
+        ),
+        None,
+        "{text}"
+    );
+
+    // A pod that waits and is then deleted leaves the gauge at the next resync.
+    c.post("/filter", &t4_only.replace("0b6c2a9e", "1b6c2a9e"))
+        .await;
+    let text = scrape(&mut m).await;
+    assert_eq!(
+        series(&text, r#"fgpu_extender_pods_pending{reason="no_fit"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    ext.sync(
+        &[gpu_node("node-t4", 1, "Tesla T4", 16)],
+        &[],
+        Instant::now(),
+    );
+    let text = scrape(&mut m).await;
+    assert_eq!(
+        series(&text, r#"fgpu_extender_pods_pending{reason="no_fit"}"#),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(series(&text, "fgpu_extender_nodes"), Some(1.0), "{text}");
+}

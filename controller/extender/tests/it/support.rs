@@ -95,7 +95,7 @@ impl Conn {
             if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 break i + 4;
             }
-            let mut chunk = [0u8; 65536];
+            let mut chunk = vec![0u8; 65536];
             let n = self.stream.read(&mut chunk).await.unwrap();
             assert!(n > 0, "connection closed before the response head");
             self.buf.extend_from_slice(&chunk[..n]);
@@ -111,7 +111,7 @@ impl Conn {
             })
             .expect("content-length");
         while self.buf.len() < end + len {
-            let mut chunk = [0u8; 65536];
+            let mut chunk = vec![0u8; 65536];
             let n = self.stream.read(&mut chunk).await.unwrap();
             assert!(n > 0, "connection closed before the response body");
             self.buf.extend_from_slice(&chunk[..n]);
