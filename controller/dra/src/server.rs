@@ -437,7 +437,8 @@ mod tests {
                 std::future::pending(),
             ));
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
+            // As Prometheus asks (a reader that does not gets text 0.0.4, without `# EOF`).
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nAccept: application/openmetrics-text;version=1.0.0\r\nConnection: close\r\n\r\n")
                 .await
                 .unwrap();
             let mut out = Vec::new();
