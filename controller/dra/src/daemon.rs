@@ -77,7 +77,7 @@ pub struct RunArgs {
     /// Also serve HAMi's scheduler families on /metrics (`hami_gpu_memory_limit_bytes`,
     /// `hami_gpu_memory_allocated_bytes`, ...: HAMi's names, labels and units, 0-100 core
     /// "ratios" included), so that HAMi's dashboards work unchanged (docs/observability.md).
-    #[arg(long)]
+    #[arg(long, env = "FGPU_HAMI_METRICS")]
     pub hami_metrics: bool,
     /// Seconds between passes when nothing changes. `--resync` is the older spelling.
     #[arg(long, alias = "resync", value_name = "SECONDS", default_value_t = 30)]
