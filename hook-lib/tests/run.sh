@@ -194,7 +194,7 @@ echo "== core quota and priority (fake GPU timeline; all scenarios run at once, 
 # timeline over a 5-second window after 2 s of warm-up.
 # (Always run in the background: `exec` makes $! the test program's own pid.)
 core_env() {
-  exec env FAKE_CUDA_GPUS=12 FAKE_CUDA_STATE="$WORK/fake-gpu" FAKE_CUDA_BLOCK_NS=10000 \
+  exec env FAKE_CUDA_GPUS=13 FAKE_CUDA_STATE="$WORK/fake-gpu" FAKE_CUDA_BLOCK_NS=10000 \
     FAKE_CUDA_GRAPH_NS=3000000 LD_PRELOAD="$SHIM" "$@"
 }
 claim() { local d="$WORK/claim-$1"; mkdir -p "$d"; echo "$d"; }
@@ -237,6 +237,13 @@ core_env FGPU_PRIORITY=low FGPU_GPU_DIR="$gpudir" FGPU_STATE_DIR="$(claim low)" 
   "$BIN/hooktest" prio-low 3 "$WORK/high-times" >"$WORK/prio-low" 2>&1 &
 core_env FGPU_PRIORITY=high FGPU_GPU_DIR="$gpudir" FGPU_STATE_DIR="$(claim high)" HT_DEV=7 \
   "$BIN/hooktest" prio-high 1 1 "$WORK/high-times" >"$WORK/prio-high" 2>&1 &
+# 30 + 70 again, each claim's process PID 1 of its own PID namespace (as in two
+# containers): NVML must still tell the two apart (a real node's NVML reports host PIDs,
+# unique), or the 30 % claim counts the other's work as its own and starves.
+for q in 30 70; do
+  core_env unshare -p -f --mount-proc env FGPU_CORE_LIMIT=$q FGPU_STATE_DIR="$(claim ns$q)" HT_DEV=12 \
+    "$BIN/hooktest" work 7 2 >"$WORK/core-ns$q" 2>&1 &
+done
 # The same workload without the shim takes the whole GPU (the checks can fail).
 core_env LD_PRELOAD= HT_DEV=8 "$BIN/hooktest" work 7 2 >"$WORK/core-bare" 2>&1 &
 wait
@@ -248,6 +255,8 @@ for q in 10 30 50 70; do
 done
 ga=$(share_of "$WORK/core-a30"); gb=$(share_of "$WORK/core-b70")
 if within "$ga" 30 3 && within "$gb" 70 3; then ok "core quotas 30 + 70 competing: $ga % + $gb %"; else ko "30 + 70 competing: '$ga' + '$gb'"; cat "$WORK/core-a30" "$WORK/core-b70"; fi
+ga=$(share_of "$WORK/core-ns30"); gb=$(share_of "$WORK/core-ns70")
+if within "$ga" 30 3 && within "$gb" 70 3; then ok "core quotas 30 + 70 competing, each PID 1 of its own PID namespace: $ga % + $gb %"; else ko "30 + 70 in two PID namespaces: '$ga' + '$gb'"; cat "$WORK/core-ns30" "$WORK/core-ns70"; fi
 gs=$(share_of "$WORK/core-share")
 if awk -v g="$gs" 'BEGIN { exit !(g != "" && g >= 90) }'; then ok "FGPU_CORE_POLICY=share alone uses idle time: $gs % at quota 30"; else ko "share policy: '$gs'"; cat "$WORK/core-share"; fi
 g2=$(share_of "$WORK/core-share2"); g3=$(share_of "$WORK/core-beside")

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// PIDs are below 2^22 (the kernel's `PID_MAX_LIMIT` on 64-bit).
-const PID_BITS: u32 = 22;
+pub const PID_BITS: u32 = 22;
 
 /// The key of the process with PID `pid` in the namespace of inode `ns`.
 pub fn key(ns: u32, pid: u32) -> u64 {

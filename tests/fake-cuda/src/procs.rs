@@ -2,9 +2,12 @@
 //!
 //! A real NVML reports *host* PIDs; a process in a container sees its own PID
 //! namespace, so `getpid()` never matches what NVML says. The fake models that with an
-//! offset: every PID the fake's NVML returns is the caller's PID plus
+//! offset: every PID the fake's NVML returns is the process's PID plus
 //! `FAKE_CUDA_NVML_PID_OFFSET` (default [`DEFAULT_OFFSET`], non-zero so every test runs
-//! hostile unless it opts out with 0).
+//! hostile unless it opts out with 0), and, for a process outside the initial PID
+//! namespace, plus a multiple of 2^22 drawn from its namespace (see [`nvml_pid`]). Host
+//! PIDs are unique on a node, so the fake's must be too: two containers' PID 1 are two
+//! processes to NVML, whoever asks.
 //!
 //! A process appears in a device's running-process list
 //! (`nvmlDeviceGetComputeRunningProcesses[_v2|_v3]`) only once it has a context on that
@@ -64,10 +67,29 @@ pub fn offset() -> u32 {
     })
 }
 
-/// The PID NVML reports for a process whose own PID is `pid` (without
-/// `FAKE_CUDA_NVML_HOST`).
-pub fn nvml_pid(pid: u32) -> u32 {
-    pid.wrapping_add(offset())
+/// The inode of the initial PID namespace (the kernel's `PROC_PID_INIT_INO`).
+pub const INIT_PID_NS: u32 = 0xEFFF_FFFC;
+/// Namespaces told apart in the reported PID (a prime: inodes come in runs).
+const NS_CLASSES: u32 = 1021;
+
+/// The PID NVML reports for process `key` (without `FAKE_CUDA_NVML_HOST`), the same for
+/// every reader: the process's own PID plus the offset, and, outside the initial PID
+/// namespace, plus `(1 + inode % 1021) << 22` (PIDs are below 2^22), so two namespaces'
+/// processes of one PID are two PIDs, as host PIDs are (two namespaces whose inodes
+/// agree modulo 1021 still collide; a test uses a few). Offset 0 opts out of the
+/// disguise altogether: the process's own PID, whatever its namespace.
+pub fn nvml_pid(key: u64) -> u32 {
+    let (ns, pid) = (pidns::key_ns(key), pidns::key_pid(key));
+    let off = offset();
+    if off == 0 {
+        return pid;
+    }
+    let class = if ns == INIT_PID_NS || ns == 0 {
+        0
+    } else {
+        (1 + ns % NS_CLASSES) << pidns::PID_BITS
+    };
+    pid.wrapping_add(off).wrapping_add(class)
 }
 
 /// The PIDs NVML reports for `procs` (`(key, start time)`, in order; None: left out).
@@ -80,9 +102,7 @@ pub fn nvml_pids(procs: &[(u64, u64)], live_only: bool) -> Vec<Option<u32>> {
     }
     procs
         .iter()
-        .map(|&(k, st)| {
-            (!live_only || pidns::alive_since(k, st)).then(|| nvml_pid(pidns::key_pid(k)))
-        })
+        .map(|&(k, st)| (!live_only || pidns::alive_since(k, st)).then(|| nvml_pid(k)))
         .collect()
 }
 
@@ -391,17 +411,14 @@ mod tests {
         assert_eq!(t.running(5), vec![(dead, 0, 0)]);
         assert_eq!(
             nvml_pids(&[(dead, 0), (me, 0)], true),
-            vec![None, Some(nvml_pid(std::process::id()))]
+            vec![None, Some(nvml_pid(me))]
         );
         // Utilisation samples of a dead process are still reported (offset mode).
-        assert_eq!(
-            nvml_pids(&[(dead, 0)], false),
-            vec![Some(nvml_pid(4_194_303))]
-        );
+        assert_eq!(nvml_pids(&[(dead, 0)], false), vec![Some(nvml_pid(dead))]);
         // A live PID with another start time is a later process: the slot's is dead.
         let init = pidns::key(pidns::own_ns(), 1);
         assert_eq!(nvml_pids(&[(init, 1)], true), vec![None]);
-        assert_eq!(nvml_pids(&[(init, 0)], true), vec![Some(nvml_pid(1))]);
+        assert_eq!(nvml_pids(&[(init, 0)], true), vec![Some(nvml_pid(init))]);
         t.slot(5, me, true);
         assert_eq!(d[0].key.load(Ordering::Relaxed), me);
         // Two namespaces' processes with the same PID are two slots.
@@ -422,7 +439,22 @@ mod tests {
     }
 
     #[test]
-    fn reported_pids_are_offset() {
-        assert_eq!(nvml_pid(10), 10 + offset());
+    fn reported_pids_are_offset_and_unique_across_namespaces() {
+        let off = offset();
+        assert_ne!(off, 0, "FAKE_CUDA_NVML_PID_OFFSET=0 set for the unit tests");
+        assert_eq!(nvml_pid(pidns::key(INIT_PID_NS, 10)), 10 + off);
+        // Two containers' PID 1 (namespace inodes as the kernel hands them out).
+        let a = nvml_pid(pidns::key(4_026_532_900, 1));
+        let b = nvml_pid(pidns::key(4_026_532_901, 1));
+        assert_ne!(a, b);
+        // Neither is any host process's: both are past every PID (2^22).
+        assert!(
+            a >= 1 << pidns::PID_BITS && b >= 1 << pidns::PID_BITS,
+            "{a} {b}"
+        );
+        // The largest key does not wrap around.
+        let (ns, pid) = (u32::MAX, (1u32 << pidns::PID_BITS) - 1);
+        let want = u64::from(pid) + u64::from(off) + (u64::from(1 + ns % NS_CLASSES) << 22);
+        assert_eq!(u64::from(nvml_pid(pidns::key(ns, pid))), want);
     }
 }

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use fgpu_fake_cuda::{pidns, procs};
+
 const BYPASS: &str = env!("CARGO_BIN_EXE_fgpu-bypass");
 const SMI: &str = env!("CARGO_BIN_EXE_fgpu-fake-smi");
 
@@ -167,8 +169,9 @@ fn processes_listing_gpus_in_other_orders_share_one_state_by_uuid() {
 
     // B's own container view (GPU-0 only, offset PIDs): B and not A.
     let (mine, _) = smi(&st, &g0, &[], &[]);
-    assert_eq!(used(&mine, 0, &g0, pb + 400_000), vec!["256"], "{mine:?}");
-    assert!(used(&mine, 0, &g0, pa + 400_000).is_empty(), "{mine:?}");
+    let disguised = |pid: u32| procs::nvml_pid(pidns::key(pidns::own_ns(), pid));
+    assert_eq!(used(&mine, 0, &g0, disguised(pb)), vec!["256"], "{mine:?}");
+    assert!(used(&mine, 0, &g0, disguised(pa)).is_empty(), "{mine:?}");
     assert!(mine.iter().all(|l| !l.starts_with("gpu=1 ")), "{mine:?}");
 
     drop((a, b));

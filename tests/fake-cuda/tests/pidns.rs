@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fgpu_fake_cuda::{pidns, procs};
+
 const BYPASS: &str = env!("CARGO_BIN_EXE_fgpu-bypass");
 const SMI: &str = env!("CARGO_BIN_EXE_fgpu-fake-smi");
 const UUID1: &str = "GPU-e2e00000-0000-4000-8000-0000000000b1";
@@ -188,10 +190,17 @@ fn a_host_reader_sees_processes_of_other_pid_namespaces_by_their_host_pids() {
     assert!(u.abs_diff(30) <= 3, "sm {u}: {host:?}");
     assert_eq!(sm(&host, 1, b.pid), None, "{host:?}");
 
-    // Without host mode: own PIDs + the offset (both containers' PID 1 -> 400001).
+    // Without host mode (a container's view): own PIDs + the offset, told apart by
+    // namespace; both containers' PID 1 are two PIDs, neither 400001.
     let off = smi(&st, &[]);
-    assert_eq!(used(&off, 1, 400_001).len(), 2, "{off:?}");
-    assert_eq!(used(&off, 0, c.pid + 400_000), vec!["512"], "{off:?}");
+    let disguised = |pid: u32| procs::nvml_pid(pidns::key(ns_inode(pid) as u32, 1));
+    let (da, db) = (disguised(a.pid), disguised(b.pid));
+    assert_ne!(da, db);
+    assert_eq!(used(&off, 1, da), vec!["768"], "{off:?}");
+    assert_eq!(used(&off, 1, db), vec!["256"], "{off:?}");
+    assert!(used(&off, 1, 400_001).is_empty(), "{off:?}");
+    let dc = procs::nvml_pid(pidns::key(ns_inode(std::process::id()) as u32, c.pid));
+    assert_eq!(used(&off, 0, dc), vec!["512"], "{off:?}");
     let raw = smi(&st, &[("FAKE_CUDA_NVML_PID_OFFSET", "0")]);
     let mut ones = used(&raw, 1, 1);
     ones.sort();
@@ -209,10 +218,10 @@ fn a_host_reader_sees_processes_of_other_pid_namespaces_by_their_host_pids() {
     loop {
         let host = smi(&st, HOST);
         let off = smi(&st, &[]);
-        if used(&host, 1, a_pid).is_empty() && used(&off, 1, 400_001).len() == 1 {
+        if used(&host, 1, a_pid).is_empty() && used(&off, 1, da).is_empty() {
             assert_eq!(used(&host, 1, b.pid), vec!["256"], "{host:?}");
             assert_eq!(sm(&host, 1, a_pid), None, "{host:?}");
-            assert_eq!(used(&off, 1, 400_001), vec!["256"], "{off:?}");
+            assert_eq!(used(&off, 1, db), vec!["256"], "{off:?}");
             break;
         }
         assert!(Instant::now() < deadline, "still listed: {host:?} {off:?}");
@@ -302,11 +311,12 @@ fn a_container_process_that_closes_the_fakes_descriptors_stays_listed() {
     let host = smi(&st, HOST);
     assert_eq!(used(&host, 0, a.pid), vec!["256"], "{host:?}");
     let off = smi(&st, &[]);
-    assert_eq!(used(&off, 0, 400_001), vec!["256"], "{off:?}");
+    let da = procs::nvml_pid(pidns::key(ns_inode(a.pid) as u32, 1));
+    assert_eq!(used(&off, 0, da), vec!["256"], "{off:?}");
     let a_pid = a.pid;
     drop(a);
     let host = smi(&st, HOST);
     assert!(used(&host, 0, a_pid).is_empty(), "{host:?}");
-    assert!(used(&smi(&st, &[]), 0, 400_001).is_empty());
+    assert!(used(&smi(&st, &[]), 0, da).is_empty());
     let _ = std::fs::remove_dir_all(st.parent().unwrap());
 }
