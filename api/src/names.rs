@@ -269,6 +269,10 @@ pub mod attr {
     pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
     /// Standard attribute: PCI bus ID, `dddd:bb:dd.f` (string).
     pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+    /// What enforces a share's device memory: `driver` (the driver's per-cgroup limit,
+    /// beneath the shim) or `shim` (string). A claim can require `driver` with a CEL
+    /// selector.
+    pub const ENFORCEMENT: &str = "enforcement";
 }
 
 /// Device capacity names published in ResourceSlices and requested by claims.

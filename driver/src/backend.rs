@@ -13,6 +13,8 @@ use crate::device::{Gpu, Health, NodeInventory};
 
 pub mod fake;
 #[cfg(feature = "nvml")]
+pub mod limits;
+#[cfg(feature = "nvml")]
 pub mod nvml;
 pub mod usage;
 

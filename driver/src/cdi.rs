@@ -686,6 +686,7 @@ mod tests {
             pcie_root: None,
             numa_node: None,
             mig_capable: false,
+            enforcement: Default::default(),
             health: crate::device::Health::Healthy,
             device_nodes: DeviceNode::standard_set(minor, fake),
         };

@@ -58,9 +58,44 @@ pub struct Gpu {
     pub mig_capable: bool,
     /// Current health as last observed by the backend.
     pub health: Health,
+    /// What holds a share's device memory on this GPU: the driver (per-cgroup limits, set
+    /// by the kubelet plugin's CDI hook) or the shim alone. Backends report `shim`; the
+    /// plugin raises it to `driver` where the node's driver has the limits.
+    #[serde(default)]
+    pub enforcement: Enforcement,
     /// Device nodes a container needs for this GPU: the GPU's own node first, then the
     /// node-wide control nodes (see [`CONTROL_DEVICE_NODES`]).
     pub device_nodes: Vec<DeviceNode>,
+}
+
+/// What enforces a share's device-memory quota on a GPU (the device attribute
+/// `enforcement`). The shim runs either way; `driver` adds the driver's per-cgroup limit
+/// beneath it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Enforcement {
+    /// The in-container shim only.
+    #[default]
+    Shim,
+    /// The driver's per-cgroup device-memory limit (NVIDIA r615+, cgroup v2, no MIG), and
+    /// the shim.
+    Driver,
+}
+
+impl Enforcement {
+    /// The attribute's value: `shim` or `driver`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shim => "shim",
+            Self::Driver => "driver",
+        }
+    }
+}
+
+impl fmt::Display for Enforcement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl Gpu {
@@ -353,6 +388,7 @@ mod tests {
             pcie_root: Some("pci0000:15".into()),
             numa_node: Some(0),
             mig_capable: true,
+            enforcement: Default::default(),
             health: Health::Healthy,
             device_nodes: DeviceNode::standard_set(index, std::path::Path::new("/dev")),
         }

@@ -471,6 +471,7 @@ impl Parser<'_> {
                 pcie_root: g.pcie_root,
                 numa_node: g.numa_node,
                 mig_capable: g.mig_capable,
+                enforcement: Default::default(),
                 health,
                 device_nodes: DeviceNode::standard_set(minor, &device_root),
             });

@@ -107,6 +107,8 @@ impl NvmlBackend {
             pci_bus_id,
             numa_node,
             mig_capable,
+            // Raised to `driver` by the kubelet plugin where the driver limits memory.
+            enforcement: crate::device::Enforcement::Shim,
             // Every query above answered: the GPU is reachable. `health` probes again later.
             health: Health::Healthy,
             device_nodes: present_device_nodes(minor),

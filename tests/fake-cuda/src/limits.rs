@@ -29,7 +29,9 @@
 //! total = the hard limit and free = what the limit leaves (at most what the device
 //! has). Only the process's own (leaf) cgroup counts: an ancestor's limit is not applied
 //! (the real driver's `dmem` hierarchy is not modelled); the soft limit is stored and
-//! reported, never enforced (the fake has no memory pressure).
+//! reported, never enforced (the fake has no memory pressure). A limit whose cgroup
+//! directory is gone no longer holds a place in the table: as under `dmem`, where the
+//! limit is the cgroup's and is deleted with it.
 
 use std::ffi::c_int;
 use std::path::{Path, PathBuf};
@@ -372,6 +374,17 @@ impl Guard<'_> {
             }
     }
 
+    /// Whether an entry's cgroup directory is gone (deleted, or another directory got its
+    /// inode): under `dmem` a limit lives in its cgroup and dies with it, so the entry is
+    /// free for the next limit set (the table does not fill up with dead containers').
+    fn gone(e: &Entry) -> bool {
+        // (A process that cannot see a cgroup2 mount resolves every path to inode 0: it
+        // cannot tell, and keeps the entry.)
+        e.dev1 != 0
+            && e.inode != 0
+            && resolve(e.path()).map_or(true, |c| c.inode != 0 && c.inode != e.inode)
+    }
+
     fn index(&self, dev: usize, cg: &Cgroup) -> Option<usize> {
         (0..ENTRIES).find(|&i| Self::matches(&self.read(i), dev, cg))
     }
@@ -394,6 +407,7 @@ impl Guard<'_> {
             Some(i) => i,
             None => (0..ENTRIES)
                 .find(|&i| self.read(i).dev1 == 0)
+                .or_else(|| (0..ENTRIES).find(|&i| Self::gone(&self.read(i))))
                 .ok_or(TableFull)?,
         };
         let was_free = self.read(i).dev1 == 0;
@@ -592,6 +606,24 @@ mod tests {
     }
 
     #[test]
+    fn a_full_table_takes_the_place_of_a_limit_whose_cgroup_is_gone() {
+        let t = Table::private();
+        let g = t.lock();
+        // Every entry's cgroup is gone (no such directory, wherever cgroup2 is mounted).
+        for i in 0..ENTRIES {
+            let c = cg(1000 + i as u64, &format!("/fgpu-gone-{i}"));
+            g.set(0, &c, &format!("/no/such/fgpu/cgroup/{i}"), 0, 1 << 20)
+                .unwrap();
+        }
+        assert_eq!(t.header().in_use.load(Ordering::Relaxed), ENTRIES as u64);
+        let live = cg(5000, "/live");
+        g.set(0, &live, "/no/such/fgpu/cgroup/live", 0, 2 << 20)
+            .unwrap();
+        assert_eq!(g.find(0, &live).map(|e| e.hard), Some(2 << 20));
+        assert_eq!(t.header().in_use.load(Ordering::Relaxed), ENTRIES as u64);
+    }
+
+    #[test]
     fn set_find_replace_clear() {
         let t = Table::private();
         assert!(!t.any());
@@ -634,11 +666,13 @@ mod tests {
     fn a_full_table_refuses_a_new_cgroup_but_replaces() {
         let t = Table::private();
         let g = t.lock();
+        // Cgroups known by path only (no inode): none can be judged gone.
         for i in 0..ENTRIES {
-            g.set(0, &cg(1000 + i as u64, "/x"), "/x", 0, 1).unwrap();
+            let p = format!("/x{i}");
+            g.set(0, &cg(0, &p), &p, 0, 1).unwrap();
         }
-        assert_eq!(g.set(0, &cg(5, "/y"), "/y", 0, 1), Err(TableFull));
-        assert_eq!(g.set(0, &cg(1000, "/x"), "/x", 0, 2), Ok(()));
+        assert_eq!(g.set(0, &cg(0, "/y"), "/y", 0, 1), Err(TableFull));
+        assert_eq!(g.set(0, &cg(0, "/x0"), "/x0", 0, 2), Ok(()));
     }
 
     #[test]
