@@ -45,6 +45,7 @@ fn filled() -> Metrics {
                 pcie_root: None,
                 numa_node: None,
                 mig_capable: true,
+                enforcement: Default::default(),
                 health: fgpu_driver::device::Health::Healthy,
                 device_nodes: Vec::new(),
             })
@@ -65,6 +66,7 @@ fn filled() -> Metrics {
                         gpu_uuid: uuid(g),
                         memory_bytes: 1 << 30,
                         cores: 1,
+                        enforcement: Default::default(),
                         ..PreparedDevice::default()
                     }],
                     ..ClaimRecord::default()

@@ -113,6 +113,7 @@ fn main() {
                     gpu_uuid: uuid(c % GPUS),
                     memory_bytes: 8 << 30,
                     cores: 12,
+                    enforcement: Default::default(),
                     ..Default::default()
                 }],
             },

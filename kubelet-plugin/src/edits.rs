@@ -37,9 +37,9 @@ use std::path::{Path, PathBuf};
 use fgpu_api::config::{CorePercent, Priority};
 use fgpu_api::names::{self, DriverName, contract, env};
 use fgpu_driver::cdi::{
-    CdiError, CdiSpec, ContainerEdits, DeviceNodeEdit, HookEdit, MountEdit, SpecBuilder,
+    CdiError, CdiSpec, ContainerEdits, DeviceNodeEdit, HookEdit, HookName, MountEdit, SpecBuilder,
 };
-use fgpu_driver::device::{Gpu, NodeInventory};
+use fgpu_driver::device::{Enforcement, Gpu, NodeInventory};
 
 use crate::checkpoint::PreparedDevice;
 use crate::grant::ResolvedResult;
@@ -175,11 +175,65 @@ pub struct NodeFiles {
     /// Bytes the shim charges per CUDA context (`--context-overhead`; 0: none), written into
     /// the limits file as `context_overhead`.
     pub context_overhead: u64,
+    /// The driver-native limits hook (`crate::driver_limits`): each claim's spec runs it
+    /// for its GPUs marked `enforcement: driver`. `None`: off on this node.
+    pub memory_limits: Option<LimitHook>,
 }
 
 /// A byte quantity flag (`300Mi`, `0`): clap's value parser.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     fgpu_api::quantity::parse_u64(s).map_err(|e| e.to_string())
+}
+
+/// The hook subcommand's words after the program.
+pub const HOOK_ARGS: [&str; 2] = ["cdi-hook", "memory-limit"];
+/// Seconds the runtime lets the hook run.
+pub const HOOK_TIMEOUT_SECONDS: i64 = 10;
+
+/// What a claim's CDI spec needs to run the hook, fixed per node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitHook {
+    /// This binary on the host (copied to `<state dir>/bin/` at start, see
+    /// `driver_limits::install_program`).
+    pub program: PathBuf,
+    /// The NVML library the hook loads (`libnvidia-ml.so.1`, or the fake driver's).
+    pub nvml_library: PathBuf,
+    /// The plugin's run directory (the claims' directories, where records go).
+    pub run_dir: PathBuf,
+    /// Environment of the hook (`NAME=value`; a fake node's `FAKE_CUDA_*`).
+    pub env: Vec<String>,
+}
+
+/// The hook of one claim's spec: `limits` are (GPU UUID, bytes) in container order.
+pub fn hook_edit(hook: &LimitHook, claim_uid: &str, limits: &[(String, u64)]) -> HookEdit {
+    let mut args = vec![program_name(&hook.program)];
+    args.extend(HOOK_ARGS.iter().map(|s| (*s).to_owned()));
+    args.extend([
+        "--claim".to_owned(),
+        claim_uid.to_owned(),
+        "--nvml-library".to_owned(),
+        hook.nvml_library.display().to_string(),
+        "--run-dir".to_owned(),
+        hook.run_dir.display().to_string(),
+    ]);
+    for (uuid, bytes) in limits {
+        args.push("--limit".to_owned());
+        args.push(format!("{uuid}={bytes}"));
+    }
+    HookEdit {
+        hook_name: HookName::CreateRuntime,
+        path: hook.program.clone(),
+        args,
+        env: hook.env.clone(),
+        timeout: Some(HOOK_TIMEOUT_SECONDS),
+    }
+}
+
+fn program_name(p: &Path) -> String {
+    p.file_name().map_or_else(
+        || p.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 /// Host paths of one claim's files.
@@ -583,6 +637,22 @@ pub fn build(
     for h in &files.driver_hooks {
         common = common.hook(h.clone());
     }
+    // The driver's own limit on the container's cgroup, for each GPU whose driver has it:
+    // the claim's share of that GPU (every share of it in the claim, added up).
+    if let Some(hook) = &files.memory_limits {
+        let driver: Vec<(String, u64)> = gpus
+            .iter()
+            .filter(|g| {
+                devices
+                    .iter()
+                    .any(|d| d.gpu.uuid == g.uuid && d.gpu.enforcement == Enforcement::Driver)
+            })
+            .map(|g| (g.uuid.clone(), g.memory_bytes))
+            .collect();
+        if !driver.is_empty() {
+            common = common.hook(hook_edit(hook, &claim.uid, &driver));
+        }
+    }
     common = common
         .mount(MountEdit::bind(
             &files.shim_library,
@@ -643,6 +713,11 @@ pub fn build(
             gpu_uuid: d.gpu.uuid.clone(),
             memory_bytes: d.memory_bytes,
             cores: d.cores.get(),
+            enforcement: if files.memory_limits.is_some() {
+                d.gpu.enforcement
+            } else {
+                Enforcement::Shim
+            },
         });
     }
     let spec = builder.build().map_err(|source| EditsError::Cdi {
@@ -723,6 +798,7 @@ pub(crate) mod tests {
             pcie_root: None,
             numa_node: Some(0),
             mig_capable: false,
+            enforcement: Default::default(),
             health: Health::Healthy,
             device_nodes: DeviceNode::standard_set(minor, Path::new("/dev")),
         }
@@ -770,6 +846,7 @@ pub(crate) mod tests {
             fake_driver: false,
             fake_state_dir: None,
             context_overhead: 0,
+            memory_limits: None,
         }
     }
 
@@ -1020,6 +1097,63 @@ pub(crate) mod tests {
         assert_eq!(hami_memory(1 << 20), "1m");
         assert_eq!(hami_memory(1536), "1536");
         assert_eq!(hami_memory((1 << 20) + 1), "1048577");
+    }
+
+    #[test]
+    fn the_driver_limit_hook_covers_the_driver_enforced_gpus_only() {
+        let (mut g0, g1) = (gpu(0, "0000:1b:00.0"), gpu(1, "0000:0a:00.0"));
+        g0.enforcement = Enforcement::Driver;
+        // Two shares of the driver-enforced GPU (their memory adds up) and a shim-only GPU.
+        let devices = vec![
+            dev(&g0, "a", Some("s1"), 2, 0),
+            dev(&g0, "b", Some("s2"), 3, 0),
+            dev(&g1, "c", Some("s3"), 4, 0),
+        ];
+        let hooks = |f: &NodeFiles, devices: &[PlannedDevice]| {
+            let e = build(&DriverName::default(), &claim(), devices, f, &paths()).unwrap();
+            let v = e.spec.to_json_value();
+            v["containerEdits"]["hooks"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|h| h["hookName"] == "createRuntime")
+                        .cloned()
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        };
+        let mut f = files();
+        assert!(
+            hooks(&f, &devices).is_empty(),
+            "no hook without --driver-memory-limits"
+        );
+        f.memory_limits = Some(LimitHook {
+            program: "/var/lib/fgpu/bin/fgpu-kubelet-plugin".into(),
+            nvml_library: "/usr/lib/libnvidia-ml.so.1".into(),
+            run_dir: "/run/fgpu".into(),
+            env: vec![],
+        });
+        let h = hooks(&f, &devices);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h[0]["path"], "/var/lib/fgpu/bin/fgpu-kubelet-plugin");
+        let args: Vec<&str> = h[0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let limits: Vec<&str> = args
+            .windows(2)
+            .filter(|w| w[0] == "--limit")
+            .map(|w| w[1])
+            .collect();
+        assert_eq!(limits, [format!("{}={}", g0.uuid, 5 * GI)]);
+        assert!(
+            args.windows(2).any(|w| w == ["--claim", "0a1b-uid"]),
+            "{args:?}"
+        );
+        // A claim of shim-only GPUs gets no hook.
+        assert!(hooks(&f, &devices[2..]).is_empty());
     }
 
     #[test]

@@ -31,6 +31,8 @@
 //!   claim), the shim's utilisation feed, and the backstop for bypassed quotas.
 //! * [`podresources`]: the kubelet's pod resources API (`List`): which pod the device
 //!   plugin's `Allocate` serves, and which containers use which claim (the monitor).
+//! * [`driver_limits`]: driver-native memory limits (NVIDIA r615+): which GPUs have them
+//!   (the `enforcement` attribute), the CDI hook that sets a container's, their clearing.
 //! * [`serve`]: the daemon's loop tying the above together.
 
 #![forbid(unsafe_code)]
@@ -43,6 +45,8 @@ pub mod claim_cache;
 pub mod cluster;
 pub mod device_plugin;
 pub mod driver_files;
+#[cfg(feature = "nvml")]
+pub mod driver_limits;
 pub mod edits;
 pub mod grant;
 pub mod grpc;

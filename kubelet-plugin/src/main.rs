@@ -45,6 +45,17 @@ enum Command {
     /// `fgpu-controller extender`): `nvidia.com/gpu` as N shares per GPU; Allocate writes the
     /// same CDI spec and claim files as the DRA path.
     DevicePlugin(Box<fgpu_kubelet_plugin::device_plugin::DevicePluginArgs>),
+    /// Hooks the container runtime runs from a claim's CDI spec (not for people).
+    #[command(subcommand, hide = true)]
+    CdiHook(CdiHook),
+}
+
+#[derive(Debug, Subcommand)]
+enum CdiHook {
+    /// createRuntime: set the driver's device-memory limit on the new container's cgroup
+    /// (its state on stdin), for each GPU of the claim whose driver has such limits.
+    #[cfg(feature = "nvml")]
+    MemoryLimit(fgpu_kubelet_plugin::driver_limits::HookArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -119,6 +130,10 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Discover(args) => discover::run(&args),
         Command::Serve(args) => serve_cmd::run(*args),
         Command::DevicePlugin(args) => fgpu_kubelet_plugin::device_plugin::run(*args),
+        #[cfg(feature = "nvml")]
+        Command::CdiHook(CdiHook::MemoryLimit(args)) => {
+            Ok(fgpu_kubelet_plugin::driver_limits::hook_main(&args)?)
+        }
     }
 }
 

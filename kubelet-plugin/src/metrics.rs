@@ -844,6 +844,7 @@ mod tests {
                 gpu_uuid: gpu.into(),
                 memory_bytes: memory,
                 cores,
+                enforcement: Default::default(),
                 ..PreparedDevice::default()
             }],
             ..ClaimRecord::default()

@@ -242,6 +242,19 @@ async fn resync<S: crate::prepare::ClaimSource>(
     node: &str,
     publisher: &mut SlicePublisher,
 ) {
+    #[cfg(feature = "nvml")]
+    if let Some(hook) = plugin.config().files.memory_limits.clone() {
+        let swept = tokio::task::spawn_blocking(move || crate::driver_limits::sweep(&hook)).await;
+        if let Ok(r) = swept {
+            for (gpu, cgroup) in &r.cleared {
+                tracing::info!(gpu = %gpu, cgroup = %cgroup.display(),
+                    "driver memory limit of an ended container cleared");
+            }
+            for e in &r.errors {
+                tracing::warn!(error = %e, "driver memory limits sweep");
+            }
+        }
+    }
     let cleaned = plugin.cleanup_stale().await;
     for c in &cleaned.removed {
         tracing::info!(claim = %c, "unprepared a claim that no longer exists");

@@ -135,6 +135,20 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     consumable_capacity: bool,
 
+    /// Driver-native memory limits: `auto` sets the driver's per-cgroup device-memory limit
+    /// on each container of a claim (a CDI createRuntime hook) on every GPU whose driver has
+    /// such limits (NVIDIA r615+, cgroup v2, no MIG; with --backend fake, the fake NVML of
+    /// --fake-nvml-library), and publishes those GPUs with `enforcement: driver`; `off`:
+    /// the shim alone (`enforcement: shim`).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = fgpu_kubelet_plugin::driver_limits::LimitsMode::Auto,
+        value_name = "MODE",
+        env = "FGPU_DRIVER_MEMORY_LIMITS"
+    )]
+    driver_memory_limits: fgpu_kubelet_plugin::driver_limits::LimitsMode,
+
     /// Seconds between ResourceSlice republishing and stale-claim cleanup.
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     resync_seconds: u64,
@@ -208,6 +222,15 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         &args.node,
         args.monitor.fake_nvml_library.as_deref(),
     )?;
+    let fake = args.gpus.backend == Backend::Fake;
+    let (backend, memory_limits) = driver_limits(
+        backend,
+        args.driver_memory_limits,
+        fake,
+        args.monitor.fake_nvml_library.as_deref(),
+        &args.state_dir,
+        &args.run_dir,
+    )?;
     let fake_state_dir = fgpu_kubelet_plugin::edits::fake_state_dir(
         args.gpus.backend == Backend::Fake,
         args.fake_state_dir,
@@ -230,6 +253,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             fake_driver: args.gpus.backend == Backend::Fake,
             fake_state_dir,
             context_overhead: args.context_overhead,
+            memory_limits,
         },
         boot_id_path: args.boot_id_file,
         consumable_capacity: args.consumable_capacity,
@@ -257,6 +281,65 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(())
     })
 }
+
+/// The backend with its GPUs marked where the driver limits memory, and the hook for the
+/// claims' specs (`None`: off, or no GPU has the limits).
+fn driver_limits(
+    backend: Box<dyn fgpu_driver::backend::DeviceBackend>,
+    mode: fgpu_kubelet_plugin::driver_limits::LimitsMode,
+    fake: bool,
+    fake_nvml: Option<&std::path::Path>,
+    state_dir: &std::path::Path,
+    run_dir: &std::path::Path,
+) -> anyhow::Result<(
+    Box<dyn fgpu_driver::backend::DeviceBackend>,
+    Option<fgpu_kubelet_plugin::edits::LimitHook>,
+)> {
+    use fgpu_driver::device::Enforcement;
+    use fgpu_kubelet_plugin::driver_limits::{self as dl, LimitsMode};
+    if mode == LimitsMode::Off {
+        return Ok((backend, None));
+    }
+    let lib = match (fake, fake_nvml) {
+        (false, _) => PathBuf::from(fgpu_driver::backend::nvml::NVML_LIBRARY),
+        (true, Some(l)) => l.to_owned(),
+        (true, None) => return Ok((backend, None)),
+    };
+    let marked = match dl::Marked::new(backend, &lib) {
+        Ok(m) => m,
+        Err((backend, why)) => {
+            tracing::info!(library = %lib.display(), reason = %why,
+                "driver memory limits off: enforcement: shim");
+            return Ok((backend, None));
+        }
+    };
+    let any = marked
+        .enumerate()
+        .map(|gpus| gpus.iter().any(|g| g.enforcement == Enforcement::Driver))
+        .unwrap_or(false);
+    if !any {
+        tracing::info!(library = %lib.display(),
+            "no GPU's driver limits memory per cgroup: enforcement: shim");
+        return Ok((Box::new(marked), None));
+    }
+    let program = dl::install_program(state_dir).with_context(|| {
+        format!(
+            "cannot install the memory-limit hook's program in {}/bin",
+            state_dir.display()
+        )
+    })?;
+    tracing::info!(program = %program.display(), library = %lib.display(),
+        "driver memory limits on: each claim's containers get the driver's limit");
+    let hook = fgpu_kubelet_plugin::edits::LimitHook {
+        program,
+        nvml_library: lib,
+        run_dir: run_dir.to_owned(),
+        env: if fake { dl::fake_env() } else { Vec::new() },
+    };
+    Ok((Box::new(marked), Some(hook)))
+}
+
+use fgpu_driver::backend::DeviceBackend as _;
 
 #[cfg(test)]
 mod tests {

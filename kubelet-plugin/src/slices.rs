@@ -4,6 +4,7 @@
 //! the Node object. Per healthy GPU a device `gpu-<minor>` with attributes `type`, `uuid`,
 //! `productName`, `architecture`, `cudaComputeCapability` and `driverVersion` (versions),
 //! `index`, `numaNode`, `resource.kubernetes.io/pcieRoot`, `resource.kubernetes.io/pciBusID`,
+//! `enforcement` (`driver` where the node's driver limits each share's memory, else `shim`),
 //! and capacities `memory` (bytes) and `cores` (100). Unhealthy GPUs are left out so that
 //! nothing new is allocated on them.
 //!
@@ -73,6 +74,7 @@ fn device_json(gpu: &Gpu, api: ApiVersion, consumable: bool) -> Value {
         put(attr::PCIE_ROOT, "string", json!(root));
     }
     put(attr::PCI_BUS_ID, "string", json!(gpu.pci_bus_id));
+    put(attr::ENFORCEMENT, "string", json!(gpu.enforcement.as_str()));
 
     let memory = format_u64(gpu.memory_bytes);
     let cores = capacity::CORES_PER_GPU.to_string();
@@ -265,6 +267,20 @@ mod tests {
             a1.get("numaNode").is_none() && a1.get("resource.kubernetes.io/pcieRoot").is_none()
         );
         assert_eq!(kept_consumable_capacity(&s), Some(true));
+        assert_eq!(a["enforcement"], json!({"string": "shim"}));
+        // A GPU whose driver limits memory says so.
+        let mut inv = inventory();
+        inv.gpus[0].enforcement = fgpu_driver::device::Enforcement::Driver;
+        let s = build_slice(&DriverName::default(), &inv, "u", 1, ApiVersion::V1, true);
+        let devices = s["spec"]["devices"].as_array().unwrap();
+        assert_eq!(
+            devices[0]["attributes"]["enforcement"],
+            json!({"string": "driver"})
+        );
+        assert_eq!(
+            devices[1]["attributes"]["enforcement"],
+            json!({"string": "shim"})
+        );
     }
 
     #[test]

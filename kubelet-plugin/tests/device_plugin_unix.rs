@@ -122,6 +122,7 @@ async fn registers_lists_and_allocates() {
                 fake_driver: false,
                 fake_state_dir: None,
                 context_overhead: 0,
+                memory_limits: None,
             },
             boot_id: "boot-1".into(),
             claim_get_timeout: Duration::from_secs(5),

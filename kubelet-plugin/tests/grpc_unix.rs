@@ -110,6 +110,7 @@ impl Setup {
                 fake_driver: false,
                 fake_state_dir: None,
                 context_overhead: 0,
+                memory_limits: None,
             },
             boot_id: "boot-1".into(),
             claim_get_timeout: fgpu_kubelet_plugin::prepare::CLAIM_GET_TIMEOUT,

@@ -32,6 +32,7 @@ fn inventory(healthy: bool) -> NodeInventory {
         pcie_root: None,
         numa_node: None,
         mig_capable: false,
+        enforcement: Default::default(),
         health: if healthy || minor == 0 {
             Health::Healthy
         } else {
@@ -204,6 +205,7 @@ mod serve_loop {
                 fake_driver: false,
                 fake_state_dir: None,
                 context_overhead: 0,
+                memory_limits: None,
             },
             boot_id_path: boot_id,
             consumable_capacity: true,

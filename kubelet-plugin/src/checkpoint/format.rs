@@ -48,6 +48,14 @@ pub struct PreparedDevice {
     pub memory_bytes: u64,
     /// Granted cores in percent (0 = not throttled).
     pub cores: u8,
+    /// What holds the device's memory: `driver` when its CDI spec sets the driver's
+    /// per-cgroup limit (written only then: `shim` is absent, as in earlier versions).
+    #[serde(skip_serializing_if = "is_shim")]
+    pub enforcement: fgpu_driver::device::Enforcement,
+}
+
+fn is_shim(e: &fgpu_driver::device::Enforcement) -> bool {
+    *e == fgpu_driver::device::Enforcement::Shim
 }
 
 /// A claim known to the plugin.

@@ -29,6 +29,7 @@ fn record(state: PrepareState) -> ClaimRecord {
             gpu_uuid: "GPU-1".into(),
             memory_bytes: 1 << 30,
             cores: 30,
+            enforcement: Default::default(),
         }],
     }
 }

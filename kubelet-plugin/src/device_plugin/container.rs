@@ -177,6 +177,7 @@ mod tests {
             fake_driver: false,
             fake_state_dir: None,
             context_overhead: 0,
+            memory_limits: None,
         };
         let e = build(&driver, &r, &planned, &files, &paths).unwrap();
         // Device names after the pod UID and the container, one per GPU.

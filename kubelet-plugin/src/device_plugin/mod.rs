@@ -472,6 +472,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
                 fake_driver: args.backend == BackendChoice::Fake,
                 fake_state_dir,
                 context_overhead: args.context_overhead,
+                memory_limits: None,
             },
             boot_id,
             claim_get_timeout: crate::prepare::CLAIM_GET_TIMEOUT,

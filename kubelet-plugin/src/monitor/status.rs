@@ -42,8 +42,6 @@ pub const CONDITION: &str = "WithinGrant";
 pub const REASON_WITHIN: &str = "UsageWithinGrant";
 /// Its reasons.
 pub const REASON_OVER: &str = "MemoryOverGrant";
-/// How the claim's limits are enforced on this node.
-pub const ENFORCEMENT_SHIM: &str = "shim";
 /// Field manager of the plugin's status writes.
 pub const FIELD_MANAGER: &str = "fgpu-kubelet-plugin";
 
@@ -279,7 +277,7 @@ pub fn device_statuses(
                     "usedMemoryBytes": used,
                     "smUtilizationPercent": g.map_or(0, |g| g.sm_percent()),
                     "processes": g.map_or(0, |g| g.processes.len()),
-                    "enforcement": ENFORCEMENT_SHIM,
+                    "enforcement": d.enforcement.as_str(),
                     "sampledAt": now_rfc3339,
                 },
                 "conditions": [{
@@ -347,6 +345,7 @@ mod tests {
                 gpu_uuid: "GPU-0".into(),
                 memory_bytes: 4096 * MI,
                 cores: 30,
+                enforcement: Default::default(),
                 ..PreparedDevice::default()
             }],
             ..ClaimRecord::default()

@@ -59,6 +59,7 @@ fn record(dir: &Path, pod: &str, memory: u64, cores: u8) -> ClaimRecord {
             gpu_uuid: "GPU-0".into(),
             memory_bytes: memory,
             cores,
+            enforcement: Default::default(),
             ..Default::default()
         }],
     }

@@ -59,6 +59,7 @@ impl Env {
                 fake_driver: false,
                 fake_state_dir: None,
                 context_overhead: 0,
+                memory_limits: None,
             },
             boot_id: boot.into(),
             claim_get_timeout: CLAIM_GET_TIMEOUT,

@@ -32,6 +32,7 @@ impl<S: ClaimSource> Plugin<S> {
         let key = claim.key();
         let records = self.records.clone();
         let uid = claim.uid.clone();
+        let limits = self.cfg.files.memory_limits.clone();
         // The record first (durably), then the files: a crash in between leaves files no
         // record accounts for, which the start-up sweep removes (and the kubelet's retry of
         // the unprepare too). The other order would leave a `PrepareCompleted` record whose
@@ -39,11 +40,26 @@ impl<S: ClaimSource> Plugin<S> {
         let removed = tokio::task::spawn_blocking(move || {
             let _guard = guard;
             records
-                .apply(Change::Remove { uid })
+                .apply(Change::Remove { uid: uid.clone() })
                 .map_err(|source| PrepareError::Checkpoint {
                     claim: key.clone(),
                     source,
                 })?;
+            // The driver's limits the claim's containers got, before their records go with
+            // the claim's directory.
+            #[cfg(feature = "nvml")]
+            if let Some(hook) = &limits {
+                let r = crate::driver_limits::release_claim(hook, &uid);
+                for (gpu, cgroup) in &r.cleared {
+                    tracing::info!(claim = %key, gpu = %gpu, cgroup = %cgroup.display(),
+                        "driver memory limit cleared");
+                }
+                for e in &r.errors {
+                    tracing::warn!(claim = %key, error = %e, "cannot clear a driver memory limit");
+                }
+            }
+            #[cfg(not(feature = "nvml"))]
+            let _ = limits;
             remove_claim_files(&key, &paths)
         })
         .await
