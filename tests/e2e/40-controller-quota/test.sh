@@ -16,7 +16,8 @@
 #   prepared by the plugin, and each container sees its quota;
 # * a fourth (60 GiB) does not fit: it stays gated with an Event saying why and naming the
 #   best candidate; deleting the 12 GiB pod releases its claim (finalizer removed) and the
-#   fourth is allocated and runs with 60 GiB.
+#   fourth is allocated and runs with 60 GiB; claims_pending{reason="no_fit"} is 1 while it
+#   waits, 0 after.
 # Runs on every release with DRA (1.32+: resource.k8s.io v1 or v1beta1); skipped on 1.31.
 source "$(dirname "$0")/../lib.sh"
 api="$(dra_api_version)"
@@ -142,6 +143,11 @@ echo "$msg" | grep -q "best candidate $NODE_NAME/gpu-0" || fail "the event does 
 sleep 3
 assert_eq "quota-60g still gated" "gpu.fgpu.dev/allocate" "$(jp pod/quota-60g '{.spec.schedulingGates[*].name}')"
 assert_eq "quota-60g claim not allocated" "" "$(jp "resourceclaims.resource.k8s.io/$(claim_of quota-60g)" '{.status.allocation}')"
+# The controller's pending claims by reason: this one fits no GPU now (but would on an empty one).
+pending() { curl -s "http://$CONTROLLER_METRICS_ADDR/metrics" | sed -n "s/^fgpu_controller_claims_pending{reason=\"$1\"} //p"; }
+pending_is() { [ "$(pending "$1")" = "$2" ]; }
+wait_until 15 "metric: one claim pending for no_fit" pending_is no_fit 1
+assert_eq "metric: claims pending for never_fits" 0 "$(pending never_fits)"
 
 # --- deleting one pod lets it run
 c12="$(claim_of quota-12g)"
@@ -157,6 +163,7 @@ assert_eq "quota-60g cuMemGetInfo total (MiB)" 61440 "$(field quota-60g cuda_tot
 m="$(curl -s "http://$CONTROLLER_METRICS_ADDR/metrics")"
 say "metrics: $(echo "$m" | grep -E '^fgpu_controller_(claims_allocated_total|mode_info)' | tr '\n' ' ')"
 echo "$m" | grep -q '^fgpu_controller_claims_allocated_total 4$' || fail "claims_allocated_total is not 4"
+wait_until 15 "metric: no claim pending once quota-60g is allocated" pending_is no_fit 0
 echo "$m" | grep -q '^fgpu_controller_mode_info{mode="controller",reason="set by --mode"} 1$' || fail "mode_info does not say controller"
 # 4 + 8 + 60 GiB granted on gpu-0 once quota-12g's claim is gone; the per-GPU families name a
 # GPU by the slice device's uuid (gpu_uuid, as the plugin's do), not by its device name
