@@ -305,15 +305,17 @@ pub async fn shutdown_signal() {
 }
 
 /// The async runtime of the plugin's daemons: `worker_threads` workers and a blocking pool of
-/// at most 8 threads for file writes. Also picks rustls' `ring` provider: both of rustls'
-/// providers are compiled in (kube asks for ring, the CDI crate's jsonschema for aws-lc-rs),
-/// rustls then refuses to pick one and the first TLS client panics. An error installing it
-/// means one is installed already.
+/// at most 4 threads for file writes (each is resident memory, its stack and malloc cache:
+/// hack/bench-prepare.sh saw 0.4-0.6 MiB less than with 8, latency at 8 prepares in flight
+/// within noise). Also picks rustls' `ring` provider: both of rustls' providers are compiled
+/// in (kube asks for ring, the CDI crate's jsonschema for aws-lc-rs), rustls then refuses to
+/// pick one and the first TLS client panics. An error installing it means one is installed
+/// already.
 pub fn runtime(worker_threads: u16) -> std::io::Result<tokio::runtime::Runtime> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(worker_threads.into())
-        .max_blocking_threads(8)
+        .max_blocking_threads(4)
         .enable_all()
         .build()
 }

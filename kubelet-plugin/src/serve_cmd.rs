@@ -169,7 +169,7 @@ pub(crate) struct ServeArgs {
 
     /// Threads serving gRPC and the API server. The plugin's work is small and mostly
     /// waiting; a few threads keep its memory low on nodes with many CPUs. File writes run
-    /// on a separate pool of at most 8 threads.
+    /// on a separate pool of at most 4 threads.
     #[arg(long, default_value_t = 2, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     worker_threads: u16,
 
