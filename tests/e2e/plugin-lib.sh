@@ -16,6 +16,10 @@
 #   wait_registered <n> until the log says "registered with the kubelet" n times
 #   plugin_cleanup      stop it, delete its ResourceSlice, print the log tail on failure
 #                       (pass the exit status), remove $work
+#   fake_state_setup <dir>
+#                       the node's shared fake GPU state (the fake driver's files,
+#                       edits.rs FAKE_STATE_FILES), writable by every UID before the plugin
+#                       (root) or a workload (uid 1000) opens it
 #   alloc_patch <dev>   the status patch of a 512Mi share allocated on <dev> of this node's
 #                       pool (GpuShareConfig from the claim), as if a scheduler had written it
 #   allocated_claim <name> <dev>
@@ -72,6 +76,12 @@ stop_plugin() {
 wait_registered() {
   wait_until 30 "plugin registered with the kubelet ($1)" \
     sh -c "[ \"\$(grep -c 'registered with the kubelet' $work/plugin.log)\" -ge $1 ]"
+}
+fake_state_setup() {
+  mkdir -p "$1"
+  chmod 0755 "$1"
+  local f
+  for f in gpu gpu.procs gpu.live gpu.limits gpu.gpus; do : >"$1/$f"; chmod 0666 "$1/$f"; done
 }
 plugin_cleanup() {
   local rc="$1"

@@ -52,9 +52,7 @@ trap cleanup EXIT
 
 # The node's fake GPU state, shared by the workloads (uid 1000) and the plugin (root): made
 # writable for both before either opens it.
-mkdir -p "$fake_dir"
-chmod 0755 "$fake_dir"
-for f in gpu gpu.procs gpu.live gpu.limits gpu.gpus; do : >"$fake_dir/$f"; chmod 0666 "$fake_dir/$f"; done
+fake_state_setup "$fake_dir"
 
 uuids="GPU-e2e00000-0000-4000-8000-000000000000,GPU-e2e00000-0000-4000-8000-000000000001"
 monitor_args="--fake-nvml-library $work/bin/libfgpu_fake_cuda.so --monitor-period-ms 1000 --over-quota-tolerance 64Mi --compute-over-quota-seconds 5 --claim-status-interval-seconds 2"

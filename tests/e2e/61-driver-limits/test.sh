@@ -42,9 +42,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-mkdir -p "$fake_dir"
-chmod 0755 "$fake_dir"
-for f in gpu gpu.procs gpu.live gpu.limits gpu.gpus; do : >"$fake_dir/$f"; chmod 0666 "$fake_dir/$f"; done
+fake_state_setup "$fake_dir"
 uuids="GPU-e2e00000-0000-4000-8000-000000000000,GPU-e2e00000-0000-4000-8000-000000000001"
 (cd "$E2E_DIR/../../.." && cargo build -q -p fgpu-fake-cuda --bin fgpu-fake-smi) >&2 || fail "cargo build -p fgpu-fake-cuda failed"
 cp "$CARGO_TARGET_DIR/debug/fgpu-fake-smi" "$work/bin/"

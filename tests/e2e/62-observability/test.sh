@@ -118,9 +118,7 @@ allocated_on() { # allocated_on <pod> <device>
 }
 
 # --- the node: gpu-1 fell off the bus (unhealthy in the profile, unknown to NVML)
-mkdir -p "$fake_dir"
-chmod 0755 "$fake_dir"
-for f in gpu gpu.procs gpu.live gpu.limits gpu.gpus; do : >"$fake_dir/$f"; chmod 0666 "$fake_dir/$f"; done
+fake_state_setup "$fake_dir"
 sed '/- uuid: GPU-e2e00000-0000-4000-8000-000000000001/a\        unhealthy: "XID 79: GPU has fallen off the bus"' \
   "$ROOT/deploy/fake/e2e-node.yaml" >"$work/node.yaml"
 grep -q 'unhealthy: "XID 79' "$work/node.yaml" || fail "could not mark gpu-1 unhealthy in $work/node.yaml"

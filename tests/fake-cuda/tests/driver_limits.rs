@@ -6,38 +6,19 @@
 //!
 //! One test in this file: it sets the library's environment before loading it.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use fgpu_driver::backend::BackendError;
 use fgpu_driver::backend::limits::DriverLimits;
+
+mod common;
+use common::{cgroup2, library};
 
 const UUIDS: [&str; 2] = [
     "GPU-e2e00000-0000-4000-8000-0000000000d0",
     "GPU-e2e00000-0000-4000-8000-0000000000d1",
 ];
 const MIB: u64 = 1 << 20;
-
-fn library() -> PathBuf {
-    // The test binary is in <target>/<profile>/deps; the cdylib in <target>/<profile>.
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("libfgpu_fake_cuda.so")
-}
-
-fn cgroup2() -> PathBuf {
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    mi.lines()
-        .find_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            (post.split_whitespace().next()? == "cgroup2")
-                .then(|| PathBuf::from(pre.split_whitespace().nth(4).unwrap()))
-        })
-        .expect("no cgroup2 mount")
-}
 
 #[test]
 fn the_plugins_handle_sets_reads_back_and_clears_a_cgroups_limit() {

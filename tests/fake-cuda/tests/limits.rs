@@ -6,24 +6,12 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+mod common;
+use common::cgroup2;
+
 const BYPASS: &str = env!("CARGO_BIN_EXE_fgpu-bypass");
 const SMI: &str = env!("CARGO_BIN_EXE_fgpu-fake-smi");
 const MIB: u64 = 1 << 20;
-
-/// The cgroup2 mount point (its root must be the hierarchy's, as on a host).
-fn cgroup2() -> PathBuf {
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    mi.lines()
-        .find_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            (post.split_whitespace().next()? == "cgroup2").then(|| {
-                let f: Vec<&str> = pre.split_whitespace().collect();
-                assert_eq!(f[3], "/", "cgroup2 mounted from a subtree: {l}");
-                PathBuf::from(f[4])
-            })
-        })
-        .expect("no cgroup2 mount")
-}
 
 struct Cg(PathBuf);
 

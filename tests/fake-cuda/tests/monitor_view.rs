@@ -13,20 +13,13 @@ use std::time::{Duration, Instant};
 use fgpu_driver::backend::nvml::NvmlUsage;
 use fgpu_driver::backend::{DeviceBackend, FakeBackend};
 
+mod common;
+use common::library;
+
 const UUIDS: [&str; 2] = [
     "GPU-e2e00000-0000-4000-8000-000000000000",
     "GPU-e2e00000-0000-4000-8000-000000000001",
 ];
-
-fn library() -> PathBuf {
-    // The test binary is in <target>/<profile>/deps; the cdylib in <target>/<profile>.
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("libfgpu_fake_cuda.so")
-}
 
 #[test]
 fn the_fake_backend_sees_a_bypassing_process_with_its_memory_and_utilisation() {
