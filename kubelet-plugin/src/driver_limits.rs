@@ -28,7 +28,6 @@
 //! `/proc/<pid>/cgroup` reads `0::/`. See docs/architecture.md.
 
 use std::collections::BTreeMap;
-use std::io::Read as _;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -509,12 +508,7 @@ pub fn fake_env() -> Vec<String> {
 
 /// Reads the hook's stdin and runs it (the binary's `cdi-hook memory-limit`).
 pub fn hook_main(args: &HookArgs) -> Result<(), HookError> {
-    let mut stdin = std::io::stdin();
-    let mut buf = Vec::new();
-    stdin
-        .read_to_end(&mut buf)
-        .map_err(|e| HookError::State(e.to_string()))?;
-    let r = run_hook(args, &mut buf.as_slice())?;
+    let r = run_hook(args, &mut std::io::stdin())?;
     tracing::info!(claim = %args.claim, container = %r.container, cgroup = %r.cgroup.display(),
         limits = ?r.limits, "driver memory limits set");
     Ok(())

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use fgpu_api::names::{DriverName, kubelet};
+use fgpu_driver::backend::DeviceBackend as _;
 use fgpu_kubelet_plugin::driver_files;
 use fgpu_kubelet_plugin::edits::{FileMount, NodeFiles};
 use fgpu_kubelet_plugin::serve::{ServeConfig, run as serve};
@@ -338,8 +339,6 @@ fn driver_limits(
     };
     Ok((Box::new(marked), Some(hook)))
 }
-
-use fgpu_driver::backend::DeviceBackend as _;
 
 #[cfg(test)]
 mod tests {

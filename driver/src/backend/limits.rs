@@ -190,8 +190,8 @@ impl DriverLimits {
         })
     }
 
-    /// The limit of cgroup `dir` on GPU `uuid`; `None`: no limit there.
-    pub fn get(&self, uuid: &str, dir: &Path) -> Result<Option<MemoryLimit>, BackendError> {
+    /// NVML's answer for cgroup `dir` on GPU `uuid`: its status code and what it filled in.
+    fn query(&self, uuid: &str, dir: &Path) -> Result<(c_int, MemoryLimit), BackendError> {
         let h = self.handle(uuid)?;
         let ns = Self::cgroup(dir)?;
         let mut l = GetLimits {
@@ -202,31 +202,30 @@ impl DriverLimits {
         };
         // SAFETY: l is a valid nvmlGetMemoryLimits_v1_t whose nameSpace outlives the call.
         let r = unsafe { (self.get)(h, &mut l) };
-        match r {
-            NVML_SUCCESS => {
-                let m = MemoryLimit {
-                    soft: l.soft_limit,
-                    hard: l.hard_limit,
-                    used: l.current_used,
-                };
-                Ok((!m.is_unlimited()).then_some(m))
-            }
-            NVML_ERROR_NOT_FOUND => Ok(None),
-            code => Err(self.err("nvmlDeviceGetMemoryLimits_v1", code)),
+        let m = MemoryLimit {
+            soft: l.soft_limit,
+            hard: l.hard_limit,
+            used: l.current_used,
+        };
+        Ok((r, m))
+    }
+
+    /// The limit of cgroup `dir` on GPU `uuid`; `None`: no limit there.
+    pub fn get(&self, uuid: &str, dir: &Path) -> Result<Option<MemoryLimit>, BackendError> {
+        match self.query(uuid, dir)? {
+            (NVML_SUCCESS, m) => Ok((!m.is_unlimited()).then_some(m)),
+            (NVML_ERROR_NOT_FOUND, _) => Ok(None),
+            (code, _) => Err(self.err("nvmlDeviceGetMemoryLimits_v1", code)),
         }
     }
 
     /// Whether the driver limits memory per cgroup on GPU `uuid`: it answers for the
     /// cgroup2 root `cgroup_root` (a limit or none), rather than `NOT_SUPPORTED`.
     pub fn supported(&self, uuid: &str, cgroup_root: &Path) -> Result<bool, BackendError> {
-        match self.get(uuid, cgroup_root) {
-            Ok(_) => Ok(true),
-            Err(BackendError::Nvml { detail, .. })
-                if detail.starts_with(&format!("NVML error {NVML_ERROR_NOT_SUPPORTED}")) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(e),
+        match self.query(uuid, cgroup_root)? {
+            (NVML_SUCCESS | NVML_ERROR_NOT_FOUND, _) => Ok(true),
+            (NVML_ERROR_NOT_SUPPORTED, _) => Ok(false),
+            (code, _) => Err(self.err("nvmlDeviceGetMemoryLimits_v1", code)),
         }
     }
 
