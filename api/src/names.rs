@@ -244,6 +244,14 @@ fn check_dns_subdomain(name: &str) -> Result<(), DriverNameReason> {
     Ok(())
 }
 
+/// Device taints the node plugin puts on unhealthy GPUs in its ResourceSlice.
+pub mod taint {
+    /// Key of the taint on an unhealthy GPU; the value names the fault (`xid-79`, `lost`,
+    /// `ecc-double-bit` …). Tolerate it (`key: fgpu.dev/unhealthy, operator: Exists`) to
+    /// be allocated such a GPU anyway.
+    pub const UNHEALTHY: &str = "fgpu.dev/unhealthy";
+}
+
 /// Device attribute names published in ResourceSlices. Unqualified names live in the
 /// driver's domain (`device.attributes["<driver>"].productName` in CEL).
 pub mod attr {

@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 
 use crate::device::{Gpu, Health, NodeInventory};
+use crate::health::Fault;
 
 pub mod fake;
 #[cfg(feature = "nvml")]
@@ -42,6 +43,19 @@ pub trait DeviceBackend: Send + Sync {
             })
     }
 
+    /// One health check of the node's GPUs: per GPU, what is wrong with it now (an empty
+    /// list: nothing). `known` are the GPUs the caller has seen before; one of them that is no
+    /// longer enumerated is reported [`Fault::Lost`]. Events that arrived since the last
+    /// check (XIDs) are reported once.
+    ///
+    /// The default enumerates and reads each unhealthy GPU's reason as faults
+    /// ([`Fault::parse`] of each part); the NVML backend also drains the driver's event set
+    /// and reads ECC, retired-page and temperature counters.
+    fn check_health(&self, known: &[String]) -> Result<Vec<HealthReport>, BackendError> {
+        let gpus = self.enumerate()?;
+        Ok(reports_from(&gpus, known))
+    }
+
     /// The node's inventory under the Kubernetes node name `node`.
     fn inventory(&self, node: &str) -> Result<NodeInventory, BackendError> {
         Ok(NodeInventory::new(node, self.enumerate()?))
@@ -60,6 +74,43 @@ pub trait DeviceBackend: Send + Sync {
             backend: self.name(),
         })
     }
+}
+
+/// What one health check found on one GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthReport {
+    /// The GPU.
+    pub uuid: String,
+    /// What is wrong with it (empty: nothing).
+    pub faults: Vec<Fault>,
+}
+
+/// Health reports from an enumeration: each GPU's `Unhealthy` reason read as faults, and
+/// each of `known` that is missing as lost.
+pub fn reports_from(gpus: &[Gpu], known: &[String]) -> Vec<HealthReport> {
+    let mut reports: Vec<HealthReport> = gpus
+        .iter()
+        .map(|g| HealthReport {
+            uuid: g.uuid.clone(),
+            faults: match &g.health {
+                Health::Healthy => Vec::new(),
+                Health::Unhealthy { reason } => reason
+                    .split(fake::FAULT_SEPARATOR)
+                    .filter(|p| !p.trim().is_empty())
+                    .map(Fault::parse)
+                    .collect(),
+            },
+        })
+        .collect();
+    for uuid in known {
+        if !gpus.iter().any(|g| &g.uuid == uuid) {
+            reports.push(HealthReport {
+                uuid: uuid.clone(),
+                faults: vec![Fault::Lost("no longer enumerated".into())],
+            });
+        }
+    }
+    reports
 }
 
 /// Which backend to build; parsed from `--backend`.

@@ -7,6 +7,8 @@
 //!   (feature `cdi`: only the kubelet plugin writes CDI specs, and the CDI crate brings an
 //!   HTTP client and a second TLS provider that nothing else should link).
 //! * [`grant`]: what an allocation result grants a claim.
+//! * [`health`]: device faults, the admin's health policy and the per-GPU health state
+//!   machine (unhealthy at once, healthy again after N clean checks).
 //! * [`engine`]: fit and score a request against an inventory under a placement policy.
 //! * [`hami`]: HAMi's pod resources and annotations → engine requests and policy (the
 //!   extender and the DRA controller both read pods through it).
@@ -14,7 +16,8 @@
 //! * [`sim`]: the trace simulator that replays the Alibaba GPU trace through the engine.
 //!
 //! Layering: `device` and `engine` use nothing above them; `backend`, `cdi` and `grant`
-//! use `device`; `hami`, `ledger` and `sim` use `engine`.
+//! use `device`; `backend` uses `health`, which uses nothing; `hami`, `ledger` and `sim`
+//! use `engine`.
 
 // No unsafe code but in the NVML backend's driver-limits module (DESIGN.md), which opts in.
 #![deny(unsafe_code)]
@@ -26,5 +29,6 @@ pub mod device;
 pub mod engine;
 pub mod grant;
 pub mod hami;
+pub mod health;
 pub mod ledger;
 pub mod sim;

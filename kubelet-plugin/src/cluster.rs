@@ -13,6 +13,8 @@
 //!   reads the stored slice back; if the API server dropped the gated fields it republishes
 //!   plain devices and remembers that (controller mode).
 
+use std::collections::BTreeMap;
+
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::Value;
 
@@ -218,6 +220,8 @@ pub struct SlicePublisher {
     driver: DriverName,
     /// Consumable capacity is still to be tried (cleared once the API server dropped it).
     try_consumable: bool,
+    /// Device taints are still to be tried (cleared once the API server dropped them).
+    try_taints: bool,
 }
 
 impl SlicePublisher {
@@ -233,6 +237,8 @@ impl SlicePublisher {
             api,
             driver,
             try_consumable: consumable && api == ApiVersion::V1,
+            // v1beta1 (1.32) has no taints; 1.33's v1beta1 has them behind the gate.
+            try_taints: true,
         }
     }
 
@@ -244,7 +250,19 @@ impl SlicePublisher {
     }
 
     /// Creates or updates the slice for `inventory`; a no-op when the devices are unchanged.
+    /// Unhealthy GPUs are left out.
     pub async fn publish(&mut self, inventory: &NodeInventory) -> Result<Published, ClusterError> {
+        self.publish_with_taints(inventory, &BTreeMap::new()).await
+    }
+
+    /// [`publish`](Self::publish), with a device taint (by GPU UUID) for each unhealthy GPU
+    /// that should stay in the slice, tainted. Where the API server drops taints (the
+    /// DRADeviceTaints gate is off), the unhealthy GPUs are left out from then on.
+    pub async fn publish_with_taints(
+        &mut self,
+        inventory: &NodeInventory,
+        taints: &BTreeMap<String, slices::DeviceTaint>,
+    ) -> Result<Published, ClusterError> {
         let node_name = &inventory.node;
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let node = nodes
@@ -267,16 +285,20 @@ impl SlicePublisher {
             .map(|o| to_json(&name, o))
             .transpose()?;
         let generation = |v: &Value| v["spec"]["pool"]["generation"].as_i64().unwrap_or(0);
+        let build = |this: &Self, generation: i64| {
+            slices::build_slice_with_taints(
+                &this.driver,
+                inventory,
+                &node_uid,
+                generation,
+                this.api,
+                this.try_consumable,
+                this.try_taints.then_some(taints),
+            )
+        };
 
         let old_generation = existing.as_ref().map_or(0, generation);
-        let want = slices::build_slice(
-            &self.driver,
-            inventory,
-            &node_uid,
-            old_generation + 1,
-            self.api,
-            self.try_consumable,
-        );
+        let want = build(self, old_generation + 1);
         if let Some(old) = &existing
             && !slices::devices_changed(old, &want)
         {
@@ -286,30 +308,33 @@ impl SlicePublisher {
                 consumable: slices::kept_consumable_capacity(old).unwrap_or(self.try_consumable),
             });
         }
-        let stored = self.write(&name, existing.as_ref(), want).await?;
+        let mut stored = self.write(&name, existing.as_ref(), want.clone()).await?;
+        let mut fell_back = false;
         if self.try_consumable && slices::kept_consumable_capacity(&stored) == Some(false) {
             tracing::warn!(slice = %name, "the API server dropped allowMultipleAllocations (DRAConsumableCapacity is off); publishing plain devices");
             self.try_consumable = false;
-            let plain = slices::build_slice(
-                &self.driver,
-                inventory,
-                &node_uid,
-                generation(&stored) + 1,
-                self.api,
-                false,
-            );
-            let stored = self.write(&name, Some(&stored), plain).await?;
-            return Ok(Published {
-                generation: generation(&stored),
-                written: true,
-                consumable: false,
-            });
+            fell_back = true;
+        }
+        if self.try_taints && slices::kept_taints(&want, &stored) == Some(false) {
+            tracing::warn!(slice = %name, "the API server dropped the device taints (DRADeviceTaints is off); leaving unhealthy GPUs out of the slice");
+            self.try_taints = false;
+            fell_back = true;
+        }
+        if fell_back {
+            let again = build(self, generation(&stored) + 1);
+            stored = self.write(&name, Some(&stored), again).await?;
         }
         Ok(Published {
             generation: generation(&stored),
             written: true,
             consumable: self.try_consumable,
         })
+    }
+
+    /// Whether unhealthy GPUs are still published tainted (false once the API server
+    /// dropped taints).
+    pub fn taints_kept(&self) -> bool {
+        self.try_taints
     }
 
     /// Creates the slice, or replaces `existing` (optimistic concurrency on its
@@ -370,6 +395,17 @@ pub async fn warn_node_event(
     reason: &str,
     message: &str,
 ) -> Result<(), ClusterError> {
+    node_event(client, node, "Warning", reason, message).await
+}
+
+/// Records an Event of `kind` (`Normal`, `Warning`) about `node`, as [`warn_node_event`].
+pub async fn node_event(
+    client: &kube::Client,
+    node: &str,
+    kind: &str,
+    reason: &str,
+    message: &str,
+) -> Result<(), ClusterError> {
     use k8s_openapi::api::core::v1::{Event, Node};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -389,7 +425,7 @@ pub async fn warn_node_event(
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
         "reason": reason,
         "message": message,
-        "type": "Warning",
+        "type": kind,
         "count": 1,
         "source": {"component": "fgpu-kubelet-plugin", "host": node},
         "reportingComponent": "fgpu-kubelet-plugin",

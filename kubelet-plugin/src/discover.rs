@@ -20,10 +20,14 @@ pub(crate) fn run(args: &DiscoverArgs) -> anyhow::Result<()> {
                 .context("--backend fake needs --fake-gpus <FILE>")?;
             let profile = FakeProfile::load(path)?;
             tracing::debug!(profile = %path.display(), nodes = profile.nodes().len(), "loaded fake profile");
-            match &args.node {
+            let mut nodes = match &args.node {
                 Some(node) => vec![profile.node(node)?.clone()],
                 None => profile.nodes().to_vec(),
+            };
+            for n in &mut nodes {
+                fgpu_driver::backend::fake::apply_faults(path, &mut n.gpus)?;
             }
+            nodes
         }
         Backend::Nvml => {
             let node = args.node.clone().unwrap_or_else(default_node_name);

@@ -6,7 +6,9 @@
 //!   knows); `NotifyRegistrationStatus` is logged and published on a watch channel
 //!   ([`PluginServer::registration`]) so the caller can act on a rejection.
 //! * DRA (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and `...v1beta1.DRAPlugin`, both on
-//!   one socket) on `<plugins dir>/<driver>/dra.sock`.
+//!   one socket) on `<plugins dir>/<driver>/dra.sock`; with [`PluginServer::start_with_health`]
+//!   also the device health stream (`v1.DRAResourceHealth`, `v1alpha1.DRAResourceHealth`,
+//!   [`crate::health::HealthService`]), then advertised after the DRA versions.
 //!
 //! Sockets are bound under a hidden temporary name (the kubelet's plugin watcher ignores
 //! dot files), made mode 0600 and then renamed into place, so the kubelet never sees a
@@ -434,6 +436,17 @@ impl PluginServer {
         plugin: Arc<Plugin<S>>,
         sockets: Sockets,
     ) -> Result<Self, GrpcError> {
+        Self::start_with_health(plugin, sockets, None).await
+    }
+
+    /// [`start`](Self::start), also serving the kubelet's device health stream
+    /// (`v1.DRAResourceHealth`, `v1alpha1.DRAResourceHealth`) on the DRA socket and
+    /// advertising it in the registration.
+    pub async fn start_with_health<S: ClaimSource>(
+        plugin: Arc<Plugin<S>>,
+        sockets: Sockets,
+        health: Option<crate::health::HealthService>,
+    ) -> Result<Self, GrpcError> {
         let (stop, stopped) = watch::channel(false);
         let until_stopped = move || {
             let mut rx = stopped.clone();
@@ -444,13 +457,26 @@ impl PluginServer {
         let driver = plugin.config().driver.clone();
         let dra = DraService::new(plugin);
         let dra_listener = bind_private(&sockets.dra)?;
+        let with_health = health.is_some();
+        let router = tonic::transport::Server::builder()
+            .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
+            .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(dra))
+            .add_optional_service(health.clone().map(
+                fgpu_api::proto::drahealth::v1::dra_resource_health_server::DraResourceHealthServer::new,
+            ))
+            .add_optional_service(health.map(
+                fgpu_api::proto::drahealth::v1alpha1::dra_resource_health_server::DraResourceHealthServer::new,
+            ));
         let dra_task = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(v1::dra_plugin_server::DraPluginServer::new(dra.clone()))
-                .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(dra))
-                .serve_with_incoming_shutdown(relayed(dra_listener), until_stopped()),
+            router.serve_with_incoming_shutdown(relayed(dra_listener), until_stopped()),
         );
-        let registration = RegistrationService::new(&driver, &sockets.dra);
+        let mut registration = RegistrationService::new(&driver, &sockets.dra);
+        if with_health {
+            registration
+                .info
+                .supported_versions
+                .extend([kubelet::DRA_HEALTH_V1, kubelet::DRA_HEALTH_V1ALPHA1].map(str::to_owned));
+        }
         let state = registration.subscribe();
         let reg_listener = match bind_private(&sockets.registration) {
             Ok(l) => l,

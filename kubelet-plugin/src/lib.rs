@@ -50,6 +50,7 @@ pub mod driver_limits;
 pub mod edits;
 pub mod grant;
 pub mod grpc;
+pub mod health;
 pub mod metrics;
 pub mod monitor;
 pub mod podresources;

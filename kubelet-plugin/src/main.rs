@@ -5,6 +5,7 @@
 //! `fgpu_driver`, the plugin in this crate's library (`fgpu_kubelet_plugin`).
 
 mod discover;
+mod fake_fault;
 mod serve_cmd;
 
 use std::path::PathBuf;
@@ -45,6 +46,9 @@ enum Command {
     /// `fgpu-controller extender`): `nvidia.com/gpu` as N shares per GPU; Allocate writes the
     /// same CDI spec and claim files as the DRA path.
     DevicePlugin(Box<fgpu_kubelet_plugin::device_plugin::DevicePluginArgs>),
+    /// Inject or clear a fault on a GPU of a fake profile (`--backend fake`): the plugin's
+    /// next health check sees it.
+    FakeFault(fake_fault::FakeFaultArgs),
     /// Hooks the container runtime runs from a claim's CDI spec (not for people).
     #[command(subcommand, hide = true)]
     CdiHook(CdiHook),
@@ -130,6 +134,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Discover(args) => discover::run(&args),
         Command::Serve(args) => serve_cmd::run(*args),
         Command::DevicePlugin(args) => fgpu_kubelet_plugin::device_plugin::run(*args),
+        Command::FakeFault(args) => fake_fault::run(&args),
         #[cfg(feature = "nvml")]
         Command::CdiHook(CdiHook::MemoryLimit(args)) => {
             Ok(fgpu_kubelet_plugin::driver_limits::hook_main(&args)?)

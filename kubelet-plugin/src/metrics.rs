@@ -11,7 +11,8 @@
 //! | `fgpu_kubelet_plugin_gpu_granted_cores` | `gpu_uuid` | cores (percent) granted on the GPU by prepared claims |
 //! | `fgpu_kubelet_plugin_gpu_shares` | `gpu_uuid` | prepared claim devices (shares) on the GPU |
 //! | `fgpu_kubelet_plugin_gpu_memory_bytes` | `gpu_uuid`, `gpu_index` | device memory of the GPU (inventory) |
-//! | `fgpu_kubelet_plugin_gpu_healthy` | `gpu_uuid`, `gpu_index` | 1 when the GPU is healthy |
+//! | `fgpu_kubelet_plugin_gpu_healthy` | `gpu_uuid`, `gpu_index` | 1 when the GPU is healthy (the health monitor's conclusion) |
+//! | `fgpu_kubelet_plugin_gpu_health_transitions_total` | `gpu_uuid`, `to` (`healthy`, `degraded`, `fatal`) | changes of a GPU's condition |
 //! | `fgpu_kubelet_plugin_claim_reads_total` | `read` ([`ClaimRead`]) | where each prepare got its claim: the claim cache, or a GET and why |
 //! | `fgpu_kubelet_plugin_claim_cache_claims` | | claims the claim cache holds (allocated on this node) |
 //!
@@ -138,6 +139,12 @@ struct GpuLabels {
 struct GpuIndexLabels {
     gpu_uuid: String,
     gpu_index: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    gpu_uuid: String,
+    to: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -275,6 +282,7 @@ pub struct Metrics {
     shares: Family<GpuLabels, Gauge>,
     gpu_memory: Family<GpuIndexLabels, Gauge>,
     gpu_healthy: Family<GpuIndexLabels, Gauge>,
+    health_transitions: Family<TransitionLabels, Counter>,
     claim_reads: Family<ClaimReadLabels, Counter>,
     claim_cache_claims: Gauge,
     monitor: MonitorFamilies,
@@ -311,6 +319,7 @@ impl Metrics {
             shares: Family::default(),
             gpu_memory: Family::default(),
             gpu_healthy: Family::default(),
+            health_transitions: Family::default(),
             claim_reads: Family::default(),
             claim_cache_claims: Gauge::default(),
             monitor: MonitorFamilies::default(),
@@ -366,8 +375,13 @@ impl Metrics {
         );
         registry.register(
             "gpu_healthy",
-            "1 while the GPU is healthy, 0 while it is not (as the device backend last said)",
+            "1 while the GPU is healthy, 0 while it is not (as the health monitor concluded)",
             m.gpu_healthy.clone(),
+        );
+        registry.register(
+            "gpu_health_transitions",
+            "Changes of a GPU's health condition, by the condition it changed to",
+            m.health_transitions.clone(),
         );
         registry.register(
             "claim_reads",
@@ -668,6 +682,17 @@ impl Metrics {
                 .get_or_create(&l)
                 .set(i64::from(g.health.is_healthy()));
         }
+    }
+
+    /// Counts one change of a GPU's health condition to `to` (`healthy`, `degraded`,
+    /// `fatal`).
+    pub fn observe_health_transition(&self, gpu_uuid: &str, to: &'static str) {
+        self.health_transitions
+            .get_or_create(&TransitionLabels {
+                gpu_uuid: gpu_uuid.to_owned(),
+                to,
+            })
+            .inc();
     }
 
     /// Counts one backstop report.

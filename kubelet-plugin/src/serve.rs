@@ -6,8 +6,10 @@
 //! 3. Starts the claim watch that feeds the claim cache ([`crate::claim_cache`]), unless
 //!    turned off; serves the registration and DRA sockets.
 //! 4. Starts the node monitor ([`crate::monitor`]) unless turned off.
-//! 5. Publishes the node's ResourceSlice, and again every `resync` (a GPU turning unhealthy,
-//!    a kubelet that wiped the node's slices) together with the stale-claim cleanup.
+//! 5. Checks GPU health every `--health-seconds` ([`crate::health`]) and publishes the
+//!    node's ResourceSlice at once when a GPU's condition changes (unhealthy GPUs tainted),
+//!    and again every `resync` (a kubelet that wiped the node's slices) together with the
+//!    stale-claim cleanup; serves the kubelet's device health stream.
 //! 6. Stops on `shutdown`, or with an error when the kubelet refuses the registration (the
 //!    container restarts and registers again).
 
@@ -28,7 +30,11 @@ use crate::cluster::{
 };
 use crate::edits::NodeFiles;
 use crate::grpc::{GrpcError, PluginServer, RegistrationState, Sockets};
+use crate::health::{
+    DeviceHealthList, HealthMonitor, HealthService, HealthView, NodeSink, TaintArgs,
+};
 use crate::prepare::{Plugin, PluginConfig};
+use fgpu_driver::device::NodeInventory;
 
 /// Settings of [`run`].
 #[derive(Clone, Debug)]
@@ -67,6 +73,10 @@ pub struct ServeConfig {
     pub pod_resources_socket: Option<PathBuf>,
     /// The node monitor ([`crate::monitor`]); `None`: off.
     pub monitor: Option<crate::monitor::MonitorConfig>,
+    /// GPU health checks ([`crate::health`]).
+    pub health: crate::health::HealthArgs,
+    /// Effects of the device taints on unhealthy GPUs.
+    pub taints: crate::health::TaintArgs,
 }
 
 /// Why serving stopped.
@@ -203,11 +213,39 @@ pub async fn run(
             metrics_stopped,
         ));
     }
+    // GPU health: checked every --health-seconds; a change republishes the slice at once.
+    let (stop_health, health_stopped) = tokio::sync::watch::channel(false);
+    let monitor = HealthMonitor::new(backend.clone(), cfg.health.policy());
+    let mut health = monitor.subscribe();
+    let counted = plugin.clone();
+    let sink = Arc::new(NodeSink::new(
+        Some(client.clone()),
+        &cfg.node_name,
+        move |gpu, to| counted.metrics().observe_health_transition(gpu, to),
+    ));
+    tokio::spawn(crate::health::run(
+        monitor,
+        cfg.health.interval(),
+        sink,
+        health_stopped,
+    ));
+    let (device_health, device_health_rx) =
+        tokio::sync::watch::channel(DeviceHealthList::default());
+    let health_service = HealthService::new(
+        device_health_rx,
+        cfg.health.interval().max(Duration::from_secs(10)),
+    );
+
     let sockets = Sockets::new(&cfg.registrar_dir, &cfg.plugins_dir, &cfg.driver);
-    let server = PluginServer::start(plugin.clone(), sockets).await?;
+    let server =
+        PluginServer::start_with_health(plugin.clone(), sockets, Some(health_service)).await?;
     let mut registration = server.registration();
-    let mut publisher =
-        SlicePublisher::new(client, api, cfg.driver.clone(), cfg.consumable_capacity);
+    let mut slice = SliceState {
+        publisher: SlicePublisher::new(client, api, cfg.driver.clone(), cfg.consumable_capacity),
+        taints: cfg.taints.clone(),
+        last_inventory: None,
+        device_health,
+    };
 
     let mut tick = tokio::time::interval(cfg.resync);
     tokio::pin!(shutdown);
@@ -223,12 +261,20 @@ pub async fn run(
                 }
             }
             _ = tick.tick() => {
-                resync(&plugin, backend.as_ref(), &cfg.node_name, &mut publisher).await;
+                let view = health.borrow_and_update().clone();
+                resync(&plugin, backend.as_ref(), &cfg.node_name, &mut slice, &view).await;
+            }
+            changed = health.changed() => {
+                if changed.is_ok() {
+                    let view = health.borrow_and_update().clone();
+                    slice.publish(&plugin, backend.as_ref(), &cfg.node_name, &view).await;
+                }
             }
         }
     };
     stop_metrics.send_replace(true);
     stop_monitor.send_replace(true);
+    stop_health.send_replace(true);
     if let Some(watch) = watch {
         watch.abort();
     }
@@ -240,7 +286,8 @@ async fn resync<S: crate::prepare::ClaimSource>(
     plugin: &Plugin<S>,
     backend: &dyn DeviceBackend,
     node: &str,
-    publisher: &mut SlicePublisher,
+    slice: &mut SliceState,
+    health: &HealthView,
 ) {
     #[cfg(feature = "nvml")]
     if let Some(hook) = plugin.config().files.memory_limits.clone() {
@@ -262,26 +309,77 @@ async fn resync<S: crate::prepare::ClaimSource>(
     for e in &cleaned.errors {
         tracing::warn!(error = %e, "stale-claim cleanup");
     }
-    match backend.inventory(node) {
-        Ok(inventory) => {
-            plugin.set_inventory(inventory.clone());
-            match publisher.publish(&inventory).await {
-                Ok(p) if p.written => {
-                    tracing::info!(
-                        generation = p.generation,
-                        consumable = p.consumable,
-                        devices = inventory.gpus.len(),
-                        "published the ResourceSlice"
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot publish the ResourceSlice; retrying later")
-                }
+    slice.publish(plugin, backend, node, health).await;
+}
+
+/// The slice and what it was built from.
+struct SliceState {
+    publisher: SlicePublisher,
+    taints: TaintArgs,
+    /// The last inventory the backend gave, used when it cannot enumerate (a GPU fell off
+    /// the bus and NVML fails for the whole node): the lost GPU is then published unhealthy.
+    last_inventory: Option<NodeInventory>,
+    /// What the kubelet's health stream sends.
+    device_health: tokio::sync::watch::Sender<DeviceHealthList>,
+}
+
+impl SliceState {
+    /// Reads the GPUs, overlays the health monitor's conclusions and publishes the slice
+    /// (with a taint per unhealthy GPU) and the device health list.
+    async fn publish<S: crate::prepare::ClaimSource>(
+        &mut self,
+        plugin: &Plugin<S>,
+        backend: &dyn DeviceBackend,
+        node: &str,
+        health: &HealthView,
+    ) {
+        let mut inventory = match backend.inventory(node) {
+            Ok(inventory) => {
+                self.last_inventory = Some(inventory.clone());
+                inventory
             }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot list the GPUs; the ResourceSlice is not updated")
+            Err(e) => match &self.last_inventory {
+                Some(last) => {
+                    tracing::warn!(error = %e, "cannot list the GPUs; publishing the last inventory with their health");
+                    last.clone()
+                }
+                None => {
+                    tracing::warn!(error = %e, "cannot list the GPUs; the ResourceSlice is not updated");
+                    return;
+                }
+            },
+        };
+        health.overlay(&mut inventory);
+        plugin.set_inventory(inventory.clone());
+        self.device_health.send_if_modified(|l| {
+            let new = DeviceHealthList::from_inventory(&inventory);
+            let changed = *l != new;
+            *l = new;
+            changed
+        });
+        let taints = health.taints(&self.taints);
+        match self
+            .publisher
+            .publish_with_taints(&inventory, &taints)
+            .await
+        {
+            Ok(p) if p.written => {
+                tracing::info!(
+                    generation = p.generation,
+                    consumable = p.consumable,
+                    devices = inventory.gpus.len(),
+                    tainted = if self.publisher.taints_kept() {
+                        taints.len()
+                    } else {
+                        0
+                    },
+                    "published the ResourceSlice"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot publish the ResourceSlice; retrying later")
+            }
         }
     }
 }

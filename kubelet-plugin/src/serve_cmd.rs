@@ -34,6 +34,12 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     monitor: fgpu_kubelet_plugin::monitor::MonitorArgs,
 
+    #[command(flatten)]
+    health: fgpu_kubelet_plugin::health::HealthArgs,
+
+    #[command(flatten)]
+    taints: fgpu_kubelet_plugin::health::TaintArgs,
+
     /// The kubelet's plugin registry directory (registration socket).
     #[arg(long, value_name = "DIR", default_value = kubelet::REGISTRY_DIR, env = "KUBELET_REGISTRAR_DIRECTORY_PATH")]
     kubelet_registrar_directory_path: PathBuf,
@@ -265,6 +271,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         claim_cache: args.claim_cache,
         test_pause: args.test_pause_prepare_seconds.map(Duration::from_secs),
         monitor,
+        health: args.health,
+        taints: args.taints,
     };
     let runtime = fgpu_kubelet_plugin::serve::runtime(args.worker_threads)
         .context("cannot start the async runtime")?;

@@ -5,8 +5,13 @@
 //! `productName`, `architecture`, `cudaComputeCapability` and `driverVersion` (versions),
 //! `index`, `numaNode`, `resource.kubernetes.io/pcieRoot`, `resource.kubernetes.io/pciBusID`,
 //! `enforcement` (`driver` where the node's driver limits each share's memory, else `shim`),
-//! and capacities `memory` (bytes) and `cores` (100). Unhealthy GPUs are left out so that
-//! nothing new is allocated on them.
+//! and capacities `memory` (bytes) and `cores` (100).
+//!
+//! An unhealthy GPU is published with a device taint ([`DeviceTaint`], key
+//! `fgpu.dev/unhealthy`, value the fault, effect by severity) where the API server keeps
+//! taints (DRADeviceTaints: GA in 1.37, gated before); where it drops them
+//! ([`kept_taints`] reads the stored slice back), and when no taint is given for it, the
+//! GPU is left out so that nothing new is allocated on it.
 //!
 //! With consumable capacity (1.34+ API server with `DRAConsumableCapacity`), each device
 //! also carries `allowMultipleAllocations: true` and request policies: `memory` default the
@@ -15,6 +20,8 @@
 //! for shares; quota requests share the card. The API server silently drops fields of a
 //! disabled gate, so whether it kept them is read back from the stored slice
 //! ([`kept_consumable_capacity`]).
+
+use std::collections::BTreeMap;
 
 use fgpu_api::names::{DriverName, attr, capacity};
 use fgpu_api::quantity::format_u64;
@@ -47,7 +54,21 @@ pub fn semver(text: &str) -> Option<String> {
     }
 }
 
-fn device_json(gpu: &Gpu, api: ApiVersion, consumable: bool) -> Value {
+/// A taint on one device of the slice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTaint {
+    /// Qualified key ([`fgpu_api::names::taint::UNHEALTHY`]).
+    pub key: String,
+    /// A label value naming the cause.
+    pub value: String,
+    /// `None`, `NoSchedule` or `NoExecute`.
+    pub effect: &'static str,
+    /// RFC 3339, seconds: when the GPU turned unhealthy (set by the plugin, so that a
+    /// rebuilt slice compares equal to the stored one).
+    pub time_added: String,
+}
+
+fn device_json(gpu: &Gpu, api: ApiVersion, consumable: bool, taint: Option<&DeviceTaint>) -> Value {
     let mut attributes = Map::new();
     let mut put = |name: &str, kind: &str, value: Value| {
         attributes.insert(name.to_owned(), json!({ kind: value }));
@@ -99,6 +120,12 @@ fn device_json(gpu: &Gpu, api: ApiVersion, consumable: bool) -> Value {
     if consumable {
         body.insert("allowMultipleAllocations".into(), json!(true));
     }
+    if let Some(t) = taint {
+        body.insert(
+            "taints".into(),
+            json!([{"key": t.key, "value": t.value, "effect": t.effect, "timeAdded": t.time_added}]),
+        );
+    }
     match api {
         ApiVersion::V1 | ApiVersion::V1beta2 => {
             body.insert("name".into(), json!(device_name(gpu)));
@@ -124,11 +151,33 @@ pub fn build_slice(
     api: ApiVersion,
     consumable: bool,
 ) -> Value {
+    build_slice_with_taints(
+        driver, inventory, node_uid, generation, api, consumable, None,
+    )
+}
+
+/// [`build_slice`], with `taints` (by GPU UUID) for the unhealthy GPUs: each unhealthy GPU
+/// that has one is published with it; the others are left out. `None`: every unhealthy GPU
+/// is left out (the API server drops taints).
+pub fn build_slice_with_taints(
+    driver: &DriverName,
+    inventory: &NodeInventory,
+    node_uid: &str,
+    generation: i64,
+    api: ApiVersion,
+    consumable: bool,
+    taints: Option<&BTreeMap<String, DeviceTaint>>,
+) -> Value {
     let devices: Vec<Value> = inventory
         .gpus
         .iter()
-        .filter(|g| g.is_healthy())
-        .map(|g| device_json(g, api, consumable))
+        .filter_map(|g| {
+            if g.is_healthy() {
+                return Some(device_json(g, api, consumable, None));
+            }
+            let taint = taints?.get(&g.uuid)?;
+            Some(device_json(g, api, consumable, Some(taint)))
+        })
         .collect();
     json!({
         "apiVersion": api.api_version(),
@@ -169,6 +218,23 @@ pub fn kept_consumable_capacity(stored: &Value) -> Option<bool> {
         let flag = |v: &Value| v["allowMultipleAllocations"] == json!(true);
         flag(d) || flag(&d["basic"])
     }))
+}
+
+/// Whether the API server kept the device taints of a slice written with some: `None` if
+/// `written` has none (nothing to tell by).
+pub fn kept_taints(written: &Value, stored: &Value) -> Option<bool> {
+    let count = |v: &Value| {
+        v["spec"]["devices"].as_array().map_or(0, |ds| {
+            ds.iter()
+                .filter(|d| {
+                    let has = |x: &Value| x["taints"].as_array().is_some_and(|t| !t.is_empty());
+                    has(d) || has(&d["basic"])
+                })
+                .count()
+        })
+    };
+    let want = count(written);
+    (want > 0).then(|| count(stored) == want)
 }
 
 #[cfg(test)]

@@ -134,6 +134,7 @@ async fn registers_lists_and_allocates() {
         split_count: 10,
         response: AllocateResponseMode::Both,
         health_interval: Duration::from_millis(200),
+        health_policy: fgpu_driver::health::HealthPolicy::default(),
         kubelet_poll: Duration::from_millis(100),
         resync: Duration::from_millis(200),
         pod_resources_socket: None,

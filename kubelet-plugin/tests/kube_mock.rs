@@ -215,6 +215,8 @@ mod serve_loop {
             test_pause: None,
             pod_resources_socket: None,
             monitor: None,
+            health: Default::default(),
+            taints: Default::default(),
         }
     }
 

@@ -27,11 +27,17 @@
 //!
 //! Unknown keys are rejected. Every problem is reported as one line naming the file, the node
 //! and the field.
+//!
+//! Faults are injected beside the profile, in `<profile>.faults.json` ([`FaultFile`], written
+//! by `fgpu-kubelet-plugin fake-fault`): per GPU UUID a list of faults in the words of
+//! [`Fault::parse`](crate::health::Fault::parse) (`xid 79`, `ecc`, `lost`, `retired-pages`,
+//! `temperature 97`). Both files are re-read by every enumeration, so an injected fault is
+//! seen by the next health check, as a driver event would be on a real node.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{BackendError, DeviceBackend, ProfileError};
@@ -171,7 +177,9 @@ impl DeviceBackend for FakeBackend {
 
     fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
         let profile = FakeProfile::load(&self.path)?;
-        Ok(profile.node(&self.node)?.gpus.clone())
+        let mut gpus = profile.node(&self.node)?.gpus.clone();
+        apply_faults(&self.path, &mut gpus)?;
+        Ok(gpus)
     }
 
     fn usage(&self, since_us: u64) -> Result<Vec<super::GpuUsage>, BackendError> {
@@ -181,6 +189,84 @@ impl DeviceBackend for FakeBackend {
         let uuids: Vec<String> = self.enumerate()?.into_iter().map(|g| g.uuid).collect();
         Ok(reader.usage_of(&uuids, since_us))
     }
+}
+
+/// Joins several faults in one `Health::Unhealthy` reason; the default
+/// [`DeviceBackend::check_health`] splits on it.
+pub const FAULT_SEPARATOR: &str = "; ";
+
+/// Where faults for the profile at `profile` are injected: `<profile>.faults.json`.
+pub fn faults_path(profile: &Path) -> PathBuf {
+    let mut name = profile.as_os_str().to_owned();
+    name.push(".faults.json");
+    PathBuf::from(name)
+}
+
+/// Injected faults of a fake profile, by GPU UUID (`{"gpus": {"GPU-…": ["xid 79"]}}`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultFile {
+    /// Faults per GPU UUID; a GPU not listed (or with an empty list) has none.
+    #[serde(default)]
+    pub gpus: BTreeMap<String, Vec<String>>,
+}
+
+impl FaultFile {
+    /// Reads the fault file at `path`; a missing file is no faults.
+    pub fn load(path: &Path) -> Result<Self, BackendError> {
+        let text = match std::fs::read(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => {
+                return Err(BackendError::ProfileRead {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        serde_json::from_slice(&text).map_err(|e| {
+            BackendError::Profile(ProfileError {
+                path: path.to_owned(),
+                node: None,
+                field: None,
+                message: format!(
+                    "malformed fault file ({e}); expected {{\"gpus\": {{\"GPU-…\": [\"xid 79\"]}}}}"
+                ),
+            })
+        })
+    }
+
+    /// Writes the file at `path` atomically (a temporary file renamed over it), so the
+    /// backend never reads half of it.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let body = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(&tmp, body)?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
+/// Marks the GPUs of the profile at `profile` that have injected faults (its
+/// [`faults_path`]) unhealthy, the faults joined by [`FAULT_SEPARATOR`] after any
+/// `unhealthy:` reason of the profile.
+pub fn apply_faults(profile: &Path, gpus: &mut [Gpu]) -> Result<(), BackendError> {
+    let faults = FaultFile::load(&faults_path(profile))?;
+    for gpu in gpus {
+        let Some(list) = faults.gpus.get(&gpu.uuid).filter(|l| !l.is_empty()) else {
+            continue;
+        };
+        let mut reasons: Vec<String> = match &gpu.health {
+            Health::Unhealthy { reason } => vec![reason.clone()],
+            Health::Healthy => Vec::new(),
+        };
+        reasons.extend(list.iter().cloned());
+        gpu.health = Health::Unhealthy {
+            reason: reasons.join(FAULT_SEPARATOR),
+        };
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -956,6 +1042,45 @@ mod tests {
         ));
         let inv = b.inventory("node-b").unwrap();
         assert_eq!(inv.gpus.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn injected_faults_overlay_the_profile_and_read_back_as_faults() {
+        use crate::health::Fault;
+        let dir = std::env::temp_dir().join(format!("fgpu-fake-faults-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.yaml");
+        std::fs::write(&file, two_nodes("        unhealthy: XID 92\n")).unwrap();
+        let b = FakeBackend::open(&file, Some("node-b")).unwrap();
+        let known = vec!["GPU-ba".to_owned(), "GPU-gone".to_owned()];
+        let reports = b.check_health(&known).unwrap();
+        assert_eq!(reports[0].faults, vec![Fault::Xid(92)]);
+        assert!(
+            matches!(reports[1].faults.as_slice(), [Fault::Lost(_)]),
+            "{reports:?}"
+        );
+
+        let faults = faults_path(&file);
+        let mut f = FaultFile::default();
+        f.gpus
+            .insert("GPU-ba".into(), vec!["xid 79".into(), "ecc".into()]);
+        f.save(&faults).unwrap();
+        let reports = b.check_health(&known[..1]).unwrap();
+        assert_eq!(
+            reports[0].faults,
+            vec![Fault::Xid(92), Fault::Xid(79), Fault::DoubleBitEcc]
+        );
+        // A malformed fault file is an error naming it; the profile is not touched.
+        std::fs::write(&faults, "{\"gpu\": 1}").unwrap();
+        let e = b.enumerate().unwrap_err().to_string();
+        assert!(
+            e.contains("p.yaml.faults.json") && e.contains("malformed"),
+            "{e}"
+        );
+        // Cleared: back to the profile's own reason.
+        FaultFile::default().save(&faults).unwrap();
+        assert_eq!(b.check_health(&[]).unwrap()[0].faults, vec![Fault::Xid(92)]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -7,15 +7,24 @@
 
 use std::path::{Path, PathBuf};
 
-use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::{Device, Nvml};
+use std::collections::HashMap;
+use std::sync::Mutex;
 
-use super::BackendError;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
+};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, EventSet, Nvml};
+
 use super::DeviceBackend;
 use super::fake::normalize_pci_bus_id;
 use super::usage::{GpuUsage, join};
+use super::{BackendError, HealthReport};
 use crate::device::{Architecture, CONTAINER_DEV_DIR, ComputeCapability, DeviceNode, Gpu, Health};
+use crate::health::Fault;
 
 /// The soname the driver installs; the unversioned `libnvidia-ml.so` only exists where the
 /// development package is installed.
@@ -24,10 +33,22 @@ pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
 /// Where sysfs lists PCI devices.
 const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
 
+/// How close to the driver's shutdown temperature a GPU may run before it is degraded, °C.
+pub const TEMPERATURE_MARGIN_C: u32 = 5;
+
+/// Most driver events drained by one health check (the rest wait for the next).
+const EVENTS_PER_CHECK: usize = 256;
+
 /// A [`DeviceBackend`] backed by NVML.
+///
+/// NVML is initialised once and kept for the life of the process (leaked), so that the
+/// driver's event set, which borrows it, can live in the backend.
 pub struct NvmlBackend {
-    nvml: Nvml,
+    nvml: &'static Nvml,
     sysfs_pci: PathBuf,
+    /// The critical-XID / double-bit-ECC event set, registered on the first health check
+    /// (`None` until then, and again after NVML broke it).
+    events: Mutex<Option<EventSet<'static>>>,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -40,8 +61,9 @@ impl NvmlBackend {
     /// Loads [`NVML_LIBRARY`] and initialises NVML.
     pub fn new() -> Result<Self, BackendError> {
         Ok(Self {
-            nvml: load(Path::new(NVML_LIBRARY))?,
+            nvml: Box::leak(Box::new(load(Path::new(NVML_LIBRARY))?)),
             sysfs_pci: PathBuf::from(SYSFS_PCI_DEVICES),
+            events: Mutex::new(None),
         })
     }
 
@@ -162,6 +184,34 @@ impl DeviceBackend for NvmlBackend {
             .collect())
     }
 
+    fn check_health(&self, known: &[String]) -> Result<Vec<HealthReport>, BackendError> {
+        let mut from_events = self.drain_events();
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| nvml_err("nvmlDeviceGetCount", None, e))?;
+        let mut reports = Vec::new();
+        for i in 0..count {
+            // A GPU that cannot even be named is reported lost through `known` below.
+            let Ok(dev) = self.nvml.device_by_index(i) else {
+                continue;
+            };
+            let Ok(uuid) = dev.uuid() else { continue };
+            let mut faults = from_events.remove(&uuid).unwrap_or_default();
+            faults.extend(device_faults(&dev));
+            reports.push(HealthReport { uuid, faults });
+        }
+        for uuid in known {
+            if !reports.iter().any(|r| &r.uuid == uuid) {
+                reports.push(HealthReport {
+                    uuid: uuid.clone(),
+                    faults: vec![Fault::Lost("NVML no longer enumerates it".into())],
+                });
+            }
+        }
+        Ok(reports)
+    }
+
     fn health(&self, uuid: &str) -> Result<Health, BackendError> {
         let dev = self.nvml.device_by_uuid(uuid).map_err(|e| match e {
             NvmlError::NotFound => BackendError::GpuNotFound {
@@ -176,6 +226,114 @@ impl DeviceBackend for NvmlBackend {
             },
         })
     }
+}
+
+impl NvmlBackend {
+    /// The events (critical XIDs, double-bit ECC) that arrived since the last call, by GPU
+    /// UUID. Registers the event set on first use; a GPU that does not support an event type
+    /// is simply not watched for it. Failures are logged and retried on the next check: the
+    /// periodic probes still run.
+    fn drain_events(&self) -> HashMap<String, Vec<Fault>> {
+        let mut out: HashMap<String, Vec<Fault>> = HashMap::new();
+        let Ok(mut guard) = self.events.lock() else {
+            return out;
+        };
+        if guard.is_none() {
+            *guard = self.register_events();
+        }
+        let Some(set) = guard.as_ref() else {
+            return out;
+        };
+        for _ in 0..EVENTS_PER_CHECK {
+            match set.wait(0) {
+                Ok(ev) => {
+                    let Ok(uuid) = ev.device.uuid() else { continue };
+                    let fault = if ev.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                        Fault::DoubleBitEcc
+                    } else {
+                        match ev.event_data {
+                            Some(XidError::Value(n)) => {
+                                Fault::Xid(u32::try_from(n).unwrap_or(u32::MAX))
+                            }
+                            _ => Fault::Probe("critical XID of unknown number".into()),
+                        }
+                    };
+                    out.entry(uuid).or_default().push(fault);
+                }
+                Err(NvmlError::Timeout) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "nvmlEventSetWait failed; re-registering the event set on the next check");
+                    *guard = None;
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    fn register_events(&self) -> Option<EventSet<'static>> {
+        let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
+        let mut set = match self.nvml.create_event_set() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "nvmlEventSetCreate failed; XID events are not watched");
+                return None;
+            }
+        };
+        let count = self.nvml.device_count().unwrap_or(0);
+        for i in 0..count {
+            let Ok(dev) = self.nvml.device_by_index(i) else {
+                continue;
+            };
+            let supported = dev.supported_event_types().unwrap_or(EventTypes::empty());
+            let events = supported & wanted;
+            if events.is_empty() {
+                continue;
+            }
+            set = match dev.register_events(events, set) {
+                Ok(s) => s,
+                Err(e) => {
+                    // NVML freed the set: start again on the next check.
+                    tracing::warn!(gpu = i, error = %e.error, "nvmlDeviceRegisterEvents failed");
+                    return None;
+                }
+            };
+        }
+        Some(set)
+    }
+}
+
+/// What the periodic probes find wrong with `dev`: lost (memory info answers GPU_IS_LOST),
+/// volatile double-bit ECC errors, pages pending retirement, a temperature within
+/// [`TEMPERATURE_MARGIN_C`] of the shutdown limit. A probe the GPU does not support says
+/// nothing.
+fn device_faults(dev: &Device<'_>) -> Vec<Fault> {
+    let mut faults = Vec::new();
+    match dev.memory_info() {
+        Ok(_) => {}
+        Err(NvmlError::GpuLost) => {
+            faults.push(Fault::Lost("NVML reports GPU_IS_LOST".into()));
+            return faults;
+        }
+        Err(e) => faults.push(Fault::Probe(format!("nvmlDeviceGetMemoryInfo: {e}"))),
+    }
+    if let Ok(n) = dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        && n > 0
+    {
+        faults.push(Fault::DoubleBitEcc);
+    }
+    if matches!(dev.are_pages_pending_retired(), Ok(true)) {
+        faults.push(Fault::RetiredPagesPending);
+    }
+    if let (Ok(celsius), Ok(shutdown)) = (
+        dev.temperature(TemperatureSensor::Gpu),
+        dev.temperature_threshold(TemperatureThreshold::Shutdown),
+    ) && shutdown > 0
+        && celsius + TEMPERATURE_MARGIN_C >= shutdown
+    {
+        faults.push(Fault::Temperature { celsius, shutdown });
+    }
+    faults
 }
 
 /// An NVML library loaded only to read usage by GPU UUID: the fake driver's, for the

@@ -69,8 +69,10 @@ pub struct DevicePluginConfig {
     pub split_count: u32,
     /// What `Allocate` answers.
     pub response: AllocateResponseMode,
-    /// How often GPU health is read (ListAndWatch re-sends on change).
+    /// How often GPU health is checked (ListAndWatch re-sends on change).
     pub health_interval: Duration,
+    /// What the checks make of faults ([`crate::health`]).
+    pub health_policy: fgpu_driver::health::HealthPolicy,
     /// How often `kubelet.sock` is checked for a kubelet restart.
     pub kubelet_poll: Duration,
     /// How often claims of gone pods are cleaned up and the Node annotation verified.
@@ -202,22 +204,54 @@ pub async fn start<P: PodSource + Clone>(
     let mut stop_rx = stopped.clone();
     let refresh_backend = backend.clone();
     let refresh_node = node.clone();
+    let mut monitor = crate::health::HealthMonitor::new(backend.clone(), cfg.health_policy.clone());
+    let view = monitor.subscribe();
+    let (counted, gauges) = (plugin.clone(), plugin.clone());
+    let sink = crate::health::NodeSink::new(
+        writer.as_ref().map(NodeAnnotationWriter::client),
+        &node,
+        move |gpu, to| counted.metrics().observe_health_transition(gpu, to),
+    );
     tasks.push(tokio::spawn(async move {
+        use crate::health::TransitionSink as _;
         let mut tick = tokio::time::interval(health_every);
         let mut last_verify = tokio::time::Instant::now();
         let mut first = true;
+        let recovery = monitor.policy().recovery_checks;
         loop {
             tokio::select! {
                 _ = stop_rx.wait_for(|s| *s) => return,
                 _ = tick.tick() => {}
             }
-            let inv = match refresh_backend.inventory(&refresh_node) {
+            let checked = tokio::task::spawn_blocking(move || {
+                let r = monitor.check(std::time::SystemTime::now());
+                (monitor, r)
+            })
+            .await;
+            let Ok((m, result)) = checked else {
+                tracing::error!("the health check panicked; GPU health is no longer checked");
+                return;
+            };
+            monitor = m;
+            match result {
+                Ok(transitions) => {
+                    for t in &transitions {
+                        let message = format!("GPU {}: {}", t.uuid, t.message(recovery));
+                        tracing::warn!(gpu = %t.uuid, state = t.to.as_str(), "{message}");
+                        sink.transition(t, &message);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "GPU health check failed; conditions unchanged"),
+            }
+            let mut inv = match refresh_backend.inventory(&refresh_node) {
                 Ok(inv) => inv,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the GPUs; keeping the last device list");
                     continue;
                 }
             };
+            view.borrow().overlay(&mut inv);
+            gauges.metrics().set_gpus(&inv);
             let list = virtual_devices(&inv, split);
             devices_tx.send_if_modified(|cur| {
                 let changed = *cur != list;
@@ -398,9 +432,9 @@ pub struct DevicePluginArgs {
         default_value = "/proc/sys/kernel/random/boot_id"
     )]
     pub boot_id_file: PathBuf,
-    /// Seconds between GPU health reads.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    pub health_seconds: u64,
+    /// GPU health checks.
+    #[command(flatten)]
+    pub health: crate::health::HealthArgs,
     /// Seconds between cleanups of gone pods' files and Node annotation checks.
     #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub resync_seconds: u64,
@@ -483,7 +517,8 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         resource_name: args.resource_name,
         split_count: args.split_count,
         response: args.allocate_response,
-        health_interval: Duration::from_secs(args.health_seconds),
+        health_interval: args.health.interval(),
+        health_policy: args.health.policy(),
         kubelet_poll: Duration::from_secs(1),
         resync: Duration::from_secs(args.resync_seconds),
         pod_resources_socket: Some(args.pod_resources_socket).filter(|p| !p.as_os_str().is_empty()),

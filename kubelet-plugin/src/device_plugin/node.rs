@@ -13,6 +13,11 @@ pub struct NodeAnnotationWriter {
 }
 
 impl NodeAnnotationWriter {
+    /// The client it writes with (for the GPU health Events).
+    pub fn client(&self) -> kube::Client {
+        self.api.clone().into_client()
+    }
+
     /// A writer for `annotation` on node `node`.
     pub fn new(client: kube::Client, node: &str, annotation: &str) -> Self {
         Self {

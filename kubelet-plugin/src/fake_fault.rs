@@ -1,0 +1,88 @@
+//! `fake-fault`: injects or clears a fault on a GPU of a fake profile, for tests and demos.
+//! Writes `<profile>.faults.json` (atomically), which the fake backend reads at each health
+//! check; the profile itself is not touched.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use fgpu_driver::backend::fake::{FakeProfile, FaultFile, faults_path};
+use fgpu_driver::health::Fault;
+
+use crate::BadInput;
+
+/// Flags of `fake-fault`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 xid 79\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 --clear"
+)]
+pub(crate) struct FakeFaultArgs {
+    /// The fake profile whose GPU gets the fault.
+    #[arg(long, value_name = "FILE", env = "FGPU_FAKE_GPUS")]
+    fake_gpus: PathBuf,
+    /// The node, when the profile describes several.
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// The GPU: its index on the node or its UUID.
+    #[arg(long, value_name = "INDEX|UUID")]
+    gpu: String,
+    /// Remove every injected fault of the GPU instead.
+    #[arg(long, conflicts_with = "fault")]
+    clear: bool,
+    /// The fault: `xid N`, `ecc`, `lost`, `retired-pages` or `temperature C`. Added to the
+    /// GPU's faults (each stays until cleared).
+    #[arg(value_name = "FAULT", num_args = 1.., required_unless_present = "clear")]
+    fault: Vec<String>,
+}
+
+pub(crate) fn run(args: &FakeFaultArgs) -> anyhow::Result<()> {
+    let profile = FakeProfile::load(&args.fake_gpus)?;
+    let node = profile.single_node(args.node.as_deref())?;
+    let gpu = node
+        .gpus
+        .iter()
+        .find(|g| g.uuid == args.gpu || g.index.to_string() == args.gpu)
+        .ok_or_else(|| {
+            BadInput(format!(
+                "{}: node {:?} has no GPU {:?} (indexes {}, or a UUID)",
+                args.fake_gpus.display(),
+                node.node,
+                args.gpu,
+                node.gpus
+                    .iter()
+                    .map(|g| g.index.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+    let path = faults_path(&args.fake_gpus);
+    let mut file = FaultFile::load(&path)?;
+    if args.clear {
+        file.gpus.remove(&gpu.uuid);
+        println!(
+            "{}: cleared the faults of GPU {} ({})",
+            path.display(),
+            gpu.index,
+            gpu.uuid
+        );
+    } else {
+        let text = args.fault.join(" ");
+        if let Fault::Probe(_) = Fault::parse(&text) {
+            return Err(BadInput(format!(
+                "fault {text:?}: expected `xid N`, `ecc`, `lost`, `retired-pages` or `temperature C`"
+            ))
+            .into());
+        }
+        file.gpus
+            .entry(gpu.uuid.clone())
+            .or_default()
+            .push(text.clone());
+        println!(
+            "{}: GPU {} ({}): {text}",
+            path.display(),
+            gpu.index,
+            gpu.uuid
+        );
+    }
+    file.save(&path)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
