@@ -53,6 +53,9 @@ pub struct Gpu {
     pub pcie_root: Option<String>,
     /// An unhealthy GPU is never chosen.
     pub healthy: bool,
+    /// Device taints from the slice; one with effect `NoSchedule` or `NoExecute` keeps
+    /// every request off the GPU that does not tolerate it ([`Request::tolerations`]).
+    pub taints: Vec<Taint>,
     /// Device memory in bytes.
     pub memory_total: u64,
     /// Device memory not granted to anyone, in bytes.
@@ -75,6 +78,7 @@ impl Gpu {
             numa: None,
             pcie_root: None,
             healthy: true,
+            taints: Vec::new(),
             memory_total,
             memory_free: memory_total,
             cores_total: 100,
@@ -218,6 +222,55 @@ pub struct Request {
     /// Only these GPU UUIDs; empty allows all.
     pub uuid_pin: Vec<String>,
     pub topology: Topology,
+    /// Device taints this request tolerates (DRA's `tolerations`).
+    pub tolerations: Vec<Toleration>,
+}
+
+/// A device taint (`key=value:effect`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Taint {
+    /// Qualified key.
+    pub key: String,
+    /// Value; may be empty.
+    pub value: String,
+    /// `None`, `NoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+impl Taint {
+    /// Whether the taint keeps new allocations off the device (`NoSchedule`, `NoExecute`).
+    pub fn repels(&self) -> bool {
+        matches!(self.effect.as_str(), "NoSchedule" | "NoExecute")
+    }
+}
+
+/// A toleration of device taints, with the Kubernetes rules: an empty key with `Exists`
+/// tolerates every taint; `Exists` ignores the value, `Equal` (the default) compares it; an
+/// empty effect matches every effect.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Toleration {
+    /// Key to match; empty matches all keys (only with `exists`).
+    pub key: String,
+    /// Operator `Exists` (true) or `Equal` (false).
+    pub exists: bool,
+    /// Value to compare under `Equal`.
+    pub value: String,
+    /// Effect to match; empty matches all.
+    pub effect: String,
+}
+
+impl Toleration {
+    /// Whether this toleration tolerates `t`.
+    pub fn tolerates(&self, t: &Taint) -> bool {
+        let key = if self.key.is_empty() {
+            self.exists
+        } else {
+            self.key == t.key
+        };
+        let value = self.exists || self.value == t.value;
+        let effect = self.effect.is_empty() || self.effect == t.effect;
+        key && value && effect
+    }
 }
 
 impl Request {
@@ -233,6 +286,7 @@ impl Request {
             model_exclude: Vec::new(),
             uuid_pin: Vec::new(),
             topology: Topology::Any,
+            tolerations: Vec::new(),
         }
     }
     /// The FGD trace's request shape: `num_gpu` GPUs of `gpu_milli` each (1000 = whole).
@@ -282,6 +336,13 @@ impl Request {
 
     fn gpu_allowed(&self, gpu: &Gpu) -> bool {
         if !gpu.healthy {
+            return false;
+        }
+        if gpu
+            .taints
+            .iter()
+            .any(|t| t.repels() && !self.tolerations.iter().any(|tol| tol.tolerates(t)))
+        {
             return false;
         }
         if !self.uuid_pin.is_empty() && !self.uuid_pin.contains(&gpu.uuid) {

@@ -6,8 +6,10 @@
 //! `productName` as the model, `index` (labels only; left out when not an int), `numaNode`, `resource.kubernetes.io/pcieRoot`, and the
 //! capacities `memory` (bytes) and `cores` (percent, 100 when absent). `v1` and `v1beta2`
 //! devices carry these directly, `v1beta1` devices under `basic`. Slices of other drivers
-//! are ignored; of a pool published in several generations only the newest counts. Every
-//! GPU in a slice is healthy (the plugin leaves unhealthy GPUs out).
+//! are ignored; of a pool published in several generations only the newest counts. A
+//! device's `taints` are carried to the engine, which keeps a request off a device with a
+//! `NoSchedule` or `NoExecute` taint it does not tolerate (the plugin taints unhealthy
+//! GPUs).
 //!
 //! A malformed slice is left out whole and reported with the slice's name and the field;
 //! the other slices are still used.
@@ -16,7 +18,7 @@ use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use fgpu_api::names::{attr, capacity};
-use fgpu_driver::engine::{Gpu, Inventory, Node};
+use fgpu_driver::engine::{Gpu, Inventory, Node, Taint};
 use serde_json::Value;
 
 use crate::quantity_u64;
@@ -197,9 +199,33 @@ fn read_slice(spec: &Value) -> Result<(String, i64, Vec<Gpu>), FieldError> {
         gpu.pcie_root = string_attr(attr::PCIE_ROOT)?;
         gpu.cores_total = cores;
         gpu.cores_free = cores;
+        gpu.taints =
+            read_taints(&body["taints"]).map_err(|(i, p)| (field(&format!("taints[{i}]")), p))?;
         gpus.push(gpu);
     }
     Ok((pool, generation, gpus))
+}
+
+/// A device's `taints`: each needs a key and an effect.
+fn read_taints(v: &Value) -> Result<Vec<Taint>, (usize, String)> {
+    let Some(list) = v.as_array() else {
+        return Ok(Vec::new());
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let key = t["key"].as_str().filter(|k| !k.is_empty());
+            let effect = t["effect"].as_str().filter(|e| !e.is_empty());
+            match (key, effect) {
+                (Some(key), Some(effect)) => Ok(Taint {
+                    key: key.to_owned(),
+                    value: t["value"].as_str().unwrap_or_default().to_owned(),
+                    effect: effect.to_owned(),
+                }),
+                _ => Err((i, "a taint needs a key and an effect".to_owned())),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -282,6 +308,29 @@ mod tests {
             (t4.memory_total, t4.numa, t4.pcie_root.clone(), t4.index),
             (15 << 30, None, None, None)
         );
+    }
+
+    #[test]
+    fn device_taints_reach_the_engine() {
+        let mut tainted = h100(1);
+        tainted["taints"] = json!([{"key": "fgpu.dev/unhealthy", "value": "xid-79",
+            "effect": "NoExecute", "timeAdded": "2026-12-02T00:00:00Z"}]);
+        let out = from_slices(DRIVER, [v1_slice("node-a", 1, json!([h100(0), tainted]))]);
+        assert_eq!(out.errors, vec![]);
+        let gpus = &out.inventory.nodes[0].gpus;
+        assert!(gpus[0].taints.is_empty());
+        assert_eq!(
+            gpus[1].taints,
+            vec![Taint {
+                key: "fgpu.dev/unhealthy".into(),
+                value: "xid-79".into(),
+                effect: "NoExecute".into()
+            }]
+        );
+        let mut bad = h100(0);
+        bad["taints"] = json!([{"key": "k"}]);
+        let out = from_slices(DRIVER, [v1_slice("node-a", 1, json!([bad]))]);
+        assert_eq!(out.errors[0].field, "spec.devices[0].taints[0]");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use fgpu_api::config::{CorePercent, GpuShareConfig};
 use fgpu_api::names::{DriverName, capacity};
-use fgpu_driver::engine::{GpuShare, Policy, Request};
+use fgpu_driver::engine::{GpuShare, Policy, Request, Toleration};
 use fgpu_driver::hami;
 use serde_json::Value;
 
@@ -167,6 +167,7 @@ fn read_request(
     let config = entries.config;
     let mut request = Request::new(count, share_of(&config, &here)?);
     request.cores = config.cores.map(|c| u32::from(c.get()));
+    request.tolerations = tolerations(exact, &here)?;
 
     let placement = hami::pod_annotations(pod_annotations, pod_key, default_policy)?;
     placement.constrain(&mut request);
@@ -181,6 +182,41 @@ fn read_request(
         claim_config: entries.claim_config,
         class_config: entries.class_config,
     })
+}
+
+/// The request's `tolerations` of device taints (operator `Exists` or `Equal`).
+fn tolerations(exact: &Value, here: &At) -> Result<Vec<Toleration>, RequestError> {
+    let Some(list) = exact["tolerations"].as_array() else {
+        return Ok(Vec::new());
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let s = |f: &str| t[f].as_str().unwrap_or_default().to_owned();
+            let exists = match t["operator"].as_str() {
+                None | Some("Equal") => false,
+                Some("Exists") => true,
+                Some(op) => {
+                    return Err(here.field(
+                        &format!("tolerations[{i}].operator"),
+                        format!("{op:?}; use Exists or Equal"),
+                    ));
+                }
+            };
+            if s("key").is_empty() && !exists {
+                return Err(here.field(
+                    &format!("tolerations[{i}].key"),
+                    "empty; an empty key needs operator Exists".into(),
+                ));
+            }
+            Ok(Toleration {
+                key: s("key"),
+                exists,
+                value: s("value"),
+                effect: s("effect"),
+            })
+        })
+        .collect()
 }
 
 /// Where in a claim a request's fields are: errors name the claim and the field.
@@ -445,6 +481,49 @@ mod tests {
 
     fn read_one(c: &Value, class: Option<&Value>) -> Result<PendingClaim, RequestError> {
         read_all(c, class).map(|mut all| all.remove(0))
+    }
+
+    #[test]
+    fn tolerations_are_read_and_bad_ones_refused_by_field() {
+        let c = claim(
+            exactly(json!({"tolerations": [
+                {"key": "fgpu.dev/unhealthy", "operator": "Exists", "effect": "NoExecute"},
+                {"key": "k", "value": "v"}]})),
+            json!([]),
+        );
+        let p = read(&c, &[]).unwrap();
+        assert_eq!(
+            p.request.tolerations,
+            vec![
+                Toleration {
+                    key: "fgpu.dev/unhealthy".into(),
+                    exists: true,
+                    value: String::new(),
+                    effect: "NoExecute".into()
+                },
+                Toleration {
+                    key: "k".into(),
+                    exists: false,
+                    value: "v".into(),
+                    effect: String::new()
+                },
+            ]
+        );
+        let bad = claim(
+            exactly(json!({"tolerations": [{"key": "k", "operator": "Lt"}]})),
+            json!([]),
+        );
+        let e = read(&bad, &[]).unwrap_err();
+        assert_eq!(
+            e.path,
+            "spec.devices.requests[0].exactly.tolerations[0].operator"
+        );
+        let bad = claim(exactly(json!({"tolerations": [{"value": "v"}]})), json!([]));
+        let e = read(&bad, &[]).unwrap_err();
+        assert_eq!(
+            e.path,
+            "spec.devices.requests[0].exactly.tolerations[0].key"
+        );
     }
 
     #[test]

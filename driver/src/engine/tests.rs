@@ -92,6 +92,53 @@ fn host_cpu_and_memory_are_respected() {
 }
 
 #[test]
+fn device_taints_repel_requests_that_do_not_tolerate_them() {
+    let mut n = node("a", 2);
+    let taint = |effect: &str| Taint {
+        key: "fgpu.dev/unhealthy".into(),
+        value: "xid-79".into(),
+        effect: effect.into(),
+    };
+    n.gpus[0].taints = vec![taint("NoExecute")];
+    let mut r = Request::new(2, GpuShare::Whole);
+    assert!(
+        evaluate_node(0, &n, &r, Policy::BINPACK, &ctx(None)).is_none(),
+        "two GPUs but one is tainted"
+    );
+    r.gpus = 1;
+    let gpus =
+        |r: &Request, n: &Node| evaluate_node(0, n, r, Policy::BINPACK, &ctx(None)).map(|e| e.gpus);
+    assert_eq!(gpus(&r, &n), Some(vec![1]));
+    // Tolerations, by the Kubernetes rules.
+    let tol = |key: &str, exists: bool, value: &str, effect: &str| Toleration {
+        key: key.into(),
+        exists,
+        value: value.into(),
+        effect: effect.into(),
+    };
+    r.gpus = 2;
+    for (t, ok) in [
+        (tol("fgpu.dev/unhealthy", true, "", ""), true),
+        (tol("", true, "", ""), true),
+        (
+            tol("fgpu.dev/unhealthy", false, "xid-79", "NoExecute"),
+            true,
+        ),
+        (tol("fgpu.dev/unhealthy", false, "xid-48", ""), false),
+        (tol("fgpu.dev/unhealthy", true, "", "NoSchedule"), false),
+        (tol("", false, "", ""), false),
+        (tol("other", true, "", ""), false),
+    ] {
+        r.tolerations = vec![t.clone()];
+        assert_eq!(gpus(&r, &n).is_some(), ok, "{t:?}");
+    }
+    // An informational taint repels nothing.
+    r.tolerations.clear();
+    n.gpus[0].taints = vec![taint("None")];
+    assert_eq!(gpus(&r, &n), Some(vec![0, 1]));
+}
+
+#[test]
 fn model_uuid_and_health_filters() {
     let mut n = node("a", 3);
     n.gpus[1].model = "T4".into();
