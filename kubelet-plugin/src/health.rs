@@ -303,8 +303,11 @@ pub trait TransitionSink: Send + Sync + 'static {
 pub struct NodeSink {
     client: Option<kube::Client>,
     node: String,
-    count: Box<dyn Fn(&str, &'static str) + Send + Sync>,
+    count: Box<CountFn>,
 }
+
+/// `count(gpu_uuid, to)`: how a [`NodeSink`] counts a transition (a metric).
+type CountFn = dyn Fn(&str, &'static str) + Send + Sync;
 
 impl NodeSink {
     /// Events through `client` (`None`: none) about `node`; `count(gpu_uuid, to)` per
@@ -623,7 +626,7 @@ mod tests {
         assert!(inv.gpus[0].is_healthy());
         assert!(!inv.gpus[1].is_healthy());
         let list = DeviceHealthList::from_inventory(&inv);
-        assert_eq!(list.devices["gpu-1"].0, false);
+        assert!(!list.devices["gpu-1"].0);
         assert!(list.devices["gpu-1"].1.contains("XID 79"));
 
         // An ignored XID on the other GPU changes nothing.
