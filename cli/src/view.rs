@@ -51,6 +51,8 @@ pub struct GpuRow {
     pub uuid: String,
     /// Its memory (bytes).
     pub memory: Option<u64>,
+    /// Its device taints as `key=value:effect` (an unhealthy GPU's `fgpu.dev/unhealthy`).
+    pub taints: Vec<String>,
     /// The claims allocated on it.
     pub shares: Vec<Share>,
 }
@@ -168,6 +170,19 @@ pub fn gpus(slices: &Value, claims: &Value, driver: &str) -> Vec<GpuRow> {
                     device,
                     uuid: str_of(&body["attributes"][fgpu_api::names::attr::UUID]["string"]),
                     memory: quantity(&body["capacity"][fgpu_api::names::capacity::MEMORY]["value"]),
+                    taints: body["taints"]
+                        .as_array()
+                        .map_or(&[][..], Vec::as_slice)
+                        .iter()
+                        .map(|t| {
+                            format!(
+                                "{}={}:{}",
+                                str_of(&t["key"]),
+                                str_of(&t["value"]),
+                                str_of(&t["effect"])
+                            )
+                        })
+                        .collect(),
                     shares: Vec::new(),
                 },
             );
@@ -270,12 +285,17 @@ pub fn gpus_table(rows: &[GpuRow]) -> String {
                 bytes(Some(g.granted())),
                 bytes(g.used()),
                 opt(g.sm(), "%"),
+                if g.taints.is_empty() {
+                    "-".into()
+                } else {
+                    g.taints.join(",")
+                },
             ]
         })
         .collect();
     table(
         &[
-            "NODE", "GPU", "UUID", "SHARES", "MEMORY", "GRANTED", "USED", "SM",
+            "NODE", "GPU", "UUID", "SHARES", "MEMORY", "GRANTED", "USED", "SM", "TAINTS",
         ],
         &body,
     )
@@ -435,7 +455,8 @@ mod tests {
                 {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-0"}},
                  "capacity": {"memory": {"value": "80Gi"}, "cores": {"value": "100"}}},
                 {"name": "gpu-1", "attributes": {"uuid": {"string": "GPU-1"}},
-                 "capacity": {"memory": {"value": "85899345920"}}}]}},
+                 "capacity": {"memory": {"value": "85899345920"}},
+                 "taints": [{"key": "fgpu.dev/unhealthy", "value": "xid-79", "effect": "NoExecute"}]}]}},
             // v1beta1's shape
             {"spec": {"driver": D, "nodeName": "n2", "pool": {"name": "n2"}, "devices": [
                 {"name": "gpu-0", "basic": {"attributes": {"uuid": {"string": "GPU-2"}},
@@ -521,9 +542,11 @@ mod tests {
         assert_eq!(
             cols,
             [
-                "n1", "gpu-0", "GPU-0", "1", "80Gi", "4096Mi", "1024Mi", "29%"
+                "n1", "gpu-0", "GPU-0", "1", "80Gi", "4096Mi", "1024Mi", "29%", "-"
             ]
         );
+        let cols: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(cols[8], "fgpu.dev/unhealthy=xid-79:NoExecute", "{t}");
         let c = claims_table(&g);
         let cols: Vec<&str> = c.lines().nth(1).unwrap().split_whitespace().collect();
         assert_eq!(
