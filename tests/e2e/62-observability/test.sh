@@ -5,7 +5,7 @@
 # plugin and controller (host processes, as in 60-node-monitor and 40-controller-quota)
 # while three shares of one fake GPU work.
 #
-# The node (a copy of deploy/fake/e2e-node.yaml): gpu-1 unhealthy ("XID 79", left out of the
+# The node (a copy of deploy/fake/e2e-node.yaml): gpu-1 unhealthy ("XID 79", tainted in the
 # ResourceSlice) and unknown to the driver's NVML (FAKE_CUDA_UUIDS names gpu-0 only), as a
 # GPU that fell off the bus; the node monitor on (fake NVML, 1 s, claim status every 2 s,
 # over-quota reports every 3 s). The controller in controller mode with its webhooks. The
@@ -127,7 +127,9 @@ kubectl apply -f "$ROOT/deploy/deviceclasses.yaml" >&2
 start_monitored_plugin
 wait_registered 1
 wait_until 30 "ResourceSlice $PLUGIN_SLICE published" kubectl get resourceslice "$PLUGIN_SLICE"
-check "the slice leaves the unhealthy gpu-1 out" gpu-0 "$(jp "resourceslice/$PLUGIN_SLICE" '{.spec.devices[*].name}' "")"
+wait_until 30 "the unhealthy gpu-1 tainted in the slice" sh -c "kubectl get resourceslice $PLUGIN_SLICE -o jsonpath='{.spec.devices[*].taints[*].key}' | grep -q ."
+check "the slice keeps the unhealthy gpu-1, tainted NoExecute" "gpu-0 gpu-1 fgpu.dev/unhealthy=xid-79:NoExecute" \
+  "$(jp "resourceslice/$PLUGIN_SLICE" '{.spec.devices[*].name} {range .spec.devices[*].taints[*]}{.key}={.value}:{.effect}{end}' "")"
 start_controller --mode controller
 register_webhooks
 
@@ -258,7 +260,8 @@ top="$(PATH="$work/path:$PATH" kubectl fgpu top gpus 2>&1)" || fail "kubectl fgp
 say "      kubectl fgpu top gpus:"; show "$top" "        "
 check "kubectl fgpu top gpus: gpu-0's shares and granted memory (2Gi + 4Gi + 1Gi)" "3 7168Mi" \
   "$(awk '$2 == "gpu-0" { print $4, $6 }' <<<"$top")"
-check "kubectl fgpu top gpus: no row for the unhealthy gpu-1" "" "$(awk '$2 == "gpu-1"' <<<"$top")"
+check "kubectl fgpu top gpus: the unhealthy gpu-1 with no shares and its taint" "0 fgpu.dev/unhealthy=xid-79:NoExecute" \
+  "$(awk '$2 == "gpu-1" { print $4, $NF }' <<<"$top")"
 claims_top="$(PATH="$work/path:$PATH" kubectl fgpu top claims -n "$E2E_NS" 2>&1)" || fail "kubectl fgpu top claims: $claims_top"
 show "$claims_top" "        "
 row() { awk -v c="$E2E_NS/$1" '$1 == c { print $3, $4, $5, $6, $9 }' <<<"$claims_top"; }
