@@ -207,6 +207,18 @@ for name in ("fgpu-kubelet-plugin", "fgpu-device-plugin"):
     ds = get(d, "DaemonSet", name)
     check("hostPID" not in ds["spec"]["template"]["spec"] and "--monitor-period-ms=0" in containers(ds)[0]["args"],
           f"{name}: monitor off: no hostPID, --monitor-period-ms=0")
+# --- GPU health: the same checks in both plugins, taint effects in the kubelet plugin's
+d = render("1.37.2", "legacy.enabled=true", "kubeletPlugin.health.seconds=5", "kubeletPlugin.health.ignoreXids=none",
+           "kubeletPlugin.health.taintFatal=NoSchedule")
+for name in ("fgpu-kubelet-plugin", "fgpu-device-plugin"):
+    a = containers(get(d, "DaemonSet", name))[0]["args"]
+    check("--health-seconds=5" in a and "--health-recovery-checks=3" in a and "--health-ignore-xids=none" in a
+          and "--health-fatal-xids=48,62,64,74,79,95,119,120" in a, f"{name}: health flags from kubeletPlugin.health")
+a = containers(get(d, "DaemonSet", "fgpu-kubelet-plugin"))[0]["args"]
+check("--taint-degraded=NoSchedule" in a and "--taint-fatal=NoSchedule" in a, "kubelet plugin: taint effects")
+check(not any(x.startswith("--taint-") for x in containers(get(d, "DaemonSet", "fgpu-device-plugin"))[0]["args"]),
+      "device plugin: no taint flags (it has no slices)")
+
 d = render("1.37.2", "legacy.enabled=true")
 for role in ("fgpu-kubelet-plugin", "fgpu-device-plugin"):
     rules = get(d, "ClusterRole", role)["rules"]
@@ -301,6 +313,8 @@ for s, why in (("mode=bogus", "mode"), ("driverName=Bad_Name", "driverName"), ("
                ("controller.replica=2", "an unknown key"),
                ("kubeletPlugin.monitor.overQuota=bogus", "overQuota"),
                ("kubeletPlugin.monitor.periodMs=10", "periodMs"),
+               ("kubeletPlugin.health.taintFatal=Evict", "a taint effect"),
+               ("kubeletPlugin.health.fatalXids=79;48", "an XID list"),
                ("monitoring.serviceMonitor.interval=often", "a scrape interval that is no duration"),
                ("monitoring.dashboard.enable=true", "an unknown monitoring key")):
     p = render("1.37.2", s, ok=False)
