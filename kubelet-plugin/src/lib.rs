@@ -33,6 +33,9 @@
 //!   plugin's `Allocate` serves, and which containers use which claim (the monitor).
 //! * [`driver_limits`]: driver-native memory limits (NVIDIA r615+): which GPUs have them
 //!   (the `enforcement` attribute), the CDI hook that sets a container's, their clearing.
+//! * [`health`]: the GPU health monitor (checks, transitions, Node Events), the slice's
+//!   device taints and the kubelet's `DRAResourceHealth` stream; shared with the device
+//!   plugin.
 //! * [`serve`]: the daemon's loop tying the above together.
 
 #![forbid(unsafe_code)]
