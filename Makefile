@@ -33,6 +33,9 @@ clippy: ## clippy on every target, warnings are errors
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 unit: ## cargo test for the whole workspace
+	@# The fake driver's cdylib, which tests/fake-cuda's integration tests load: cargo test
+	@# builds only the rlib of a package's lib for its own tests.
+	$(CARGO) build -p fgpu-fake-cuda --lib
 	$(CARGO) test --workspace
 
 -include mk/*.mk
