@@ -60,8 +60,14 @@ impl std::fmt::Debug for NvmlBackend {
 impl NvmlBackend {
     /// Loads [`NVML_LIBRARY`] and initialises NVML.
     pub fn new() -> Result<Self, BackendError> {
+        Self::with_library(Path::new(NVML_LIBRARY))
+    }
+
+    /// Loads the NVML library at `lib` (a path, or a soname the loader resolves) and
+    /// initialises it: the fake driver's NVML in tests (`tests/fake-cuda`).
+    pub fn with_library(lib: &Path) -> Result<Self, BackendError> {
         Ok(Self {
-            nvml: Box::leak(Box::new(load(Path::new(NVML_LIBRARY))?)),
+            nvml: Box::leak(Box::new(load(lib)?)),
             sysfs_pci: PathBuf::from(SYSFS_PCI_DEVICES),
             events: Mutex::new(None),
         })

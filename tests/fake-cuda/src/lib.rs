@@ -27,6 +27,8 @@
 //! host-side reader (`FAKE_CUDA_NVML_HOST=1`), reported by their PIDs there (`pidns.rs`).
 //! Driver-native per-cgroup memory limits (`nvmlDeviceSetMemoryLimits_v1`, with
 //! `FAKE_CUDA_MEMORY_LIMITS=1`) are enforced in every allocation (`limits.rs`).
+//! Device faults injected in the file `FAKE_CUDA_FAULTS` names (the fake backend's
+//! `<profile>.faults.json`) reach NVML's event sets and health probes (`faults.rs`).
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
@@ -34,6 +36,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+pub mod faults;
 pub mod gpus;
 pub mod limits;
 pub mod pidns;
@@ -1475,6 +1478,7 @@ nvml_exports! {
     fn nvmlDeviceGetMemoryInfo(h: *const u8, mem: *mut NvmlMemory) {
         tri!(nvml_ready());
         let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        tri!(reachable(d));
         let (size, used) = { let st = state(); (st.devs[d].size, st.devs[d].used) };
         let (total, free) = limits::visible_memory(d, size, used);
         if put(mem, NvmlMemory { total, free, used }) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
@@ -1486,6 +1490,7 @@ nvml_exports! {
         if v != NVML_MEMORY_V2 {
             return 25; // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         }
+        tri!(reachable(d));
         let (size, used) = { let st = state(); (st.devs[d].size, st.devs[d].used) };
         let reserved = 512 << 20;
         let (total, free) = limits::visible_memory(d, size, used);
@@ -1649,6 +1654,162 @@ fn c_path(p: *const c_char) -> Option<String> {
     (!s.is_empty() && s.len() <= limits::PATH_LEN).then(|| s.to_owned())
 }
 
+// ------------------------------------------------------- NVML health (faults.rs)
+
+const NVML_ERROR_TIMEOUT: c_int = 10;
+const NVML_ERROR_GPU_IS_LOST: c_int = 15;
+const NVML_ERROR_UNKNOWN: c_int = 999;
+
+/// `nvmlEventData_t`.
+#[repr(C)]
+pub struct NvmlEventData {
+    pub device: *const u8,
+    pub event_type: u64,
+    pub event_data: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// The injected faults of device `d`; a fault file that cannot be read is
+/// `NVML_ERROR_UNKNOWN` (reported once on stderr per process).
+fn injected(d: usize) -> Result<faults::GpuFaults, c_int> {
+    match faults::current() {
+        Ok(i) => Ok(i.of(&uuid_string(&device_uuid(d)))),
+        Err(e) => {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                eprintln!("fake NVML: FAKE_CUDA_FAULTS: {e}");
+            }
+            Err(NVML_ERROR_UNKNOWN)
+        }
+    }
+}
+
+/// `Ok` while device `d` is on the bus; a lost GPU answers `NVML_ERROR_GPU_IS_LOST`.
+fn reachable(d: usize) -> Result<faults::GpuFaults, c_int> {
+    let f = injected(d)?;
+    if f.is_lost() {
+        Err(NVML_ERROR_GPU_IS_LOST)
+    } else {
+        Ok(f)
+    }
+}
+
+/// Live event sets by handle (handles are these ids, never dereferenced, so a freed or
+/// forged handle is refused rather than followed).
+fn event_sets() -> MutexGuard<'static, HashMap<usize, faults::EventSet>> {
+    static SETS: OnceLock<Mutex<HashMap<usize, faults::EventSet>>> = OnceLock::new();
+    SETS.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+static NEXT_EVENT_SET: AtomicU64 = AtomicU64::new(1);
+
+nvml_exports! {
+    fn nvmlDeviceGetSupportedEventTypes(h: *const u8, types: *mut u64) {
+        tri!(nvml_ready());
+        if nvml_device(h).is_none() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        if put(types, faults::SUPPORTED_EVENTS) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+    fn nvmlEventSetCreate(set: *mut usize) {
+        tri!(nvml_ready());
+        let id = NEXT_EVENT_SET.fetch_add(1, Ordering::Relaxed) as usize;
+        if !put(set, id) {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        event_sets().insert(id, faults::EventSet::default());
+        NVML_SUCCESS
+    }
+    fn nvmlDeviceRegisterEvents(h: *const u8, types: u64, set: usize) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        if types & !faults::SUPPORTED_EVENTS != 0 {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        let now = tri!(reachable(d));
+        match event_sets().get_mut(&set) {
+            Some(s) => {
+                s.register(d, types, &now);
+                NVML_SUCCESS
+            }
+            None => NVML_ERROR_INVALID_ARGUMENT,
+        }
+    }
+    fn nvmlEventSetWait_v2(set: usize, data: *mut NvmlEventData, timeout_ms: c_uint) {
+        tri!(nvml_ready());
+        if data.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms.into());
+        loop {
+            // A GPU whose faults cannot be read raises nothing (its probes say why).
+            let next = match event_sets().get_mut(&set) {
+                Some(s) => s.next(|d| injected(d).unwrap_or_default()),
+                None => return NVML_ERROR_INVALID_ARGUMENT,
+            };
+            if let Some(ev) = next {
+                put(data, NvmlEventData {
+                    device: NVML_DEVICES[ev.device..].as_ptr(),
+                    event_type: ev.event_type,
+                    event_data: ev.data,
+                    gpu_instance_id: u32::MAX,
+                    compute_instance_id: u32::MAX,
+                });
+                return NVML_SUCCESS;
+            }
+            if std::time::Instant::now() >= deadline {
+                return NVML_ERROR_TIMEOUT;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    fn nvmlEventSetFree(set: usize) {
+        tri!(nvml_ready());
+        if event_sets().remove(&set).is_some() { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+    fn nvmlDeviceGetTotalEccErrors(h: *const u8, error_type: c_uint, counter_type: c_uint, count: *mut u64) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        // Error types: 0 corrected, 1 uncorrected; counters: 0 volatile, 1 aggregate.
+        if error_type > 1 || counter_type > 1 {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let f = tri!(reachable(d));
+        let n = u64::from(error_type == 1 && f.ecc);
+        if put(count, n) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+    fn nvmlDeviceGetRetiredPagesPendingStatus(h: *const u8, pending: *mut c_int) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        let f = tri!(reachable(d));
+        if put(pending, c_int::from(f.retired_pages)) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+    fn nvmlDeviceGetTemperature(h: *const u8, sensor: c_uint, celsius: *mut c_uint) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        if sensor != 0 {
+            return NVML_ERROR_INVALID_ARGUMENT; // NVML_TEMPERATURE_GPU only
+        }
+        let f = tri!(reachable(d));
+        if put(celsius, f.celsius.unwrap_or(faults::IDLE_CELSIUS)) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+    fn nvmlDeviceGetTemperatureThreshold(h: *const u8, threshold: c_uint, celsius: *mut c_uint) {
+        tri!(nvml_ready());
+        let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
+        tri!(reachable(d));
+        // NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0, _SLOWDOWN = 1; no others on the fake.
+        let value = match threshold {
+            0 => faults::SHUTDOWN_CELSIUS,
+            1 => faults::SLOWDOWN_CELSIUS,
+            _ => return NVML_ERROR_NOT_SUPPORTED,
+        };
+        if put(celsius, value) { NVML_SUCCESS } else { NVML_ERROR_INVALID_ARGUMENT }
+    }
+}
+
 /// `nvmlErrorString` returns a pointer, not a status.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlErrorString(r: c_int) -> *const c_char {
@@ -1659,6 +1820,8 @@ pub extern "C" fn nvmlErrorString(r: c_int) -> *const c_char {
         3 => c"Not Supported".as_ptr(),
         6 => c"Not Found".as_ptr(),
         7 => c"Insufficient Size".as_ptr(),
+        10 => c"Timeout".as_ptr(),
+        15 => c"GPU is lost".as_ptr(),
         23 => c"Insufficient Resources".as_ptr(),
         _ => c"Unknown Error".as_ptr(),
     }
