@@ -70,6 +70,34 @@ pub fn device_classes(api: ApiVersion) -> ApiResource {
     resource(api, "DeviceClass", "deviceclasses")
 }
 
+/// The `resource.k8s.io` versions that may serve DeviceTaintRules, newest first: `v1`
+/// from 1.37, `v1beta2` on 1.36 and `v1alpha3` on 1.33 to 1.35 (each behind the
+/// `DRADeviceTaintRules` gate before 1.37).
+pub const TAINT_RULE_VERSIONS: [&str; 3] = ["v1", "v1beta2", "v1alpha3"];
+
+/// DeviceTaintRules at the newest version the API server serves them, or `None` where it
+/// serves none (the gate is off, or the release predates them). A version the server does
+/// not serve at all is skipped; any other discovery failure is an error.
+pub async fn device_taint_rules(client: &kube::Client) -> Result<Option<ApiResource>, kube::Error> {
+    for version in TAINT_RULE_VERSIONS {
+        let list = match client
+            .list_api_group_resources(&format!("{GROUP}/{version}"))
+            .await
+        {
+            Ok(list) => list,
+            Err(kube::Error::Api(s)) if s.is_not_found() => continue,
+            Err(e) => return Err(e),
+        };
+        if list.resources.iter().any(|r| r.name == "devicetaintrules") {
+            return Ok(Some(ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(GROUP, version, "DeviceTaintRule"),
+                "devicetaintrules",
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// Pods (`v1`), as a dynamic resource.
 pub fn pods() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods")

@@ -235,6 +235,9 @@ d = render("1.37.2", "driverName=gpu.example.com", "mode=controller")
 check(get(d, "DeviceClass", "shared.gpu.example.com") is not None, "classes follow driverName")
 rules = get(d, "ClusterRole", "fgpu-controller")["rules"]
 check(any(r.get("resourceNames") == ["shared.gpu.example.com"] for r in rules), "controller RBAC names shared.<driverName>")
+check(any("devicetaintrules" in r["resources"] and {"list", "watch"} <= set(r["verbs"])
+          and "create" not in r["verbs"] for r in rules),
+      "controller RBAC: list/watch DeviceTaintRules (read only)")
 
 # --- cert-manager
 d = render("1.37.2", "certs.mode=certManager", "mode=controller")

@@ -113,7 +113,10 @@ pub struct ViewCache {
     /// This pass's pods: the mirror's views, and the overlay's newer ones.
     pods: Vec<Arc<PodView>>,
     written_pods: Vec<PodView>,
-    /// (UID, version) of every slice the inventory was read from, sorted.
+    /// The DeviceTaintRules that may select this driver's devices
+    /// ([`ViewCache::set_taint_rules`]).
+    taint_rules: Vec<Arc<Packed>>,
+    /// (UID, version) of every slice and taint rule the inventory was read from, sorted.
     slice_versions: Vec<(String, String)>,
     /// Bumped whenever the inventory is read again (claim grants depend on it).
     generation: u64,
@@ -188,11 +191,18 @@ impl ViewCache {
         overlay.0.retain(|uid, _| live.contains(uid));
     }
 
-    /// Reads the inventory again when the set of slice versions changed, one slice at a
-    /// time (a thousand slices parsed at once would be tens of MiB).
+    /// The admins' DeviceTaintRules to lay over the slices from the next
+    /// [`ViewCache::refresh`] on (none where the API server serves no such resource).
+    pub fn set_taint_rules(&mut self, rules: Vec<Arc<Packed>>) {
+        self.taint_rules = rules;
+    }
+
+    /// Reads the inventory again when the set of slice or taint-rule versions changed, one
+    /// slice at a time (a thousand slices parsed at once would be tens of MiB).
     fn refresh_inventory(&mut self, driver: &DriverName, slices: &[Arc<Packed>]) {
         let mut versions: Vec<(String, String)> = slices
             .iter()
+            .chain(&self.taint_rules)
             .map(|s| (s.uid.clone(), s.resource_version.clone()))
             .collect();
         versions.sort();
@@ -206,6 +216,10 @@ impl ViewCache {
             consumable |= objects::consumable(driver.as_str(), std::slice::from_ref(s));
         });
         self.inventory = inventory::from_slices(driver.as_str(), values);
+        self.inventory.apply_taint_rules(
+            driver.as_str(),
+            self.taint_rules.iter().filter_map(|r| r.value()),
+        );
         self.consumable = consumable;
         self.parsed += parsed;
         self.slice_versions = versions;
@@ -340,6 +354,29 @@ mod tests {
         );
         assert_eq!(cache.parsed, 5, "the slice and the claim");
         assert_eq!(cache.inventory.inventory.nodes[0].gpus.len(), 3);
+
+        // An admin's DeviceTaintRule: the inventory is read again with its taint; once it
+        // is gone, again without.
+        let rule = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": "maint", "uid": "ur", "resourceVersion": "4"},
+            "spec": {"deviceSelector": {"device": "gpu-1"},
+                     "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"}}});
+        let tainted = |c: &ViewCache| -> Vec<String> {
+            c.inventory.inventory.nodes[0]
+                .gpus
+                .iter()
+                .filter(|g| !g.taints.is_empty())
+                .map(|g| g.id.clone())
+                .collect()
+        };
+        cache.set_taint_rules(vec![stored(rule)]);
+        let claims = || vec![stored(claim("7", true))];
+        cache.refresh(&d, claims(), vec![], &slices, &mut overlay);
+        assert_eq!(cache.parsed, 7, "the slice and the claim again");
+        assert_eq!(tainted(&cache), vec!["gpu-1"]);
+        cache.set_taint_rules(vec![]);
+        cache.refresh(&d, claims(), vec![], &slices, &mut overlay);
+        assert_eq!(tainted(&cache), Vec::<String>::new());
 
         // Objects gone: their views go.
         cache.refresh(&d, vec![], vec![], &slices, &mut overlay);

@@ -4,8 +4,9 @@
 //!   (`v1`, else `v1beta2`, else `v1beta1`); claims, pods and slices are read as
 //!   [`DynamicObject`]s, so one code path serves every version.
 //! * Three reflectors (kube-rs runtime watchers): ResourceClaims and Pods of all
-//!   namespaces, ResourceSlices. Every watch event wakes the loop; it also runs every
-//!   `--resync` seconds.
+//!   namespaces, ResourceSlices; a fourth for DeviceTaintRules where the API server serves
+//!   them (`v1`, `v1beta2` or `v1alpha3`, by discovery), whose taints join the slices'.
+//!   Every watch event wakes the loop; it also runs every `--resync` seconds.
 //! * One pass: snapshot of the stores (with the objects this process wrote and the watch
 //!   has not delivered yet laid over them) → [`reconcile::plan`] → the writes, each
 //!   conditional on the resource version it was planned from (a conflict is logged and
@@ -140,6 +141,15 @@ fn slice_entry(mut o: DynamicObject, driver: &str, packer: &Packer) -> Option<Pa
     }
     slim::slice(&mut o);
     packer.pack(&o)
+}
+
+/// The mirror's copy of a DeviceTaintRule that may select this driver's devices (its
+/// selector names no driver, or this one).
+fn taint_rule_entry(o: DynamicObject, driver: &str, packer: &Packer) -> Option<Packed> {
+    match o.data["spec"]["deviceSelector"]["driver"].as_str() {
+        Some(d) if !d.is_empty() && d != driver => None,
+        _ => packer.pack(&o),
+    }
 }
 
 /// Runs the daemon until SIGTERM / Ctrl-C: checks the flags, connects, starts the
@@ -475,6 +485,34 @@ impl Controller {
                 move |o| slice_entry(o, &driver, &packer)
             }),
         );
+        // The admins' DeviceTaintRules, where the API server serves them.
+        let mut rules = match discovery::device_taint_rules(&client).await {
+            Ok(Some(ar)) => {
+                let driver = self.settings.driver.as_str().to_owned();
+                Some(Mirror::start(
+                    Api::all_with(client.clone(), &ar),
+                    "devicetaintrules",
+                    self.list_page,
+                    wake.clone(),
+                    Box::new({
+                        let packer = Packer::default();
+                        move |o| taint_rule_entry(o, &driver, &packer)
+                    }),
+                ))
+            }
+            Ok(None) => {
+                tracing::info!(
+                    "the API server serves no DeviceTaintRules: only the slices' device taints are read"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "discovering DeviceTaintRules failed ({e}); only the slices' device taints are read until a restart"
+                );
+                None
+            }
+        };
         let lists = [
             (claims.ready().await, "resourceclaims"),
             (pods.ready().await, "pods"),
@@ -483,10 +521,19 @@ impl Controller {
         for (r, what) in lists {
             r.with_context(|| format!("the {what} watch stopped before its first list"))?;
         }
+        if let Some(rules) = &mut rules {
+            rules
+                .ready()
+                .await
+                .context("the devicetaintrules watch stopped before its first list")?;
+        }
         self.shared.ready.store(true, Ordering::Relaxed);
         tracing::info!("caches synced; reconciling");
         loop {
             let started = Instant::now();
+            if let Some(rules) = &rules {
+                self.views.set_taint_rules(rules.state());
+            }
             let wrote = self.pass(&claims, &pods, &slices).await;
             self.shared
                 .metrics
@@ -660,6 +707,9 @@ impl Controller {
     fn report_plan(&self, plan: &reconcile::Plan) {
         for e in &plan.slice_errors {
             tracing::warn!("{e}");
+        }
+        for e in &plan.rule_errors {
+            tracing::warn!("{e}; its taint is not applied");
         }
         for e in &plan.usage_errors {
             tracing::warn!("{e}");

@@ -63,10 +63,36 @@ fn allowed<'i>(inventory: &'i Inventory, req: &Request) -> Vec<(&'i str, &'i Gpu
         .collect()
 }
 
-/// Whether no GPU of `inventory` could host `req` even idle: [`pending`] then says "no GPU
-/// can ever host".
+/// The GPUs that could host one GPU of `req` were they idle and untainted, but carry a
+/// taint it does not tolerate: `node-a/gpu-0 (key=value:NoSchedule)`.
+fn repelled(inventory: &Inventory, req: &Request) -> Vec<String> {
+    inventory
+        .nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter().map(move |g| (n.name.as_str(), g)))
+        .filter_map(|(node, g)| {
+            let mut probe = g.clone();
+            probe.memory_free = probe.memory_total;
+            probe.cores_free = probe.cores_total;
+            let taints = std::mem::take(&mut probe.taints);
+            if !req.gpu_fits(&probe) {
+                return None;
+            }
+            let against: Vec<String> = taints
+                .iter()
+                .filter(|t| t.repels() && !req.tolerations.iter().any(|tol| tol.tolerates(t)))
+                .map(|t| format!("{}={}:{}", t.key, t.value, t.effect))
+                .collect();
+            (!against.is_empty()).then(|| format!("{node}/{} ({})", g.id, against.join(", ")))
+        })
+        .collect()
+}
+
+/// Whether no GPU of `inventory` could host `req` even idle and untainted: [`pending`] then
+/// says "no GPU can ever host".
 pub fn never_fits(inventory: &Inventory, req: &Request) -> bool {
-    allowed(inventory, req).is_empty()
+    // A taint is not forever: GPUs kept off only by taints make the claim wait (`no_fit`).
+    allowed(inventory, req).is_empty() && repelled(inventory, req).is_empty()
 }
 
 /// `Pending` event for a request no node can host now, e.g. `no GPU has 10Gi and 30 cores
@@ -75,6 +101,14 @@ pub fn never_fits(inventory: &Inventory, req: &Request) -> bool {
 pub fn pending(inventory: &Inventory, req: &Request) -> String {
     let allowed = allowed(inventory, req);
     if allowed.is_empty() {
+        let repelled = repelled(inventory, req);
+        if !repelled.is_empty() {
+            return format!(
+                "no GPU can host {} now: those that could carry device taints the claim does not tolerate: {}",
+                need(req),
+                repelled.join(", ")
+            );
+        }
         return format!(
             "no GPU can ever host {}: none of the {} GPUs is large enough and matches the model and UUID constraints",
             need(req),
@@ -183,6 +217,21 @@ mod tests {
             assert_eq!(pending(&inv, &req), want, "{what}");
             assert_eq!(never_fits(&inv, &req), what == "too big", "{what}");
         }
+        // Pinned to a GPU an admin tainted: the taint is named.
+        let mut tainted = inv.clone();
+        tainted.nodes[0].gpus[1].taints = vec![fgpu_driver::engine::Taint {
+            key: "example.com/maintenance".into(),
+            value: "bios".into(),
+            effect: "NoSchedule".into(),
+        }];
+        let mut pinned = share(4, 10, 1);
+        pinned.uuid_pin = vec!["GPU-1".into()];
+        tainted.nodes[0].gpus[1].uuid = "GPU-1".into();
+        assert_eq!(
+            pending(&tainted, &pinned),
+            "no GPU can host 4Gi and 10 cores now: those that could carry device taints the claim does not tolerate: node-a/gpu-1 (example.com/maintenance=bios:NoSchedule)"
+        );
+        assert!(!never_fits(&tainted, &pinned), "a taint is not forever");
         let mut h100 = share(10, 30, 1);
         h100.model_include = vec!["H100".into()];
         assert_eq!(

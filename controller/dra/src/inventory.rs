@@ -9,7 +9,8 @@
 //! are ignored; of a pool published in several generations only the newest counts. A
 //! device's `taints` are carried to the engine, which keeps a request off a device with a
 //! `NoSchedule` or `NoExecute` taint it does not tolerate (the plugin taints unhealthy
-//! GPUs).
+//! GPUs); so are the taints of the admins' DeviceTaintRules
+//! ([`SliceInventory::apply_taint_rules`]), which fgpu reads and never writes.
 //!
 //! A malformed slice is left out whole and reported with the slice's name and the field;
 //! the other slices are still used.
@@ -35,13 +36,76 @@ pub struct SliceError {
     pub problem: String,
 }
 
-/// The inventory, and the slices that were left out.
+/// A DeviceTaintRule that could not be read (its taint is not applied).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("DeviceTaintRule {rule}: {field}: {problem}")]
+pub struct RuleError {
+    /// `metadata.name` of the rule.
+    pub rule: String,
+    /// Path of the bad field inside the rule.
+    pub field: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// The inventory, and the slices and taint rules that were left out.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SliceInventory {
     /// Nodes sorted by name, GPUs in slice order.
     pub inventory: Inventory,
     /// One error per slice left out.
     pub errors: Vec<SliceError>,
+    /// One error per DeviceTaintRule left out.
+    pub rule_errors: Vec<RuleError>,
+}
+
+impl SliceInventory {
+    /// Adds the taint of each admin's DeviceTaintRule among `rules` to the devices of
+    /// `driver` it selects: every field its `spec.deviceSelector` sets (`driver`, `pool`,
+    /// `device`) must match; an empty selector matches every device, a missing one none
+    /// (the API's rules). A device keeps its slice taints beside the rules'. A rule without
+    /// a taint key or effect is left out and reported.
+    pub fn apply_taint_rules<S: Borrow<Value>>(
+        &mut self,
+        driver: &str,
+        rules: impl IntoIterator<Item = S>,
+    ) {
+        for rule in rules {
+            let rule = rule.borrow();
+            let name = rule["metadata"]["name"].as_str().unwrap_or("<unnamed>");
+            let spec = &rule["spec"];
+            let selector = &spec["deviceSelector"];
+            if !selector.is_object() {
+                continue;
+            }
+            let wanted = |field: &str| selector[field].as_str().filter(|s| !s.is_empty());
+            if wanted("driver").is_some_and(|d| d != driver) {
+                continue;
+            }
+            let taint = match read_taints(&Value::Array(vec![spec["taint"].clone()])) {
+                Ok(mut t) => t.remove(0),
+                Err((_, problem)) => {
+                    self.rule_errors.push(RuleError {
+                        rule: name.to_owned(),
+                        field: "spec.taint".into(),
+                        problem,
+                    });
+                    continue;
+                }
+            };
+            for node in &mut self.inventory.nodes {
+                if wanted("pool").is_some_and(|p| p != node.name) {
+                    continue;
+                }
+                for gpu in &mut node.gpus {
+                    if wanted("device").is_none_or(|d| d == gpu.id) && !gpu.taints.contains(&taint)
+                    {
+                        gpu.taints.push(taint.clone());
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Reads every slice of `driver` among `slices` (any objects; other drivers' are skipped).
@@ -87,6 +151,7 @@ pub fn from_slices<S: Borrow<Value>>(
     SliceInventory {
         inventory: Inventory { nodes },
         errors,
+        rule_errors: Vec::new(),
     }
 }
 
@@ -331,6 +396,80 @@ mod tests {
         bad["taints"] = json!([{"key": "k"}]);
         let out = from_slices(DRIVER, [v1_slice("node-a", 1, json!([bad]))]);
         assert_eq!(out.errors[0].field, "spec.devices[0].taints[0]");
+    }
+
+    fn rule(name: &str, selector: Value, taint: Value) -> Value {
+        let mut spec = json!({"taint": taint});
+        if !selector.is_null() {
+            spec["deviceSelector"] = selector;
+        }
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+               "metadata": {"name": name}, "spec": spec})
+    }
+
+    #[test]
+    fn taint_rules_taint_the_devices_they_select() {
+        let slices = [
+            v1_slice("node-a", 1, json!([h100(0), h100(1)])),
+            v1_slice("node-b", 1, json!([h100(0)])),
+        ];
+        let maint =
+            json!({"key": "example.com/maintenance", "value": "bios", "effect": "NoSchedule"});
+        let taint = Taint {
+            key: "example.com/maintenance".into(),
+            value: "bios".into(),
+            effect: "NoSchedule".into(),
+        };
+        let tainted = |rules: Vec<Value>| -> (Vec<(String, String)>, Vec<RuleError>) {
+            let mut out = from_slices(DRIVER, &slices);
+            out.apply_taint_rules(DRIVER, &rules);
+            let mut hit = Vec::new();
+            for n in &out.inventory.nodes {
+                for g in &n.gpus {
+                    if g.taints.contains(&taint) {
+                        hit.push((n.name.clone(), g.id.clone()));
+                    }
+                }
+            }
+            (hit, out.rule_errors)
+        };
+        let pair = |n: &str, g: &str| (n.to_owned(), g.to_owned());
+        // One device of one pool.
+        let (hit, errors) = tainted(vec![rule(
+            "one",
+            json!({"driver": DRIVER, "pool": "node-a", "device": "gpu-1"}),
+            maint.clone(),
+        )]);
+        assert_eq!((hit, errors), (vec![pair("node-a", "gpu-1")], vec![]));
+        // A device name alone matches it in every pool; a pool alone, all of its devices.
+        let (hit, _) = tainted(vec![rule("dev", json!({"device": "gpu-0"}), maint.clone())]);
+        assert_eq!(hit, vec![pair("node-a", "gpu-0"), pair("node-b", "gpu-0")]);
+        let (hit, _) = tainted(vec![rule("pool", json!({"pool": "node-a"}), maint.clone())]);
+        assert_eq!(hit, vec![pair("node-a", "gpu-0"), pair("node-a", "gpu-1")]);
+        // Empty selector: every device; no selector, or another driver's: none.
+        let (hit, _) = tainted(vec![rule("all", json!({}), maint.clone())]);
+        assert_eq!(hit.len(), 3);
+        let (hit, _) = tainted(vec![
+            rule("none", Value::Null, maint.clone()),
+            rule("other", json!({"driver": "gpu.nvidia.com"}), maint.clone()),
+        ]);
+        assert_eq!(hit, vec![]);
+        // Two rules with the same taint: once on the device.
+        let mut out = from_slices(DRIVER, &slices);
+        let twice = rule("dev", json!({"device": "gpu-1"}), maint.clone());
+        out.apply_taint_rules(DRIVER, [&twice, &twice]);
+        assert_eq!(out.inventory.nodes[0].gpus[1].taints, vec![taint.clone()]);
+        // A rule without an effect is reported by name and field, and taints nothing.
+        let (hit, errors) = tainted(vec![rule(
+            "bad",
+            json!({}),
+            json!({"key": "example.com/maintenance"}),
+        )]);
+        assert_eq!(hit, vec![]);
+        assert_eq!(
+            errors[0].to_string(),
+            "DeviceTaintRule bad: spec.taint: a taint needs a key and an effect"
+        );
     }
 
     #[test]

@@ -209,6 +209,8 @@ pub struct Plan {
     pub actions: Vec<Action>,
     /// Slices left out of the inventory.
     pub slice_errors: Vec<inventory::SliceError>,
+    /// DeviceTaintRules whose taint was not applied.
+    pub rule_errors: Vec<inventory::RuleError>,
     /// Claims left out of the ledger.
     pub usage_errors: Vec<UsageError>,
     /// Whether this driver's published devices allow several allocations (the cluster has
@@ -368,6 +370,7 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
     Plan {
         actions: placer.actions,
         slice_errors: snap.inventory.errors.clone(),
+        rule_errors: snap.inventory.rule_errors.clone(),
         usage_errors: ledgered.usage_errors,
         consumable: snap.consumable,
         gpus,
