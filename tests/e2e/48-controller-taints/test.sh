@@ -23,7 +23,7 @@ kubectl get --raw /apis/resource.k8s.io/v1 | grep -q '"name":"devicetaintrules"'
 
 source "$E2E_DIR/../plugin-lib.sh"
 source "$E2E_DIR/../controller-lib.sh"
-plugin_setup 46
+plugin_setup 48
 controller_setup
 slice=$PLUGIN_SLICE
 RULE=fgpu-e2e-maintenance
