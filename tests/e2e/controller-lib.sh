@@ -14,6 +14,9 @@
 #                        clientConfig.url https://$CONTROLLER_WEBHOOK_ADDR/..., the CA of
 #                        $work/pki, failurePolicy Fail, only the namespace $E2E_NS
 #   controller_cleanup <rc>  webhooks deleted, controller stopped, log tail on failure
+#   release_workloads    (in a cleanup, before controller_cleanup) the scenario's pods deleted,
+#                        30 s for the controller to release their claims' finalizers, then
+#                        what is left stripped, so that the namespace can go
 #   render <file>        a scenario manifest with __RAPI__ (the served resource.k8s.io version,
 #                        $api), __REQ__ (a request of the shared class in that version's
 #                        shape), __NS__ and __IMAGE__ filled in
@@ -62,6 +65,14 @@ register_webhooks() {
       "$E2E_LIB_DIR/../../deploy/controller/webhooks.yaml" >"$webhook_file"
   grep -q "url: https://$CONTROLLER_WEBHOOK_ADDR/mutate-pods" "$webhook_file" || fail "rendering $webhook_file"
   kubectl apply -f "$webhook_file" >&2
+}
+release_workloads() {
+  kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  timeout 30 sh -c "while kubectl -n $E2E_NS get resourceclaims -o name | grep -q .; do sleep 1; done" 2>/dev/null || true
+  local c
+  for c in $(kubectl -n "$E2E_NS" get resourceclaims -o name 2>/dev/null); do
+    kubectl -n "$E2E_NS" patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+  done
 }
 controller_cleanup() {
   local rc="$1"

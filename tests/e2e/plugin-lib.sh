@@ -14,6 +14,8 @@
 #   start_plugin        start it ($plugin_pid, log $work/plugin.log)
 #   stop_plugin         SIGTERM, then SIGKILL after 10 s — only the pid this scenario started
 #   wait_registered <n> until the log says "registered with the kubelet" n times
+#   plugin_up           the DeviceClasses applied (lib.sh classes, at $api), the plugin started,
+#                       registered once, its ResourceSlice published
 #   plugin_cleanup      stop it, delete its ResourceSlice, print the log tail on failure
 #                       (pass the exit status), remove $work
 #   fake_state_setup <dir>
@@ -64,6 +66,12 @@ plugin_setup() {
 start_plugin() {
   plugin_pid="$("$E2E_LIB_DIR/30-dra-quota/plugin.sh" "$work")"
   say "plugin started (pid $plugin_pid)"
+}
+plugin_up() {
+  classes | kubectl apply -f - >&2
+  start_plugin
+  wait_registered 1
+  wait_until 30 "ResourceSlice $PLUGIN_SLICE published" kubectl get resourceslice "$PLUGIN_SLICE"
 }
 stop_plugin() {
   [ -n "$plugin_pid" ] || return 0

@@ -32,13 +32,7 @@ slice=$PLUGIN_SLICE
 
 cleanup() {
   local rc=$?
-  kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  # The controller releases its finalizers once the pods are gone; if it cannot, strip them
-  # so that the namespace can go.
-  timeout 30 sh -c "while kubectl -n $E2E_NS get resourceclaims -o name | grep -q .; do sleep 1; done" 2>/dev/null || true
-  for c in $(kubectl -n "$E2E_NS" get resourceclaims -o name 2>/dev/null); do
-    kubectl -n "$E2E_NS" patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  done
+  release_workloads
   controller_cleanup $rc
   classes | kubectl delete -f - --ignore-not-found >/dev/null 2>&1 || true
   kubectl delete deviceclass high.gpu.fgpu.dev --ignore-not-found >/dev/null 2>&1 || true
@@ -47,10 +41,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-classes | kubectl apply -f - >&2
-start_plugin
-wait_registered 1
-wait_until 30 "ResourceSlice $slice published" kubectl get resourceslice "$slice"
+plugin_up
 consumable="$(jp "resourceslice/$slice" '{.spec.devices[0].allowMultipleAllocations}' "")"
 say "Kubernetes $K8S_VERSION, resource.k8s.io/$api, consumable capacity: ${consumable:-false}"
 start_controller --mode controller

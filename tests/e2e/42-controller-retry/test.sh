@@ -40,11 +40,7 @@ ghost="ghost-node-gpu.fgpu.dev"
 
 cleanup() {
   local rc=$?
-  kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  timeout 30 sh -c "while kubectl -n $E2E_NS get resourceclaims -o name | grep -q .; do sleep 1; done" 2>/dev/null || true
-  for c in $(kubectl -n "$E2E_NS" get resourceclaims -o name 2>/dev/null); do
-    kubectl -n "$E2E_NS" patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  done
+  release_workloads
   kubectl delete resourceslice "$ghost" --ignore-not-found >/dev/null 2>&1 || true
   controller_cleanup $rc
   classes | kubectl delete -f - --ignore-not-found >/dev/null 2>&1 || true
@@ -53,10 +49,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-classes | kubectl apply -f - >&2
-start_plugin
-wait_registered 1
-wait_until 30 "ResourceSlice $slice published" kubectl get resourceslice "$slice"
+plugin_up
 # The ghost: the plugin's slice for a node that does not exist, one GPU of 200Gi.
 kubectl get resourceslice "$slice" -o json | python3 -c '
 import json, sys

@@ -52,11 +52,7 @@ cleanup() {
     kubectl -n "$SYS_NS" describe pods -l "$SEL" 2>/dev/null | tail -30 | sed 's/^/      /' >&2 || true
   fi
   # Workload pods first, while the controller still releases its finalizers.
-  kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  timeout 30 sh -c "while kubectl -n $E2E_NS get resourceclaims -o name | grep -q .; do sleep 1; done" 2>/dev/null || true
-  for c in $(kubectl -n "$E2E_NS" get resourceclaims -o name 2>/dev/null); do
-    kubectl -n "$E2E_NS" patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  done
+  release_workloads
   controller_cleanup "$rc" # the webhooks (no host process was started)
   rm -f "$clog"
   if [ $owned = 1 ]; then

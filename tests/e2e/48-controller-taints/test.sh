@@ -31,11 +31,7 @@ RULE=fgpu-e2e-maintenance
 cleanup() {
   local rc=$?
   kubectl delete devicetaintrule "$RULE" --ignore-not-found >/dev/null 2>&1 || true
-  kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  timeout 30 sh -c "while kubectl -n $E2E_NS get resourceclaims -o name | grep -q .; do sleep 1; done" 2>/dev/null || true
-  for c in $(kubectl -n "$E2E_NS" get resourceclaims -o name 2>/dev/null); do
-    kubectl -n "$E2E_NS" patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  done
+  release_workloads
   controller_cleanup $rc
   classes | kubectl delete -f - --ignore-not-found >/dev/null 2>&1 || true
   plugin_cleanup $rc
@@ -43,10 +39,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-classes | kubectl apply -f - >&2
-start_plugin
-wait_registered 1
-wait_until 30 "ResourceSlice $slice published" kubectl get resourceslice "$slice"
+plugin_up
 assert_eq "the plugin publishes both GPUs untainted" "gpu-0 gpu-1 " \
   "$(jp "resourceslice/$slice" '{range .spec.devices[*]}{.name} {.taints[*].key}{end}' "")"
 sed "s#__NODE__#$NODE_NAME#" "$E2E_DIR/rule.yaml" | kubectl apply -f - >&2

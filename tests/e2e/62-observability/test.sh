@@ -73,11 +73,7 @@ cleanup() {
   stop_pid "$host_pid"
   # The plugin must be up for the kubelet to unprepare the claims of the deleted pods.
   [ "$plugin_stopped" = 0 ] || [ -n "$plugin_pid" ] || start_monitored_plugin 2>/dev/null || true
-  kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
-  timeout 30 sh -c "while kubectl -n $E2E_NS get resourceclaims -o name | grep -q .; do sleep 1; done" 2>/dev/null || true
-  for c in $(kubectl -n "$E2E_NS" get resourceclaims -o name 2>/dev/null); do
-    kubectl -n "$E2E_NS" patch "$c" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
-  done
+  release_workloads
   controller_cleanup $rc
   stop_pid "$prom_pid"
   if [ "$rc" -ne 0 ] && [ -f "$prom_dir/prometheus.log" ]; then
