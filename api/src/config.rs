@@ -9,7 +9,7 @@
 //!   parameters:
 //!     apiVersion: gpu.fgpu.dev/v1alpha1
 //!     kind: GpuShareConfig
-//!     memory: 10Gi        # quantity string, or an integer number of bytes
+//!     memory: 10Gi        # quantity string, or an integer number of bytes; not 0
 //!     cores: 30           # percent of the GPU's SMs, 0-100; 0 = no compute reservation
 //!     priority: normal    # high | normal | low
 //!     oversubscribe: false
@@ -248,6 +248,11 @@ pub enum ConfigProblem {
         /// Why it is refused.
         kind: QuantityErrorKind,
     },
+    /// `memory` is zero: a share without device memory cannot run a kernel.
+    #[error(
+        "{0} grants no device memory; a share needs some (e.g. 512Mi), or leave memory out to take the class's or the request's"
+    )]
+    MemoryZero(String),
     /// `cores` is not a number.
     #[error("must be an integer percentage from 0 to 100, found {0}")]
     CoresType(JsonType),
@@ -477,10 +482,14 @@ fn decode_memory(value: &Value) -> Result<u64, ConfigProblem> {
         Value::Number(n) => (n.to_string(), n.to_string()),
         other => return Err(ConfigProblem::MemoryType(JsonType::of(other))),
     };
-    quantity::parse_u64(&text).map_err(|e| ConfigProblem::Memory {
-        shown,
-        kind: e.kind,
-    })
+    match quantity::parse_u64(&text) {
+        Ok(0) => Err(ConfigProblem::MemoryZero(shown)),
+        Ok(bytes) => Ok(bytes),
+        Err(e) => Err(ConfigProblem::Memory {
+            shown,
+            kind: e.kind,
+        }),
+    }
 }
 
 /// An integer from 0 to 100.
@@ -684,6 +693,23 @@ mod tests {
                 with(json!({"memory": "1e-3"})),
                 format!(r#"{p}.memory: "1e-3" is not a whole number; {whole_hint}"#),
             ),
+            // memory: zero (in any spelling).
+            (
+                with(json!({"memory": 0})),
+                format!(
+                    "{p}.memory: 0 grants no device memory; a share needs some (e.g. 512Mi), or leave memory out to take the class's or the request's"
+                ),
+            ),
+            (
+                with(json!({"memory": "0Gi"})),
+                format!(
+                    r#"{p}.memory: "0Gi" grants no device memory; a share needs some (e.g. 512Mi), or leave memory out to take the class's or the request's"#
+                ),
+            ),
+            (
+                with(json!({"memory": "400m"})),
+                format!(r#"{p}.memory: "400m" is not a whole number; {whole_hint}"#),
+            ),
             // memory: beyond u64.
             (
                 with(json!({"memory": "16Ei"})),
@@ -843,7 +869,6 @@ mod tests {
             (with(json!({"memory": "1e9"})), memory(1_000_000_000)),
             (with(json!({"memory": "512Mi"})), memory(512 << 20)),
             (with(json!({"memory": "2000m"})), memory(2)),
-            (with(json!({"memory": 0})), memory(0)),
             (with(json!({"memory": u64::MAX})), memory(u64::MAX)),
             (
                 with(json!({"cores": 30.0})),

@@ -486,7 +486,7 @@ mod tests {
                         cfg("FromClaim", json!(["gpu"]), json!({"memory": 0}))
                     ]),
                 ),
-                "claim ns/c: status.allocation.devices.config[1].opaque.parameters.memory: grants 0 bytes",
+                "claim ns/c: status.allocation.devices.config[1].opaque.parameters.memory: 0 grants no device memory",
             ),
             (
                 "another driver's allocation",

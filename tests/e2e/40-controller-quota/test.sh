@@ -7,7 +7,7 @@
 # Asserted:
 # * the validating webhook denies malformed GpuShareConfigs (the api crate's bad-input
 #   cases) with the field path, for claims and templates, and warns on a shared-class claim
-#   without memory; it denies priority: high in the shared class (which does not set
+#   without memory; it denies a share of 0 bytes and priority: high in the shared class (which does not set
 #   allowHighPriority) and a claim that sets allowHighPriority, and admits priority: high
 #   in a class that allows it;
 # * three pods (4, 8, 12 GiB, pinned to gpu-0) are gated by the mutating webhook, allocated
@@ -67,6 +67,8 @@ deny 4 "ResourceClaim $E2E_NS/bad-high: spec.devices.config[0].opaque.parameters
   || fail "priority high in the shared class not denied with its path"
 deny 5 "ResourceClaim $E2E_NS/bad-allow: spec.devices.config[0].opaque.parameters.allowHighPriority: may be set only in a DeviceClass" \
   || fail "allowHighPriority in a claim not denied with its path"
+deny 6 "ResourceClaim $E2E_NS/bad-zero: spec.devices.config[0].opaque.parameters.memory: \"0\" grants no device memory" \
+  || fail "a share of 0 bytes not denied with its path"
 # A class that allows high priority (the admin's decision): the same claim in it is admitted.
 kubectl apply -f - >&2 <<YAML
 apiVersion: resource.k8s.io/$api
