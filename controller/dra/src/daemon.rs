@@ -451,6 +451,16 @@ impl Controller {
         Api::namespaced_with(self.shared.client.clone(), namespace, &discovery::pods())
     }
 
+    /// Whether this controller may list `ar` (false only on Forbidden: an RBAC that
+    /// predates the resource; other failures are the watch's to retry).
+    async fn may_list(&self, ar: &ApiResource) -> bool {
+        let api: Api<DynamicObject> = Api::all_with(self.shared.client.clone(), ar);
+        !matches!(
+            api.list(&kube::api::ListParams::default().limit(1)).await,
+            Err(kube::Error::Api(s)) if s.is_forbidden()
+        )
+    }
+
     async fn run(&mut self, resync: Duration) -> Result<()> {
         let client = self.shared.client.clone();
         let wake = Arc::new(Notify::new());
@@ -487,6 +497,12 @@ impl Controller {
         );
         // The admins' DeviceTaintRules, where the API server serves them.
         let mut rules = match discovery::device_taint_rules(&client).await {
+            Ok(Some(ar)) if !self.may_list(&ar).await => {
+                tracing::warn!(
+                    "not allowed to list DeviceTaintRules (grant list and watch on devicetaintrules.resource.k8s.io, as deploy/controller/rbac.yaml does): only the slices' device taints are read"
+                );
+                None
+            }
             Ok(Some(ar)) => {
                 let driver = self.settings.driver.as_str().to_owned();
                 Some(Mirror::start(
