@@ -334,15 +334,19 @@ impl Request {
         .max(self.cores.map_or(0, |c| c.saturating_mul(10)).min(MILLI))
     }
 
+    /// The taints of `gpu` that keep this request off it: `NoSchedule`/`NoExecute` ones it
+    /// does not tolerate.
+    pub fn repelled_by<'g>(&self, gpu: &'g Gpu) -> impl Iterator<Item = &'g Taint> {
+        gpu.taints
+            .iter()
+            .filter(|t| t.repels() && !self.tolerations.iter().any(|tol| tol.tolerates(t)))
+    }
+
     fn gpu_allowed(&self, gpu: &Gpu) -> bool {
         if !gpu.healthy {
             return false;
         }
-        if gpu
-            .taints
-            .iter()
-            .any(|t| t.repels() && !self.tolerations.iter().any(|tol| tol.tolerates(t)))
-        {
+        if self.repelled_by(gpu).next().is_some() {
             return false;
         }
         if !self.uuid_pin.is_empty() && !self.uuid_pin.contains(&gpu.uuid) {

@@ -54,13 +54,16 @@ fn allowed<'i>(inventory: &'i Inventory, req: &Request) -> Vec<(&'i str, &'i Gpu
         .nodes
         .iter()
         .flat_map(|n| n.gpus.iter().map(move |g| (n.name.as_str(), g)))
-        .filter(|(_, g)| {
-            let mut probe = (*g).clone();
-            probe.memory_free = probe.memory_total;
-            probe.cores_free = probe.cores_total;
-            req.gpu_fits(&probe)
-        })
+        .filter(|(_, g)| req.gpu_fits(&idle(g)))
         .collect()
+}
+
+/// `gpu` as if nothing were allocated on it.
+fn idle(gpu: &Gpu) -> Gpu {
+    let mut probe = gpu.clone();
+    probe.memory_free = probe.memory_total;
+    probe.cores_free = probe.cores_total;
+    probe
 }
 
 /// The GPUs that could host one GPU of `req` were they idle and untainted, but carry a
@@ -71,16 +74,13 @@ fn repelled(inventory: &Inventory, req: &Request) -> Vec<String> {
         .iter()
         .flat_map(|n| n.gpus.iter().map(move |g| (n.name.as_str(), g)))
         .filter_map(|(node, g)| {
-            let mut probe = g.clone();
-            probe.memory_free = probe.memory_total;
-            probe.cores_free = probe.cores_total;
-            let taints = std::mem::take(&mut probe.taints);
-            if !req.gpu_fits(&probe) {
+            let mut untainted = idle(g);
+            untainted.taints.clear();
+            if !req.gpu_fits(&untainted) {
                 return None;
             }
-            let against: Vec<String> = taints
-                .iter()
-                .filter(|t| t.repels() && !req.tolerations.iter().any(|tol| tol.tolerates(t)))
+            let against: Vec<String> = req
+                .repelled_by(g)
                 .map(|t| format!("{}={}:{}", t.key, t.value, t.effect))
                 .collect();
             (!against.is_empty()).then(|| format!("{node}/{} ({})", g.id, against.join(", ")))

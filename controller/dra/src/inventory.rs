@@ -82,9 +82,9 @@ impl SliceInventory {
             if wanted("driver").is_some_and(|d| d != driver) {
                 continue;
             }
-            let taint = match read_taints(&Value::Array(vec![spec["taint"].clone()])) {
-                Ok(mut t) => t.remove(0),
-                Err((_, problem)) => {
+            let taint = match read_taint(&spec["taint"]) {
+                Ok(t) => t,
+                Err(problem) => {
                     self.rule_errors.push(RuleError {
                         rule: name.to_owned(),
                         field: "spec.taint".into(),
@@ -278,19 +278,22 @@ fn read_taints(v: &Value) -> Result<Vec<Taint>, (usize, String)> {
     };
     list.iter()
         .enumerate()
-        .map(|(i, t)| {
-            let key = t["key"].as_str().filter(|k| !k.is_empty());
-            let effect = t["effect"].as_str().filter(|e| !e.is_empty());
-            match (key, effect) {
-                (Some(key), Some(effect)) => Ok(Taint {
-                    key: key.to_owned(),
-                    value: t["value"].as_str().unwrap_or_default().to_owned(),
-                    effect: effect.to_owned(),
-                }),
-                _ => Err((i, "a taint needs a key and an effect".to_owned())),
-            }
-        })
+        .map(|(i, t)| read_taint(t).map_err(|p| (i, p)))
         .collect()
+}
+
+/// One taint (a slice device's or a DeviceTaintRule's): it needs a key and an effect.
+fn read_taint(t: &Value) -> Result<Taint, String> {
+    let key = t["key"].as_str().filter(|k| !k.is_empty());
+    let effect = t["effect"].as_str().filter(|e| !e.is_empty());
+    match (key, effect) {
+        (Some(key), Some(effect)) => Ok(Taint {
+            key: key.to_owned(),
+            value: t["value"].as_str().unwrap_or_default().to_owned(),
+            effect: effect.to_owned(),
+        }),
+        _ => Err("a taint needs a key and an effect".to_owned()),
+    }
 }
 
 #[cfg(test)]
