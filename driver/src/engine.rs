@@ -27,8 +27,10 @@
 //! evaluates tens of millions of nodes with it.
 
 pub mod frag;
+pub mod model;
 
 pub use frag::{MeanGpuPod, Weighting, Workload, WorkloadType};
+pub use model::WorkloadModel;
 
 use std::fmt;
 

@@ -91,63 +91,12 @@ impl Workload {
         coverage: f64,
         weighting: Weighting,
     ) -> Workload {
-        let mut counts: std::collections::BTreeMap<(u64, u64, u32, u32), u64> =
-            std::collections::BTreeMap::new();
-        let mut total = 0u64;
-        for (cpu, mem, gpus, milli) in pods {
-            let milli = if gpus == 0 { 0 } else { milli.min(MILLI) };
-            *counts.entry((cpu, mem, gpus, milli)).or_default() += 1;
-            total += 1;
-        }
-        if total == 0 {
-            return Workload::default();
-        }
-        let mut kinds: Vec<((u64, u64, u32, u32), u64)> = counts.into_iter().collect();
-        // Most frequent first; the key orders equal counts deterministically.
-        kinds.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let want = coverage.clamp(0.0, 1.0) * total as f64;
-        let mut kept = Vec::new();
-        let mut cum = 0u64;
-        for (k, c) in kinds {
-            if cum as f64 >= want && !kept.is_empty() {
-                break;
-            }
-            cum += c;
-            kept.push((k, c));
-        }
-        let mut types: Vec<WorkloadType> = kept
-            .into_iter()
-            .map(|((cpu_milli, memory_mib, gpus, milli), c)| WorkloadType {
-                cpu_milli,
-                memory_mib,
-                gpus,
-                milli,
-                weight: c as f64 / cum as f64,
-            })
-            .collect();
-        if weighting != Weighting::Count {
-            for t in &mut types {
-                t.weight *= match weighting {
-                    Weighting::PerGpu => f64::from(t.gpus),
-                    _ => f64::from(t.gpus) * f64::from(t.milli),
-                };
-            }
-            let sum: f64 = types.iter().map(|t| t.weight).sum();
-            if sum > 0.0 {
-                for t in &mut types {
-                    t.weight /= sum;
-                }
-            }
-        }
-        types.sort_by(|a, b| {
-            (a.milli, a.gpus, a.cpu_milli, a.memory_mib).cmp(&(
-                b.milli,
-                b.gpus,
-                b.cpu_milli,
-                b.memory_mib,
-            ))
-        });
-        Workload { types }
+        Workload::from_weighted(
+            pods.into_iter().map(|k| (k, 1.0)),
+            coverage,
+            weighting,
+            usize::MAX,
+        )
     }
 }
 

@@ -1,0 +1,335 @@
+//! The online workload model: the mix of requests a live allocator has seen lately, as the
+//! expected [`Workload`] the fragmentation policies (`fgd`, `fragaware`) score against.
+//!
+//! The simulator knows its whole trace in advance; a controller or an extender only knows
+//! what arrived. [`WorkloadModel`] keeps each request it is told about once (by id), at
+//! the time it arrived, and weighs it by its age: the weight halves every
+//! [`WorkloadModel::half_life`], so the mix follows the cluster's recent demand and forgets
+//! what stopped arriving. Nothing is persisted: a restarted allocator tells the model about
+//! the requests that still exist, each at its own arrival time, and gets the same mix as a
+//! model that saw them arrive one by one ([`WorkloadModel::workload`] depends only on the
+//! set of `(kind, arrival)` it holds and the time asked for).
+//!
+//! A kind is FGD's: host CPU, host memory, GPUs per request and the per-GPU demand in
+//! milli-GPU. At most [`MAX_KINDS`] kinds (the heaviest) go into a workload, so scoring a
+//! node stays O(kinds) however varied the requests are.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::frag::{Weighting, Workload, WorkloadType};
+use super::{MILLI, Policy};
+
+/// One kind of request: `(cpu_milli, memory_mib, gpus, milli_per_gpu)`.
+pub type Kind = (u64, u64, u32, u32);
+
+/// At most this many kinds (the heaviest) make up a workload.
+pub const MAX_KINDS: usize = 64;
+
+/// A request older than this many half-lives weighs less than 2⁻³⁰ of a new one and is
+/// forgotten.
+const HORIZON_HALF_LIVES: f64 = 30.0;
+
+/// The requests seen, by id, each with its kind and arrival time (seconds on the caller's
+/// clock, e.g. Unix time).
+#[derive(Clone, Debug)]
+pub struct WorkloadModel {
+    half_life: Duration,
+    seen: BTreeMap<String, (Kind, i64)>,
+}
+
+impl WorkloadModel {
+    /// An empty model whose weights halve every `half_life` (at least one second).
+    pub fn new(half_life: Duration) -> Self {
+        Self {
+            half_life: half_life.max(Duration::from_secs(1)),
+            seen: BTreeMap::new(),
+        }
+    }
+
+    /// How long it takes a request's weight to halve.
+    pub fn half_life(&self) -> Duration {
+        self.half_life
+    }
+
+    /// Records request `id` of `kind`, arrived at `at`; a request already recorded keeps
+    /// its first record (an allocator sees the same request on every pass).
+    pub fn observe(&mut self, id: &str, kind: Kind, at: i64) {
+        if !self.seen.contains_key(id) {
+            self.seen.insert(id.to_owned(), (kind, at));
+        }
+    }
+
+    /// Whether request `id` is recorded.
+    pub fn contains(&self, id: &str) -> bool {
+        self.seen.contains_key(id)
+    }
+
+    /// Requests recorded.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+
+    /// Forgets the requests that arrived more than the horizon (30 half-lives) before `now`.
+    pub fn prune(&mut self, now: i64) {
+        let horizon = (self.half_life.as_secs_f64() * HORIZON_HALF_LIVES) as i64;
+        self.seen
+            .retain(|_, (_, at)| now.saturating_sub(*at) <= horizon);
+    }
+
+    /// The weight of each kind at `now`: Σ 2^(−age / half-life) over its requests (a
+    /// request from the future counts as new). Summed in the order of the ids, so the
+    /// same requests give the same weights to the last bit however they were recorded.
+    pub fn weights(&self, now: i64) -> BTreeMap<Kind, f64> {
+        let h = self.half_life.as_secs_f64();
+        let mut out: BTreeMap<Kind, f64> = BTreeMap::new();
+        for (kind, at) in self.seen.values() {
+            let age = now.saturating_sub(*at).max(0) as f64;
+            *out.entry(*kind).or_default() += (-age / h).exp2();
+        }
+        out
+    }
+
+    /// The expected workload at `now` for `policy`, as the simulator builds it from a
+    /// trace ([`crate::sim::workload_for`]): `fgd` keeps FGD's typical kinds (by CPU and
+    /// GPU, covering 95 % of the weight), `fragaware` every kind with its memory; at most
+    /// [`MAX_KINDS`] kinds. `None` when the policy needs no workload or no request that
+    /// needs a GPU has been seen (a policy that needs one cannot run yet).
+    pub fn workload(&self, policy: Policy, now: i64) -> Option<Workload> {
+        if !policy.needs_workload() {
+            return None;
+        }
+        let fgd = policy.node == super::NodePolicy::Fgd;
+        let mut weights: BTreeMap<Kind, f64> = BTreeMap::new();
+        for ((cpu, mem, gpus, milli), w) in self.weights(now) {
+            let kind = (cpu, if fgd { 0 } else { mem }, gpus, milli);
+            *weights.entry(kind).or_default() += w;
+        }
+        let coverage = if fgd { 0.95 } else { 1.0 };
+        let w = Workload::from_weighted(weights, coverage, Weighting::Count, MAX_KINDS);
+        w.types.iter().any(|t| t.gpus > 0).then_some(w)
+    }
+}
+
+impl Workload {
+    /// FGD's typical kinds from weighted kinds: most weight first (equal weights by the
+    /// kind), cut once they cover `coverage` (0–1) of the weight or at `max_kinds`, then
+    /// renormalised and weighted by `weighting`. [`Workload::from_pods`] is this with each
+    /// pod weighing 1.
+    pub fn from_weighted(
+        kinds: impl IntoIterator<Item = (Kind, f64)>,
+        coverage: f64,
+        weighting: Weighting,
+        max_kinds: usize,
+    ) -> Workload {
+        let mut merged: BTreeMap<Kind, f64> = BTreeMap::new();
+        for ((cpu, mem, gpus, milli), w) in kinds {
+            if !(w > 0.0) {
+                continue;
+            }
+            let milli = if gpus == 0 { 0 } else { milli.min(MILLI) };
+            *merged.entry((cpu, mem, gpus, milli)).or_default() += w;
+        }
+        let total: f64 = merged.values().sum();
+        if merged.is_empty() || total <= 0.0 {
+            return Workload::default();
+        }
+        let mut kinds: Vec<(Kind, f64)> = merged.into_iter().collect();
+        // Heaviest first; the key orders equal weights deterministically.
+        kinds.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let want = coverage.clamp(0.0, 1.0) * total;
+        let mut kept: Vec<(Kind, f64)> = Vec::new();
+        let mut cum = 0.0;
+        for (k, w) in kinds {
+            if (cum >= want && !kept.is_empty()) || kept.len() >= max_kinds.max(1) {
+                break;
+            }
+            cum += w;
+            kept.push((k, w));
+        }
+        let mut types: Vec<WorkloadType> = kept
+            .into_iter()
+            .map(|((cpu_milli, memory_mib, gpus, milli), w)| WorkloadType {
+                cpu_milli,
+                memory_mib,
+                gpus,
+                milli,
+                weight: w / cum,
+            })
+            .collect();
+        if weighting != Weighting::Count {
+            for t in &mut types {
+                t.weight *= match weighting {
+                    Weighting::PerGpu => f64::from(t.gpus),
+                    _ => f64::from(t.gpus) * f64::from(t.milli),
+                };
+            }
+            let sum: f64 = types.iter().map(|t| t.weight).sum();
+            if sum > 0.0 {
+                for t in &mut types {
+                    t.weight /= sum;
+                }
+            }
+        }
+        types.sort_by(|a, b| {
+            (a.milli, a.gpus, a.cpu_milli, a.memory_mib).cmp(&(
+                b.milli,
+                b.gpus,
+                b.cpu_milli,
+                b.memory_mib,
+            ))
+        });
+        Workload { types }
+    }
+}
+
+/// The kind of a request of `gpus` GPUs taking `memory` bytes and `cores` percent of each
+/// GPU of `gpu_memory` bytes (the per-GPU demand is the larger share, in milli-GPU).
+pub fn kind_of(
+    cpu_milli: u64,
+    memory_mib: u64,
+    gpus: u32,
+    memory: u64,
+    cores: u32,
+    gpu_memory: u64,
+) -> Kind {
+    if gpus == 0 {
+        return (cpu_milli, memory_mib, 0, 0);
+    }
+    let mem = (u128::from(memory) * u128::from(MILLI)).div_ceil(u128::from(gpu_memory.max(1)));
+    let cores = u64::from(cores.min(100)) * u64::from(MILLI) / 100;
+    let milli = (mem.min(u128::from(MILLI)) as u32).max(cores as u32).max(1);
+    (cpu_milli, memory_mib, gpus, milli)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn a_request_is_counted_once_and_weighs_half_after_a_half_life() {
+        let mut m = WorkloadModel::new(H);
+        m.observe("a", (0, 0, 1, 500), 0);
+        m.observe("a", (0, 0, 1, 500), 3600); // seen again on a later pass: ignored
+        m.observe("b", (0, 0, 1, 250), 3600);
+        let w = m.weights(3600);
+        assert_eq!(w.len(), 2);
+        assert!((w[&(0, 0, 1, 500)] - 0.5).abs() < 1e-12, "{w:?}");
+        assert!((w[&(0, 0, 1, 250)] - 1.0).abs() < 1e-12, "{w:?}");
+        // The mix: the new kind weighs twice the old one.
+        let wl = m
+            .workload(Policy::FRAGAWARE, 3600)
+            .expect("a GPU kind was seen");
+        let p = |milli| wl.types.iter().find(|t| t.milli == milli).unwrap().weight;
+        assert!((p(250) - 2.0 / 3.0).abs() < 1e-12);
+        assert!((p(500) - 1.0 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn rebuilt_from_the_survivors_equals_the_live_model() {
+        // Live: requests arrive one by one over two hours, the model asked on every pass.
+        let arrivals: Vec<(String, Kind, i64)> = (0..200)
+            .map(|i| {
+                let kind = (
+                    0,
+                    0,
+                    1 + (i % 3) as u32,
+                    [100, 250, 500, 1000][(i % 4) as usize],
+                );
+                (format!("claim-{i}"), kind, i * 36)
+            })
+            .collect();
+        let mut live = WorkloadModel::new(H);
+        for (id, kind, at) in &arrivals {
+            live.observe(id, *kind, *at);
+            let _ = live.workload(Policy::FRAGAWARE, *at);
+        }
+        // Rebuilt: a fresh model told about the same requests at once, in another order.
+        let mut rebuilt = WorkloadModel::new(H);
+        for (id, kind, at) in arrivals.iter().rev() {
+            rebuilt.observe(id, *kind, *at);
+        }
+        let now = 7200;
+        for policy in [Policy::FRAGAWARE, Policy::FGD] {
+            assert_eq!(live.workload(policy, now), rebuilt.workload(policy, now));
+        }
+    }
+
+    #[test]
+    fn no_gpu_kind_means_no_workload_and_plain_policies_need_none() {
+        let mut m = WorkloadModel::new(H);
+        assert_eq!(m.workload(Policy::FRAGAWARE, 0), None);
+        m.observe("cpu", (4000, 1024, 0, 0), 0);
+        assert_eq!(m.workload(Policy::FRAGAWARE, 0), None, "no GPU kind yet");
+        m.observe("gpu", (0, 0, 1, 300), 0);
+        assert!(m.workload(Policy::FRAGAWARE, 0).is_some());
+        assert_eq!(m.workload(Policy::BINPACK, 0), None);
+    }
+
+    #[test]
+    fn fgd_drops_memory_and_the_rare_kinds_fragaware_keeps_all() {
+        let mut m = WorkloadModel::new(H);
+        for i in 0..97 {
+            m.observe(&format!("common-{i}"), (0, 100 + i, 1, 500), 0);
+        }
+        for i in 0..3 {
+            m.observe(&format!("rare-{i}"), (0, 0, 8, 1000), 0);
+        }
+        let fgd = m.workload(Policy::FGD, 0).unwrap();
+        assert_eq!(fgd.types.len(), 1, "memory merged, the 3 % cut: {fgd:?}");
+        assert_eq!((fgd.types[0].gpus, fgd.types[0].memory_mib), (1, 0));
+        let fa = m.workload(Policy::FRAGAWARE, 0).unwrap();
+        assert_eq!(fa.types.len(), MAX_KINDS, "capped: {}", fa.types.len());
+        // The cap keeps the heaviest kind (the 8-GPU one weighs 3, each other 1).
+        assert!(fa.types.iter().any(|t| t.gpus == 8));
+        let sum: f64 = fa.types.iter().map(|t| t.weight).sum();
+        assert!((sum - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn old_requests_are_pruned_and_weigh_nothing_before() {
+        let mut m = WorkloadModel::new(Duration::from_secs(10));
+        m.observe("old", (0, 0, 1, 500), 0);
+        m.observe("new", (0, 0, 1, 250), 1000);
+        assert_eq!(m.len(), 2);
+        m.prune(1000);
+        assert!(!m.contains("old") && m.contains("new"));
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn from_pods_is_from_weighted_with_unit_weights() {
+        let pods = [
+            (0, 0, 1, 500),
+            (0, 0, 1, 500),
+            (1000, 0, 2, 1000),
+            (0, 0, 0, 0),
+        ];
+        for cov in [0.5, 0.95, 1.0] {
+            let a = Workload::from_pods(pods, cov, Weighting::GpuDemand);
+            let b = Workload::from_weighted(
+                pods.iter().map(|k| (*k, 1.0)),
+                cov,
+                Weighting::GpuDemand,
+                usize::MAX,
+            );
+            assert_eq!(a, b, "coverage {cov}");
+        }
+    }
+
+    #[test]
+    fn kinds_take_the_larger_share_of_the_gpu() {
+        let gib = 1u64 << 30;
+        assert_eq!(kind_of(0, 0, 1, 20 * gib, 0, 80 * gib), (0, 0, 1, 250));
+        assert_eq!(kind_of(0, 0, 2, 20 * gib, 50, 80 * gib), (0, 0, 2, 500));
+        assert_eq!(kind_of(0, 0, 1, 100 * gib, 0, 80 * gib), (0, 0, 1, 1000));
+        assert_eq!(kind_of(500, 64, 0, 0, 0, 80 * gib), (500, 64, 0, 0));
+    }
+}
