@@ -19,6 +19,7 @@
 //! * [`leader`]: Lease-based leader election.
 //! * [`events`]: one Event writer (`events.k8s.io/v1`).
 //! * [`backoff`]: the doubling retry delays of the daemons' loops.
+//! * [`unix_seconds`]: an object's RFC 3339 timestamp (`creationTimestamp`) in Unix seconds.
 //!
 //! Feature `http` (default):
 //!
@@ -69,6 +70,15 @@ pub mod testing;
 
 #[cfg(feature = "kube")]
 pub use discovery::ApiVersion;
+
+/// An RFC 3339 timestamp as the API server writes them (`metadata.creationTimestamp`) in
+/// Unix seconds; 0 when `v` is absent or not such a timestamp.
+#[cfg(feature = "kube")]
+pub fn unix_seconds(v: &serde_json::Value) -> i64 {
+    v.as_str()
+        .and_then(|s| s.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map_or(0, |t| t.as_second())
+}
 
 /// Installs ring as the process-wide rustls provider (once; later calls do nothing).
 ///

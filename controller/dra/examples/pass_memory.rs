@@ -111,6 +111,7 @@ fn main() {
     let settings = Settings {
         driver: DriverName::default(),
         default_policy: Policy::BINPACK,
+        workload_half_life: std::time::Duration::from_secs(3600),
     };
     let (slice_packer, claim_packer, pod_packer) =
         (Packer::default(), Packer::default(), Packer::default());
@@ -194,6 +195,8 @@ fn main() {
                     unsettled: &unsettled,
                     class: None,
                     max_allocations: 128,
+                    model: None,
+                    now: 0,
                 };
                 reconcile::plan_views(views, &settings, true)
             }

@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use fgpu_api::names::DriverName;
-use fgpu_driver::engine::Policy;
+use fgpu_driver::engine::{Policy, WorkloadModel};
 
 use crate::cache::{Overlay, ViewCache};
 use crate::metrics::Metrics;
@@ -55,9 +55,15 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Mode::Auto)]
     pub mode: Mode,
     /// Placement policy where the pod's annotations say nothing: binpack, spread,
-    /// gpupacking, bestfit, fgd, fragaware, or `<node>/<gpu>`.
-    #[arg(long, default_value = "binpack")]
+    /// gpupacking, bestfit, fgd, fragaware, or `<node>/<gpu>`. fgd and fragaware score
+    /// against the workload model (the claims seen lately); until it holds a claim on a
+    /// GPU they place by binpack and the claim's Event says so.
+    #[arg(long, default_value = "fragaware")]
     pub default_policy: String,
+    /// Seconds it takes a claim's weight in the workload model to halve: the model follows
+    /// the demand of about the last few half-lives and forgets the rest (after 30).
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub workload_half_life_seconds: u64,
     /// DRA driver name (the kubelet plugin's). `--driver` is the older spelling.
     #[arg(long, alias = "driver", env = "FGPU_DRIVER_NAME", default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
@@ -223,6 +229,7 @@ fn settings_of(args: &RunArgs) -> Result<Settings> {
     Ok(Settings {
         driver,
         default_policy,
+        workload_half_life: Duration::from_secs(args.workload_half_life_seconds),
     })
 }
 
@@ -356,6 +363,8 @@ struct Controller {
     next_settle: Option<Instant>,
     /// The shared DeviceClass as last read (None: it does not exist), and when.
     class: Option<(Instant, Option<Value>)>,
+    /// The claims seen lately, for fgd and fragaware (rebuilt from the claims at start).
+    model: WorkloadModel,
 }
 
 /// A 64-bit hash of `v` (what the controller remembers instead of the value itself).
@@ -398,6 +407,7 @@ impl Controller {
             })
             .filter(|i| !i.is_empty())
             .unwrap_or_else(|| "fgpu-controller".into());
+        let model = WorkloadModel::new(settings.workload_half_life);
         Self {
             reporter: Reporter {
                 controller: "fgpu-controller".into(),
@@ -418,6 +428,7 @@ impl Controller {
             list_page: 100,
             next_settle: None,
             class: None,
+            model,
         }
     }
 
@@ -608,6 +619,13 @@ impl Controller {
         };
         let plan = {
             let claim_views = self.views.claims();
+            let now = Timestamp::now().as_second();
+            reconcile::observe_claims(
+                &mut self.model,
+                &claim_views,
+                &self.views.inventory.inventory,
+            );
+            self.model.prune(now);
             let pod_views = self.views.pods();
             let whole = |id: &ObjectId| self.views.whole_claim(&self.overlay, id);
             let views = Views {
@@ -620,6 +638,8 @@ impl Controller {
                 unsettled: &unsettled,
                 class: class.as_ref(),
                 max_allocations: MAX_ALLOCATIONS_PER_PASS,
+                model: Some(&self.model),
+                now,
             };
             reconcile::plan_views(views, &self.settings, mode == Mode::Controller)
         };

@@ -45,7 +45,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fgpu_api::names::DriverName;
-use fgpu_driver::engine::{self, Inventory, Policy, ScoreContext};
+use fgpu_driver::engine::model::{self, Kind, PolicyWorkloads as Workloads};
+use fgpu_driver::engine::{self, Inventory, Policy, ScoreContext, Workload, WorkloadModel};
 use fgpu_driver::ledger::{Grant, Ledger};
 use serde_json::Value;
 
@@ -65,6 +66,8 @@ pub struct Settings {
     pub driver: DriverName,
     /// Policy where the pod's annotations say nothing.
     pub default_policy: Policy,
+    /// How long it takes a claim's weight in the workload model to halve.
+    pub workload_half_life: std::time::Duration,
 }
 
 /// The objects one pass looks at (any served `resource.k8s.io` version; core/v1 pods).
@@ -107,6 +110,12 @@ pub struct Views<'a> {
     /// At most this many [`Action::Allocate`] in one plan (each carries an allocation
     /// `Value`); the pods after the last one allocated wait for the next pass.
     pub max_allocations: usize,
+    /// The claims seen lately ([`observe_claims`]): the expected workload of `fgd` and
+    /// `fragaware`. `None`, or a model without a claim on a GPU, makes them fall back
+    /// ([`Workloads::resolve`]).
+    pub model: Option<&'a WorkloadModel>,
+    /// Now, in Unix seconds (the model's clock).
+    pub now: i64,
 }
 
 /// One write to make.
@@ -233,30 +242,10 @@ pub struct Plan {
 /// says how much of what is free the claims seen so far could not use. 0 with nothing free
 /// or nothing granted.
 pub fn fragmentation(ledger: &fgpu_driver::ledger::Ledger) -> f64 {
+    use fgpu_driver::engine::Weighting;
     use fgpu_driver::engine::frag::node_frag;
-    use fgpu_driver::engine::{Weighting, Workload};
     let inv = ledger.inventory();
-    let gpu = |node: &str, id: &str| {
-        inv.node_index(node)
-            .and_then(|n| inv.nodes[n].gpus.iter().find(|g| g.id == id))
-    };
-    let kinds = ledger.grants().filter_map(|g| {
-        let milli = g
-            .devices
-            .iter()
-            .filter_map(|d| {
-                let t = gpu(&g.node, &d.gpu)?;
-                let share = |used: u64, total: u64| {
-                    (u128::from(used) * 1000).div_ceil(u128::from(total.max(1))) as u32
-                };
-                Some(
-                    share(d.memory, t.memory_total)
-                        .max(share(u64::from(d.cores), u64::from(t.cores_total))),
-                )
-            })
-            .max()?;
-        Some((0, 0, g.devices.len() as u32, milli.min(1000)))
-    });
+    let kinds = ledger.grants().filter_map(|g| grant_kind(inv, g));
     let workload = Workload::from_pods(kinds, 1.0, Weighting::Count);
     let free: u64 = inv
         .nodes
@@ -274,6 +263,27 @@ pub fn fragmentation(ledger: &fgpu_driver::ledger::Ledger) -> f64 {
         .map(|n| node_frag(n, &workload, false))
         .sum();
     (frag / free as f64).clamp(0.0, 1.0)
+}
+
+/// The kind of request `grant` is ([`model::kind_of_grant`] on its node of `inv`).
+pub fn grant_kind(inv: &Inventory, grant: &Grant) -> Option<Kind> {
+    model::kind_of_grant(&inv.nodes[inv.node_index(&grant.node)?], grant)
+}
+
+/// Tells `model` about every claim of `claims` that holds a grant on `inv` (allocated by
+/// anyone), at its creation time. A claim is recorded once: the first pass that sees it
+/// allocated fixes its kind.
+pub fn observe_claims(model: &mut WorkloadModel, claims: &[&ClaimView], inv: &Inventory) {
+    for c in claims.iter().filter(|c| c.shared) {
+        if model.contains(&c.id.uid) {
+            continue;
+        }
+        if let Ok(Some(g)) = &c.grant
+            && let Some(kind) = grant_kind(inv, g)
+        {
+            model.observe(&c.id.uid, kind, c.created);
+        }
+    }
 }
 
 /// Only the nodes named `node` (a pod's claims stay on one node).
@@ -312,8 +322,12 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
             .filter(|c| ObjectId::of(c) == *id)
             .map(|c| (*c).clone())
     };
+    let claim_refs: Vec<&ClaimView> = claims.iter().collect();
+    // The model rebuilt from the claims that exist, as a restarted daemon has it.
+    let mut model = WorkloadModel::new(settings.workload_half_life);
+    observe_claims(&mut model, &claim_refs, &inventory.inventory);
     let views = Views {
-        claims: &claims.iter().collect::<Vec<_>>(),
+        claims: &claim_refs,
         pods: &pods.iter().collect::<Vec<_>>(),
         inventory: &inventory,
         consumable: consumable(driver.as_str(), snap.slices),
@@ -322,6 +336,8 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
         unsettled: snap.unsettled,
         class: snap.class,
         max_allocations: usize::MAX,
+        model: Some(&model),
+        now: claims.iter().map(|c| c.created).max().unwrap_or(0),
     };
     plan_views(views, settings, allocate)
 }
@@ -345,6 +361,7 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
     let mut placer = Placer {
         snap,
         settings,
+        workloads: Workloads::of(snap.model, snap.now),
         ledger: ledgered.ledger,
         actions: ledgered.revokes,
         planned: BTreeSet::new(),
@@ -614,6 +631,7 @@ fn pod_step<'v>(
 struct Placer<'v, 's> {
     snap: Views<'v>,
     settings: &'s Settings,
+    workloads: Workloads,
     ledger: Ledger,
     actions: Vec<Action>,
     planned: BTreeSet<&'v str>,
@@ -672,8 +690,8 @@ impl<'v> Placer<'v, '_> {
         drop(whole);
         let avoid = snap.avoid.get(&claim.id.uid);
         Some(
-            match place_claim(&mut self.ledger, &pendings, node, avoid) {
-                Ok(parts) => self.allocated(claim, pod, &parts),
+            match place_claim(&mut self.ledger, &pendings, node, avoid, &self.workloads) {
+                Ok((parts, note)) => self.allocated(claim, pod, &parts, note),
                 Err(NotPlaced::Rejected(message)) => Action::Rejected {
                     claim: claim.id.clone(),
                     pod: pod_id.clone(),
@@ -696,6 +714,7 @@ impl<'v> Placer<'v, '_> {
         claim: &ClaimView,
         pod: &PodView,
         parts: &[(&request::PendingClaim, Grant)],
+        note: Option<String>,
     ) -> Action {
         let driver = self.settings.driver.as_str();
         let (allocation, devices) = allocation::assemble(driver, parts, self.snap.consumable);
@@ -709,7 +728,8 @@ impl<'v> Placer<'v, '_> {
         Action::Allocate {
             claim: claim.id.clone(),
             pod: pod.id.clone(),
-            message: explain::allocated(&grant),
+            message: explain::allocated(&grant)
+                + &note.map(|n| format!("; {n}")).unwrap_or_default(),
             allocation: Allocation { allocation, grant },
             retry: !pod.gated,
         }
@@ -727,15 +747,20 @@ enum NotPlaced {
 /// Places every request of one claim (`pendings`, in order) on one node — `node` when the
 /// pod's other claims are there, else away from `avoid` where possible — each request on
 /// GPUs the claim's earlier requests did not take. On success the ledger holds the claim's
-/// grant under its id and the parts are returned; on failure the ledger is as before.
+/// grant under its id and the parts are returned, with a note when a request's policy fell
+/// back ([`Workloads::resolve`]); on failure the ledger is as before.
 fn place_claim<'p>(
     ledger: &mut Ledger,
     pendings: &'p [request::PendingClaim],
     node: Option<&str>,
     avoid: Option<&BTreeSet<String>>,
-) -> Result<Vec<(&'p request::PendingClaim, Grant)>, NotPlaced> {
-    let mut parts: Vec<(&request::PendingClaim, Grant)> = Vec::new();
-    let outcome = place_parts(ledger, pendings, node, avoid, &mut parts);
+    workloads: &Workloads,
+) -> Result<(Parts<'p>, Option<String>), NotPlaced> {
+    let mut parts: Parts<'p> = Vec::new();
+    let mut note = None;
+    let outcome = place_parts(
+        ledger, pendings, node, avoid, workloads, &mut parts, &mut note,
+    );
     // The parts leave the ledger either way; on success the whole claim goes back in.
     for (_, part) in &parts {
         let _ = ledger.release(&part.id);
@@ -754,25 +779,35 @@ fn place_claim<'p>(
             format!("internal: the ledger refused the placement: {e}"),
         ));
     }
-    Ok(parts)
+    Ok((parts, note))
 }
+
+/// The requests of a claim placed so far, each with its part of the grant.
+type Parts<'p> = Vec<(&'p request::PendingClaim, Grant)>;
 
 /// Places the requests one by one, each granted in the ledger as a part (pushed to
 /// `parts`) so the next sees it; returns the node they are on (`None` with no request).
-/// Stops at the first request that does not fit.
+/// Stops at the first request that does not fit. `note` says why a policy fell back.
 fn place_parts<'p>(
     ledger: &mut Ledger,
     pendings: &'p [request::PendingClaim],
     node: Option<&str>,
     avoid: Option<&BTreeSet<String>>,
-    parts: &mut Vec<(&'p request::PendingClaim, Grant)>,
+    workloads: &Workloads,
+    parts: &mut Parts<'p>,
+    note: &mut Option<String>,
 ) -> Result<Option<String>, NotPlaced> {
     let mut node = node.map(str::to_owned);
     for pending in pendings {
         let mut inv_now = candidates(ledger.inventory(), node.as_deref(), avoid);
         without_taken(&mut inv_now, parts);
+        let resolved = workloads.resolve(pending.policy);
+        if note.is_none() {
+            *note = resolved.note();
+        }
+        let policy = resolved.policy;
         let ctx = ScoreContext {
-            workload: None,
+            workload: resolved.workload,
             max_spec: inv_now.max_spec(),
         };
         let which = if pendings.len() > 1 {
@@ -780,7 +815,7 @@ fn place_parts<'p>(
         } else {
             String::new()
         };
-        match engine::choose(&inv_now, &pending.request, pending.policy, &ctx, 0) {
+        match engine::choose(&inv_now, &pending.request, policy, &ctx, 0) {
             Ok(p) => {
                 let id = format!("{}#{}", pending.id, pending.request_name);
                 let part = Grant::from_placement(id, &inv_now, &pending.request, &p);
@@ -881,6 +916,7 @@ mod tests {
         Settings {
             driver: DriverName::default(),
             default_policy: Policy::BINPACK,
+            workload_half_life: std::time::Duration::from_secs(3600),
         }
     }
 
@@ -1069,6 +1105,8 @@ mod tests {
             unsettled: &unsettled,
             class: None,
             max_allocations: max,
+            model: None,
+            now: 0,
         };
         let p = plan_views(views(1), &settings(), true);
         assert_eq!(kinds(&p), ["allocate a on gpu-0"], "one per pass");
@@ -1078,6 +1116,98 @@ mod tests {
             ["allocate a on gpu-0", "allocate c on gpu-0"],
             "b changed since its view: left to the next pass"
         );
+    }
+
+    #[test]
+    fn fragaware_scores_against_the_model_and_falls_back_to_binpack_without_one() {
+        // node-a: two 16Gi GPUs, 4Gi of gpu-0 taken; a new 4Gi claim. Binpack stacks it
+        // on gpu-0 (8Gi left there); against a workload of 12Gi claims fragaware keeps
+        // 12Gi free on both GPUs instead.
+        let claims = [allocated("x", 4, "gpu-0"), claim("n", 4)];
+        let pods = [
+            pod("px", "2026-01-01T00:00:00Z", false, &[("g", Some("x"))]),
+            pod("pn", "2026-01-01T00:00:01Z", true, &[("g", Some("n"))]),
+        ];
+        let d = DriverName::default();
+        let inv = inventory::from_slices(d.as_str(), [slice(&[16, 16], false)]);
+        let cv: Vec<ClaimView> = claims
+            .iter()
+            .map(|c| ClaimView::of(c, &d, &inv.inventory))
+            .collect();
+        let pv: Vec<PodView> = pods.iter().map(|p| PodView::of(p, GATE)).collect();
+        let whole = |id: &ObjectId| claims.iter().find(|c| ObjectId::of(c) == *id).cloned();
+        let (crefs, prefs): (Vec<_>, Vec<_>) = (cv.iter().collect(), pv.iter().collect());
+        let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
+        let mut model = WorkloadModel::new(std::time::Duration::from_secs(3600));
+        for i in 0..10 {
+            model.observe(&format!("seen-{i}"), (0, 0, 1, 750), 0);
+        }
+        let empty = WorkloadModel::new(std::time::Duration::from_secs(3600));
+        let views = |model| Views {
+            claims: &crefs,
+            pods: &prefs,
+            inventory: &inv,
+            consumable: false,
+            claim: &whole,
+            avoid: &avoid,
+            unsettled: &unsettled,
+            class: None,
+            max_allocations: usize::MAX,
+            model,
+            now: 0,
+        };
+        let fragaware = Settings {
+            default_policy: Policy::FRAGAWARE,
+            ..settings()
+        };
+        let message = |p: &Plan| match &p.actions[0] {
+            Action::Allocate { message, .. } => message.clone(),
+            a => panic!("{a:?}"),
+        };
+        let p = plan_views(views(Some(&model)), &fragaware, true);
+        assert_eq!(kinds(&p), ["allocate n on gpu-1"]);
+        assert!(!message(&p).contains("workload model"), "{}", message(&p));
+        // Binpack on the same pass: the fuller GPU.
+        let p = plan_views(views(Some(&model)), &settings(), true);
+        assert_eq!(kinds(&p), ["allocate n on gpu-0"]);
+        // No model (nothing seen yet): binpack, and the claim's Event says so.
+        for none in [None, Some(&empty)] {
+            let p = plan_views(views(none), &fragaware, true);
+            assert_eq!(kinds(&p), ["allocate n on gpu-0"]);
+            assert!(
+                message(&p).contains(
+                    "policy fragaware has no workload model yet (no request holding a GPU seen lately), placed by binpack"
+                ),
+                "{}",
+                message(&p)
+            );
+        }
+    }
+
+    #[test]
+    fn the_model_is_rebuilt_from_the_allocated_claims_once_each() {
+        let mut x = allocated("x", 4, "gpu-0");
+        x["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let mut y = allocated("y", 8, "gpu-1");
+        y["metadata"]["creationTimestamp"] = json!("2026-01-01T01:00:00Z");
+        let claims = [x, y, claim("pending", 2)];
+        let d = DriverName::default();
+        let inv = inventory::from_slices(d.as_str(), [slice(&[16, 16], false)]);
+        let cv: Vec<ClaimView> = claims
+            .iter()
+            .map(|c| ClaimView::of(c, &d, &inv.inventory))
+            .collect();
+        let crefs: Vec<&ClaimView> = cv.iter().collect();
+        let mut model = WorkloadModel::new(std::time::Duration::from_secs(3600));
+        observe_claims(&mut model, &crefs, &inv.inventory);
+        observe_claims(&mut model, &crefs, &inv.inventory);
+        assert_eq!(model.len(), 2, "allocated claims only, once each");
+        let t1 = cv[1].created;
+        assert_eq!(t1 - cv[0].created, 3600);
+        let w = model.weights(t1);
+        // 4Gi of 16 is 250 milli, an hour old (half weight); 8Gi is 500, new.
+        assert_eq!(w.get(&(0, 0, 1, 250)), Some(&0.5));
+        assert_eq!(w.get(&(0, 0, 1, 500)), Some(&1.0));
     }
 
     #[test]

@@ -381,6 +381,7 @@ mod tests {
         let settings = Settings {
             driver: DriverName::default(),
             default_policy: Policy::BINPACK,
+            workload_half_life: std::time::Duration::from_secs(3600),
         };
         let unsettled = BTreeSet::new();
         let snap = |claims, pods, slices| Snapshot {

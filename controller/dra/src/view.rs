@@ -42,6 +42,9 @@ pub struct ClaimView {
     pub node: Option<String>,
     /// Its grant in the ledger ([`usage::claim_grant`] over the inventory it was read with).
     pub grant: Result<Option<Grant>, UsageError>,
+    /// `metadata.creationTimestamp` in Unix seconds (0 when absent or unreadable): when the
+    /// request arrived, for the workload model.
+    pub created: i64,
 }
 
 impl ClaimView {
@@ -68,6 +71,7 @@ impl ClaimView {
                 .to_owned(),
             node: objects::allocated_node(claim).map(str::to_owned),
             grant: usage::claim_grant(claim, driver.as_str(), inventory),
+            created: fgpu_plumbing::unix_seconds(&meta["creationTimestamp"]),
         }
     }
 

@@ -89,8 +89,13 @@ pub struct ExtenderArgs {
     /// Default placement policy, `<node>/<gpu>` (HAMi's default: binpack/spread); pods
     /// override it with `hami.io/node-scheduler-policy` and `hami.io/gpu-scheduler-policy`.
     /// `--policy` is the older spelling.
+    /// fgd and fragaware (e.g. `fragaware/binpack`) score against the GPU requests of the
+    /// pods seen lately and place by binpack at node level until one is seen.
     #[arg(long, alias = "policy", default_value = "binpack/spread")]
     pub default_policy: String,
+    /// Seconds it takes a pod's weight in the workload model (fgd, fragaware) to halve.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub workload_half_life_seconds: u64,
     /// Seconds between two reads of all nodes and pods (capacity and grants).
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     pub resync_seconds: u64,
@@ -169,6 +174,7 @@ impl ExtenderArgs {
             reservation_grace: Duration::from_secs(self.reservation_grace_seconds),
             serialize_node_binds: false,
             scheduler_name: self.scheduler_name.clone(),
+            workload_half_life: Duration::from_secs(self.workload_half_life_seconds),
         })
     }
 }

@@ -17,6 +17,8 @@ use fgpu_api::extender::{
     HostPriorityList, MAX_EXTENDER_PRIORITY, NodeList, Pod,
 };
 use fgpu_api::names::{DriverName, LegacyResourceNames};
+use fgpu_driver::engine::WorkloadModel;
+use fgpu_driver::engine::model::{self, PolicyWorkloads};
 use fgpu_driver::engine::{
     self, GpuPolicy, GpuShare, Inventory, MaxSpec, Node, NodePolicy, Placement, Policy,
     ScoreContext, Topology,
@@ -52,6 +54,8 @@ pub struct ExtenderConfig {
     /// `spec.schedulerName` of the pods this extender serves (the profile of the
     /// kube-scheduler that calls it); filter, prioritize and bind refuse every other pod.
     pub scheduler_name: String,
+    /// How long it takes a pod's weight in the workload model (fgd, fragaware) to halve.
+    pub workload_half_life: Duration,
 }
 
 impl Default for ExtenderConfig {
@@ -66,6 +70,7 @@ impl Default for ExtenderConfig {
             reservation_grace: Duration::from_secs(300),
             serialize_node_binds: false,
             scheduler_name: DEFAULT_SCHEDULER_NAME.to_owned(),
+            workload_half_life: Duration::from_secs(3600),
         }
     }
 }
@@ -119,6 +124,10 @@ pub struct Extender {
     /// Pods whose last filter passed no node, by UID, and why (the pending gauge).
     waiting: Mutex<HashMap<String, PendingReason>>,
     metrics: Metrics,
+    /// The GPU requests of the pods seen holding GPUs, at their creation time.
+    model: Mutex<WorkloadModel>,
+    /// What fgd and fragaware score against, from the model at the last sync.
+    workloads: RwLock<Arc<PolicyWorkloads>>,
 }
 
 /// Most pods remembered between filter and bind.
@@ -160,12 +169,14 @@ struct PodPlacement {
 impl Extender {
     pub fn new(config: ExtenderConfig) -> Self {
         Self {
-            config,
             nodes: RwLock::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             memos: Mutex::new(HashMap::new()),
             waiting: Mutex::new(HashMap::new()),
             metrics: Metrics::new(),
+            model: Mutex::new(WorkloadModel::new(config.workload_half_life)),
+            workloads: RwLock::new(Arc::default()),
+            config,
         }
     }
 
@@ -229,7 +240,7 @@ impl Extender {
         let inv_ann = self.config.driver.node_inventory_annotation();
         let pod_ann = self.config.driver.pod_assignment_annotation();
         // Grants recorded on pods, by node; and every pod UID that shows an assignment.
-        let mut by_node: HashMap<String, Vec<(String, Vec<Grant>)>> = HashMap::new();
+        let mut by_node: HashMap<String, Vec<(String, Vec<Grant>, i64)>> = HashMap::new();
         for pod in pods {
             let phase = pod.extra["status"]["phase"].as_str();
             if matches!(phase, Some("Succeeded" | "Failed")) {
@@ -255,10 +266,15 @@ impl Extender {
                     };
                     report.assigned_pods += 1;
                     let grants = crate::annotations::grants(&a, &uid);
+                    let created = pod
+                        .metadata
+                        .extra
+                        .get("creationTimestamp")
+                        .map_or(0, fgpu_plumbing::unix_seconds);
                     by_node
                         .entry(a.node.clone())
                         .or_default()
-                        .push((uid, grants));
+                        .push((uid, grants, created));
                 }
                 Err(e) => report.errors.push(e.to_string()),
             }
@@ -299,7 +315,15 @@ impl Extender {
                 // list from now on; one that shows something else (a list older than the
                 // reservation) keeps the reservation, which is newer.
                 let mut grants: Vec<Grant> = Vec::new();
-                for (uid, pod_grants) in by_node.remove(name).unwrap_or_default() {
+                for (uid, pod_grants, created) in by_node.remove(name).unwrap_or_default() {
+                    let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
+                    // A pod is recorded once: observe keeps the first record.
+                    for g in &pod_grants {
+                        if let Some(kind) = model::kind_of_grant(&capacity, g) {
+                            model.observe(&g.id, kind, created);
+                        }
+                    }
+                    drop(model);
                     match st.inflight.get(&uid) {
                         Some(r) if r.grants == pod_grants => {
                             st.inflight.remove(&uid);
@@ -343,7 +367,41 @@ impl Extender {
         }
         *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = fresh;
         self.metrics.set_nodes(report.nodes);
+        self.refresh_workloads();
         report
+    }
+
+    /// Recomputes what fgd and fragaware score against from the model (pruned), and logs
+    /// when the default policy starts or stops falling back for want of a model.
+    fn refresh_workloads(&self) {
+        let now = unix_now();
+        let fresh = {
+            let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
+            model.prune(now);
+            PolicyWorkloads::of(Some(&model), now)
+        };
+        let default = self.config.default_policy;
+        let mut slot = self
+            .workloads
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let before = slot.resolve(default).fell_back_from.is_some();
+        let after = fresh.resolve(default);
+        if before != after.fell_back_from.is_some() {
+            match after.note() {
+                Some(note) => tracing::info!("{note}"),
+                None => tracing::info!(policy = %default, "workload model ready"),
+            }
+        }
+        *slot = Arc::new(fresh);
+    }
+
+    /// What fgd and fragaware score against now.
+    fn workloads(&self) -> Arc<PolicyWorkloads> {
+        self.workloads
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn slot(&self, node: &str) -> Option<Arc<NodeSlot>> {
@@ -416,6 +474,8 @@ impl Extender {
         names: &[&'a str],
         hints: &[Option<(u64, f64)>],
     ) -> Vec<(&'a str, Outcome)> {
+        let workloads = self.workloads();
+        let workloads: &PolicyWorkloads = &workloads;
         let map = self.nodes.read().unwrap_or_else(PoisonError::into_inner);
         let map: &HashMap<String, Arc<NodeSlot>> = &map;
         let inv_ann = self.config.driver.node_inventory_annotation();
@@ -435,7 +495,7 @@ impl Extender {
                     Some((generation, score)) if generation == st.generation => {
                         Outcome::Fits { score, generation }
                     }
-                    _ => match place(&l.inventory().nodes[0], req) {
+                    _ => match place(&l.inventory().nodes[0], req, workloads) {
                         Ok(p) => Outcome::Fits {
                             score: p.score,
                             generation: st.generation,
@@ -668,7 +728,8 @@ impl Extender {
         }
         let inv = ledger.inventory();
         let n = &inv.nodes[0];
-        let placed = place(n, req).map_err(|e| format!("pod {}: {e}", req.key))?;
+        let placed =
+            place(n, req, &self.workloads()).map_err(|e| format!("pod {}: {e}", req.key))?;
         let mut grants = Vec::with_capacity(req.containers.len());
         let mut containers = Vec::with_capacity(req.containers.len());
         for (c, gpus) in req.containers.iter().zip(&placed.gpus) {
@@ -960,6 +1021,11 @@ pub fn written_by(pod: &Pod, annotation: &str, manager: &str) -> bool {
         })
 }
 
+/// Now in Unix seconds.
+fn unix_now() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
 /// The `v1` Binding that puts the pod on the node.
 pub fn binding_object(args: &ExtenderBindingArgs) -> Value {
     let mut meta = json!({"name": args.pod_name, "namespace": args.pod_namespace});
@@ -974,10 +1040,18 @@ pub fn binding_object(args: &ExtenderBindingArgs) -> Value {
     })
 }
 
-/// Places every container of `req` on `node` (in order, each seeing the ones before it).
-fn place(node: &Node, req: &PodRequest) -> Result<PodPlacement, String> {
+/// Places every container of `req` on `node` (in order, each seeing the ones before it),
+/// under the pod's policy as `workloads` resolve it (fgd and fragaware fall back to binpack
+/// without a model).
+fn place(
+    node: &Node,
+    req: &PodRequest,
+    workloads: &PolicyWorkloads,
+) -> Result<PodPlacement, String> {
+    let resolved = workloads.resolve(req.policy);
+    let policy = resolved.policy;
     let ctx = ScoreContext {
-        workload: None,
+        workload: resolved.workload,
         max_spec: MaxSpec {
             cpu_milli: 0,
             gpus: node.gpus.len() as u32,
@@ -993,7 +1067,7 @@ fn place(node: &Node, req: &PodRequest) -> Result<PodPlacement, String> {
         }
     }
     if let [c] = req.containers.as_slice() {
-        return match engine::evaluate_node(0, node, &c.request, req.policy, &ctx) {
+        return match engine::evaluate_node(0, node, &c.request, policy, &ctx) {
             Some(Placement { gpus, score, .. }) => Ok(PodPlacement {
                 gpus: vec![gpus],
                 score,
@@ -1007,7 +1081,7 @@ fn place(node: &Node, req: &PodRequest) -> Result<PodPlacement, String> {
         score: 0.0,
     };
     for c in &req.containers {
-        let Some(p) = engine::evaluate_node(0, &work, &c.request, req.policy, &ctx) else {
+        let Some(p) = engine::evaluate_node(0, &work, &c.request, policy, &ctx) else {
             return Err(why_not(&work, c));
         };
         for &i in &p.gpus {

@@ -45,7 +45,7 @@
 //! The measure is evaluated in O(kinds + GPUs·log GPUs) per node state: the GPUs' free
 //! levels are sorted once, and each kind needs a binary search and a prefix sum.
 
-use super::{GpuPolicy, GpuShare, MILLI, Node, Request, pick_gpus};
+use super::{GpuPolicy, GpuShare, Node, Request, pick_gpus};
 
 /// One kind of pod in the expected workload.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::frag::{Weighting, Workload, WorkloadType};
-use super::{MILLI, Policy};
+use super::{MILLI, Node, NodePolicy, Policy};
+use crate::ledger::Grant;
 
 /// One kind of request: `(cpu_milli, memory_mib, gpus, milli_per_gpu)`.
 pub type Kind = (u64, u64, u32, u32);
@@ -104,7 +105,7 @@ impl WorkloadModel {
         if !policy.needs_workload() {
             return None;
         }
-        let fgd = policy.node == super::NodePolicy::Fgd;
+        let fgd = policy.node == NodePolicy::Fgd;
         let mut weights: BTreeMap<Kind, f64> = BTreeMap::new();
         for ((cpu, mem, gpus, milli), w) in self.weights(now) {
             let kind = (cpu, if fgd { 0 } else { mem }, gpus, milli);
@@ -129,7 +130,7 @@ impl Workload {
     ) -> Workload {
         let mut merged: BTreeMap<Kind, f64> = BTreeMap::new();
         for ((cpu, mem, gpus, milli), w) in kinds {
-            if !(w > 0.0) {
+            if w.is_nan() || w <= 0.0 {
                 continue;
             }
             let milli = if gpus == 0 { 0 } else { milli.min(MILLI) };
@@ -188,23 +189,95 @@ impl Workload {
     }
 }
 
-/// The kind of a request of `gpus` GPUs taking `memory` bytes and `cores` percent of each
-/// GPU of `gpu_memory` bytes (the per-GPU demand is the larger share, in milli-GPU).
-pub fn kind_of(
-    cpu_milli: u64,
-    memory_mib: u64,
-    gpus: u32,
-    memory: u64,
-    cores: u32,
-    gpu_memory: u64,
-) -> Kind {
-    if gpus == 0 {
-        return (cpu_milli, memory_mib, 0, 0);
+/// The kind of request `grant` (on `node`) is, as a live allocator sees it: its GPUs, and
+/// per GPU the larger of its memory and core share of that GPU (the largest over its GPUs);
+/// no host needs (a claim states none). `None` when it holds no GPU of `node`.
+pub fn kind_of_grant(node: &Node, grant: &Grant) -> Option<Kind> {
+    let share = |used: u64, total: u64| {
+        (u128::from(used) * u128::from(MILLI)).div_ceil(u128::from(total.max(1))) as u32
+    };
+    let milli = grant
+        .devices
+        .iter()
+        .filter_map(|d| {
+            let g = node.gpus.iter().find(|g| g.id == d.gpu)?;
+            let cores = share(u64::from(d.cores), u64::from(g.cores_total));
+            Some(share(d.memory, g.memory_total).max(cores).min(MILLI))
+        })
+        .max()?;
+    Some((0, 0, grant.devices.len() as u32, milli))
+}
+
+/// The expected workloads of the two fragmentation policies at one moment, from a model;
+/// what a pass of an allocator scores with.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyWorkloads {
+    fgd: Option<Workload>,
+    fragaware: Option<Workload>,
+}
+
+/// The policy that runs for the one asked for, with its workload ([`PolicyWorkloads::resolve`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Resolved<'a> {
+    pub policy: Policy,
+    pub workload: Option<&'a Workload>,
+    /// The asked policy could not run: it fell back to [`Resolved::policy`].
+    pub fell_back_from: Option<Policy>,
+}
+
+impl Resolved<'_> {
+    /// Why the policy fell back, in words (for an Event or a log line).
+    pub fn note(&self) -> Option<String> {
+        self.fell_back_from.map(|asked| {
+            format!(
+                "policy {asked} has no workload model yet (no request holding a GPU seen lately), placed by {}",
+                self.policy
+            )
+        })
     }
-    let mem = (u128::from(memory) * u128::from(MILLI)).div_ceil(u128::from(gpu_memory.max(1)));
-    let cores = u64::from(cores.min(100)) * u64::from(MILLI) / 100;
-    let milli = (mem.min(u128::from(MILLI)) as u32).max(cores as u32).max(1);
-    (cpu_milli, memory_mib, gpus, milli)
+}
+
+impl PolicyWorkloads {
+    /// Both workloads from `model` at `now` (none without a model).
+    pub fn of(model: Option<&WorkloadModel>, now: i64) -> Self {
+        let of = |p: Policy| model.and_then(|m| m.workload(p, now));
+        PolicyWorkloads {
+            fgd: of(Policy::FGD),
+            fragaware: of(Policy::FRAGAWARE),
+        }
+    }
+
+    /// The policy that runs for `policy`, with its workload. The fallback rule: a policy
+    /// that needs a workload the model cannot give yet (no request holding a GPU seen in
+    /// the window) runs as `binpack` at node level, keeping its GPU level.
+    pub fn resolve(&self, policy: Policy) -> Resolved<'_> {
+        let workload = match policy.node {
+            NodePolicy::Fgd => self.fgd.as_ref(),
+            NodePolicy::FragAware => self.fragaware.as_ref(),
+            _ => {
+                return Resolved {
+                    policy,
+                    workload: None,
+                    fell_back_from: None,
+                };
+            }
+        };
+        match workload {
+            Some(w) => Resolved {
+                policy,
+                workload: Some(w),
+                fell_back_from: None,
+            },
+            None => Resolved {
+                policy: Policy {
+                    node: NodePolicy::Binpack,
+                    ..policy
+                },
+                workload: None,
+                fell_back_from: Some(policy),
+            },
+        }
+    }
 }
 
 #[cfg(test)]
@@ -325,11 +398,64 @@ mod tests {
     }
 
     #[test]
-    fn kinds_take_the_larger_share_of_the_gpu() {
+    fn a_grant_is_the_kind_of_its_larger_share_and_policies_fall_back_without_a_model() {
+        use crate::engine::Gpu;
+        use crate::ledger::DeviceGrant;
         let gib = 1u64 << 30;
-        assert_eq!(kind_of(0, 0, 1, 20 * gib, 0, 80 * gib), (0, 0, 1, 250));
-        assert_eq!(kind_of(0, 0, 2, 20 * gib, 50, 80 * gib), (0, 0, 2, 500));
-        assert_eq!(kind_of(0, 0, 1, 100 * gib, 0, 80 * gib), (0, 0, 1, 1000));
-        assert_eq!(kind_of(500, 64, 0, 0, 0, 80 * gib), (500, 64, 0, 0));
+        let node = Node::new(
+            "n",
+            vec![
+                Gpu::new("gpu-0", "H100", 80 * gib),
+                Gpu::new("gpu-1", "H100", 40 * gib),
+            ],
+        );
+        let dev = |gpu: &str, memory, cores| DeviceGrant {
+            gpu: gpu.into(),
+            memory,
+            cores,
+        };
+        let grant = |devices| Grant {
+            id: "g".into(),
+            node: "n".into(),
+            cpu_milli: 0,
+            memory_mib: 0,
+            devices,
+        };
+        assert_eq!(
+            kind_of_grant(&node, &grant(vec![dev("gpu-0", 20 * gib, 0)])),
+            Some((0, 0, 1, 250))
+        );
+        // The 40Gi GPU's 20Gi is the larger share; cores 30 % are 300.
+        assert_eq!(
+            kind_of_grant(
+                &node,
+                &grant(vec![dev("gpu-0", 20 * gib, 30), dev("gpu-1", 20 * gib, 0)])
+            ),
+            Some((0, 0, 2, 500))
+        );
+        assert_eq!(
+            kind_of_grant(&node, &grant(vec![dev("gpu-9", gib, 0)])),
+            None
+        );
+
+        let empty = PolicyWorkloads::of(None, 0);
+        let r = empty.resolve(Policy::FRAGAWARE);
+        assert_eq!(
+            (r.policy, r.fell_back_from),
+            (Policy::BINPACK, Some(Policy::FRAGAWARE))
+        );
+        assert!(r.note().unwrap().contains("placed by binpack"));
+        let spread_gpus: Policy = "fgd/spread".parse().unwrap();
+        assert_eq!(
+            empty.resolve(spread_gpus).policy.to_string(),
+            "binpack/spread"
+        );
+        assert!(empty.resolve(Policy::SPREAD).fell_back_from.is_none());
+        let mut m = WorkloadModel::new(H);
+        m.observe("a", (0, 0, 1, 500), 0);
+        let some = PolicyWorkloads::of(Some(&m), 0);
+        let r = some.resolve(Policy::FRAGAWARE);
+        assert_eq!(r.policy, Policy::FRAGAWARE);
+        assert!(r.workload.is_some() && r.note().is_none());
     }
 }

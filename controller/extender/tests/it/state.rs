@@ -104,6 +104,68 @@ async fn gpu_binpack_and_spread() {
     assert_eq!(a.node, "n");
 }
 
+/// The GPU of `pod`'s only device in `cluster`.
+fn device_of(cluster: &MemoryCluster, pod: &str) -> String {
+    assignment(cluster, pod).unwrap().containers[0].devices[0]
+        .id
+        .clone()
+}
+
+#[tokio::test]
+async fn fragaware_learns_the_workload_from_the_pods_and_falls_back_before() {
+    // Three 60Gi pods on node m, a 20Gi pod on n: the workload is mostly 3/4-GPU pods.
+    let cluster = MemoryCluster::default();
+    let nodes = [gpu_node("m", 3, "A100", 80), gpu_node("n", 2, "A100", 80)];
+    let seed = extender();
+    seed.sync(&nodes, &[], Instant::now());
+    let old = |name: &str, mib: u64| {
+        let mut p = hami_pod(name, json!({}), mib, 0);
+        p.metadata
+            .extra
+            .insert("creationTimestamp".into(), json!("2020-01-01T00:00:00Z"));
+        p
+    };
+    for i in 0..3 {
+        assert_eq!(
+            bind(&seed, &cluster, &old(&format!("big-{i}"), 61_440), "m").await,
+            ""
+        );
+    }
+    assert_eq!(bind(&seed, &cluster, &old("first", 20_000), "n").await, "");
+    let first = device_of(&cluster, "first");
+    let with_half_life = |secs| {
+        let ext = Extender::new(ExtenderConfig {
+            default_policy: "fragaware".parse().unwrap(),
+            workload_half_life: Duration::from_secs(secs),
+            ..ExtenderConfig::default()
+        });
+        ext.sync(&nodes, &cluster.pods(), Instant::now());
+        ext
+    };
+    // Pods from 2020 are past 30 half-lives of one second: no model, binpack on the
+    // GPUs (the fuller one, first's).
+    let forgot = with_half_life(1);
+    let learned = with_half_life(100 * 365 * 86_400);
+    assert_eq!(
+        bind(&forgot, &cluster, &hami_pod("x", json!({}), 20_000, 0), "n").await,
+        ""
+    );
+    assert_eq!(device_of(&cluster, "x"), first);
+    // With the pods in the model (synced before x), fragaware keeps 60Gi free on both
+    // GPUs instead of leaving first's GPU with 40Gi no 60Gi pod can use.
+    assert_eq!(
+        bind(
+            &learned,
+            &cluster,
+            &hami_pod("y", json!({}), 20_000, 0),
+            "n"
+        )
+        .await,
+        ""
+    );
+    assert_ne!(device_of(&cluster, "y"), first);
+}
+
 #[test]
 fn model_include_exclude_and_uuid_pin() {
     let ext = extender();
