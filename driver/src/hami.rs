@@ -14,7 +14,8 @@
 //! a pod as well, so both paths give them one meaning): the model include/exclude lists
 //! (`nvidia.com/use-gputype`, `nvidia.com/nouse-gputype`), the UUID pin
 //! (`nvidia.com/use-gpuuuid`), comma-separated, and the two HAMi policy annotations
-//! (`hami.io/node-scheduler-policy`, `hami.io/gpu-scheduler-policy`: `binpack` or `spread`)
+//! (`hami.io/node-scheduler-policy`: HAMi's `binpack` or `spread`, or fgpu's `gpupacking`,
+//! `bestfit`, `fgd` or `fragaware`; `hami.io/gpu-scheduler-policy`: `binpack` or `spread`)
 //! replacing the node and GPU level of the default policy. `nvidia.com/numa-bind: "true"`
 //! puts every GPU of a multi-GPU container on one NUMA node.
 //!
@@ -61,6 +62,33 @@ impl PodAnnotations {
     }
 }
 
+/// What `hami.io/node-scheduler-policy` may say, for errors.
+pub const VALID_NODE_POLICIES: &str =
+    "valid are binpack and spread (HAMi's), gpupacking, bestfit, fgd and fragaware";
+/// What `hami.io/gpu-scheduler-policy` may say, for errors.
+pub const VALID_GPU_POLICIES: &str = "valid are binpack and spread";
+
+/// The node level `hami.io/node-scheduler-policy` names: HAMi's two, and fgpu's other
+/// node-level policies; `None` for anything else.
+pub fn node_policy(v: &str) -> Option<NodePolicy> {
+    if v.contains('/') {
+        return None;
+    }
+    format!("{v}/binpack")
+        .parse::<Policy>()
+        .ok()
+        .map(|p| p.node)
+}
+
+/// The GPU level `hami.io/gpu-scheduler-policy` names (`binpack`, `spread`).
+pub fn gpu_policy(v: &str) -> Option<GpuPolicy> {
+    match v {
+        "binpack" => Some(GpuPolicy::Binpack),
+        "spread" => Some(GpuPolicy::Spread),
+        _ => None,
+    }
+}
+
 /// Reads the placement annotations of the pod `pod_key`; `default_policy` applies where
 /// they say nothing. Errors name the annotation and say what is valid.
 pub fn pod_annotations(
@@ -84,28 +112,22 @@ pub fn pod_annotations(
     };
     let mut policy = default_policy;
     if let Some(v) = annotations.get(legacy::ANNOTATION_NODE_SCHEDULER_POLICY) {
-        policy.node = match v.trim() {
-            "binpack" => NodePolicy::Binpack,
-            "spread" => NodePolicy::Spread,
-            other => {
-                return Err(err(
-                    legacy::ANNOTATION_NODE_SCHEDULER_POLICY,
-                    format!("{other:?}; valid are binpack and spread"),
-                ));
-            }
-        };
+        let other = v.trim();
+        policy.node = node_policy(other).ok_or_else(|| {
+            err(
+                legacy::ANNOTATION_NODE_SCHEDULER_POLICY,
+                format!("{other:?}; {VALID_NODE_POLICIES}"),
+            )
+        })?;
     }
     if let Some(v) = annotations.get(legacy::ANNOTATION_GPU_SCHEDULER_POLICY) {
-        policy.gpu = match v.trim() {
-            "binpack" => GpuPolicy::Binpack,
-            "spread" => GpuPolicy::Spread,
-            other => {
-                return Err(err(
-                    legacy::ANNOTATION_GPU_SCHEDULER_POLICY,
-                    format!("{other:?}; valid are binpack and spread"),
-                ));
-            }
-        };
+        let other = v.trim();
+        policy.gpu = gpu_policy(other).ok_or_else(|| {
+            err(
+                legacy::ANNOTATION_GPU_SCHEDULER_POLICY,
+                format!("{other:?}; {VALID_GPU_POLICIES}"),
+            )
+        })?;
     }
     Ok(PodAnnotations {
         model_include: list(legacy::ANNOTATION_USE_GPU_TYPE),
@@ -421,13 +443,46 @@ mod tests {
     }
 
     #[test]
+    fn the_node_policy_annotation_takes_every_node_policy() {
+        for (value, node) in [
+            ("binpack", NodePolicy::Binpack),
+            ("spread", NodePolicy::Spread),
+            ("gpupacking", NodePolicy::GpuPacking),
+            ("bestfit", NodePolicy::BestFit),
+            ("fgd", NodePolicy::Fgd),
+            (" fragaware ", NodePolicy::FragAware),
+        ] {
+            let ann =
+                BTreeMap::from([("hami.io/node-scheduler-policy".to_owned(), value.to_owned())]);
+            let got = pod_annotations(&ann, "ns/p", Policy::SPREAD)
+                .unwrap()
+                .policy;
+            // The GPU level stays the default's.
+            assert_eq!(
+                got,
+                Policy {
+                    node,
+                    gpu: GpuPolicy::Spread
+                },
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
     fn errors_name_pod_and_field() {
         let cases: Vec<(Value, Value, &str, &str)> = vec![
             (
                 json!({"hami.io/node-scheduler-policy": "fastest"}),
                 json!([ctr("c", json!({"nvidia.com/gpu": "1"}))]),
                 "metadata.annotations[\"hami.io/node-scheduler-policy\"]",
-                "\"fastest\"; valid are binpack and spread",
+                "\"fastest\"; valid are binpack and spread (HAMi's), gpupacking, bestfit, fgd and fragaware",
+            ),
+            (
+                json!({"hami.io/node-scheduler-policy": "fgd/spread"}),
+                json!([ctr("c", json!({"nvidia.com/gpu": "1"}))]),
+                "metadata.annotations[\"hami.io/node-scheduler-policy\"]",
+                "\"fgd/spread\"; valid are",
             ),
             (
                 json!({"nvidia.com/numa-bind": "yes"}),

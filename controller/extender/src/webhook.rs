@@ -812,21 +812,22 @@ fn add_resources(patch: &mut Patch, i: usize, section: &str, add: &[(&str, Strin
     }
 }
 
-/// Problems of the policy annotations: only `binpack` and `spread` are valid.
+/// Problems of the policy annotations (the values `fgpu_driver::hami` reads).
 fn policy_problems(meta: &Value, problems: &mut Vec<String>) {
-    for a in [
-        legacy::ANNOTATION_NODE_SCHEDULER_POLICY,
-        legacy::ANNOTATION_GPU_SCHEDULER_POLICY,
-    ] {
-        if let Some(v) = annotation(meta, a)
-            && v != "binpack"
-            && v != "spread"
-        {
-            problems.push(format!(
-                "{}: {v:?}; valid are binpack and spread",
-                at_annotation(a)
-            ));
-        }
+    use fgpu_driver::hami;
+    let node = legacy::ANNOTATION_NODE_SCHEDULER_POLICY;
+    if let Some(v) = annotation(meta, node)
+        && hami::node_policy(v.trim()).is_none()
+    {
+        let valid = hami::VALID_NODE_POLICIES;
+        problems.push(format!("{}: {v:?}; {valid}", at_annotation(node)));
+    }
+    let gpu = legacy::ANNOTATION_GPU_SCHEDULER_POLICY;
+    if let Some(v) = annotation(meta, gpu)
+        && hami::gpu_policy(v.trim()).is_none()
+    {
+        let valid = hami::VALID_GPU_POLICIES;
+        problems.push(format!("{}: {v:?}; {valid}", at_annotation(gpu)));
     }
 }
 
@@ -1088,7 +1089,7 @@ mod tests {
             (
                 json!({"hami.io/node-scheduler-policy": "fastest"}),
                 gpu1(),
-                "metadata.annotations[\"hami.io/node-scheduler-policy\"]: \"fastest\"; valid are binpack and spread",
+                "metadata.annotations[\"hami.io/node-scheduler-policy\"]: \"fastest\"; valid are binpack and spread (HAMi's), gpupacking, bestfit, fgd and fragaware",
             ),
             (
                 json!({"hami.io/gpu-scheduler-policy": "topology-aware"}),

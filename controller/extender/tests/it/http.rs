@@ -155,7 +155,7 @@ async fn bad_requests_keep_the_server_serving() {
     let r: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         r["Error"],
-        "pod default/gpu-pod: metadata.annotations[\"hami.io/node-scheduler-policy\"]: \"fastest\"; valid are binpack and spread"
+        "pod default/gpu-pod: metadata.annotations[\"hami.io/node-scheduler-policy\"]: \"fastest\"; valid are binpack and spread (HAMi's), gpupacking, bestfit, fgd and fragaware"
     );
     let bad_quantity = FILTER.replace(
         r#""nvidia.com/gpumem": "3000""#,
