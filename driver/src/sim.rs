@@ -25,6 +25,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::engine::model;
 use crate::engine::{
     self, Gpu, Inventory, MaxSpec, Node, Placement, Policy, Request, ScoreContext, Weighting,
     Workload,
@@ -311,6 +312,10 @@ pub struct RunConfig {
     pub seed: u64,
     /// Target total GPU request as a multiple of cluster GPU capacity (the paper: 1.3).
     pub tune: f64,
+    /// Score fgd and fragaware against what a live allocator knows (the pods placed so far,
+    /// [`crate::engine::WorkloadModel`]'s rules: nothing placed yet → binpack) instead of
+    /// the whole trace.
+    pub online: bool,
 }
 
 /// One simulation run's outcome.
@@ -379,10 +384,16 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
     let inv = cluster(nodes);
     let total_gpus: u64 = inv.nodes.iter().map(|n| n.gpus.len() as u64).sum();
     let capacity = total_gpus * u64::from(engine::MILLI);
-    let workload = cfg
+    let mut workload = cfg
         .policy
         .needs_workload()
         .then(|| workload_for(cfg.policy, pods));
+    // Online: the kinds of the pods placed so far, refreshed whenever the count has grown by
+    // 1 % (a live allocator refreshes per pass); until the first placement, binpack.
+    let mut online = cfg.online.then(OnlineModel::default);
+    if online.is_some() {
+        workload = None;
+    }
     let max_spec: MaxSpec = inv.max_spec();
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let arrivals = prepare_pods(pods, capacity, cfg.tune, &mut rng);
@@ -411,6 +422,14 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
         if class == cache.len() {
             cache.push(vec![(0, None); n_nodes]);
         }
+        let policy = match (&online, &workload) {
+            (Some(_), None) => {
+                engine::model::PolicyWorkloads::default()
+                    .resolve(cfg.policy)
+                    .policy
+            }
+            _ => cfg.policy,
+        };
         let ctx = ScoreContext {
             workload: workload.as_ref(),
             max_spec,
@@ -421,7 +440,7 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
             if e.0 != version[i] {
                 *e = (
                     version[i],
-                    engine::evaluate_node(i, &inv.nodes[i], &req, cfg.policy, &ctx),
+                    engine::evaluate_node(i, &inv.nodes[i], &req, policy, &ctx),
                 );
                 evaluations += 1;
             }
@@ -443,6 +462,15 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
                     .expect("the engine only proposes placements that fit");
                 version[i] = version[i].wrapping_add(1).max(1);
                 used += pod.total_milli();
+                if let Some(m) = &mut online
+                    && let Some(w) = m.placed(cfg.policy, pod)
+                {
+                    workload = Some(w);
+                    // Every cached score was against the old workload.
+                    for v in &mut version {
+                        *v = v.wrapping_add(1).max(1);
+                    }
+                }
             }
             None => failed += 1,
         }
@@ -455,6 +483,41 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
         pods: arrivals.len(),
         failed,
         evaluations,
+    }
+}
+
+/// The pods placed so far, for [`RunConfig::online`].
+#[derive(Default)]
+struct OnlineModel {
+    counts: std::collections::BTreeMap<model::Kind, f64>,
+    placed: u64,
+    refreshed_at: u64,
+}
+
+impl OnlineModel {
+    /// Records `pod` as placed; the new workload for `policy` when it is time to refresh.
+    fn placed(&mut self, policy: Policy, pod: &TracePod) -> Option<Workload> {
+        let with_mem = policy.node == engine::NodePolicy::FragAware;
+        let kind = (
+            pod.cpu_milli,
+            if with_mem { pod.memory_mib } else { 0 },
+            pod.num_gpu,
+            pod.gpu_milli,
+        );
+        *self.counts.entry(kind).or_default() += 1.0;
+        self.placed += 1;
+        if self.placed < self.refreshed_at + (self.refreshed_at / 100).max(1) {
+            return None;
+        }
+        self.refreshed_at = self.placed;
+        let coverage = if with_mem { 1.0 } else { TYPICAL_COVERAGE };
+        let w = Workload::from_weighted(
+            self.counts.iter().map(|(k, c)| (*k, *c)),
+            coverage,
+            Weighting::Count,
+            model::MAX_KINDS,
+        );
+        w.types.iter().any(|t| t.gpus > 0).then_some(w)
     }
 }
 

@@ -72,6 +72,12 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 1.3)]
     pub tune: f64,
 
+    /// Score fgd and fragaware against the pods placed so far (what the live controller
+    /// and extender know: binpack until the first placement, the 64 heaviest kinds,
+    /// refreshed as the count grows by 1 %) instead of the whole trace.
+    #[arg(long)]
+    pub online_workload: bool,
+
     /// Output CSV in the layout of the paper's `analysis_allo_discrete.csv`: one row per
     /// policy and seed (allocation % of GPU capacity at arrived = 0..130 %).
     #[arg(long, value_name = "FILE")]
@@ -150,7 +156,15 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let mut summary = Vec::new();
     for (name, policy) in &policies {
         let t0 = Instant::now();
-        let results = run_seeds(&nodes, &pods, *policy, &seeds, args.tune, jobs);
+        let results = run_seeds(
+            &nodes,
+            &pods,
+            *policy,
+            &seeds,
+            args.tune,
+            args.online_workload,
+            jobs,
+        );
         let secs = t0.elapsed().as_secs_f64();
         let un: Vec<f64> = results
             .iter()
@@ -190,6 +204,7 @@ fn run_seeds(
     policy: Policy,
     seeds: &[u64],
     tune: f64,
+    online: bool,
     jobs: usize,
 ) -> Vec<RunResult> {
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -210,6 +225,7 @@ fn run_seeds(
                             policy,
                             seed: seeds[i],
                             tune,
+                            online,
                         },
                     );
                     slots.lock().expect("no panics while holding")[i] = Some(r);

@@ -76,6 +76,7 @@ fn run_is_deterministic_and_respects_constraints() {
             policy,
             seed: 42,
             tune: 1.3,
+            online: false,
         };
         let a = run(&nodes, &pods, cfg);
         assert_eq!(a, run(&nodes, &pods, cfg), "{name}");
@@ -117,6 +118,7 @@ fn output_row_matches_the_header_layout() {
             policy: Policy::FRAGAWARE,
             seed: 1,
             tune: 1.3,
+            online: false,
         },
     );
     let h = csv_header();
@@ -165,6 +167,7 @@ fn ties_go_to_one_node_order_for_the_whole_run() {
                 policy: Policy::GPUPACKING,
                 seed,
                 tune: 0.0,
+                online: false,
             },
         );
         assert_eq!((r.pods, r.failed), (4, 0), "seed {seed}");

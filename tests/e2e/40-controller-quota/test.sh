@@ -17,7 +17,9 @@
 # * a fourth (60 GiB) does not fit: it stays gated with an Event saying why and naming the
 #   best candidate; deleting the 12 GiB pod releases its claim (finalizer removed) and the
 #   fourth is allocated and runs with 60 GiB; claims_pending{reason="no_fit"} is 1 while it
-#   waits, 0 after.
+#   waits, 0 after;
+# * the default policy fragaware: the first allocation's Event says it fell back to binpack
+#   (no workload model yet), the fourth's does not (the model holds the first three).
 # Runs on every release with DRA (1.32+: resource.k8s.io v1 or v1beta1); skipped on 1.31.
 source "$(dirname "$0")/../lib.sh"
 api="$(dra_api_version)"
@@ -125,6 +127,12 @@ done
 ev() { kubectl -n "$E2E_NS" get events --field-selector "involvedObject.name=$1,reason=$2" -o jsonpath='{.items[*].message}' 2>/dev/null; }
 say "event on quota-4g: $(ev quota-4g GpuAllocated)"
 ev quota-4g GpuAllocated | grep -q "allocated on $NODE_NAME: gpu-0 (4Gi" || fail "no GpuAllocated event on quota-4g"
+# The controller's default policy is fragaware; it started with no claim holding a GPU, so
+# the first allocation had no workload model and says it fell back to binpack.
+fell_back="policy fragaware has no workload model yet"
+(for p in quota-4g quota-8g quota-12g; do ev "$p" GpuAllocated; done) | grep -q "$fell_back" \
+  || fail "no GpuAllocated event says fragaware fell back without a workload model"
+say "ok: the first allocation says fragaware fell back to binpack (no workload model yet)"
 
 # --- a fourth pod does not fit: gated, with an Event saying why
 render "$E2E_DIR/big.yaml" | kubectl apply -f - >&2
@@ -152,6 +160,11 @@ wait_until 30 "quota-12g's claim released and deleted" sh -c "! kubectl -n $E2E_
 grep -q "released: .*claim=$E2E_NS/$c12" "$work/controller.log" || fail "the controller did not log releasing $c12"
 say "ok: $(grep -o "released: .*claim=$E2E_NS/$c12.*" "$work/controller.log" | head -1)"
 assert_eq "quota-60g claim: device" "gpu-0" "$(jp "resourceclaims.resource.k8s.io/$(claim_of quota-60g)" "$r.device}")"
+# By then the model holds the three claims: fragaware ran without falling back.
+msg60="$(ev quota-60g GpuAllocated)"
+echo "$msg60" | grep -q "allocated on $NODE_NAME: gpu-0 (60Gi" || fail "no GpuAllocated event on quota-60g: $msg60"
+if echo "$msg60" | grep -q "$fell_back"; then fail "quota-60g was placed without the workload model: $msg60"; fi
+say "ok: quota-60g placed by fragaware with the model of the claims seen"
 assert_eq "quota-60g cuMemGetInfo total (MiB)" 61440 "$(field quota-60g cuda_total_mib)"
 m="$(curl -s "http://$CONTROLLER_METRICS_ADDR/metrics")"
 say "metrics: $(echo "$m" | grep -E '^fgpu_controller_(claims_allocated_total|mode_info)' | tr '\n' ' ')"
