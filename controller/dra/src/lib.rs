@@ -42,6 +42,7 @@ pub mod mirror;
 pub mod objects;
 pub mod reconcile;
 pub mod request;
+pub mod selector;
 pub mod server;
 pub mod shared;
 pub mod slim;
