@@ -51,6 +51,7 @@ use serde_json::Value;
 
 use crate::allocation::{self, Allocation};
 use crate::request::{self, RequestError};
+use crate::selector::DeviceInfo;
 use crate::usage::{self, UsageError};
 use crate::view::{ClaimView, PodView};
 use crate::{explain, inventory};
@@ -658,35 +659,45 @@ impl<'v> Placer<'v, '_> {
         let snap = &self.snap;
         let pod_id = &pod.id;
         let whole = (snap.claim)(&claim.id)?;
-        let pendings = match request::requests_in_class(
+        let read = request::requests_in_class(
             &whole,
             snap.class,
             &pod.annotations,
             &pod_id.key(),
             &self.settings.driver,
             self.settings.default_policy,
-        ) {
+        )
+        .and_then(|p| {
+            let c = request::constraints(&whole, &self.settings.driver, &p)?;
+            Ok((p, c))
+        });
+        let (mut pendings, constraints) = match read {
             Ok(p) => p,
             Err(e) => return Some(rejected(claim.id.clone(), pod_id.clone(), &e)),
         };
         drop(whole);
+        let cross = apply_topology(&mut pendings, &constraints);
+        let ask = Ask {
+            pendings: &pendings,
+            cross: &cross,
+            devices: &snap.inventory.devices,
+            driver: self.settings.driver.as_str(),
+        };
         let avoid = snap.avoid.get(&claim.id.uid);
-        Some(
-            match place_claim(&mut self.ledger, &pendings, node, avoid) {
-                Ok(parts) => self.allocated(claim, pod, &parts),
-                Err(NotPlaced::Rejected(message)) => Action::Rejected {
-                    claim: claim.id.clone(),
-                    pod: pod_id.clone(),
-                    message,
-                },
-                Err(NotPlaced::Pending(reason, message)) => Action::Pending {
-                    claim: claim.id.clone(),
-                    pod: pod_id.clone(),
-                    reason,
-                    message,
-                },
+        Some(match place_claim(&mut self.ledger, &ask, node, avoid) {
+            Ok(parts) => self.allocated(claim, pod, &parts),
+            Err(NotPlaced::Rejected(message)) => Action::Rejected {
+                claim: claim.id.clone(),
+                pod: pod_id.clone(),
+                message,
             },
-        )
+            Err(NotPlaced::Pending(reason, message)) => Action::Pending {
+                claim: claim.id.clone(),
+                pod: pod_id.clone(),
+                reason,
+                message,
+            },
+        })
     }
 
     /// The `Allocate` action for `claim` placed as `parts` (a retry when the pod is not
@@ -724,26 +735,70 @@ enum NotPlaced {
     Pending(WaitReason, String),
 }
 
-/// Places every request of one claim (`pendings`, in order) on one node — `node` when the
-/// pod's other claims are there, else away from `avoid` where possible — each request on
-/// GPUs the claim's earlier requests did not take. On success the ledger holds the claim's
-/// grant under its id and the parts are returned; on failure the ledger is as before.
+/// Places every request of one claim (`pendings`, [`request::requests_in_class`], with
+/// [`apply_topology`] done; `cross` the constraints left over several requests) on one
+/// node — `node` when the pod's other claims are there, else away from `avoid` where
+/// possible. Nodes are tried in the order of the first request's score (its earlier
+/// `firstAvailable` alternatives first); on each, the requests are placed in order, each
+/// on GPUs the claim's earlier requests did not take, trying each request's alternatives
+/// in order and each shared value of the `cross` constraints, backtracking when a later
+/// request does not fit. The first node where all fit wins. On success the ledger holds
+/// the claim's grant under its id and the parts are returned; on failure the ledger is as
+/// before.
 fn place_claim<'p>(
     ledger: &mut Ledger,
-    pendings: &'p [request::PendingClaim],
+    ask: &Ask<'p, '_>,
     node: Option<&str>,
     avoid: Option<&BTreeSet<String>>,
 ) -> Result<Vec<(&'p request::PendingClaim, Grant)>, NotPlaced> {
-    let mut parts: Vec<(&request::PendingClaim, Grant)> = Vec::new();
-    let outcome = place_parts(ledger, pendings, node, avoid, &mut parts);
-    // The parts leave the ledger either way; on success the whole claim goes back in.
-    for (_, part) in &parts {
-        let _ = ledger.release(&part.id);
+    let cand = candidates(ledger.inventory(), node, avoid);
+    let allowed = ask
+        .pendings
+        .iter()
+        .map(|p| allowed_devices(&cand, p, ask.devices, ask.driver))
+        .collect::<Result<Vec<_>, _>>()?;
+    let groups = groups(ask.pendings);
+    if groups.is_empty() {
+        return Err(NotPlaced::Rejected(
+            "not allocated: the claim requests no device".into(),
+        ));
     }
-    let node = outcome?;
+    for p in ask.pendings {
+        if let Err(engine::NoFit::Invalid(why)) = engine::validate(&p.request) {
+            return Err(NotPlaced::Rejected(format!(
+                "not allocated: request {}: {why}",
+                p.request_name
+            )));
+        }
+    }
+    let ctx = ScoreContext {
+        workload: None,
+        max_spec: cand.max_spec(),
+    };
+    let search = Search {
+        cand: &cand,
+        ask,
+        groups: &groups,
+        allowed: &allowed,
+        ctx: &ctx,
+    };
+    let mut fail: Option<Failure> = None;
+    let mut budget = SEARCH_BUDGET;
+    let mut placed = None;
+    for n in node_order(&search) {
+        let name = cand.nodes[n].name.clone();
+        let mut parts = Vec::new();
+        if search.on_node(n, &mut parts, &mut budget, &mut fail)? {
+            placed = Some((name, parts));
+            break;
+        }
+    }
+    let Some((node_name, parts)) = placed else {
+        return Err(search.failure(fail, node));
+    };
     let grant = Grant {
-        id: pendings.first().map(|p| p.id.clone()).unwrap_or_default(),
-        node: node.unwrap_or_default(),
+        id: ask.pendings[0].id.clone(),
+        node: node_name,
         cpu_milli: 0,
         memory_mib: 0,
         devices: parts.iter().flat_map(|(_, p)| p.devices.clone()).collect(),
@@ -757,61 +812,362 @@ fn place_claim<'p>(
     Ok(parts)
 }
 
-/// Places the requests one by one, each granted in the ledger as a part (pushed to
-/// `parts`) so the next sees it; returns the node they are on (`None` with no request).
-/// Stops at the first request that does not fit.
-fn place_parts<'p>(
-    ledger: &mut Ledger,
-    pendings: &'p [request::PendingClaim],
-    node: Option<&str>,
-    avoid: Option<&BTreeSet<String>>,
-    parts: &mut Vec<(&'p request::PendingClaim, Grant)>,
-) -> Result<Option<String>, NotPlaced> {
-    let mut node = node.map(str::to_owned);
-    for pending in pendings {
-        let mut inv_now = candidates(ledger.inventory(), node.as_deref(), avoid);
-        without_taken(&mut inv_now, parts);
-        let ctx = ScoreContext {
-            workload: None,
-            max_spec: inv_now.max_spec(),
-        };
-        let which = if pendings.len() > 1 {
-            format!("request {}: ", pending.request_name)
-        } else {
-            String::new()
-        };
-        match engine::choose(&inv_now, &pending.request, pending.policy, &ctx, 0) {
-            Ok(p) => {
-                let id = format!("{}#{}", pending.id, pending.request_name);
-                let part = Grant::from_placement(id, &inv_now, &pending.request, &p);
-                if let Err(e) = ledger.grant(part.clone()) {
-                    // The engine and the ledger disagree: report, write nothing.
-                    return Err(NotPlaced::Pending(
-                        WaitReason::Internal,
-                        format!("internal: the ledger refused the placement: {e}"),
-                    ));
+/// Engine calls one claim's placement may make at most (the search backtracks over
+/// nodes, alternatives and constraint values).
+const SEARCH_BUDGET: usize = 4096;
+
+/// Combinations of constraint values tried per node at most.
+const MAX_VALUE_COMBINATIONS: usize = 256;
+
+/// One claim to place: its requests and alternatives, the constraints over several
+/// requests, and what selectors read.
+pub(crate) struct Ask<'p, 'i> {
+    pub pendings: &'p [request::PendingClaim],
+    pub cross: &'p [request::Constraint],
+    pub devices: &'i BTreeMap<String, BTreeMap<String, DeviceInfo>>,
+    pub driver: &'i str,
+}
+
+/// The GPUs of `inv` (by node and device name) that every selector of `p` allows; `None`
+/// when `p` has no selector. An evaluation error refuses the claim, as in Kubernetes.
+fn allowed_devices(
+    inv: &Inventory,
+    p: &request::PendingClaim,
+    devices: &BTreeMap<String, BTreeMap<String, DeviceInfo>>,
+    driver: &str,
+) -> Result<Option<BTreeSet<(String, String)>>, NotPlaced> {
+    if p.selectors.is_empty() {
+        return Ok(None);
+    }
+    let empty = DeviceInfo::default();
+    let mut out = BTreeSet::new();
+    for n in &inv.nodes {
+        for g in &n.gpus {
+            let info = devices
+                .get(&n.name)
+                .and_then(|d| d.get(&g.id))
+                .unwrap_or(&empty);
+            let mut all = true;
+            for s in &p.selectors {
+                match s.compiled.matches(driver, info) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        all = false;
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(NotPlaced::Rejected(format!(
+                            "not allocated: claim {}: {}: on device {}/{}: {e}",
+                            p.key, s.path, n.name, g.id
+                        )));
+                    }
                 }
-                node = Some(part.node.clone());
-                parts.push((pending, part));
             }
-            Err(engine::NoFit::Invalid(why)) => {
-                return Err(NotPlaced::Rejected(format!("not allocated: {which}{why}")));
-            }
-            Err(engine::NoFit::Insufficient { .. }) => {
-                let message = format!("{which}{}", explain::pending(&inv_now, &pending.request));
-                let reason = if explain::never_fits(&inv_now, &pending.request) {
-                    WaitReason::NeverFits
-                } else {
-                    WaitReason::NoFit
-                };
-                return Err(NotPlaced::Pending(
-                    reason,
-                    message + &where_others_are(node.as_deref(), parts.is_empty()),
-                ));
+            if all {
+                out.insert((n.name.clone(), g.id.clone()));
             }
         }
     }
-    Ok(node)
+    Ok(Some(out))
+}
+
+/// The indices of `pendings` per claim request (its alternatives, in order).
+fn groups(pendings: &[request::PendingClaim]) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for (i, p) in pendings.iter().enumerate() {
+        match out.last_mut() {
+            Some(g) if pendings[g[0]].request_index == p.request_index => g.push(i),
+            _ => out.push(vec![i]),
+        }
+    }
+    out
+}
+
+/// Where a claim's placement failed furthest: the request group, its first alternative
+/// and the GPUs it had, and the node.
+struct Failure {
+    group: usize,
+    pending: usize,
+    inv: Inventory,
+    node: String,
+}
+
+/// One claim's placement search ([`place_claim`]).
+struct Search<'s, 'p, 'i> {
+    cand: &'s Inventory,
+    ask: &'s Ask<'p, 'i>,
+    groups: &'s [Vec<usize>],
+    allowed: &'s [Option<BTreeSet<(String, String)>>],
+    ctx: &'s ScoreContext<'s>,
+}
+
+/// The value of `attr` on `gpu`, where it has one.
+fn attr_value(gpu: &engine::Gpu, attr: request::MatchAttribute) -> Option<String> {
+    match attr {
+        request::MatchAttribute::NumaNode => gpu.numa.map(|n| n.to_string()),
+        request::MatchAttribute::PcieRoot => gpu.pcie_root.clone(),
+    }
+}
+
+/// The nodes of `s.cand` (indices) in the order of the first request's placement there:
+/// earlier alternatives first, then the higher score, then inventory order. Nodes where
+/// no alternative of the first request fits are left out.
+fn node_order(s: &Search<'_, '_, '_>) -> Vec<usize> {
+    let mut best: BTreeMap<usize, (usize, f64)> = BTreeMap::new();
+    for (alt, &pi) in s.groups[0].iter().enumerate() {
+        let p = &s.ask.pendings[pi];
+        let inv = s.filtered(s.cand, pi);
+        for pl in engine::evaluate(&inv, &p.request, p.policy, s.ctx) {
+            best.entry(pl.node).or_insert((alt, pl.score));
+        }
+    }
+    let mut order: Vec<(usize, (usize, f64))> = best.into_iter().collect();
+    order.sort_by(|(na, (aa, sa)), (nb, (ab, sb))| {
+        aa.cmp(ab)
+            .then(sb.partial_cmp(sa).unwrap_or(std::cmp::Ordering::Equal))
+            .then(na.cmp(nb))
+    });
+    order.into_iter().map(|(n, _)| n).collect()
+}
+
+impl<'p> Search<'_, 'p, '_> {
+    /// `inv` with only the GPUs pending `pi`'s selectors allow.
+    fn filtered(&self, inv: &Inventory, pi: usize) -> Inventory {
+        let mut out = inv.clone();
+        if let Some(allowed) = &self.allowed[pi] {
+            for n in &mut out.nodes {
+                let name = n.name.clone();
+                n.gpus
+                    .retain(|g| allowed.contains(&(name.clone(), g.id.clone())));
+            }
+        }
+        out
+    }
+
+    /// Tries every combination of values of the cross constraints on node `n`; true with
+    /// `parts` filled when all requests fit.
+    fn on_node(
+        &self,
+        n: usize,
+        parts: &mut Vec<(&'p request::PendingClaim, Grant)>,
+        budget: &mut usize,
+        fail: &mut Option<Failure>,
+    ) -> Result<bool, NotPlaced> {
+        let node = restrict(self.cand, &self.cand.nodes[n].name);
+        let per_constraint: Vec<Vec<String>> = self
+            .ask
+            .cross
+            .iter()
+            .map(|c| {
+                let mut v: Vec<String> = node.nodes[0]
+                    .gpus
+                    .iter()
+                    .filter_map(|g| attr_value(g, c.attribute))
+                    .collect();
+                v.sort();
+                v.dedup();
+                v
+            })
+            .collect();
+        let mut combo = vec![0usize; per_constraint.len()];
+        let mut tried = 0;
+        if per_constraint.iter().any(Vec::is_empty) {
+            // No GPU of the node has the attribute: nothing can meet the constraint.
+            let values: Vec<String> = Vec::new();
+            return self
+                .requests(&node, &values, 0, parts, budget, fail)
+                .map(|_| false);
+        }
+        loop {
+            let values: Vec<String> = combo
+                .iter()
+                .zip(&per_constraint)
+                .map(|(&i, v)| v[i].clone())
+                .collect();
+            if self.requests(&node, &values, 0, parts, budget, fail)? {
+                return Ok(true);
+            }
+            tried += 1;
+            // Next combination (odometer).
+            let mut k = 0;
+            loop {
+                if k == combo.len() || tried >= MAX_VALUE_COMBINATIONS {
+                    return Ok(false);
+                }
+                combo[k] += 1;
+                if combo[k] < per_constraint[k].len() {
+                    break;
+                }
+                combo[k] = 0;
+                k += 1;
+            }
+        }
+    }
+
+    /// Places request groups `r..` on `node` (one node) with the cross constraints'
+    /// `values` (empty: the node has no value, so a constrained request cannot fit).
+    fn requests(
+        &self,
+        node: &Inventory,
+        values: &[String],
+        r: usize,
+        parts: &mut Vec<(&'p request::PendingClaim, Grant)>,
+        budget: &mut usize,
+        fail: &mut Option<Failure>,
+    ) -> Result<bool, NotPlaced> {
+        if r == self.groups.len() {
+            return Ok(true);
+        }
+        for &pi in &self.groups[r] {
+            if *budget == 0 {
+                return Ok(false);
+            }
+            *budget -= 1;
+            let p = &self.ask.pendings[pi];
+            let mut inv = self.filtered(node, pi);
+            without_taken(&mut inv, parts);
+            for (k, c) in self.ask.cross.iter().enumerate() {
+                if c.applies(p) {
+                    let want = values.get(k);
+                    for n in &mut inv.nodes {
+                        n.gpus.retain(|g| {
+                            want.is_some() && attr_value(g, c.attribute).as_ref() == want
+                        });
+                    }
+                }
+            }
+            match engine::choose(&inv, &p.request, p.policy, self.ctx, 0) {
+                Ok(pl) => {
+                    let id = format!("{}#{}", p.id, p.request_name);
+                    parts.push((p, Grant::from_placement(id, &inv, &p.request, &pl)));
+                    if self.requests(node, values, r + 1, parts, budget, fail)? {
+                        return Ok(true);
+                    }
+                    parts.pop();
+                }
+                Err(engine::NoFit::Invalid(why)) => {
+                    return Err(NotPlaced::Rejected(format!(
+                        "not allocated: request {}: {why}",
+                        p.request_name
+                    )));
+                }
+                Err(engine::NoFit::Insufficient { .. }) => {
+                    if fail.as_ref().is_none_or(|f| r > f.group) {
+                        *fail = Some(Failure {
+                            group: r,
+                            pending: self.groups[r][0],
+                            inv: inv.clone(),
+                            node: node.nodes[0].name.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Why nothing was placed: where the search got furthest, else the first request over
+    /// every candidate node. `pod_node`: the pod's other claims are there.
+    fn failure(&self, fail: Option<Failure>, pod_node: Option<&str>) -> NotPlaced {
+        let several = self.groups.len() > 1;
+        let (group, pi, inv, tail) = match fail {
+            Some(f) if f.group > 0 => {
+                let tail = where_others_are(Some(&f.node), false);
+                (f.group, f.pending, f.inv, tail)
+            }
+            _ => {
+                let pi = self.groups[0][0];
+                (
+                    0,
+                    pi,
+                    self.filtered(self.cand, pi),
+                    where_others_are(pod_node, true),
+                )
+            }
+        };
+        let p = &self.ask.pendings[pi];
+        let which = if several {
+            format!("request {}: ", p.request_name)
+        } else {
+            String::new()
+        };
+        let alternatives = if self.groups[group].len() > 1 {
+            format!(" (and {} later alternatives)", self.groups[group].len() - 1)
+        } else {
+            String::new()
+        };
+        let gpus = |i: &Inventory| i.nodes.iter().map(|n| n.gpus.len()).sum::<usize>();
+        if let Some(s) = p
+            .selectors
+            .first()
+            .filter(|_| gpus(&inv) == 0 && gpus(self.cand) > 0 && group == 0)
+        {
+            let base = s
+                .path
+                .rsplit_once(".selectors[")
+                .map_or(s.path.as_str(), |(b, _)| b);
+            return NotPlaced::Pending(
+                WaitReason::NeverFits,
+                format!(
+                    "{which}no GPU matches the selectors ({base}.selectors) among the {} candidate GPUs{alternatives}{tail}",
+                    gpus(self.cand)
+                ),
+            );
+        }
+        let reason = if explain::never_fits(&inv, &p.request) {
+            WaitReason::NeverFits
+        } else {
+            WaitReason::NoFit
+        };
+        let constrained = if self.ask.cross.is_empty() {
+            String::new()
+        } else {
+            let paths: Vec<&str> = self.ask.cross.iter().map(|c| c.path.as_str()).collect();
+            format!(" under {}", paths.join(", "))
+        };
+        NotPlaced::Pending(
+            reason,
+            format!(
+                "{which}{}{constrained}{alternatives}{tail}",
+                explain::pending(&inv, &p.request)
+            ),
+        )
+    }
+}
+
+/// Maps each constraint that covers a single claim request onto the engine's topology of
+/// that request's alternatives it applies to (`SameNuma`, `SamePcieRoot`: the engine then
+/// picks the best group); returns the constraints left, which span several requests (or
+/// meet a request whose topology is already set) and are searched value by value.
+pub(crate) fn apply_topology(
+    pendings: &mut [request::PendingClaim],
+    constraints: &[request::Constraint],
+) -> Vec<request::Constraint> {
+    use fgpu_driver::engine::Topology;
+    let mut cross = Vec::new();
+    for c in constraints {
+        let covered: BTreeSet<usize> = pendings
+            .iter()
+            .filter(|p| c.applies(p))
+            .map(|p| p.request_index)
+            .collect();
+        let topology = match c.attribute {
+            request::MatchAttribute::NumaNode => Topology::SameNuma,
+            request::MatchAttribute::PcieRoot => Topology::SamePcieRoot,
+        };
+        let free = pendings
+            .iter()
+            .filter(|p| c.applies(p))
+            .all(|p| p.request.topology == Topology::Any);
+        if covered.len() == 1 && free {
+            for p in pendings.iter_mut().filter(|p| c.applies(p)) {
+                p.request.topology = topology;
+            }
+        } else {
+            cross.push(c.clone());
+        }
+    }
+    cross
 }
 
 /// The nodes a request may go to: `node` alone when the claim (or its pod) is already
