@@ -119,7 +119,7 @@ pub fn from_slices<S: Borrow<Value>>(
     slices: impl IntoIterator<Item = S>,
 ) -> SliceInventory {
     // pool → (generation, node name, GPUs of the slices of that generation)
-    let mut pools: BTreeMap<String, (i64, String, Vec<(Gpu, DeviceInfo)>)> = BTreeMap::new();
+    let mut pools: BTreeMap<String, (i64, String, SliceGpus)> = BTreeMap::new();
     let mut errors = Vec::new();
     let mut names = Interner::default();
     for slice in slices {

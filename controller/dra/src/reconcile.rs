@@ -1850,6 +1850,351 @@ mod tests {
         assert_eq!(p.usage.nodes[0].gpus[0].memory_free, 16 << 30);
     }
 
+    /// A slice of `node` with GPUs of (GiB, NUMA node, product name).
+    fn node_slice(node: &str, gpus: &[(u64, u32, &str)]) -> Value {
+        let devices: Vec<Value> = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, (g, numa, model))| {
+                json!({"name": format!("gpu-{i}"),
+                    "attributes": {"uuid": {"string": format!("GPU-{node}-{i}")},
+                        "productName": {"string": model}, "numaNode": {"int": numa},
+                        "resource.kubernetes.io/pcieRoot": {"string": format!("pci{numa}")}},
+                    "capacity": {"memory": {"value": format!("{g}Gi")}, "cores": {"value": "100"}}})
+            })
+            .collect();
+        json!({"metadata": {"name": format!("{node}-gpu.fgpu.dev")},
+               "spec": {"driver": "gpu.fgpu.dev", "nodeName": node,
+                        "pool": {"name": node, "generation": 1}, "devices": devices}})
+    }
+
+    /// A claim `name` with one request `gpu` written as `request` (the `exactly` or
+    /// `firstAvailable` part), and `extra` fields of `spec.devices`.
+    fn claim_with(name: &str, requests: Value, extra: Value) -> Value {
+        let mut c = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": "7"},
+            "spec": {"devices": {"requests": requests}}});
+        if let Some(o) = extra.as_object() {
+            for (k, v) in o {
+                c["spec"]["devices"][k] = v.clone();
+            }
+        }
+        c
+    }
+
+    fn shared(gib: u64, more: Value) -> Value {
+        let mut e = json!({"deviceClassName": "shared.gpu.fgpu.dev",
+            "capacity": {"requests": {"memory": format!("{gib}Gi")}}});
+        if let Some(o) = more.as_object() {
+            for (k, v) in o {
+                e[k] = v.clone();
+            }
+        }
+        e
+    }
+
+    /// (request, pool, device) of each result of the first action, which must allocate.
+    fn results(p: &Plan) -> Vec<(String, String, String)> {
+        let Some(Action::Allocate { allocation, .. }) = p
+            .actions
+            .iter()
+            .find(|a| matches!(a, Action::Allocate { .. }))
+        else {
+            panic!("no allocation: {:?}", p.actions)
+        };
+        allocation.allocation["devices"]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let f = |k: &str| r[k].as_str().unwrap().to_owned();
+                (f("request"), f("pool"), f("device"))
+            })
+            .collect()
+    }
+
+    /// The message of the first `Pending` or `Rejected` action, with its kind.
+    fn waiting(p: &Plan) -> (String, String) {
+        for a in &p.actions {
+            match a {
+                Action::Pending {
+                    message, reason, ..
+                } => return (reason.as_str().to_owned(), message.clone()),
+                Action::Rejected { message, .. } => return ("rejected".into(), message.clone()),
+                _ => {}
+            }
+        }
+        panic!("nothing waits: {:?}", kinds(p))
+    }
+
+    #[test]
+    fn cel_selectors_choose_devices_and_bad_ones_are_refused_by_field() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        let slices = [node_slice(
+            "node-a",
+            &[(16, 0, "Tesla T4"), (80, 0, "NVIDIA H100 80GB HBM3")],
+        )];
+        let with = |expr: &str| {
+            claim_with(
+                "c",
+                json!([{"name": "gpu", "exactly": shared(4, json!({"selectors": [
+                    {"cel": {"expression": "device.driver == \"gpu.fgpu.dev\""}},
+                    {"cel": {"expression": expr}}]}))}]),
+                json!({}),
+            )
+        };
+        // Binpack alone takes gpu-0 (the smaller GPU is the fuller after the placement).
+        let p = run(&[with("true")], &pods, &slices);
+        assert_eq!(results(&p)[0].2, "gpu-0");
+        let cases = [
+            (
+                r#"device.attributes["gpu.fgpu.dev"].productName.contains("H100")"#,
+                "gpu-1",
+            ),
+            (
+                r#"device.capacity["gpu.fgpu.dev"].memory.compareTo(quantity("20Gi")) > 0"#,
+                "gpu-1",
+            ),
+            (
+                r#"device.attributes["gpu.fgpu.dev"].productName.startsWith("Tesla")"#,
+                "gpu-0",
+            ),
+        ];
+        for (expr, want) in cases {
+            let p = run(&[with(expr)], &pods, &slices);
+            assert_eq!(results(&p)[0].2, want, "{expr}");
+        }
+        // None matches: the claim waits, saying so.
+        let p = run(
+            &[with(
+                r#"device.attributes["gpu.fgpu.dev"].productName == "A100""#,
+            )],
+            &pods,
+            &slices,
+        );
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "never_fits");
+        assert!(
+            message.contains(
+                "no GPU matches the selectors (spec.devices.requests[0].exactly.selectors)"
+            ),
+            "{message}"
+        );
+        // An evaluation error refuses the claim, naming the field and the device.
+        let p = run(
+            &[with(r#"device.attributes["gpu.fgpu.dev"].model == "H100""#)],
+            &pods,
+            &slices,
+        );
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "rejected");
+        assert!(
+            message.contains("spec.devices.requests[0].exactly.selectors[1].cel.expression: on device node-a/gpu-0"),
+            "{message}"
+        );
+        // So does one that does not compile.
+        let p = run(&[with("device.attributes[")], &pods, &slices);
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "rejected");
+        assert!(
+            message.contains("claim ns/c: spec.devices.requests[0].exactly.selectors[1].cel.expression: does not compile"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn match_attribute_numa_keeps_two_requests_on_one_numa_node() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        let slices = [node_slice(
+            "node-a",
+            &[
+                (16, 0, "H100"),
+                (16, 0, "H100"),
+                (16, 1, "H100"),
+                (16, 1, "H100"),
+            ],
+        )];
+        // gpu-0 is partly used (binpack's first choice), gpu-1 is full: NUMA node 0 has
+        // room for one request only.
+        let busy = [allocated("x", 4, "gpu-0"), allocated("y", 16, "gpu-1")];
+        let two = |constraints: Value| {
+            claim_with(
+                "c",
+                json!([{"name": "a", "exactly": shared(4, json!({}))},
+                       {"name": "b", "exactly": shared(4, json!({}))}]),
+                json!({"constraints": constraints}),
+            )
+        };
+        let mut claims = busy.to_vec();
+        claims.push(two(json!([])));
+        let p = run(&claims, &pods, &slices);
+        let devices: Vec<String> = results(&p).into_iter().map(|r| r.2).collect();
+        assert_eq!(
+            devices,
+            ["gpu-0", "gpu-2"],
+            "unconstrained: across NUMA nodes"
+        );
+
+        for constraint in [
+            json!([{"matchAttribute": "gpu.fgpu.dev/numaNode"}]),
+            json!([{"requests": ["a", "b"], "matchAttribute": "gpu.fgpu.dev/numaNode"}]),
+            json!([{"matchAttribute": "resource.kubernetes.io/pcieRoot"}]),
+        ] {
+            let mut claims = busy.to_vec();
+            claims.push(two(constraint.clone()));
+            let p = run(&claims, &pods, &slices);
+            let mut devices: Vec<String> = results(&p).into_iter().map(|r| r.2).collect();
+            devices.sort();
+            assert_eq!(devices, ["gpu-2", "gpu-3"], "{constraint}");
+        }
+        // A constraint over one request becomes the engine's topology (both GPUs of a
+        // count-2 request on NUMA node 1).
+        let mut claims = busy.to_vec();
+        claims.push(claim_with(
+            "c",
+            json!([{"name": "a", "exactly": shared(4, json!({"count": 2}))}]),
+            json!({"constraints": [{"requests": ["a"], "matchAttribute": "gpu.fgpu.dev/numaNode"}]}),
+        ));
+        let p = run(&claims, &pods, &slices);
+        let mut devices: Vec<String> = results(&p).into_iter().map(|r| r.2).collect();
+        devices.sort();
+        assert_eq!(devices, ["gpu-2", "gpu-3"]);
+
+        // Room for neither: the claim waits, naming the constraint.
+        let mut claims = vec![allocated("x", 16, "gpu-0"), allocated("y", 16, "gpu-2")];
+        claims.push(two(json!([{"matchAttribute": "gpu.fgpu.dev/numaNode"}])));
+        let p = run(&claims, &pods, &slices);
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "no_fit", "{message}");
+        assert!(message.starts_with("request b: "), "{message}");
+        assert!(
+            message.contains("under spec.devices.constraints[0]"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn unsupported_constraints_are_refused_by_field() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        let slices = [node_slice("node-a", &[(16, 0, "H100"), (16, 0, "H100")])];
+        let cases = [
+            (
+                json!([{"matchAttribute": "gpu.fgpu.dev/productName"}]),
+                "spec.devices.constraints[0].matchAttribute: \"gpu.fgpu.dev/productName\" is not supported",
+            ),
+            (
+                json!([{"matchAttribute": "numaNode"}]),
+                "spec.devices.constraints[0].matchAttribute",
+            ),
+            (
+                json!([{"matchAttribute": "gpu.fgpu.dev/numaNode"},
+                       {"distinctAttribute": "gpu.fgpu.dev/uuid"}]),
+                "spec.devices.constraints[1].distinctAttribute",
+            ),
+            (
+                json!([{"requests": ["nope"], "matchAttribute": "gpu.fgpu.dev/numaNode"}]),
+                "spec.devices.constraints[0].requests[0]",
+            ),
+        ];
+        for (constraints, want) in cases {
+            let c = claim_with(
+                "c",
+                json!([{"name": "gpu", "exactly": shared(4, json!({}))}]),
+                json!({"constraints": constraints}),
+            );
+            let p = run(&[c], &pods, &slices);
+            let (reason, message) = waiting(&p);
+            assert_eq!(reason, "rejected", "{message}");
+            assert!(message.contains(want), "{want}: {message}");
+            assert!(message.contains("claim ns/c"), "{message}");
+        }
+    }
+
+    #[test]
+    fn first_available_takes_the_first_sub_request_that_fits() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        let c = claim_with(
+            "c",
+            json!([{"name": "gpu", "firstAvailable": [
+                {"name": "big", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "capacity": {"requests": {"memory": "60Gi"}}},
+                {"name": "small", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "capacity": {"requests": {"memory": "8Gi"}}}]}]),
+            json!({}),
+        );
+        let big = [node_slice("node-a", &[(80, 0, "H100")])];
+        let p = run(std::slice::from_ref(&c), &pods, &big);
+        assert_eq!(results(&p)[0].0, "gpu/big");
+        let small = [node_slice("node-a", &[(16, 0, "T4")])];
+        let p = run(std::slice::from_ref(&c), &pods, &small);
+        assert_eq!(results(&p)[0].0, "gpu/small");
+        // The allocation reads back as the 8Gi share of the sub-request.
+        let Some(Action::Allocate { allocation, .. }) = p.actions.first() else {
+            unreachable!()
+        };
+        let mut written = c.clone();
+        written["status"]["allocation"] = allocation.allocation.clone();
+        let inv = inventory::from_slices("gpu.fgpu.dev", &small).inventory;
+        let g = usage::claim_grant(&written, "gpu.fgpu.dev", &inv)
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.devices[0].memory, 8 << 30);
+        // Neither fits: pending, about the first alternative.
+        let tiny = [node_slice("node-a", &[(4, 0, "T4")])];
+        let p = run(&[c], &pods, &tiny);
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "never_fits");
+        assert!(message.contains("(and 1 later alternatives)"), "{message}");
+        // Earlier alternatives win over a better node score: a node that fits `big`
+        // comes before one that fits only `small`.
+        let c2 = claim_with(
+            "c",
+            json!([{"name": "gpu", "firstAvailable": [
+                {"name": "big", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "capacity": {"requests": {"memory": "60Gi"}}},
+                {"name": "small", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "capacity": {"requests": {"memory": "8Gi"}}}]}]),
+            json!({}),
+        );
+        let two = [
+            node_slice("node-a", &[(16, 0, "T4")]),
+            node_slice("node-b", &[(80, 0, "H100")]),
+        ];
+        let p = run(&[c2], &pods, &two);
+        assert_eq!(
+            results(&p),
+            [(
+                "gpu/big".to_owned(),
+                "node-b".to_owned(),
+                "gpu-0".to_owned()
+            )]
+        );
+    }
+
+    #[test]
+    fn a_claims_requests_move_to_the_next_node_when_the_best_cannot_host_them_all() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        // node-a (partly used: binpack's best node for the first request) has one GPU;
+        // node-b has two.
+        let slices = [
+            node_slice("node-a", &[(16, 0, "H100")]),
+            node_slice("node-b", &[(16, 0, "H100"), (16, 0, "H100")]),
+        ];
+        let claims = [allocated("x", 4, "gpu-0"), two_requests("c", 4, 4)];
+        let p = run(&claims, &pods, &slices);
+        let got: Vec<(String, String)> = results(&p).into_iter().map(|r| (r.0, r.1)).collect();
+        assert_eq!(
+            got,
+            [
+                ("first".to_owned(), "node-b".to_owned()),
+                ("second".to_owned(), "node-b".to_owned())
+            ]
+        );
+        // A single request still goes to the best node.
+        let p = run(&[allocated("x", 4, "gpu-0"), claim("c", 4)], &pods, &slices);
+        assert_eq!(results(&p)[0].1, "node-a");
+    }
+
     #[test]
     fn fragmentation_is_the_free_capacity_the_granted_mix_cannot_use() {
         let pods = [

@@ -264,12 +264,11 @@ impl Walk {
     fn expr(&mut self, e: &Expr, depth: usize) {
         match e {
             Expr::Call(c) => {
-                if c.func_name == "_[_]" || c.func_name == "_[?_]" {
-                    if let Some(Expr::Literal(LiteralValue::String(s))) =
+                if (c.func_name == "_[_]" || c.func_name == "_[?_]")
+                    && let Some(Expr::Literal(LiteralValue::String(s))) =
                         c.args.get(1).map(|a| &a.expr)
-                    {
-                        self.keys.push(s.inner().to_owned());
-                    }
+                {
+                    self.keys.push(s.inner().to_owned());
                 }
                 if let Some(t) = &c.target {
                     self.expr(&t.expr, depth);
