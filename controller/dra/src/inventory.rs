@@ -12,6 +12,10 @@
 //! GPUs); so are the taints of the admins' DeviceTaintRules
 //! ([`SliceInventory::apply_taint_rules`]), which fgpu reads and never writes.
 //!
+//! Every attribute of the four scalar kinds and every capacity of a device is also kept,
+//! per node and device ([`SliceInventory::devices`]), for CEL selectors; names and string
+//! values are stored once per inventory.
+//!
 //! A malformed slice is left out whole and reported with the slice's name and the field;
 //! the other slices are still used.
 
@@ -445,6 +449,27 @@ mod tests {
             (t4.memory_total, t4.numa, t4.pcie_root.clone(), t4.index),
             (15 << 30, None, None, None)
         );
+        // What selectors see: every attribute and capacity, also under `basic`.
+        let info = &out.devices["node-a"]["gpu-1"];
+        let attr = |n: &str| {
+            info.attributes
+                .iter()
+                .find(|(k, _)| &**k == n)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(attr("type"), Some(Attr::Str("gpu".into())));
+        assert_eq!(attr("index"), Some(Attr::Int(1)));
+        assert_eq!(
+            attr("resource.kubernetes.io/pcieRoot"),
+            Some(Attr::Str("pci0000:15".into()))
+        );
+        assert!(info.multi);
+        let memory = info.capacity.iter().find(|(k, _)| &**k == "memory");
+        assert_eq!(memory.map(|(_, q)| *q), Quantity::parse("80Gi").ok());
+        let t4 = &out.devices["node-b"]["gpu-0"];
+        assert_eq!(t4.attributes.len(), 2);
+        assert_eq!(t4.capacity.len(), 2);
+        assert!(!t4.multi);
     }
 
     #[test]

@@ -821,6 +821,67 @@ mod tests {
     }
 
     #[test]
+    fn first_available_gives_one_part_per_sub_request_with_its_config() {
+        let c = claim(
+            json!({"name": "gpu", "firstAvailable": [
+                {"name": "a", "deviceClassName": "shared.gpu.fgpu.dev", "count": 2},
+                {"name": "b", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "selectors": [{"cel": {"expression": "device.driver == 'gpu.fgpu.dev'"}}]}]}),
+            json!([
+                ours(json!(["gpu/b"]), json!({"memory": "3Gi"})),
+                ours(json!(["gpu"]), json!({"cores": 5}))
+            ]),
+        );
+        let all = read_all(&c, None).unwrap();
+        let got: Vec<_> = all
+            .iter()
+            .map(|p| {
+                (
+                    p.request_name.as_str(),
+                    p.parent.as_str(),
+                    p.request_index,
+                    p.request.gpus,
+                    p.request.share,
+                    p.request.cores,
+                    p.selectors.len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("gpu/a", "gpu", 0, 2, GpuShare::Whole, Some(5), 0),
+                (
+                    "gpu/b",
+                    "gpu",
+                    0,
+                    1,
+                    GpuShare::Memory { bytes: 3 << 30 },
+                    Some(5),
+                    1
+                ),
+            ]
+        );
+        assert_eq!(
+            all[1].selectors[0].path,
+            "spec.devices.requests[0].firstAvailable[1].selectors[0].cel.expression"
+        );
+        // Two sub-requests of one name are refused.
+        let mut twice = c.clone();
+        twice["spec"]["devices"]["requests"][0]["firstAvailable"][1]["name"] = json!("a");
+        let e = read_all(&twice, None).unwrap_err();
+        assert_eq!(e.path, "spec.devices.requests[0].firstAvailable[1].name");
+        // Constraints may name a sub-request.
+        let mut with = c;
+        with["spec"]["devices"]["constraints"] =
+            json!([{"requests": ["gpu/a"], "matchAttribute": "gpu.fgpu.dev/numaNode"}]);
+        let cs = constraints(&with, &DriverName::default(), &all).unwrap();
+        assert_eq!(cs.len(), 1);
+        assert!(cs[0].applies(&all[0]) && !cs[0].applies(&all[1]));
+        assert_eq!(cs[0].attribute, MatchAttribute::NumaNode);
+    }
+
+    #[test]
     fn class_config_comes_first_and_the_claim_wins() {
         let class = json!({"metadata": {"name": "shared.gpu.fgpu.dev"}, "spec": {"config": [
             ours(Value::Null, json!({"memory": "2Gi", "cores": 20, "priority": "low"})),
