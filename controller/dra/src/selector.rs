@@ -21,6 +21,9 @@
 //! `isSemver(s)`, on versions `compareTo`, `isGreaterThan`, `isLessThan`, `major`, `minor`,
 //! `patch`, and `==`.
 //!
+//! Optional selection (`device.attributes["gpu.fgpu.dev"].?model.orValue("")`) works;
+//! `cel.bind` and list attributes do not (the crate has no `cel.bind`).
+//!
 //! Limits: an expression longer than Kubernetes' 10 KiB is refused; the interpreter keeps
 //! no cost account, so instead of Kubernetes' runtime cost limit an expression may nest
 //! macros (`all`, `exists`, `map`, `filter`, ...) at most [`MAX_MACRO_NESTING`] deep.
@@ -633,6 +636,10 @@ mod tests {
             ),
             (
                 r#"device.attributes["gpu.fgpu.dev"].exists(k, k == "uuid")"#,
+                Ok(true),
+            ),
+            (
+                r#"device.attributes["gpu.fgpu.dev"].?model.orValue("none") == "none""#,
                 Ok(true),
             ),
             // Errors: a missing attribute, wrong types, no bool, a bad quantity.
