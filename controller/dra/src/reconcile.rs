@@ -840,6 +840,7 @@ fn allowed_devices(
         return Ok(None);
     }
     let empty = DeviceInfo::default();
+    let evaluator = crate::selector::Evaluator::new().map_err(NotPlaced::Rejected)?;
     let mut out = BTreeSet::new();
     for n in &inv.nodes {
         for g in &n.gpus {
@@ -849,7 +850,7 @@ fn allowed_devices(
                 .unwrap_or(&empty);
             let mut all = true;
             for s in &p.selectors {
-                match s.compiled.matches(driver, info) {
+                match evaluator.matches(&s.compiled, driver, info) {
                     Ok(true) => {}
                     Ok(false) => {
                         all = false;

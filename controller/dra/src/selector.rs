@@ -310,18 +310,42 @@ impl Walk {
     }
 }
 
-impl Compiled {
-    /// Whether the device of `driver` described by `info` matches; an evaluation error
-    /// (a missing attribute, a wrong type) or a result that is not a bool is `Err`.
-    pub fn matches(&self, driver: &str, info: &DeviceInfo) -> Result<bool, String> {
-        let mut ctx = Context::with_env(env().clone());
-        kubernetes_functions(&mut ctx).map_err(|e| format!("internal: {e}"))?;
-        ctx.add_variable_from_value("device", self.device(driver, info));
-        match self.program.execute(&ctx) {
+/// The functions selectors call, set up once for many evaluations.
+pub struct Evaluator {
+    root: Context<'static, 'static>,
+}
+
+impl Evaluator {
+    /// The DRA CEL environment with Kubernetes' functions.
+    pub fn new() -> Result<Self, String> {
+        let mut root = Context::with_env(env().clone());
+        kubernetes_functions(&mut root).map_err(|e| format!("internal: {e}"))?;
+        Ok(Self { root })
+    }
+
+    /// Whether the device of `driver` described by `info` matches `selector`; an
+    /// evaluation error (a missing attribute, a wrong type) or a result that is not a
+    /// bool is `Err`.
+    pub fn matches(
+        &self,
+        selector: &Compiled,
+        driver: &str,
+        info: &DeviceInfo,
+    ) -> Result<bool, String> {
+        let mut ctx = self.root.new_inner_scope();
+        ctx.add_variable_from_value("device", selector.device(driver, info));
+        match selector.program.execute(&ctx) {
             Ok(Value::Bool(b)) => Ok(b),
-            Ok(other) => Err(format!("evaluates to {other:?}, not a bool",)),
+            Ok(other) => Err(format!("evaluates to {other:?}, not a bool")),
             Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+impl Compiled {
+    /// [`Evaluator::matches`] with an evaluator of its own (tests, one-off checks).
+    pub fn matches(&self, driver: &str, info: &DeviceInfo) -> Result<bool, String> {
+        Evaluator::new()?.matches(self, driver, info)
     }
 
     /// The `device` variable.
