@@ -12,6 +12,10 @@
 //! GPUs); so are the taints of the admins' DeviceTaintRules
 //! ([`SliceInventory::apply_taint_rules`]), which fgpu reads and never writes.
 //!
+//! Every attribute of the four scalar kinds and every capacity of a device is also kept,
+//! per node and device ([`SliceInventory::devices`]), for CEL selectors; names and string
+//! values are stored once per inventory.
+//!
 //! A malformed slice is left out whole and reported with the slice's name and the field;
 //! the other slices are still used.
 
@@ -23,6 +27,7 @@ use fgpu_driver::engine::{Gpu, Inventory, Node, Taint};
 use serde_json::Value;
 
 use crate::quantity_u64;
+use crate::selector::{Attr, DeviceInfo, Quantity};
 
 /// A slice that could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +58,9 @@ pub struct RuleError {
 pub struct SliceInventory {
     /// Nodes sorted by name, GPUs in slice order.
     pub inventory: Inventory,
+    /// Per node and device name, every attribute and capacity the slice publishes, for
+    /// CEL selectors ([`crate::selector`]).
+    pub devices: BTreeMap<String, BTreeMap<String, DeviceInfo>>,
     /// One error per slice left out.
     pub errors: Vec<SliceError>,
     /// One error per DeviceTaintRule left out.
@@ -115,15 +123,16 @@ pub fn from_slices<S: Borrow<Value>>(
     slices: impl IntoIterator<Item = S>,
 ) -> SliceInventory {
     // pool → (generation, node name, GPUs of the slices of that generation)
-    let mut pools: BTreeMap<String, (i64, String, Vec<Gpu>)> = BTreeMap::new();
+    let mut pools: BTreeMap<String, (i64, String, SliceGpus)> = BTreeMap::new();
     let mut errors = Vec::new();
+    let mut names = Interner::default();
     for slice in slices {
         let slice = slice.borrow();
         let spec = &slice["spec"];
         if spec["driver"].as_str() != Some(driver) {
             continue;
         }
-        match read_slice(spec) {
+        match read_slice(spec, &mut names) {
             Ok((pool, generation, gpus)) => {
                 let entry = pools
                     .entry(pool.clone())
@@ -144,20 +153,82 @@ pub fn from_slices<S: Borrow<Value>>(
             }),
         }
     }
+    let mut devices = BTreeMap::new();
     let nodes = pools
         .into_values()
-        .map(|(_, name, gpus)| Node::new(name, gpus))
+        .map(|(_, name, gpus)| {
+            let (gpus, infos): (Vec<Gpu>, Vec<DeviceInfo>) = gpus.into_iter().unzip();
+            devices.insert(
+                name.clone(),
+                gpus.iter().map(|g| g.id.clone()).zip(infos).collect(),
+            );
+            Node::new(name, gpus)
+        })
         .collect();
     SliceInventory {
         inventory: Inventory { nodes },
+        devices,
         errors,
         rule_errors: Vec::new(),
     }
 }
 
+/// One copy of each attribute name and string value (most repeat on every device).
+#[derive(Default)]
+struct Interner(std::collections::HashSet<std::sync::Arc<str>>);
+
+impl Interner {
+    fn get(&mut self, s: &str) -> std::sync::Arc<str> {
+        if let Some(a) = self.0.get(s) {
+            return a.clone();
+        }
+        let a: std::sync::Arc<str> = std::sync::Arc::from(s);
+        self.0.insert(a.clone());
+        a
+    }
+}
+
+/// What a CEL selector sees of a device (`body`: the device, or v1beta1's `basic`):
+/// attributes of the four scalar kinds (others, such as lists, are left out), capacity
+/// values that parse.
+fn device_info(body: &Value, multi: bool, names: &mut Interner) -> DeviceInfo {
+    let mut info = DeviceInfo {
+        multi,
+        ..DeviceInfo::default()
+    };
+    if let Some(attrs) = body["attributes"].as_object() {
+        for (k, v) in attrs {
+            let a = if let Some(i) = v["int"].as_i64() {
+                Attr::Int(i)
+            } else if let Some(b) = v["bool"].as_bool() {
+                Attr::Bool(b)
+            } else if let Some(s) = v["string"].as_str() {
+                Attr::Str(names.get(s))
+            } else if let Some(s) = v["version"].as_str() {
+                Attr::Version(names.get(s))
+            } else {
+                continue;
+            };
+            info.attributes.push((names.get(k), a));
+        }
+    }
+    if let Some(caps) = body["capacity"].as_object() {
+        for (k, v) in caps {
+            if let Some(q) = v["value"].as_str().and_then(|s| Quantity::parse(s).ok()) {
+                info.capacity.push((names.get(k), q));
+            } else if let Some(n) = v["value"].as_i64() {
+                info.capacity.push((names.get(k), Quantity::from_int(n)));
+            }
+        }
+    }
+    info
+}
+
 type FieldError = (String, String);
 
-fn read_slice(spec: &Value) -> Result<(String, i64, Vec<Gpu>), FieldError> {
+type SliceGpus = Vec<(Gpu, DeviceInfo)>;
+
+fn read_slice(spec: &Value, names: &mut Interner) -> Result<(String, i64, SliceGpus), FieldError> {
     let bad = |field: &str, problem: &str| (format!("spec.{field}"), problem.to_owned());
     let pool = match (spec["pool"]["name"].as_str(), spec["nodeName"].as_str()) {
         (Some(p), _) if !p.is_empty() => p.to_owned(),
@@ -266,7 +337,9 @@ fn read_slice(spec: &Value) -> Result<(String, i64, Vec<Gpu>), FieldError> {
         gpu.cores_free = cores;
         gpu.taints =
             read_taints(&body["taints"]).map_err(|(i, p)| (field(&format!("taints[{i}]")), p))?;
-        gpus.push(gpu);
+        let multi = d["allowMultipleAllocations"] == Value::Bool(true)
+            || body["allowMultipleAllocations"] == Value::Bool(true);
+        gpus.push((gpu, device_info(body, multi, names)));
     }
     Ok((pool, generation, gpus))
 }
@@ -376,6 +449,27 @@ mod tests {
             (t4.memory_total, t4.numa, t4.pcie_root.clone(), t4.index),
             (15 << 30, None, None, None)
         );
+        // What selectors see: every attribute and capacity, also under `basic`.
+        let info = &out.devices["node-a"]["gpu-1"];
+        let attr = |n: &str| {
+            info.attributes
+                .iter()
+                .find(|(k, _)| &**k == n)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(attr("type"), Some(Attr::Str("gpu".into())));
+        assert_eq!(attr("index"), Some(Attr::Int(1)));
+        assert_eq!(
+            attr("resource.kubernetes.io/pcieRoot"),
+            Some(Attr::Str("pci0000:15".into()))
+        );
+        assert!(info.multi);
+        let memory = info.capacity.iter().find(|(k, _)| &**k == "memory");
+        assert_eq!(memory.map(|(_, q)| *q), Quantity::parse("80Gi").ok());
+        let t4 = &out.devices["node-b"]["gpu-0"];
+        assert_eq!(t4.attributes.len(), 2);
+        assert_eq!(t4.capacity.len(), 2);
+        assert!(!t4.multi);
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! * [`usage`]: every allocated ResourceClaim → the ledger's grants → a rebuilt [`Ledger`](fgpu_driver::ledger::Ledger).
 //! * [`request`]: a pending claim of the shared class and its pod's annotations → the
 //!   engine's request and policy.
+//! * [`selector`]: CEL device selectors (the DRA CEL environment, Kubernetes' quantity and
+//!   semver functions), compiled once per expression, evaluated per device.
 //! * [`allocation`]: a chosen placement → the `status.allocation` to write.
 //! * [`explain`]: the Event messages for every outcome.
 //! * [`reconcile`]: one pass over a snapshot of claims, pods and slices → the writes.
@@ -27,7 +29,7 @@
 //! `fgpu-plumbing`'s; reading a pod's HAMi annotations is `fgpu_driver::hami`.
 //!
 //! Layering (no module uses one above it): `explain`, `slim`, `mirror`, `metrics`,
-//! `admission` → `inventory`, `usage`, `request`, `allocation` → `view` → `cache` →
+//! `admission`, `selector` → `inventory`, `usage`, `request`, `allocation` → `view` → `cache` →
 //! `reconcile` → `shared` → `server` → `daemon`.
 
 pub mod admission;
@@ -42,6 +44,7 @@ pub mod mirror;
 pub mod objects;
 pub mod reconcile;
 pub mod request;
+pub mod selector;
 pub mod server;
 pub mod shared;
 pub mod slim;

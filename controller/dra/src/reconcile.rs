@@ -52,6 +52,7 @@ use serde_json::Value;
 
 use crate::allocation::{self, Allocation};
 use crate::request::{self, RequestError};
+use crate::selector::DeviceInfo;
 use crate::usage::{self, UsageError};
 use crate::view::{ClaimView, PodView};
 use crate::{explain, inventory};
@@ -676,21 +677,33 @@ impl<'v> Placer<'v, '_> {
         let snap = &self.snap;
         let pod_id = &pod.id;
         let whole = (snap.claim)(&claim.id)?;
-        let pendings = match request::requests_in_class(
+        let read = request::requests_in_class(
             &whole,
             snap.class,
             &pod.annotations,
             &pod_id.key(),
             &self.settings.driver,
             self.settings.default_policy,
-        ) {
+        )
+        .and_then(|p| {
+            let c = request::constraints(&whole, &self.settings.driver, &p)?;
+            Ok((p, c))
+        });
+        let (mut pendings, constraints) = match read {
             Ok(p) => p,
             Err(e) => return Some(rejected(claim.id.clone(), pod_id.clone(), &e)),
         };
         drop(whole);
+        let cross = apply_topology(&mut pendings, &constraints);
+        let ask = Ask {
+            pendings: &pendings,
+            cross: &cross,
+            devices: &snap.inventory.devices,
+            driver: self.settings.driver.as_str(),
+        };
         let avoid = snap.avoid.get(&claim.id.uid);
         Some(
-            match place_claim(&mut self.ledger, &pendings, node, avoid, &self.workloads) {
+            match place_claim(&mut self.ledger, &ask, node, avoid, &self.workloads) {
                 Ok((parts, note)) => self.allocated(claim, pod, &parts, note),
                 Err(NotPlaced::Rejected(message)) => Action::Rejected {
                     claim: claim.id.clone(),
@@ -744,31 +757,73 @@ enum NotPlaced {
     Pending(WaitReason, String),
 }
 
-/// Places every request of one claim (`pendings`, in order) on one node — `node` when the
-/// pod's other claims are there, else away from `avoid` where possible — each request on
-/// GPUs the claim's earlier requests did not take. On success the ledger holds the claim's
-/// grant under its id and the parts are returned, with a note when a request's policy fell
-/// back ([`Workloads::resolve`]); on failure the ledger is as before.
+/// Places every request of one claim (`pendings`, [`request::requests_in_class`], with
+/// [`apply_topology`] done; `cross` the constraints left over several requests) on one
+/// node — `node` when the pod's other claims are there, else away from `avoid` where
+/// possible. Nodes are tried in the order of the first request's score (its earlier
+/// `firstAvailable` alternatives first); on each, the requests are placed in order, each
+/// on GPUs the claim's earlier requests did not take, trying each request's alternatives
+/// in order and each shared value of the `cross` constraints, backtracking when a later
+/// request does not fit. The first node where all fit wins. Each request is scored under
+/// its policy as `workloads` resolve it. On success the ledger holds the claim's grant
+/// under its id and the parts are returned, with a note when a policy fell back
+/// ([`Workloads::resolve`]); on failure the ledger is as before.
 fn place_claim<'p>(
     ledger: &mut Ledger,
-    pendings: &'p [request::PendingClaim],
+    ask: &Ask<'p, '_>,
     node: Option<&str>,
     avoid: Option<&BTreeSet<String>>,
     workloads: &Workloads,
-) -> Result<(Parts<'p>, Option<String>), NotPlaced> {
-    let mut parts: Parts<'p> = Vec::new();
-    let mut note = None;
-    let outcome = place_parts(
-        ledger, pendings, node, avoid, workloads, &mut parts, &mut note,
-    );
-    // The parts leave the ledger either way; on success the whole claim goes back in.
-    for (_, part) in &parts {
-        let _ = ledger.release(&part.id);
+) -> Result<(Vec<(&'p request::PendingClaim, Grant)>, Option<String>), NotPlaced> {
+    let cand = candidates(ledger.inventory(), node, avoid);
+    let allowed = ask
+        .pendings
+        .iter()
+        .map(|p| allowed_devices(&cand, p, ask.devices, ask.driver))
+        .collect::<Result<Vec<_>, _>>()?;
+    let groups = groups(ask.pendings);
+    if groups.is_empty() {
+        return Err(NotPlaced::Rejected(
+            "not allocated: the claim requests no device".into(),
+        ));
     }
-    let node = outcome?;
+    for p in ask.pendings {
+        if let Err(engine::NoFit::Invalid(why)) = engine::validate(&p.request) {
+            return Err(NotPlaced::Rejected(format!(
+                "not allocated: request {}: {why}",
+                p.request_name
+            )));
+        }
+    }
+    let search = Search {
+        cand: &cand,
+        ask,
+        groups: &groups,
+        allowed: &allowed,
+        workloads,
+        max_spec: cand.max_spec(),
+    };
+    let note = ask
+        .pendings
+        .iter()
+        .find_map(|p| workloads.resolve(p.policy).note());
+    let mut fail: Option<Failure> = None;
+    let mut budget = SEARCH_BUDGET;
+    let mut placed = None;
+    for n in node_order(&search) {
+        let name = cand.nodes[n].name.clone();
+        let mut parts = Vec::new();
+        if search.on_node(n, &mut parts, &mut budget, &mut fail)? {
+            placed = Some((name, parts));
+            break;
+        }
+    }
+    let Some((node_name, parts)) = placed else {
+        return Err(search.failure(fail, node));
+    };
     let grant = Grant {
-        id: pendings.first().map(|p| p.id.clone()).unwrap_or_default(),
-        node: node.unwrap_or_default(),
+        id: ask.pendings[0].id.clone(),
+        node: node_name,
         cpu_milli: 0,
         memory_mib: 0,
         devices: parts.iter().flat_map(|(_, p)| p.devices.clone()).collect(),
@@ -782,71 +837,380 @@ fn place_claim<'p>(
     Ok((parts, note))
 }
 
-/// The requests of a claim placed so far, each with its part of the grant.
-type Parts<'p> = Vec<(&'p request::PendingClaim, Grant)>;
+/// Engine calls one claim's placement may make at most (the search backtracks over
+/// nodes, alternatives and constraint values).
+const SEARCH_BUDGET: usize = 4096;
 
-/// Places the requests one by one, each granted in the ledger as a part (pushed to
-/// `parts`) so the next sees it; returns the node they are on (`None` with no request).
-/// Stops at the first request that does not fit. `note` says why a policy fell back.
-fn place_parts<'p>(
-    ledger: &mut Ledger,
-    pendings: &'p [request::PendingClaim],
-    node: Option<&str>,
-    avoid: Option<&BTreeSet<String>>,
-    workloads: &Workloads,
-    parts: &mut Parts<'p>,
-    note: &mut Option<String>,
-) -> Result<Option<String>, NotPlaced> {
-    let mut node = node.map(str::to_owned);
-    for pending in pendings {
-        let mut inv_now = candidates(ledger.inventory(), node.as_deref(), avoid);
-        without_taken(&mut inv_now, parts);
-        let resolved = workloads.resolve(pending.policy);
-        if note.is_none() {
-            *note = resolved.note();
-        }
-        let policy = resolved.policy;
-        let ctx = ScoreContext {
-            workload: resolved.workload,
-            max_spec: inv_now.max_spec(),
-        };
-        let which = if pendings.len() > 1 {
-            format!("request {}: ", pending.request_name)
-        } else {
-            String::new()
-        };
-        match engine::choose(&inv_now, &pending.request, policy, &ctx, 0) {
-            Ok(p) => {
-                let id = format!("{}#{}", pending.id, pending.request_name);
-                let part = Grant::from_placement(id, &inv_now, &pending.request, &p);
-                if let Err(e) = ledger.grant(part.clone()) {
-                    // The engine and the ledger disagree: report, write nothing.
-                    return Err(NotPlaced::Pending(
-                        WaitReason::Internal,
-                        format!("internal: the ledger refused the placement: {e}"),
-                    ));
+/// Combinations of constraint values tried per node at most.
+const MAX_VALUE_COMBINATIONS: usize = 256;
+
+/// One claim to place: its requests and alternatives, the constraints over several
+/// requests, and what selectors read.
+pub(crate) struct Ask<'p, 'i> {
+    pub pendings: &'p [request::PendingClaim],
+    pub cross: &'p [request::Constraint],
+    pub devices: &'i BTreeMap<String, BTreeMap<String, DeviceInfo>>,
+    pub driver: &'i str,
+}
+
+/// The GPUs of `inv` (by node and device name) that every selector of `p` allows; `None`
+/// when `p` has no selector. An evaluation error refuses the claim, as in Kubernetes.
+fn allowed_devices(
+    inv: &Inventory,
+    p: &request::PendingClaim,
+    devices: &BTreeMap<String, BTreeMap<String, DeviceInfo>>,
+    driver: &str,
+) -> Result<Option<BTreeSet<(String, String)>>, NotPlaced> {
+    if p.selectors.is_empty() {
+        return Ok(None);
+    }
+    let empty = DeviceInfo::default();
+    let evaluator = crate::selector::Evaluator::new().map_err(NotPlaced::Rejected)?;
+    let mut out = BTreeSet::new();
+    for n in &inv.nodes {
+        for g in &n.gpus {
+            let info = devices
+                .get(&n.name)
+                .and_then(|d| d.get(&g.id))
+                .unwrap_or(&empty);
+            let mut all = true;
+            for s in &p.selectors {
+                match evaluator.matches(&s.compiled, driver, info) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        all = false;
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(NotPlaced::Rejected(format!(
+                            "not allocated: claim {}: {}: on device {}/{}: {e}",
+                            p.key, s.path, n.name, g.id
+                        )));
+                    }
                 }
-                node = Some(part.node.clone());
-                parts.push((pending, part));
             }
-            Err(engine::NoFit::Invalid(why)) => {
-                return Err(NotPlaced::Rejected(format!("not allocated: {which}{why}")));
-            }
-            Err(engine::NoFit::Insufficient { .. }) => {
-                let message = format!("{which}{}", explain::pending(&inv_now, &pending.request));
-                let reason = if explain::never_fits(&inv_now, &pending.request) {
-                    WaitReason::NeverFits
-                } else {
-                    WaitReason::NoFit
-                };
-                return Err(NotPlaced::Pending(
-                    reason,
-                    message + &where_others_are(node.as_deref(), parts.is_empty()),
-                ));
+            if all {
+                out.insert((n.name.clone(), g.id.clone()));
             }
         }
     }
-    Ok(node)
+    Ok(Some(out))
+}
+
+/// The indices of `pendings` per claim request (its alternatives, in order).
+fn groups(pendings: &[request::PendingClaim]) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for (i, p) in pendings.iter().enumerate() {
+        match out.last_mut() {
+            Some(g) if pendings[g[0]].request_index == p.request_index => g.push(i),
+            _ => out.push(vec![i]),
+        }
+    }
+    out
+}
+
+/// Where a claim's placement failed furthest: the request group, its first alternative
+/// and the GPUs it had, and the node.
+struct Failure {
+    group: usize,
+    pending: usize,
+    inv: Inventory,
+    node: String,
+}
+
+/// One claim's placement search ([`place_claim`]).
+struct Search<'s, 'p, 'i> {
+    cand: &'s Inventory,
+    ask: &'s Ask<'p, 'i>,
+    groups: &'s [Vec<usize>],
+    allowed: &'s [Option<BTreeSet<(String, String)>>],
+    /// What fgd and fragaware score against ([`Workloads::resolve`]).
+    workloads: &'s Workloads,
+    /// The candidates' largest node (BestFit's normalisation).
+    max_spec: engine::MaxSpec,
+}
+
+impl Search<'_, '_, '_> {
+    /// The policy request `p` is scored under and its context.
+    fn scoring(&self, p: &request::PendingClaim) -> (Policy, ScoreContext<'_>) {
+        let r = self.workloads.resolve(p.policy);
+        let ctx = ScoreContext {
+            workload: r.workload,
+            max_spec: self.max_spec,
+        };
+        (r.policy, ctx)
+    }
+}
+
+/// The value of `attr` on `gpu`, where it has one.
+fn attr_value(gpu: &engine::Gpu, attr: request::MatchAttribute) -> Option<String> {
+    match attr {
+        request::MatchAttribute::NumaNode => gpu.numa.map(|n| n.to_string()),
+        request::MatchAttribute::PcieRoot => gpu.pcie_root.clone(),
+    }
+}
+
+/// The nodes of `s.cand` (indices) in the order of the first request's placement there:
+/// earlier alternatives first, then the higher score, then inventory order. Nodes where
+/// no alternative of the first request fits are left out.
+fn node_order(s: &Search<'_, '_, '_>) -> Vec<usize> {
+    let mut best: BTreeMap<usize, (usize, f64)> = BTreeMap::new();
+    for (alt, &pi) in s.groups[0].iter().enumerate() {
+        let p = &s.ask.pendings[pi];
+        let inv = s.filtered(s.cand, pi);
+        let (policy, ctx) = s.scoring(p);
+        for pl in engine::evaluate(&inv, &p.request, policy, &ctx) {
+            best.entry(pl.node).or_insert((alt, pl.score));
+        }
+    }
+    let mut order: Vec<(usize, (usize, f64))> = best.into_iter().collect();
+    order.sort_by(|(na, (aa, sa)), (nb, (ab, sb))| {
+        aa.cmp(ab)
+            .then(sb.partial_cmp(sa).unwrap_or(std::cmp::Ordering::Equal))
+            .then(na.cmp(nb))
+    });
+    order.into_iter().map(|(n, _)| n).collect()
+}
+
+impl<'p> Search<'_, 'p, '_> {
+    /// `inv` with only the GPUs pending `pi`'s selectors allow.
+    fn filtered(&self, inv: &Inventory, pi: usize) -> Inventory {
+        let mut out = inv.clone();
+        if let Some(allowed) = &self.allowed[pi] {
+            for n in &mut out.nodes {
+                let name = n.name.clone();
+                n.gpus
+                    .retain(|g| allowed.contains(&(name.clone(), g.id.clone())));
+            }
+        }
+        out
+    }
+
+    /// Tries every combination of values of the cross constraints on node `n`; true with
+    /// `parts` filled when all requests fit.
+    fn on_node(
+        &self,
+        n: usize,
+        parts: &mut Vec<(&'p request::PendingClaim, Grant)>,
+        budget: &mut usize,
+        fail: &mut Option<Failure>,
+    ) -> Result<bool, NotPlaced> {
+        let node = restrict(self.cand, &self.cand.nodes[n].name);
+        let per_constraint: Vec<Vec<String>> = self
+            .ask
+            .cross
+            .iter()
+            .map(|c| {
+                let mut v: Vec<String> = node.nodes[0]
+                    .gpus
+                    .iter()
+                    .filter_map(|g| attr_value(g, c.attribute))
+                    .collect();
+                v.sort();
+                v.dedup();
+                v
+            })
+            .collect();
+        let mut combo = vec![0usize; per_constraint.len()];
+        let mut tried = 0;
+        if per_constraint.iter().any(Vec::is_empty) {
+            // No GPU of the node has the attribute: nothing can meet the constraint.
+            let values: Vec<String> = Vec::new();
+            return self
+                .requests(&node, &values, 0, parts, budget, fail)
+                .map(|_| false);
+        }
+        loop {
+            let values: Vec<String> = combo
+                .iter()
+                .zip(&per_constraint)
+                .map(|(&i, v)| v[i].clone())
+                .collect();
+            if self.requests(&node, &values, 0, parts, budget, fail)? {
+                return Ok(true);
+            }
+            tried += 1;
+            // Next combination (odometer).
+            let mut k = 0;
+            loop {
+                if k == combo.len() || tried >= MAX_VALUE_COMBINATIONS {
+                    return Ok(false);
+                }
+                combo[k] += 1;
+                if combo[k] < per_constraint[k].len() {
+                    break;
+                }
+                combo[k] = 0;
+                k += 1;
+            }
+        }
+    }
+
+    /// Places request groups `r..` on `node` (one node) with the cross constraints'
+    /// `values` (empty: the node has no value, so a constrained request cannot fit).
+    fn requests(
+        &self,
+        node: &Inventory,
+        values: &[String],
+        r: usize,
+        parts: &mut Vec<(&'p request::PendingClaim, Grant)>,
+        budget: &mut usize,
+        fail: &mut Option<Failure>,
+    ) -> Result<bool, NotPlaced> {
+        if r == self.groups.len() {
+            return Ok(true);
+        }
+        for &pi in &self.groups[r] {
+            if *budget == 0 {
+                return Ok(false);
+            }
+            *budget -= 1;
+            let p = &self.ask.pendings[pi];
+            let mut inv = self.filtered(node, pi);
+            without_taken(&mut inv, parts);
+            for (k, c) in self.ask.cross.iter().enumerate() {
+                if c.applies(p) {
+                    let want = values.get(k);
+                    for n in &mut inv.nodes {
+                        n.gpus.retain(|g| {
+                            want.is_some() && attr_value(g, c.attribute).as_ref() == want
+                        });
+                    }
+                }
+            }
+            let (policy, ctx) = self.scoring(p);
+            match engine::choose(&inv, &p.request, policy, &ctx, 0) {
+                Ok(pl) => {
+                    let id = format!("{}#{}", p.id, p.request_name);
+                    parts.push((p, Grant::from_placement(id, &inv, &p.request, &pl)));
+                    if self.requests(node, values, r + 1, parts, budget, fail)? {
+                        return Ok(true);
+                    }
+                    parts.pop();
+                }
+                Err(engine::NoFit::Invalid(why)) => {
+                    return Err(NotPlaced::Rejected(format!(
+                        "not allocated: request {}: {why}",
+                        p.request_name
+                    )));
+                }
+                Err(engine::NoFit::Insufficient { .. }) => {
+                    if fail.as_ref().is_none_or(|f| r > f.group) {
+                        *fail = Some(Failure {
+                            group: r,
+                            pending: self.groups[r][0],
+                            inv: inv.clone(),
+                            node: node.nodes[0].name.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Why nothing was placed: where the search got furthest, else the first request over
+    /// every candidate node. `pod_node`: the pod's other claims are there.
+    fn failure(&self, fail: Option<Failure>, pod_node: Option<&str>) -> NotPlaced {
+        let several = self.groups.len() > 1;
+        let (group, pi, inv, tail) = match fail {
+            Some(f) if f.group > 0 => {
+                let tail = where_others_are(Some(&f.node), false);
+                (f.group, f.pending, f.inv, tail)
+            }
+            _ => {
+                let pi = self.groups[0][0];
+                (
+                    0,
+                    pi,
+                    self.filtered(self.cand, pi),
+                    where_others_are(pod_node, true),
+                )
+            }
+        };
+        let p = &self.ask.pendings[pi];
+        let which = if several {
+            format!("request {}: ", p.request_name)
+        } else {
+            String::new()
+        };
+        let alternatives = if self.groups[group].len() > 1 {
+            format!(" (and {} later alternatives)", self.groups[group].len() - 1)
+        } else {
+            String::new()
+        };
+        let gpus = |i: &Inventory| i.nodes.iter().map(|n| n.gpus.len()).sum::<usize>();
+        if let Some(s) = p
+            .selectors
+            .first()
+            .filter(|_| gpus(&inv) == 0 && gpus(self.cand) > 0 && group == 0)
+        {
+            let base = s
+                .path
+                .rsplit_once(".selectors[")
+                .map_or(s.path.as_str(), |(b, _)| b);
+            return NotPlaced::Pending(
+                WaitReason::NeverFits,
+                format!(
+                    "{which}no GPU matches the selectors ({base}.selectors) among the {} candidate GPUs{alternatives}{tail}",
+                    gpus(self.cand)
+                ),
+            );
+        }
+        let reason = if explain::never_fits(&inv, &p.request) {
+            WaitReason::NeverFits
+        } else {
+            WaitReason::NoFit
+        };
+        let constrained = if self.ask.cross.is_empty() {
+            String::new()
+        } else {
+            let paths: Vec<&str> = self.ask.cross.iter().map(|c| c.path.as_str()).collect();
+            format!(" under {}", paths.join(", "))
+        };
+        NotPlaced::Pending(
+            reason,
+            format!(
+                "{which}{}{constrained}{alternatives}{tail}",
+                explain::pending(&inv, &p.request)
+            ),
+        )
+    }
+}
+
+/// Maps each constraint that covers a single claim request onto the engine's topology of
+/// that request's alternatives it applies to (`SameNuma`, `SamePcieRoot`: the engine then
+/// picks the best group); returns the constraints left, which span several requests (or
+/// meet a request whose topology is already set) and are searched value by value.
+pub(crate) fn apply_topology(
+    pendings: &mut [request::PendingClaim],
+    constraints: &[request::Constraint],
+) -> Vec<request::Constraint> {
+    use fgpu_driver::engine::Topology;
+    let mut cross = Vec::new();
+    for c in constraints {
+        let covered: BTreeSet<usize> = pendings
+            .iter()
+            .filter(|p| c.applies(p))
+            .map(|p| p.request_index)
+            .collect();
+        let topology = match c.attribute {
+            request::MatchAttribute::NumaNode => Topology::SameNuma,
+            request::MatchAttribute::PcieRoot => Topology::SamePcieRoot,
+        };
+        let free = pendings
+            .iter()
+            .filter(|p| c.applies(p))
+            .all(|p| p.request.topology == Topology::Any);
+        if covered.len() == 1 && free {
+            for p in pendings.iter_mut().filter(|p| c.applies(p)) {
+                p.request.topology = topology;
+            }
+        } else {
+            cross.push(c.clone());
+        }
+    }
+    cross
 }
 
 /// The nodes a request may go to: `node` alone when the claim (or its pod) is already
@@ -1622,6 +1986,351 @@ mod tests {
             "{message}"
         );
         assert_eq!(p.usage.nodes[0].gpus[0].memory_free, 16 << 30);
+    }
+
+    /// A slice of `node` with GPUs of (GiB, NUMA node, product name).
+    fn node_slice(node: &str, gpus: &[(u64, u32, &str)]) -> Value {
+        let devices: Vec<Value> = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, (g, numa, model))| {
+                json!({"name": format!("gpu-{i}"),
+                    "attributes": {"uuid": {"string": format!("GPU-{node}-{i}")},
+                        "productName": {"string": model}, "numaNode": {"int": numa},
+                        "resource.kubernetes.io/pcieRoot": {"string": format!("pci{numa}")}},
+                    "capacity": {"memory": {"value": format!("{g}Gi")}, "cores": {"value": "100"}}})
+            })
+            .collect();
+        json!({"metadata": {"name": format!("{node}-gpu.fgpu.dev")},
+               "spec": {"driver": "gpu.fgpu.dev", "nodeName": node,
+                        "pool": {"name": node, "generation": 1}, "devices": devices}})
+    }
+
+    /// A claim `name` with one request `gpu` written as `request` (the `exactly` or
+    /// `firstAvailable` part), and `extra` fields of `spec.devices`.
+    fn claim_with(name: &str, requests: Value, extra: Value) -> Value {
+        let mut c = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": "7"},
+            "spec": {"devices": {"requests": requests}}});
+        if let Some(o) = extra.as_object() {
+            for (k, v) in o {
+                c["spec"]["devices"][k] = v.clone();
+            }
+        }
+        c
+    }
+
+    fn shared(gib: u64, more: Value) -> Value {
+        let mut e = json!({"deviceClassName": "shared.gpu.fgpu.dev",
+            "capacity": {"requests": {"memory": format!("{gib}Gi")}}});
+        if let Some(o) = more.as_object() {
+            for (k, v) in o {
+                e[k] = v.clone();
+            }
+        }
+        e
+    }
+
+    /// (request, pool, device) of each result of the first action, which must allocate.
+    fn results(p: &Plan) -> Vec<(String, String, String)> {
+        let Some(Action::Allocate { allocation, .. }) = p
+            .actions
+            .iter()
+            .find(|a| matches!(a, Action::Allocate { .. }))
+        else {
+            panic!("no allocation: {:?}", p.actions)
+        };
+        allocation.allocation["devices"]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let f = |k: &str| r[k].as_str().unwrap().to_owned();
+                (f("request"), f("pool"), f("device"))
+            })
+            .collect()
+    }
+
+    /// The message of the first `Pending` or `Rejected` action, with its kind.
+    fn waiting(p: &Plan) -> (String, String) {
+        for a in &p.actions {
+            match a {
+                Action::Pending {
+                    message, reason, ..
+                } => return (reason.as_str().to_owned(), message.clone()),
+                Action::Rejected { message, .. } => return ("rejected".into(), message.clone()),
+                _ => {}
+            }
+        }
+        panic!("nothing waits: {:?}", kinds(p))
+    }
+
+    #[test]
+    fn cel_selectors_choose_devices_and_bad_ones_are_refused_by_field() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        let slices = [node_slice(
+            "node-a",
+            &[(16, 0, "Tesla T4"), (80, 0, "NVIDIA H100 80GB HBM3")],
+        )];
+        let with = |expr: &str| {
+            claim_with(
+                "c",
+                json!([{"name": "gpu", "exactly": shared(4, json!({"selectors": [
+                    {"cel": {"expression": "device.driver == \"gpu.fgpu.dev\""}},
+                    {"cel": {"expression": expr}}]}))}]),
+                json!({}),
+            )
+        };
+        // Binpack alone takes gpu-0 (the smaller GPU is the fuller after the placement).
+        let p = run(&[with("true")], &pods, &slices);
+        assert_eq!(results(&p)[0].2, "gpu-0");
+        let cases = [
+            (
+                r#"device.attributes["gpu.fgpu.dev"].productName.contains("H100")"#,
+                "gpu-1",
+            ),
+            (
+                r#"device.capacity["gpu.fgpu.dev"].memory.compareTo(quantity("20Gi")) > 0"#,
+                "gpu-1",
+            ),
+            (
+                r#"device.attributes["gpu.fgpu.dev"].productName.startsWith("Tesla")"#,
+                "gpu-0",
+            ),
+        ];
+        for (expr, want) in cases {
+            let p = run(&[with(expr)], &pods, &slices);
+            assert_eq!(results(&p)[0].2, want, "{expr}");
+        }
+        // None matches: the claim waits, saying so.
+        let p = run(
+            &[with(
+                r#"device.attributes["gpu.fgpu.dev"].productName == "A100""#,
+            )],
+            &pods,
+            &slices,
+        );
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "never_fits");
+        assert!(
+            message.contains(
+                "no GPU matches the selectors (spec.devices.requests[0].exactly.selectors)"
+            ),
+            "{message}"
+        );
+        // An evaluation error refuses the claim, naming the field and the device.
+        let p = run(
+            &[with(r#"device.attributes["gpu.fgpu.dev"].model == "H100""#)],
+            &pods,
+            &slices,
+        );
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "rejected");
+        assert!(
+            message.contains("spec.devices.requests[0].exactly.selectors[1].cel.expression: on device node-a/gpu-0"),
+            "{message}"
+        );
+        // So does one that does not compile.
+        let p = run(&[with("device.attributes[")], &pods, &slices);
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "rejected");
+        assert!(
+            message.contains("claim ns/c: spec.devices.requests[0].exactly.selectors[1].cel.expression: does not compile"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn match_attribute_numa_keeps_two_requests_on_one_numa_node() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        let slices = [node_slice(
+            "node-a",
+            &[
+                (16, 0, "H100"),
+                (16, 0, "H100"),
+                (16, 1, "H100"),
+                (16, 1, "H100"),
+            ],
+        )];
+        // gpu-0 is partly used (binpack's first choice), gpu-1 is full: NUMA node 0 has
+        // room for one request only.
+        let busy = [allocated("x", 4, "gpu-0"), allocated("y", 16, "gpu-1")];
+        let two = |constraints: Value| {
+            claim_with(
+                "c",
+                json!([{"name": "a", "exactly": shared(4, json!({}))},
+                       {"name": "b", "exactly": shared(4, json!({}))}]),
+                json!({"constraints": constraints}),
+            )
+        };
+        let mut claims = busy.to_vec();
+        claims.push(two(json!([])));
+        let p = run(&claims, &pods, &slices);
+        let devices: Vec<String> = results(&p).into_iter().map(|r| r.2).collect();
+        assert_eq!(
+            devices,
+            ["gpu-0", "gpu-2"],
+            "unconstrained: across NUMA nodes"
+        );
+
+        for constraint in [
+            json!([{"matchAttribute": "gpu.fgpu.dev/numaNode"}]),
+            json!([{"requests": ["a", "b"], "matchAttribute": "gpu.fgpu.dev/numaNode"}]),
+            json!([{"matchAttribute": "resource.kubernetes.io/pcieRoot"}]),
+        ] {
+            let mut claims = busy.to_vec();
+            claims.push(two(constraint.clone()));
+            let p = run(&claims, &pods, &slices);
+            let mut devices: Vec<String> = results(&p).into_iter().map(|r| r.2).collect();
+            devices.sort();
+            assert_eq!(devices, ["gpu-2", "gpu-3"], "{constraint}");
+        }
+        // A constraint over one request becomes the engine's topology (both GPUs of a
+        // count-2 request on NUMA node 1).
+        let mut claims = busy.to_vec();
+        claims.push(claim_with(
+            "c",
+            json!([{"name": "a", "exactly": shared(4, json!({"count": 2}))}]),
+            json!({"constraints": [{"requests": ["a"], "matchAttribute": "gpu.fgpu.dev/numaNode"}]}),
+        ));
+        let p = run(&claims, &pods, &slices);
+        let mut devices: Vec<String> = results(&p).into_iter().map(|r| r.2).collect();
+        devices.sort();
+        assert_eq!(devices, ["gpu-2", "gpu-3"]);
+
+        // Room for neither: the claim waits, naming the constraint.
+        let mut claims = vec![allocated("x", 16, "gpu-0"), allocated("y", 16, "gpu-2")];
+        claims.push(two(json!([{"matchAttribute": "gpu.fgpu.dev/numaNode"}])));
+        let p = run(&claims, &pods, &slices);
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "no_fit", "{message}");
+        assert!(message.starts_with("request b: "), "{message}");
+        assert!(
+            message.contains("under spec.devices.constraints[0]"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn unsupported_constraints_are_refused_by_field() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        let slices = [node_slice("node-a", &[(16, 0, "H100"), (16, 0, "H100")])];
+        let cases = [
+            (
+                json!([{"matchAttribute": "gpu.fgpu.dev/productName"}]),
+                "spec.devices.constraints[0].matchAttribute: \"gpu.fgpu.dev/productName\" is not supported",
+            ),
+            (
+                json!([{"matchAttribute": "numaNode"}]),
+                "spec.devices.constraints[0].matchAttribute",
+            ),
+            (
+                json!([{"matchAttribute": "gpu.fgpu.dev/numaNode"},
+                       {"distinctAttribute": "gpu.fgpu.dev/uuid"}]),
+                "spec.devices.constraints[1].distinctAttribute",
+            ),
+            (
+                json!([{"requests": ["nope"], "matchAttribute": "gpu.fgpu.dev/numaNode"}]),
+                "spec.devices.constraints[0].requests[0]",
+            ),
+        ];
+        for (constraints, want) in cases {
+            let c = claim_with(
+                "c",
+                json!([{"name": "gpu", "exactly": shared(4, json!({}))}]),
+                json!({"constraints": constraints}),
+            );
+            let p = run(&[c], &pods, &slices);
+            let (reason, message) = waiting(&p);
+            assert_eq!(reason, "rejected", "{message}");
+            assert!(message.contains(want), "{want}: {message}");
+            assert!(message.contains("claim ns/c"), "{message}");
+        }
+    }
+
+    #[test]
+    fn first_available_takes_the_first_sub_request_that_fits() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        let c = claim_with(
+            "c",
+            json!([{"name": "gpu", "firstAvailable": [
+                {"name": "big", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "capacity": {"requests": {"memory": "60Gi"}}},
+                {"name": "small", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "capacity": {"requests": {"memory": "8Gi"}}}]}]),
+            json!({}),
+        );
+        let big = [node_slice("node-a", &[(80, 0, "H100")])];
+        let p = run(std::slice::from_ref(&c), &pods, &big);
+        assert_eq!(results(&p)[0].0, "gpu/big");
+        let small = [node_slice("node-a", &[(16, 0, "T4")])];
+        let p = run(std::slice::from_ref(&c), &pods, &small);
+        assert_eq!(results(&p)[0].0, "gpu/small");
+        // The allocation reads back as the 8Gi share of the sub-request.
+        let Some(Action::Allocate { allocation, .. }) = p.actions.first() else {
+            unreachable!()
+        };
+        let mut written = c.clone();
+        written["status"]["allocation"] = allocation.allocation.clone();
+        let inv = inventory::from_slices("gpu.fgpu.dev", &small).inventory;
+        let g = usage::claim_grant(&written, "gpu.fgpu.dev", &inv)
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.devices[0].memory, 8 << 30);
+        // Neither fits: pending, about the first alternative.
+        let tiny = [node_slice("node-a", &[(4, 0, "T4")])];
+        let p = run(&[c], &pods, &tiny);
+        let (reason, message) = waiting(&p);
+        assert_eq!(reason, "never_fits");
+        assert!(message.contains("(and 1 later alternatives)"), "{message}");
+        // Earlier alternatives win over a better node score: a node that fits `big`
+        // comes before one that fits only `small`.
+        let c2 = claim_with(
+            "c",
+            json!([{"name": "gpu", "firstAvailable": [
+                {"name": "big", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "capacity": {"requests": {"memory": "60Gi"}}},
+                {"name": "small", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "capacity": {"requests": {"memory": "8Gi"}}}]}]),
+            json!({}),
+        );
+        let two = [
+            node_slice("node-a", &[(16, 0, "T4")]),
+            node_slice("node-b", &[(80, 0, "H100")]),
+        ];
+        let p = run(&[c2], &pods, &two);
+        assert_eq!(
+            results(&p),
+            [(
+                "gpu/big".to_owned(),
+                "node-b".to_owned(),
+                "gpu-0".to_owned()
+            )]
+        );
+    }
+
+    #[test]
+    fn a_claims_requests_move_to_the_next_node_when_the_best_cannot_host_them_all() {
+        let pods = [pod("p", "2026-01-01T00:00:01Z", true, &[("g", Some("c"))])];
+        // node-a (partly used: binpack's best node for the first request) has one GPU;
+        // node-b has two.
+        let slices = [
+            node_slice("node-a", &[(16, 0, "H100")]),
+            node_slice("node-b", &[(16, 0, "H100"), (16, 0, "H100")]),
+        ];
+        let claims = [allocated("x", 4, "gpu-0"), two_requests("c", 4, 4)];
+        let p = run(&claims, &pods, &slices);
+        let got: Vec<(String, String)> = results(&p).into_iter().map(|r| (r.0, r.1)).collect();
+        assert_eq!(
+            got,
+            [
+                ("first".to_owned(), "node-b".to_owned()),
+                ("second".to_owned(), "node-b".to_owned())
+            ]
+        );
+        // A single request still goes to the best node.
+        let p = run(&[allocated("x", 4, "gpu-0"), claim("c", 4)], &pods, &slices);
+        assert_eq!(results(&p)[0].1, "node-a");
     }
 
     #[test]

@@ -2,13 +2,21 @@
 //! [`Request`] and [`Policy`].
 //!
 //! The controller allocates claims whose device requests (one or more; [`requests_in_class`]
-//! gives one [`PendingClaim`] per request) are all of the shared class (`shared.<driver>`),
-//! in `ExactCount` mode (`count`, default 1), without CEL selectors, admin access or
-//! `firstAvailable`. What each GPU of a request gives (per field, later wins):
+//! gives one [`PendingClaim`] per request, and per alternative of a `firstAvailable`
+//! request, named `<request>/<subrequest>` as the results name them) are all of the shared
+//! class (`shared.<driver>`), in `ExactCount` mode (`count`, default 1), without admin
+//! access or derived attributes. CEL `selectors` are compiled here ([`crate::selector`];
+//! one that does not compile is refused, naming
+//! `spec.devices.requests[i].exactly.selectors[j].cel.expression`) and evaluated against
+//! each device at placement. [`constraints`] reads `spec.devices.constraints`
+//! (`matchAttribute` of `<driver>/numaNode` or `resource.kubernetes.io/pcieRoot`; anything
+//! else refused by field). What each GPU of a request gives (per field, later wins):
 //!
 //! 1. this driver's `GpuShareConfig`s in the DeviceClass's `spec.config` (they apply to
 //!    every request of the class);
-//! 2. this driver's `GpuShareConfig`s in `spec.devices.config` that apply to the request;
+//! 2. this driver's `GpuShareConfig`s in `spec.devices.config` that apply to the request
+//!    (entries naming `<request>` apply to each of its sub-requests, `<request>/<sub>` to
+//!    that one);
 //! 3. the request's `capacity.requests` (`memory`, `cores`), which the scheduler would
 //!    honour too.
 //!
@@ -22,28 +30,38 @@
 //! GPUs. `GpuShareConfig` has no policy field, so a claim cannot choose one yet.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use fgpu_api::config::{CorePercent, GpuShareConfig};
-use fgpu_api::names::{DriverName, capacity};
+use fgpu_api::names::{DriverName, attr, capacity};
 use fgpu_driver::engine::{GpuShare, Policy, Request, Toleration};
 use fgpu_driver::hami;
 use serde_json::Value;
 
-use crate::{object_key, quantity_u64};
+use crate::{object_key, quantity_u64, selector};
 
 pub use fgpu_driver::hami::RequestError;
 
-/// A pending claim, ready for the engine.
+/// A pending claim's request (or one alternative of a `firstAvailable` request), ready for
+/// the engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingClaim {
     /// `namespace/name`.
     pub key: String,
     /// The grant id: the claim's UID (else its key).
     pub id: String,
-    /// The device request's name (results name it).
+    /// The name results carry: the request's, or `<request>/<subrequest>` for an
+    /// alternative of a `firstAvailable` request.
     pub request_name: String,
+    /// The claim request's name (`request_name` without `/<subrequest>`).
+    pub parent: String,
+    /// Index of the claim request in `spec.devices.requests`; the alternatives of one
+    /// `firstAvailable` request share it and come in their order.
+    pub request_index: usize,
     pub request: Request,
     pub policy: Policy,
+    /// The request's CEL selectors: a device is allowed when every one is true.
+    pub selectors: Vec<Selector>,
     /// The effective configuration of this driver for the request (priority and
     /// oversubscribe are passed on; memory and cores are replaced by the grant).
     pub config: GpuShareConfig,
@@ -51,6 +69,63 @@ pub struct PendingClaim {
     pub claim_config: Vec<Value>,
     /// The class's `spec.config` entries, to copy into the allocation (`FromClass`).
     pub class_config: Vec<Value>,
+}
+
+/// One CEL selector of a request, compiled.
+#[derive(Clone)]
+pub struct Selector {
+    /// Its field in the claim: `spec.devices.requests[i].exactly.selectors[j].cel.expression`.
+    pub path: String,
+    pub expression: String,
+    pub compiled: Arc<selector::Compiled>,
+}
+
+impl PartialEq for Selector {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path && self.expression == other.expression
+    }
+}
+
+impl Eq for Selector {}
+
+impl std::fmt::Debug for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Selector")
+            .field("path", &self.path)
+            .field("expression", &self.expression)
+            .finish()
+    }
+}
+
+/// The attribute a `matchAttribute` constraint names, of those the controller places by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatchAttribute {
+    /// `<driver>/numaNode`.
+    NumaNode,
+    /// `resource.kubernetes.io/pcieRoot`.
+    PcieRoot,
+}
+
+/// One entry of `spec.devices.constraints`: the devices of the requests it names (all
+/// when none) share one value of the attribute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Constraint {
+    /// `spec.devices.constraints[i]`.
+    pub path: String,
+    /// Request names (`<request>` or `<request>/<subrequest>`); empty: every request.
+    pub requests: Vec<String>,
+    pub attribute: MatchAttribute,
+}
+
+impl Constraint {
+    /// Whether the constraint covers `p` (a request or one alternative of one).
+    pub fn applies(&self, p: &PendingClaim) -> bool {
+        self.requests.is_empty()
+            || self
+                .requests
+                .iter()
+                .any(|r| *r == p.parent || *r == p.request_name)
+    }
 }
 
 /// Reads `claim` (any served version, exactly one request) for `driver`, with the
@@ -81,8 +156,9 @@ pub fn from_claim(
     Ok(all.remove(0))
 }
 
-/// One [`PendingClaim`] per device request of `claim`, in order (every one must be of the
-/// shared class), with `device_class`'s configuration before the claim's.
+/// One [`PendingClaim`] per device request of `claim` and per alternative of a
+/// `firstAvailable` request, in order (every one must be of the shared class), with
+/// `device_class`'s configuration before the claim's.
 pub fn requests_in_class(
     claim: &Value,
     device_class: Option<&Value>,
@@ -99,89 +175,254 @@ pub fn requests_in_class(
             path: "spec.devices.requests".into(),
             problem: "missing; the claim requests no device".into(),
         })?;
+    let ctx = Reading {
+        claim,
+        device_class,
+        pod_annotations,
+        pod_key,
+        driver,
+        default_policy,
+    };
     let mut names = std::collections::BTreeSet::new();
-    requests
-        .iter()
+    let mut out = Vec::new();
+    for (i, req) in requests.iter().enumerate() {
+        let parts = ctx.request(i, req)?;
+        let parent = parts.first().map(|p| p.parent.clone()).unwrap_or_default();
+        if !names.insert(parent.clone()) {
+            return Err(RequestError {
+                object: format!("claim {}", object_key(claim)),
+                path: format!("spec.devices.requests[{i}].name"),
+                problem: format!("{parent:?} names two requests"),
+            });
+        }
+        out.extend(parts);
+    }
+    Ok(out)
+}
+
+/// The claim's `spec.devices.constraints` over its requests `pendings`
+/// ([`requests_in_class`]): `matchAttribute` of `<driver>/numaNode` or
+/// `resource.kubernetes.io/pcieRoot`. Everything else (`distinctAttribute`, another
+/// attribute, a request name the claim does not have) is refused, naming the field.
+pub fn constraints(
+    claim: &Value,
+    driver: &DriverName,
+    pendings: &[PendingClaim],
+) -> Result<Vec<Constraint>, RequestError> {
+    let Some(list) = claim["spec"]["devices"]["constraints"].as_array() else {
+        return Ok(Vec::new());
+    };
+    let err = |path: String, problem: String| RequestError {
+        object: format!("claim {}", object_key(claim)),
+        path,
+        problem,
+    };
+    let numa = format!("{}/{}", driver.as_str(), attr::NUMA_NODE);
+    list.iter()
         .enumerate()
-        .map(|(i, req)| {
-            let p = read_request(
-                claim,
-                i,
-                req,
-                device_class,
-                pod_annotations,
-                pod_key,
-                driver,
-                default_policy,
-            )?;
-            if !names.insert(p.request_name.clone()) {
-                return Err(RequestError {
-                    object: format!("claim {}", p.key),
-                    path: format!("spec.devices.requests[{i}].name"),
-                    problem: format!("{:?} names two requests", p.request_name),
-                });
+        .map(|(i, c)| {
+            let path = format!("spec.devices.constraints[{i}]");
+            if let Some(obj) = c.as_object() {
+                for k in obj.keys() {
+                    match k.as_str() {
+                        "requests" | "matchAttribute" => {}
+                        "distinctAttribute" => {
+                            return Err(err(
+                                format!("{path}.distinctAttribute"),
+                                "distinct devices per request are not supported by the controller; every request of a claim already takes GPUs the others do not".into(),
+                            ));
+                        }
+                        other => {
+                            return Err(err(
+                                format!("{path}.{other}"),
+                                "not supported by the controller; use matchAttribute".into(),
+                            ));
+                        }
+                    }
+                }
             }
-            Ok(p)
+            let attribute = match c["matchAttribute"].as_str() {
+                Some(a) if a == numa => MatchAttribute::NumaNode,
+                Some(attr::PCIE_ROOT) => MatchAttribute::PcieRoot,
+                Some(a) => {
+                    return Err(err(
+                        format!("{path}.matchAttribute"),
+                        format!("{a:?} is not supported by the controller; valid are {numa:?} and {:?}", attr::PCIE_ROOT),
+                    ));
+                }
+                None => {
+                    return Err(err(
+                        format!("{path}.matchAttribute"),
+                        "missing; the controller supports matchAttribute constraints only".into(),
+                    ));
+                }
+            };
+            let requests: Vec<String> = match &c["requests"] {
+                Value::Null => Vec::new(),
+                Value::Array(r) => r
+                    .iter()
+                    .enumerate()
+                    .map(|(j, n)| {
+                        let name = n.as_str().unwrap_or_default();
+                        if pendings
+                            .iter()
+                            .any(|p| p.parent == name || p.request_name == name)
+                        {
+                            Ok(name.to_owned())
+                        } else {
+                            Err(err(
+                                format!("{path}.requests[{j}]"),
+                                format!("{n} names no request of the claim"),
+                            ))
+                        }
+                    })
+                    .collect::<Result<_, _>>()?,
+                _ => {
+                    return Err(err(format!("{path}.requests"), "not a list".into()));
+                }
+            };
+            Ok(Constraint {
+                path,
+                requests,
+                attribute,
+            })
         })
         .collect()
 }
 
-/// Request `index` (`req`) of `claim`: its name, the device count ([`check_exact`]), the
-/// effective configuration ([`effective_config`], then [`apply_capacity`]), the share
-/// ([`share_of`]) and the pod's placement annotations.
-#[allow(clippy::too_many_arguments)]
-fn read_request(
-    claim: &Value,
-    index: usize,
-    req: &Value,
-    device_class: Option<&Value>,
-    pod_annotations: &BTreeMap<String, String>,
-    pod_key: &str,
-    driver: &DriverName,
+/// What reading one claim's requests needs.
+struct Reading<'a> {
+    claim: &'a Value,
+    device_class: Option<&'a Value>,
+    pod_annotations: &'a BTreeMap<String, String>,
+    pod_key: &'a str,
+    driver: &'a DriverName,
     default_policy: Policy,
-) -> Result<PendingClaim, RequestError> {
-    let key = object_key(claim);
-    let req_path = format!("spec.devices.requests[{index}]");
-    let here = At::new(&key, &req_path);
-    let name = req["name"]
-        .as_str()
-        .ok_or_else(|| here.err(&format!("{req_path}.name"), "missing".into()))?;
-    if !req["firstAvailable"].is_null() {
-        return Err(here.err(
-            &format!("{req_path}.firstAvailable"),
-            "prioritized alternatives are not supported by the controller; use exactly".into(),
-        ));
-    }
-    // v1/v1beta2: fields under `exactly`; v1beta1: directly in the request.
-    let (exact, here) = if req["exactly"].is_object() {
-        (
-            &req["exactly"],
-            At::new(&key, &format!("{req_path}.exactly")),
-        )
-    } else {
-        (req, here)
-    };
-    let count = check_exact(exact, &here, driver)?;
-    let mut entries = effective_config(claim, name, device_class, driver, &here)?;
-    apply_capacity(&mut entries.config, exact, &here)?;
-    let config = entries.config;
-    let mut request = Request::new(count, share_of(&config, &here)?);
-    request.cores = config.cores.map(|c| u32::from(c.get()));
-    request.tolerations = tolerations(exact, &here)?;
+}
 
-    let placement = hami::pod_annotations(pod_annotations, pod_key, default_policy)?;
-    placement.constrain(&mut request);
-    let policy = placement.policy;
-    Ok(PendingClaim {
-        key,
-        id: crate::usage::grant_id(claim),
-        request_name: name.to_owned(),
-        request,
-        policy,
-        config,
-        claim_config: entries.claim_config,
-        class_config: entries.class_config,
-    })
+impl Reading<'_> {
+    /// Request `index` (`req`) of the claim: one part for `exactly` (v1beta1: the fields
+    /// in the request), one per sub-request of `firstAvailable`, in order.
+    fn request(&self, index: usize, req: &Value) -> Result<Vec<PendingClaim>, RequestError> {
+        let key = object_key(self.claim);
+        let req_path = format!("spec.devices.requests[{index}]");
+        let here = At::new(&key, &req_path);
+        let name = req["name"]
+            .as_str()
+            .ok_or_else(|| here.err(&format!("{req_path}.name"), "missing".into()))?;
+        if !req["firstAvailable"].is_null() {
+            let subs = req["firstAvailable"]
+                .as_array()
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| {
+                    here.field(
+                        "firstAvailable",
+                        "empty or not a list of sub-requests".into(),
+                    )
+                })?;
+            let mut seen = std::collections::BTreeSet::new();
+            return subs
+                .iter()
+                .enumerate()
+                .map(|(j, sub)| {
+                    let at = At::new(&key, &format!("{req_path}.firstAvailable[{j}]"));
+                    let sub_name = sub["name"]
+                        .as_str()
+                        .filter(|n| !n.is_empty())
+                        .ok_or_else(|| at.field("name", "missing".into()))?;
+                    if !seen.insert(sub_name) {
+                        return Err(
+                            at.field("name", format!("{sub_name:?} names two sub-requests"))
+                        );
+                    }
+                    self.exact(index, name, &format!("{name}/{sub_name}"), sub, &at)
+                })
+                .collect();
+        }
+        // v1/v1beta2: fields under `exactly`; v1beta1: directly in the request.
+        let (exact, here) = if req["exactly"].is_object() {
+            (
+                &req["exactly"],
+                At::new(&key, &format!("{req_path}.exactly")),
+            )
+        } else {
+            (req, here)
+        };
+        Ok(vec![self.exact(index, name, name, exact, &here)?])
+    }
+
+    /// One request or sub-request (`exact`, at `here`) named `full` of claim request
+    /// `index` named `parent`: the device count ([`check_exact`]), the effective
+    /// configuration ([`effective_config`], then [`apply_capacity`]), the share
+    /// ([`share_of`]), the selectors and the pod's placement annotations.
+    fn exact(
+        &self,
+        index: usize,
+        parent: &str,
+        full: &str,
+        exact: &Value,
+        here: &At,
+    ) -> Result<PendingClaim, RequestError> {
+        let count = check_exact(exact, here, self.driver)?;
+        let mut entries = effective_config(
+            self.claim,
+            parent,
+            full,
+            self.device_class,
+            self.driver,
+            here,
+        )?;
+        apply_capacity(&mut entries.config, exact, here)?;
+        let config = entries.config;
+        let mut request = Request::new(count, share_of(&config, here)?);
+        request.cores = config.cores.map(|c| u32::from(c.get()));
+        request.tolerations = tolerations(exact, here)?;
+        let selectors = selectors(exact, here)?;
+
+        let placement =
+            hami::pod_annotations(self.pod_annotations, self.pod_key, self.default_policy)?;
+        placement.constrain(&mut request);
+        let policy = placement.policy;
+        Ok(PendingClaim {
+            key: object_key(self.claim),
+            id: crate::usage::grant_id(self.claim),
+            request_name: full.to_owned(),
+            parent: parent.to_owned(),
+            request_index: index,
+            request,
+            policy,
+            selectors,
+            config,
+            claim_config: entries.claim_config,
+            class_config: entries.class_config,
+        })
+    }
+}
+
+/// The request's `selectors`, each compiled ([`selector::compile`]); a selector that is
+/// not CEL or does not compile is refused, naming its field.
+fn selectors(exact: &Value, here: &At) -> Result<Vec<Selector>, RequestError> {
+    let Some(list) = exact["selectors"].as_array() else {
+        return Ok(Vec::new());
+    };
+    list.iter()
+        .enumerate()
+        .map(|(j, s)| {
+            let Some(expression) = s["cel"]["expression"].as_str() else {
+                return Err(here.field(
+                    &format!("selectors[{j}].cel.expression"),
+                    "missing; the controller evaluates CEL selectors only".into(),
+                ));
+            };
+            let path = here.at(&format!("selectors[{j}].cel.expression"));
+            let compiled = selector::compile(expression).map_err(|e| here.err(&path, e))?;
+            Ok(Selector {
+                path,
+                expression: expression.to_owned(),
+                compiled,
+            })
+        })
+        .collect()
 }
 
 /// The request's `tolerations` of device taints (operator `Exists` or `Equal`).
@@ -255,8 +496,9 @@ impl At {
     }
 }
 
-/// Checks the `exactly` part of a request (`exact`): the shared class, `ExactCount`, no
-/// selectors, no admin access; returns its count (default 1, at most 32).
+/// Checks the `exactly` part of a request or a sub-request (`exact`): the shared class,
+/// `ExactCount`, no admin access, no derived attributes; returns its count (default 1, at
+/// most 32).
 fn check_exact(exact: &Value, here: &At, driver: &DriverName) -> Result<u32, RequestError> {
     let class = driver.shared_class();
     if exact["deviceClassName"].as_str() != Some(class.as_str()) {
@@ -277,8 +519,14 @@ fn check_exact(exact: &Value, here: &At, driver: &DriverName) -> Result<u32, Req
             ));
         }
     }
-    if exact["selectors"].as_array().is_some_and(|s| !s.is_empty()) {
-        return Err(here.field("selectors", "CEL selectors are not supported by the controller; use pod annotations nvidia.com/use-gputype or nvidia.com/use-gpuuuid".into()));
+    if exact["derivedAttributes"]
+        .as_array()
+        .is_some_and(|s| !s.is_empty())
+    {
+        return Err(here.field(
+            "derivedAttributes",
+            "derived attributes are not supported by the controller".into(),
+        ));
     }
     if exact["adminAccess"] == Value::Bool(true) {
         return Err(here.field(
@@ -306,12 +554,13 @@ struct ConfigEntries {
     class_config: Vec<Value>,
 }
 
-/// The configuration of request `name`: this driver's `GpuShareConfig`s of the class,
+/// The configuration of request `name` (sub-request `full`): this driver's `GpuShareConfig`s of the class,
 /// then those of the claim that apply to the request, later fields winning; every entry
 /// is kept to be copied into the allocation.
 fn effective_config(
     claim: &Value,
     name: &str,
+    full: &str,
     device_class: Option<&Value>,
     driver: &DriverName,
     here: &At,
@@ -359,18 +608,20 @@ fn effective_config(
             GpuShareConfig::from_value(&e["opaque"]["parameters"], &path)
                 .map_err(|e| here.err(&e.path, e.problem.to_string()))?
         };
-        if entry_applies(e, name) {
+        if entry_applies(e, name, full) {
             merge_config(&mut out.config, &c, &e["opaque"]["parameters"]);
         }
     }
     Ok(out)
 }
 
-/// Whether config entry `e` applies to request `name`: it names no request, or names it.
-fn entry_applies(e: &Value, name: &str) -> bool {
+/// Whether config entry `e` applies to request `name` (or its sub-request `full`,
+/// `<name>/<sub>`; `full == name` for a plain request): it names no request, or names
+/// either.
+fn entry_applies(e: &Value, name: &str, full: &str) -> bool {
     e["requests"]
         .as_array()
-        .is_none_or(|r| r.is_empty() || r.iter().any(|q| q == name))
+        .is_none_or(|r| r.is_empty() || r.iter().any(|q| q == name || q == full))
 }
 
 /// Lays `c` (read from `params`) over `config`: memory and cores where `c` has them,
@@ -570,6 +821,67 @@ mod tests {
     }
 
     #[test]
+    fn first_available_gives_one_part_per_sub_request_with_its_config() {
+        let c = claim(
+            json!({"name": "gpu", "firstAvailable": [
+                {"name": "a", "deviceClassName": "shared.gpu.fgpu.dev", "count": 2},
+                {"name": "b", "deviceClassName": "shared.gpu.fgpu.dev",
+                 "selectors": [{"cel": {"expression": "device.driver == 'gpu.fgpu.dev'"}}]}]}),
+            json!([
+                ours(json!(["gpu/b"]), json!({"memory": "3Gi"})),
+                ours(json!(["gpu"]), json!({"cores": 5}))
+            ]),
+        );
+        let all = read_all(&c, None).unwrap();
+        let got: Vec<_> = all
+            .iter()
+            .map(|p| {
+                (
+                    p.request_name.as_str(),
+                    p.parent.as_str(),
+                    p.request_index,
+                    p.request.gpus,
+                    p.request.share,
+                    p.request.cores,
+                    p.selectors.len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("gpu/a", "gpu", 0, 2, GpuShare::Whole, Some(5), 0),
+                (
+                    "gpu/b",
+                    "gpu",
+                    0,
+                    1,
+                    GpuShare::Memory { bytes: 3 << 30 },
+                    Some(5),
+                    1
+                ),
+            ]
+        );
+        assert_eq!(
+            all[1].selectors[0].path,
+            "spec.devices.requests[0].firstAvailable[1].selectors[0].cel.expression"
+        );
+        // Two sub-requests of one name are refused.
+        let mut twice = c.clone();
+        twice["spec"]["devices"]["requests"][0]["firstAvailable"][1]["name"] = json!("a");
+        let e = read_all(&twice, None).unwrap_err();
+        assert_eq!(e.path, "spec.devices.requests[0].firstAvailable[1].name");
+        // Constraints may name a sub-request.
+        let mut with = c;
+        with["spec"]["devices"]["constraints"] =
+            json!([{"requests": ["gpu/a"], "matchAttribute": "gpu.fgpu.dev/numaNode"}]);
+        let cs = constraints(&with, &DriverName::default(), &all).unwrap();
+        assert_eq!(cs.len(), 1);
+        assert!(cs[0].applies(&all[0]) && !cs[0].applies(&all[1]));
+        assert_eq!(cs[0].attribute, MatchAttribute::NumaNode);
+    }
+
+    #[test]
     fn class_config_comes_first_and_the_claim_wins() {
         let class = json!({"metadata": {"name": "shared.gpu.fgpu.dev"}, "spec": {"config": [
             ours(Value::Null, json!({"memory": "2Gi", "cores": 20, "priority": "low"})),
@@ -734,12 +1046,54 @@ mod tests {
                 "spec.devices.requests[0].exactly.allocationMode",
             ),
             (
-                "selectors",
+                "selector that does not compile",
                 claim(
-                    exactly(json!({"selectors": [{"cel": {"expression": "true"}}]})),
+                    exactly(json!({"selectors": [{"cel": {"expression": "true"}},
+                        {"cel": {"expression": "device.driver =="}}]})),
                     json!([]),
                 ),
-                "spec.devices.requests[0].exactly.selectors",
+                "spec.devices.requests[0].exactly.selectors[1].cel.expression",
+            ),
+            (
+                "selector that is not CEL",
+                claim(exactly(json!({"selectors": [{"other": {}}]})), json!([])),
+                "spec.devices.requests[0].exactly.selectors[0].cel.expression",
+            ),
+            (
+                "derived attributes",
+                claim(
+                    exactly(json!({"derivedAttributes": [{"name": "x", "expression": "1"}]})),
+                    json!([]),
+                ),
+                "spec.devices.requests[0].exactly.derivedAttributes",
+            ),
+            (
+                "sub-request of another class",
+                claim(
+                    json!({"name": "gpu", "firstAvailable": [
+                        {"name": "a", "deviceClassName": "shared.gpu.fgpu.dev"},
+                        {"name": "b", "deviceClassName": "gpu.fgpu.dev"}]}),
+                    json!([]),
+                ),
+                "spec.devices.requests[0].firstAvailable[1].deviceClassName",
+            ),
+            (
+                "sub-request without a name",
+                claim(
+                    json!({"name": "gpu", "firstAvailable": [
+                        {"deviceClassName": "shared.gpu.fgpu.dev"}]}),
+                    json!([]),
+                ),
+                "spec.devices.requests[0].firstAvailable[0].name",
+            ),
+            (
+                "sub-request with admin access",
+                claim(
+                    json!({"name": "gpu", "firstAvailable": [
+                        {"name": "a", "deviceClassName": "shared.gpu.fgpu.dev", "adminAccess": true}]}),
+                    json!([]),
+                ),
+                "spec.devices.requests[0].firstAvailable[0].adminAccess",
             ),
             (
                 "count 0",
@@ -791,10 +1145,30 @@ mod tests {
 
     #[test]
     fn config_entries_apply_to_the_requests_they_name_and_later_fields_win() {
-        assert!(entry_applies(&json!({}), "gpu"));
-        assert!(entry_applies(&json!({"requests": []}), "gpu"));
-        assert!(entry_applies(&json!({"requests": ["a", "gpu"]}), "gpu"));
-        assert!(!entry_applies(&json!({"requests": ["a"]}), "gpu"));
+        assert!(entry_applies(&json!({}), "gpu", "gpu"));
+        assert!(entry_applies(&json!({"requests": []}), "gpu", "gpu"));
+        assert!(entry_applies(
+            &json!({"requests": ["a", "gpu"]}),
+            "gpu",
+            "gpu"
+        ));
+        assert!(!entry_applies(&json!({"requests": ["a"]}), "gpu", "gpu"));
+        // A sub-request takes its request's entries and its own, not a sibling's.
+        assert!(entry_applies(
+            &json!({"requests": ["gpu"]}),
+            "gpu",
+            "gpu/big"
+        ));
+        assert!(entry_applies(
+            &json!({"requests": ["gpu/big"]}),
+            "gpu",
+            "gpu/big"
+        ));
+        assert!(!entry_applies(
+            &json!({"requests": ["gpu/small"]}),
+            "gpu",
+            "gpu/big"
+        ));
         let read = |mut p: Value| {
             p["apiVersion"] = json!("gpu.fgpu.dev/v1alpha1");
             p["kind"] = json!("GpuShareConfig");

@@ -20,9 +20,9 @@
 //!   pods only by merge patch (the gates), never whole.
 //! * **slices** ([`slice`]): `metadata` name, uid, resourceVersion; `spec.driver`,
 //!   `spec.nodeName`, `spec.pool`, and per device (also under v1beta1's `basic`) `name`,
-//!   `allowMultipleAllocations`, the attributes the inventory reads (`productName`, `uuid`,
-//!   `index`, `numaNode`, `resource.kubernetes.io/pcieRoot`) and the `value` of the capacities
-//!   `memory` and `cores`. Devices keep their order, so errors name the same index.
+//!   `allowMultipleAllocations`, every attribute (CEL selectors may read any,
+//!   [`crate::selector`]) and the `value` of every capacity. Devices keep their order, so
+//!   errors name the same index.
 //!
 //! Whoever makes [`plan`] (or [`crate::inventory`], [`crate::request`], [`crate::usage`])
 //! read another field of a pod or a slice adds it here; the test
@@ -33,8 +33,6 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use serde_json::Value;
-
-use fgpu_api::names::{attr, capacity};
 
 /// The annotation `kubectl apply` writes: the whole manifest again, read by no one here.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -168,19 +166,7 @@ fn device(d: &mut Value) {
             "capacity",
         ],
     );
-    retain_in(
-        d,
-        "attributes",
-        &[
-            attr::PRODUCT_NAME,
-            attr::UUID,
-            attr::INDEX,
-            attr::NUMA_NODE,
-            attr::PCIE_ROOT,
-        ],
-    );
     if let Some(Value::Object(caps)) = d.get_mut("capacity") {
-        caps.retain(|k, _| k == capacity::MEMORY || k == capacity::CORES);
         for c in caps.values_mut() {
             retain(c, &["value"]);
         }
@@ -608,12 +594,16 @@ mod tests {
                 "spec": {"driver": "gpu.fgpu.dev", "nodeName": "n",
                          "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
                          "devices": [{"name": "gpu-0", "allowMultipleAllocations": true,
-                            "attributes": {"uuid": {"string": "GPU-n-0"},
+                            // Every attribute (selectors read any), every capacity's value.
+                            "attributes": {"type": {"string": "gpu"},
+                                           "uuid": {"string": "GPU-n-0"},
                                            "productName": {"string": "NVIDIA H100 80GB HBM3"},
                                            "index": {"int": 0},
                                            "numaNode": {"int": 0},
+                                           "driverVersion": {"version": "580.0.0"},
                                            "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"}},
-                            "capacity": {"memory": {"value": "16Gi"}, "cores": {"value": "100"}}}]}})
+                            "capacity": {"memory": {"value": "16Gi"}, "cores": {"value": "100"},
+                                         "other": {"value": "1"}}}]}})
         );
 
         let mut c = dynamic(&allocated("c", 4, "n", "gpu-0"));
