@@ -774,7 +774,7 @@ fn place_claim<'p>(
     node: Option<&str>,
     avoid: Option<&BTreeSet<String>>,
     workloads: &Workloads,
-) -> Result<(Vec<(&'p request::PendingClaim, Grant)>, Option<String>), NotPlaced> {
+) -> Result<(Parts<'p>, Option<String>), NotPlaced> {
     let cand = candidates(ledger.inventory(), node, avoid);
     let allowed = ask
         .pendings
@@ -836,6 +836,9 @@ fn place_claim<'p>(
     }
     Ok((parts, note))
 }
+
+/// The requests of a claim placed, each with its part of the grant.
+type Parts<'p> = Vec<(&'p request::PendingClaim, Grant)>;
 
 /// Engine calls one claim's placement may make at most (the search backtracks over
 /// nodes, alternatives and constraint values).
