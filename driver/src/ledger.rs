@@ -8,7 +8,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::engine::{Inventory, Placement, Request};
+use crate::engine::model::Kind;
+use crate::engine::{Inventory, MILLI, Node, Placement, Request};
 
 /// What one GPU gives to one grant.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -34,6 +35,26 @@ pub struct Grant {
 }
 
 impl Grant {
+    /// The kind of request this grant (on `node`) is, as a live allocator's workload model
+    /// sees it: its GPUs, and per GPU the larger of its memory and core share of that GPU
+    /// (the largest over its GPUs); no host needs (a claim states none). `None` when it
+    /// holds no GPU of `node`.
+    pub fn kind_on(&self, node: &Node) -> Option<Kind> {
+        let share = |used: u64, total: u64| {
+            (u128::from(used) * u128::from(MILLI)).div_ceil(u128::from(total.max(1))) as u32
+        };
+        let milli = self
+            .devices
+            .iter()
+            .filter_map(|d| {
+                let g = node.gpus.iter().find(|g| g.id == d.gpu)?;
+                let cores = share(u64::from(d.cores), u64::from(g.cores_total));
+                Some(share(d.memory, g.memory_total).max(cores).min(MILLI))
+            })
+            .max()?;
+        Some((0, 0, self.devices.len() as u32, milli))
+    }
+
     /// The grant that realises `placement` of `req` on `inv`.
     pub fn from_placement(
         id: impl Into<String>,

@@ -45,7 +45,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fgpu_api::names::DriverName;
-use fgpu_driver::engine::model::{self, Kind, PolicyWorkloads as Workloads};
+use fgpu_driver::engine::model::{Kind, PolicyWorkloads as Workloads};
 use fgpu_driver::engine::{self, Inventory, Policy, ScoreContext, Workload, WorkloadModel};
 use fgpu_driver::ledger::{Grant, Ledger};
 use serde_json::Value;
@@ -266,9 +266,9 @@ pub fn fragmentation(ledger: &fgpu_driver::ledger::Ledger) -> f64 {
     (frag / free as f64).clamp(0.0, 1.0)
 }
 
-/// The kind of request `grant` is ([`model::kind_of_grant`] on its node of `inv`).
+/// The kind of request `grant` is ([`Grant::kind_on`] its node of `inv`).
 pub fn grant_kind(inv: &Inventory, grant: &Grant) -> Option<Kind> {
-    model::kind_of_grant(&inv.nodes[inv.node_index(&grant.node)?], grant)
+    grant.kind_on(&inv.nodes[inv.node_index(&grant.node)?])
 }
 
 /// Tells `model` about every claim of `claims` that holds a grant on `inv` (allocated by

@@ -18,7 +18,7 @@ use fgpu_api::extender::{
 };
 use fgpu_api::names::{DriverName, LegacyResourceNames};
 use fgpu_driver::engine::WorkloadModel;
-use fgpu_driver::engine::model::{self, PolicyWorkloads};
+use fgpu_driver::engine::model::PolicyWorkloads;
 use fgpu_driver::engine::{
     self, GpuPolicy, GpuShare, Inventory, MaxSpec, Node, NodePolicy, Placement, Policy,
     ScoreContext, Topology,
@@ -319,7 +319,7 @@ impl Extender {
                     let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
                     // A pod is recorded once: observe keeps the first record.
                     for g in &pod_grants {
-                        if let Some(kind) = model::kind_of_grant(&capacity, g) {
+                        if let Some(kind) = g.kind_on(&capacity) {
                             model.observe(&g.id, kind, created);
                         }
                     }

@@ -18,8 +18,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::frag::{Weighting, Workload, WorkloadType};
-use super::{MILLI, Node, NodePolicy, Policy};
-use crate::ledger::Grant;
+use super::{MILLI, NodePolicy, Policy};
 
 /// One kind of request: `(cpu_milli, memory_mib, gpus, milli_per_gpu)`.
 pub type Kind = (u64, u64, u32, u32);
@@ -187,25 +186,6 @@ impl Workload {
         });
         Workload { types }
     }
-}
-
-/// The kind of request `grant` (on `node`) is, as a live allocator sees it: its GPUs, and
-/// per GPU the larger of its memory and core share of that GPU (the largest over its GPUs);
-/// no host needs (a claim states none). `None` when it holds no GPU of `node`.
-pub fn kind_of_grant(node: &Node, grant: &Grant) -> Option<Kind> {
-    let share = |used: u64, total: u64| {
-        (u128::from(used) * u128::from(MILLI)).div_ceil(u128::from(total.max(1))) as u32
-    };
-    let milli = grant
-        .devices
-        .iter()
-        .filter_map(|d| {
-            let g = node.gpus.iter().find(|g| g.id == d.gpu)?;
-            let cores = share(u64::from(d.cores), u64::from(g.cores_total));
-            Some(share(d.memory, g.memory_total).max(cores).min(MILLI))
-        })
-        .max()?;
-    Some((0, 0, grant.devices.len() as u32, milli))
 }
 
 /// The expected workloads of the two fragmentation policies at one moment, from a model;
@@ -398,46 +378,7 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_is_the_kind_of_its_larger_share_and_policies_fall_back_without_a_model() {
-        use crate::engine::Gpu;
-        use crate::ledger::DeviceGrant;
-        let gib = 1u64 << 30;
-        let node = Node::new(
-            "n",
-            vec![
-                Gpu::new("gpu-0", "H100", 80 * gib),
-                Gpu::new("gpu-1", "H100", 40 * gib),
-            ],
-        );
-        let dev = |gpu: &str, memory, cores| DeviceGrant {
-            gpu: gpu.into(),
-            memory,
-            cores,
-        };
-        let grant = |devices| Grant {
-            id: "g".into(),
-            node: "n".into(),
-            cpu_milli: 0,
-            memory_mib: 0,
-            devices,
-        };
-        assert_eq!(
-            kind_of_grant(&node, &grant(vec![dev("gpu-0", 20 * gib, 0)])),
-            Some((0, 0, 1, 250))
-        );
-        // The 40Gi GPU's 20Gi is the larger share; cores 30 % are 300.
-        assert_eq!(
-            kind_of_grant(
-                &node,
-                &grant(vec![dev("gpu-0", 20 * gib, 30), dev("gpu-1", 20 * gib, 0)])
-            ),
-            Some((0, 0, 2, 500))
-        );
-        assert_eq!(
-            kind_of_grant(&node, &grant(vec![dev("gpu-9", gib, 0)])),
-            None
-        );
-
+    fn policies_fall_back_without_a_model() {
         let empty = PolicyWorkloads::of(None, 0);
         let r = empty.resolve(Policy::FRAGAWARE);
         assert_eq!(

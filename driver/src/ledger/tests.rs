@@ -196,3 +196,37 @@ fn grant_from_placement_takes_whole_gpus_entirely() {
     let g = Grant::from_placement("h", l.inventory(), &half, &p);
     assert!(l.grant(g).is_err(), "a used GPU cannot take more");
 }
+
+#[test]
+fn a_grant_is_the_kind_of_its_larger_share() {
+    let gib = 1u64 << 30;
+    let node = Node::new(
+        "n",
+        vec![
+            Gpu::new("gpu-0", "H100", 80 * gib),
+            Gpu::new("gpu-1", "H100", 40 * gib),
+        ],
+    );
+    let dev = |gpu: &str, memory, cores| DeviceGrant {
+        gpu: gpu.into(),
+        memory,
+        cores,
+    };
+    let grant = |devices| Grant {
+        id: "g".into(),
+        node: "n".into(),
+        cpu_milli: 0,
+        memory_mib: 0,
+        devices,
+    };
+    assert_eq!(
+        grant(vec![dev("gpu-0", 20 * gib, 0)]).kind_on(&node),
+        Some((0, 0, 1, 250))
+    );
+    // The 40Gi GPU's 20Gi is the larger share; cores 30 % are 300.
+    assert_eq!(
+        grant(vec![dev("gpu-0", 20 * gib, 30), dev("gpu-1", 20 * gib, 0)]).kind_on(&node),
+        Some((0, 0, 2, 500))
+    );
+    assert_eq!(grant(vec![dev("gpu-9", gib, 0)]).kind_on(&node), None);
+}
