@@ -37,7 +37,7 @@ use crate::ledger::{Grant, Ledger};
 pub const SIM_GPU_MEMORY: u64 = 16_000_000_000;
 
 /// Share of pods that FGD's "typical pods" cover (the paper artifact's setting).
-pub const TYPICAL_COVERAGE: f64 = 0.95;
+pub const TYPICAL_COVERAGE: f64 = model::FGD_COVERAGE;
 
 /// Highest arrived % in the discretised output.
 pub const MAX_PERCENT: usize = 130;
@@ -497,27 +497,14 @@ struct OnlineModel {
 impl OnlineModel {
     /// Records `pod` as placed; the new workload for `policy` when it is time to refresh.
     fn placed(&mut self, policy: Policy, pod: &TracePod) -> Option<Workload> {
-        let with_mem = policy.node == engine::NodePolicy::FragAware;
-        let kind = (
-            pod.cpu_milli,
-            if with_mem { pod.memory_mib } else { 0 },
-            pod.num_gpu,
-            pod.gpu_milli,
-        );
+        let kind = (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli);
         *self.counts.entry(kind).or_default() += 1.0;
         self.placed += 1;
         if self.placed < self.refreshed_at + (self.refreshed_at / 100).max(1) {
             return None;
         }
         self.refreshed_at = self.placed;
-        let coverage = if with_mem { 1.0 } else { TYPICAL_COVERAGE };
-        let w = Workload::from_weighted(
-            self.counts.iter().map(|(k, c)| (*k, *c)),
-            coverage,
-            Weighting::Count,
-            model::MAX_KINDS,
-        );
-        w.types.iter().any(|t| t.gpus > 0).then_some(w)
+        model::workload_for_policy(self.counts.iter().map(|(k, c)| (*k, *c)), policy)
     }
 }
 

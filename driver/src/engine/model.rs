@@ -95,25 +95,35 @@ impl WorkloadModel {
         out
     }
 
-    /// The expected workload at `now` for `policy`, as the simulator builds it from a
-    /// trace ([`crate::sim::workload_for`]): `fgd` keeps FGD's typical kinds (by CPU and
-    /// GPU, covering 95 % of the weight), `fragaware` every kind with its memory; at most
-    /// [`MAX_KINDS`] kinds. `None` when the policy needs no workload or no request that
-    /// needs a GPU has been seen (a policy that needs one cannot run yet).
+    /// The expected workload at `now` for `policy` ([`workload_for_policy`] over
+    /// [`WorkloadModel::weights`]).
     pub fn workload(&self, policy: Policy, now: i64) -> Option<Workload> {
-        if !policy.needs_workload() {
-            return None;
-        }
-        let fgd = policy.node == NodePolicy::Fgd;
-        let mut weights: BTreeMap<Kind, f64> = BTreeMap::new();
-        for ((cpu, mem, gpus, milli), w) in self.weights(now) {
-            let kind = (cpu, if fgd { 0 } else { mem }, gpus, milli);
-            *weights.entry(kind).or_default() += w;
-        }
-        let coverage = if fgd { 0.95 } else { 1.0 };
-        let w = Workload::from_weighted(weights, coverage, Weighting::Count, MAX_KINDS);
-        w.types.iter().any(|t| t.gpus > 0).then_some(w)
+        workload_for_policy(self.weights(now), policy)
     }
+}
+
+/// Share of the weight FGD's "typical kinds" cover (the paper artifact's setting).
+pub const FGD_COVERAGE: f64 = 0.95;
+
+/// The expected workload for `policy` from weighted kinds, as the simulator builds it from
+/// a trace ([`crate::sim::workload_for`]): `fgd` keeps FGD's typical kinds (by CPU and
+/// GPU, covering [`FGD_COVERAGE`] of the weight), `fragaware` every kind with its memory;
+/// at most [`MAX_KINDS`] kinds. `None` when the policy needs no workload or no kind needs a
+/// GPU (a policy that needs one cannot run yet).
+pub fn workload_for_policy(
+    weights: impl IntoIterator<Item = (Kind, f64)>,
+    policy: Policy,
+) -> Option<Workload> {
+    if !policy.needs_workload() {
+        return None;
+    }
+    let fgd = policy.node == NodePolicy::Fgd;
+    let kinds = weights
+        .into_iter()
+        .map(|((cpu, mem, gpus, milli), w)| ((cpu, if fgd { 0 } else { mem }, gpus, milli), w));
+    let coverage = if fgd { FGD_COVERAGE } else { 1.0 };
+    let w = Workload::from_weighted(kinds, coverage, Weighting::Count, MAX_KINDS);
+    w.types.iter().any(|t| t.gpus > 0).then_some(w)
 }
 
 impl Workload {
