@@ -286,22 +286,91 @@ pub fn cluster(nodes: &[TraceNode]) -> Inventory {
 
 /// The expected workload the fragmentation policies score against: FGD's typical pods of
 /// the trace (before shuffling and inflation, which only resample it). FGD's: pod kinds by
-/// CPU and GPU, the most frequent covering 95 % of pods, weighted by count. fragaware's:
-/// every kind (no 95 % cut), memory kept, weighted by count like FGD.
+/// CPU, GPU and GPU model list (`gpu_spec`, as the artifact's `PodResource.GpuType`), the
+/// most frequent covering 95 % of pods, weighted by count. fragaware's: every kind (no 95 %
+/// cut), memory and model list kept, weighted by count like FGD.
 pub fn workload_for(policy: Policy, pods: &[TracePod]) -> Workload {
     let with_mem = policy.node == engine::NodePolicy::FragAware;
-    Workload::from_pods(
+    Workload::from_pinned_pods(
         pods.iter().map(|p| {
             (
                 p.cpu_milli,
                 if with_mem { p.memory_mib } else { 0 },
                 p.num_gpu,
                 p.gpu_milli,
+                p.gpu_spec.clone(),
             )
         }),
         if with_mem { 1.0 } else { TYPICAL_COVERAGE },
         Weighting::Count,
     )
+}
+
+/// A model-constrained variant of a pod list (the FGD paper's "gpuspec" family): exactly
+/// `round(fraction × GPU pods)` of the pods that need GPUs and have no `gpu_spec` yet,
+/// chosen with a ChaCha8 RNG seeded by `seed`, are pinned to one GPU model each. The model
+/// is drawn in proportion to its share of the cluster's GPUs (GPU nodes of `nodes`) among
+/// the models with a node that can hold the pod (enough GPUs, CPU and memory); a pod that
+/// no node can hold is left unpinned and another is taken. The same inputs give the same
+/// list. CPU-only pods are never pinned.
+pub fn pin_models(
+    pods: &[TracePod],
+    nodes: &[TraceNode],
+    fraction: f64,
+    seed: u64,
+) -> Vec<TracePod> {
+    let mut out = pods.to_vec();
+    let gpu_pods = pods.iter().filter(|p| p.num_gpu > 0).count();
+    let want = (fraction.clamp(0.0, 1.0) * gpu_pods as f64).round() as usize;
+    // Per model: GPUs in the cluster, and the nodes' (GPUs, CPU, memory).
+    let mut models: Vec<(String, u64, Vec<&TraceNode>)> = Vec::new();
+    for n in nodes.iter().filter(|n| n.gpus > 0) {
+        match models.iter_mut().find(|m| m.0 == n.model) {
+            Some(m) => {
+                m.1 += u64::from(n.gpus);
+                m.2.push(n);
+            }
+            None => models.push((n.model.clone(), u64::from(n.gpus), vec![n])),
+        }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..out.len())
+        .filter(|&i| out[i].num_gpu > 0 && out[i].gpu_spec.is_empty())
+        .collect();
+    order.shuffle(&mut rng);
+    let mut pinned = 0usize;
+    for i in order {
+        if pinned == want {
+            break;
+        }
+        let p = &out[i];
+        let fits = |m: &(String, u64, Vec<&TraceNode>)| {
+            m.2.iter().any(|n| {
+                n.gpus >= p.num_gpu && n.cpu_milli >= p.cpu_milli && n.memory_mib >= p.memory_mib
+            })
+        };
+        let total: u64 = models.iter().filter(|m| fits(m)).map(|m| m.1).sum();
+        if total == 0 {
+            continue;
+        }
+        let mut x = rng.random_range(0..total);
+        let model = models
+            .iter()
+            .filter(|m| fits(m))
+            .find(|m| {
+                if x < m.1 {
+                    true
+                } else {
+                    x -= m.1;
+                    false
+                }
+            })
+            .map(|m| m.0.clone())
+            .expect("x < total");
+        out[i].gpu_spec = vec![model];
+        pinned += 1;
+    }
+    out
 }
 
 /// One simulation run's parameters.
