@@ -77,6 +77,9 @@ pub enum Weighting {
     GpuDemand,
 }
 
+/// A kind of pod: CPU, memory, GPUs, milli-GPU per GPU, model list (0: any).
+type KindKey = (u64, u64, u32, u32, u32);
+
 /// The expected distribution of arriving pods.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Workload {
@@ -115,7 +118,7 @@ impl Workload {
         coverage: f64,
         weighting: Weighting,
     ) -> Workload {
-        let mut counts: std::collections::BTreeMap<(u64, u64, u32, u32, u32), u64> =
+        let mut counts: std::collections::BTreeMap<KindKey, u64> =
             std::collections::BTreeMap::new();
         let mut model_sets: Vec<Vec<String>> = Vec::new();
         let mut total = 0u64;
@@ -139,7 +142,7 @@ impl Workload {
         if total == 0 {
             return Workload::default();
         }
-        let mut kinds: Vec<((u64, u64, u32, u32, u32), u64)> = counts.into_iter().collect();
+        let mut kinds: Vec<(KindKey, u64)> = counts.into_iter().collect();
         // Most frequent first; the key orders equal counts deterministically.
         kinds.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let want = coverage.clamp(0.0, 1.0) * total as f64;
