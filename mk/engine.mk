@@ -5,6 +5,9 @@
 #                     that tests/sim/gen-trace.py generates (seeded: the same files every run)
 #   make sim-compare  the full comparison with the FGD paper: 10 seeds, every policy,
 #                     four traces; prints ours beside the paper's figure (needs the trace)
+#   make sim-gpuspec  fgd vs fragaware on model-pinned variants of default (--pin-models
+#                     5-35 % of GPU pods, models in capacity proportion), seeds 42-46; not
+#                     part of `make test` (slow; needs the trace)
 #   make engine-bench criterion bench of node evaluations per second
 #
 # FGPU_DATA: a directory with csv/ (the Alibaba GPU trace v2023, `cluster-trace-gpu-v2023/csv`
@@ -35,7 +38,7 @@ SMOKE_ARGS = --nodes $(SMOKE_CSV)/openb_node_list_gpu_node.csv \
 
 TEST_TARGETS += sim-smoke
 
-.PHONY: sim-build sim-smoke-build sim-smoke sim-compare engine-bench
+.PHONY: sim-build sim-smoke-build sim-smoke sim-compare sim-gpuspec engine-bench
 
 sim-build:
 	$(CARGO) build --release -q -p fgpu-sim
@@ -70,6 +73,15 @@ sim-compare: sim-build ## FGD comparison: 10 seeds x every policy x four traces,
 	    --policy all --seeds 42-51 --out $(SIM_OUT)/compare-$$t.csv 2>/dev/null || exit 1; \
 	done
 	@echo "per-seed curves: $(SIM_OUT)/compare-<trace>.csv (layout of analysis_allo_discrete.csv)"
+
+SIM_PIN_FRACTIONS ?= 0.05 0.10 0.20 0.25 0.30 0.35
+sim-gpuspec: sim-build ## fgd vs fragaware on model-pinned variants of default (5-35 %)
+	@[ -n "$(SIM_HAVE_DATA)" ] || { echo "sim-gpuspec: $(FGPU_DATA_HELP)"; exit 1; }
+	@mkdir -p $(SIM_OUT)
+	@for f in $(SIM_PIN_FRACTIONS); do \
+	  $(SIM_BIN) $(SIM_ARGS) --pods $(FGPU_DATA)/csv/openb_pod_list_default.csv --pin-models $$f \
+	    --policy fgd,fragaware --seeds 42-46 --out $(SIM_OUT)/gpuspec-$$f.csv 2>/dev/null || exit 1; \
+	done
 
 engine-bench: ## criterion bench: node evaluations per second
 	$(CARGO) bench -p fgpu-driver --bench engine

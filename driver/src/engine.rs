@@ -381,7 +381,7 @@ impl Request {
     }
 }
 
-fn model_matches(model: &str, pattern: &str) -> bool {
+pub(super) fn model_matches(model: &str, pattern: &str) -> bool {
     model
         .to_ascii_lowercase()
         .contains(&pattern.to_ascii_lowercase())

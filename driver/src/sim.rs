@@ -287,22 +287,91 @@ pub fn cluster(nodes: &[TraceNode]) -> Inventory {
 
 /// The expected workload the fragmentation policies score against: FGD's typical pods of
 /// the trace (before shuffling and inflation, which only resample it). FGD's: pod kinds by
-/// CPU and GPU, the most frequent covering 95 % of pods, weighted by count. fragaware's:
-/// every kind (no 95 % cut), memory kept, weighted by count like FGD.
+/// CPU, GPU and GPU model list (`gpu_spec`, as the artifact's `PodResource.GpuType`), the
+/// most frequent covering 95 % of pods, weighted by count. fragaware's: every kind (no 95 %
+/// cut), memory and model list kept, weighted by count like FGD.
 pub fn workload_for(policy: Policy, pods: &[TracePod]) -> Workload {
     let with_mem = policy.node == engine::NodePolicy::FragAware;
-    Workload::from_pods(
+    Workload::from_pinned_pods(
         pods.iter().map(|p| {
             (
                 p.cpu_milli,
                 if with_mem { p.memory_mib } else { 0 },
                 p.num_gpu,
                 p.gpu_milli,
+                p.gpu_spec.clone(),
             )
         }),
         if with_mem { 1.0 } else { TYPICAL_COVERAGE },
         Weighting::Count,
     )
+}
+
+/// A model-constrained variant of a pod list (the FGD paper's "gpuspec" family): exactly
+/// `round(fraction × GPU pods)` of the pods that need GPUs and have no `gpu_spec` yet,
+/// chosen with a ChaCha8 RNG seeded by `seed`, are pinned to one GPU model each. The model
+/// is drawn in proportion to its share of the cluster's GPUs (GPU nodes of `nodes`) among
+/// the models with a node that can hold the pod (enough GPUs, CPU and memory); a pod that
+/// no node can hold is left unpinned and another is taken. The same inputs give the same
+/// list. CPU-only pods are never pinned.
+pub fn pin_models(
+    pods: &[TracePod],
+    nodes: &[TraceNode],
+    fraction: f64,
+    seed: u64,
+) -> Vec<TracePod> {
+    let mut out = pods.to_vec();
+    let gpu_pods = pods.iter().filter(|p| p.num_gpu > 0).count();
+    let want = (fraction.clamp(0.0, 1.0) * gpu_pods as f64).round() as usize;
+    // Per model: GPUs in the cluster, and the nodes' (GPUs, CPU, memory).
+    let mut models: Vec<(String, u64, Vec<&TraceNode>)> = Vec::new();
+    for n in nodes.iter().filter(|n| n.gpus > 0) {
+        match models.iter_mut().find(|m| m.0 == n.model) {
+            Some(m) => {
+                m.1 += u64::from(n.gpus);
+                m.2.push(n);
+            }
+            None => models.push((n.model.clone(), u64::from(n.gpus), vec![n])),
+        }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..out.len())
+        .filter(|&i| out[i].num_gpu > 0 && out[i].gpu_spec.is_empty())
+        .collect();
+    order.shuffle(&mut rng);
+    let mut pinned = 0usize;
+    for i in order {
+        if pinned == want {
+            break;
+        }
+        let p = &out[i];
+        let fits = |m: &(String, u64, Vec<&TraceNode>)| {
+            m.2.iter().any(|n| {
+                n.gpus >= p.num_gpu && n.cpu_milli >= p.cpu_milli && n.memory_mib >= p.memory_mib
+            })
+        };
+        let total: u64 = models.iter().filter(|m| fits(m)).map(|m| m.1).sum();
+        if total == 0 {
+            continue;
+        }
+        let mut x = rng.random_range(0..total);
+        let model = models
+            .iter()
+            .filter(|m| fits(m))
+            .find(|m| {
+                if x < m.1 {
+                    true
+                } else {
+                    x -= m.1;
+                    false
+                }
+            })
+            .map(|m| m.0.clone())
+            .expect("x < total");
+        out[i].gpu_spec = vec![model];
+        pinned += 1;
+    }
+    out
 }
 
 /// One simulation run's parameters.
@@ -382,12 +451,14 @@ pub fn prepare_pods(
 /// Runs one seed of the experiment.
 pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult {
     let inv = cluster(nodes);
+    // The healthy GPUs never change in a run: the model pressure is taken on this.
+    let base = inv.clone();
     let total_gpus: u64 = inv.nodes.iter().map(|n| n.gpus.len() as u64).sum();
     let capacity = total_gpus * u64::from(engine::MILLI);
     let mut workload = cfg
         .policy
         .needs_workload()
-        .then(|| workload_for(cfg.policy, pods));
+        .then(|| workload_for(cfg.policy, pods).with_pressure(&inv));
     // Online: the kinds of the pods placed so far, refreshed whenever the count has grown by
     // 1 % (a live allocator refreshes per pass); until the first placement, binpack.
     let mut online = cfg.online.then(OnlineModel::default);
@@ -465,7 +536,7 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
                 if let Some(m) = &mut online
                     && let Some(w) = m.placed(cfg.policy, pod)
                 {
-                    workload = Some(w);
+                    workload = Some(w.with_pressure(&base));
                     // Every cached score was against the old workload.
                     for v in &mut version {
                         *v = v.wrapping_add(1).max(1);
@@ -489,7 +560,7 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
 /// The pods placed so far, for [`RunConfig::online`].
 #[derive(Default)]
 struct OnlineModel {
-    counts: std::collections::BTreeMap<model::Kind, f64>,
+    counts: std::collections::BTreeMap<model::PinnedKind, f64>,
     placed: u64,
     refreshed_at: u64,
 }
@@ -498,13 +569,13 @@ impl OnlineModel {
     /// Records `pod` as placed; the new workload for `policy` when it is time to refresh.
     fn placed(&mut self, policy: Policy, pod: &TracePod) -> Option<Workload> {
         let kind = (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli);
-        *self.counts.entry(kind).or_default() += 1.0;
+        *self.counts.entry((kind, pod.gpu_spec.clone())).or_default() += 1.0;
         self.placed += 1;
         if self.placed < self.refreshed_at + (self.refreshed_at / 100).max(1) {
             return None;
         }
         self.refreshed_at = self.placed;
-        model::workload_for_policy(self.counts.iter().map(|(k, c)| (*k, *c)), policy)
+        model::workload_for_policy_pinned(self.counts.iter().map(|(k, c)| (k.clone(), *c)), policy)
     }
 }
 

@@ -89,6 +89,16 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "CSV")]
     pub paper: Option<PathBuf>,
 
+    /// Pin this fraction (0-1) of the GPU pods to one GPU model each, drawn in proportion
+    /// to the model's share of the cluster's GPUs (the FGD paper's "gpuspec" family),
+    /// seeded by --pin-seed; the workload is named `<pods>-pin<percent>`.
+    #[arg(long, value_name = "FRACTION")]
+    pub pin_models: Option<f64>,
+
+    /// Seed of --pin-models' choice of pods and models.
+    #[arg(long, default_value_t = 1)]
+    pub pin_seed: u64,
+
     /// Runs in parallel (default: the number of CPUs).
     #[arg(long)]
     pub jobs: Option<usize>,
@@ -131,13 +141,22 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let pods_name = args.pods.display().to_string();
     let nodes = sim::parse_nodes(&nodes_name, &read(&args.nodes)?)
         .map_err(|e| BadInput::new(e.to_string()))?;
-    let pods = sim::parse_pods(&pods_name, &read(&args.pods)?)
+    let mut pods = sim::parse_pods(&pods_name, &read(&args.pods)?)
         .map_err(|e| BadInput::new(e.to_string()))?;
-    let workload = args
+    let mut workload = args
         .pods
         .file_name()
         .map(|f| f.to_string_lossy().trim_end_matches(".csv").to_string())
         .unwrap_or_else(|| "workload".into());
+    if let Some(f) = args.pin_models {
+        if !(0.0..=1.0).contains(&f) {
+            return Err(
+                BadInput::new(format!("--pin-models: {f} is not a fraction in 0-1")).into(),
+            );
+        }
+        pods = sim::pin_models(&pods, &nodes, f, args.pin_seed);
+        workload = format!("{workload}-pin{}", (f * 100.0).round());
+    }
     tracing::info!(
         nodes = nodes.len(),
         gpu_nodes = nodes.iter().filter(|n| n.gpus > 0).count(),

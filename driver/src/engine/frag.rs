@@ -58,6 +58,9 @@ pub struct WorkloadType {
     pub milli: u32,
     /// Probability that an arriving pod is of this kind.
     pub weight: f64,
+    /// The GPU models the kind may use: 0 for any model, else `i` for
+    /// [`Workload::model_sets`]`[i - 1]` (the trace's `gpu_spec`).
+    pub model_set: u32,
 }
 
 /// How the kinds of pods are weighted in the expectation.
@@ -78,9 +81,83 @@ pub enum Weighting {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Workload {
     pub types: Vec<WorkloadType>,
+    /// The model lists of the kinds that are pinned to GPU models (see
+    /// [`WorkloadType::model_set`]); a GPU is usable for such a kind when its model matches
+    /// one entry, as `Request::model_include` matches. At most 64 lists are told apart; a
+    /// kind whose list is beyond that is treated as unpinned.
+    pub model_sets: Vec<Vec<String>>,
+    /// fragaware's model pressure, per GPU model of the cluster: the share of that model's
+    /// capacity the pinned kinds will want ([`Workload::with_pressure`]); empty (no
+    /// pressure) until set.
+    pub pressure: Vec<(String, f64)>,
 }
 
 impl Workload {
+    /// This workload with its model pressure on `inv` set. For each list `S` of pinned
+    /// models, `D_S` is the share of the workload's GPU demand (weight × GPUs × milli-GPU)
+    /// pinned to `S` and `C_S` the share of `inv`'s healthy GPUs whose model `S` allows;
+    /// a model's pressure is `Σ D_S / C_S` over the lists that allow it: how much of its
+    /// capacity the pinned demand will need once demand matches capacity. fragaware
+    /// charges a placement this much per milli-GPU it takes on a GPU of the model, so
+    /// unpinned pods leave the models that pinned pods crowd and take the ones they do
+    /// not. Where every model is pinned in proportion to its size the pressure is the same
+    /// everywhere and changes no choice.
+    pub fn with_pressure(mut self, inv: &super::Inventory) -> Workload {
+        self.pressure.clear();
+        if self.model_sets.is_empty() {
+            return self;
+        }
+        let demand = |t: &WorkloadType| t.weight * f64::from(t.gpus) * f64::from(t.milli);
+        let total_demand: f64 = self.types.iter().map(demand).sum();
+        let mut models: Vec<(String, u64)> = Vec::new();
+        for g in inv.nodes.iter().flat_map(|n| &n.gpus).filter(|g| g.healthy) {
+            match models.iter_mut().find(|(m, _)| *m == g.model) {
+                Some((_, n)) => *n += 1,
+                None => models.push((g.model.clone(), 1)),
+            }
+        }
+        let total_gpus: u64 = models.iter().map(|(_, n)| n).sum();
+        if total_demand <= 0.0 || total_gpus == 0 {
+            return self;
+        }
+        let mut pressure: Vec<(String, f64)> =
+            models.iter().map(|(m, _)| (m.clone(), 0.0)).collect();
+        for (i, set) in self.model_sets.iter().enumerate() {
+            let pinned: f64 = self
+                .types
+                .iter()
+                .filter(|t| t.model_set as usize == i + 1)
+                .map(demand)
+                .sum::<f64>()
+                / total_demand;
+            let allows = |m: &str| set.iter().any(|p| super::model_matches(m, p));
+            let gpus: u64 = models
+                .iter()
+                .filter(|(m, _)| allows(m))
+                .map(|(_, n)| n)
+                .sum();
+            if gpus == 0 || pinned <= 0.0 {
+                continue;
+            }
+            let share = pinned / (gpus as f64 / total_gpus as f64);
+            for (m, p) in &mut pressure {
+                if allows(m) {
+                    *p += share;
+                }
+            }
+        }
+        pressure.sort_by(|a, b| a.0.cmp(&b.0));
+        self.pressure = pressure;
+        self
+    }
+
+    /// The pressure on GPU model `model` (0 when none is set).
+    fn pressure_on(&self, model: &str) -> f64 {
+        self.pressure
+            .binary_search_by(|(m, _)| m.as_str().cmp(model))
+            .map_or(0.0, |i| self.pressure[i].1)
+    }
+
     /// The FGD paper's "typical pods": kinds of pods (CPU, memory, GPU count, per-GPU
     /// demand) counted over `pods`, most frequent first, cut once they cover `coverage`
     /// (0–1) of the pods, then renormalised, then weighted by `weighting`. FGD's artifact
@@ -91,8 +168,25 @@ impl Workload {
         coverage: f64,
         weighting: Weighting,
     ) -> Workload {
-        Workload::from_weighted(
-            pods.into_iter().map(|k| (k, 1.0)),
+        Self::from_pinned_pods(
+            pods.into_iter()
+                .map(|(c, m, g, milli)| (c, m, g, milli, Vec::new())),
+            coverage,
+            weighting,
+        )
+    }
+
+    /// [`Workload::from_pods`] with each pod's allowed GPU models (empty: any), which make
+    /// part of its kind: a pinned kind can only use GPUs of its models, so on a node of
+    /// another model all the free GPU capacity is fragmented for it (FGD's "no access").
+    pub fn from_pinned_pods(
+        pods: impl IntoIterator<Item = (u64, u64, u32, u32, Vec<String>)>,
+        coverage: f64,
+        weighting: Weighting,
+    ) -> Workload {
+        Workload::from_weighted_pinned(
+            pods.into_iter()
+                .map(|(c, m, g, milli, models)| (((c, m, g, milli), models), 1.0)),
             coverage,
             weighting,
             usize::MAX,
@@ -141,6 +235,10 @@ impl MeanGpuPod {
 /// A node's state as the measure sees it: sorted free GPU levels and free host resources.
 #[derive(Clone, Debug)]
 struct Levels {
+    /// Free level per GPU, in the node's order (for the pinned kinds).
+    raw: Vec<u32>,
+    /// Per GPU, bit `i` set when model list `i` of the workload allows it.
+    access: Vec<u64>,
     sorted: Vec<u32>,
     prefix: Vec<u64>,
     cpu_free: u64,
@@ -148,7 +246,9 @@ struct Levels {
 }
 
 impl Levels {
-    fn new(mut free: Vec<u32>, cpu_free: u64, mem_free: u64) -> Self {
+    fn new(free: Vec<u32>, access: Vec<u64>, cpu_free: u64, mem_free: u64) -> Self {
+        let raw = free.clone();
+        let mut free = free;
         free.sort_unstable();
         let mut prefix = Vec::with_capacity(free.len() + 1);
         let mut acc = 0u64;
@@ -158,6 +258,8 @@ impl Levels {
             prefix.push(acc);
         }
         Levels {
+            raw,
+            access,
             sorted: free,
             prefix,
             cpu_free,
@@ -170,7 +272,14 @@ impl Levels {
     }
 
     /// `F(n)` in milli-GPU.
+    ///
+    /// fragaware (`check_memory`) leaves out the kinds pinned to models the node has none
+    /// of: their term would be the node's whole free capacity, a term every placement on
+    /// the node lowers, so a node of a rare model would look the best place for any pod
+    /// (its capacity "fragmented" for the many kinds pinned elsewhere) and the pods pinned
+    /// to that model would find it taken. FGD counts them ("no access").
     fn frag(&self, w: &Workload, check_memory: bool) -> f64 {
+        let skip_no_access = check_memory;
         let n = self.sorted.len();
         let total = self.total() as f64;
         let mut acc = 0.0;
@@ -179,11 +288,34 @@ impl Levels {
                 acc += t.weight * total;
                 continue;
             }
+            let host_short =
+                self.cpu_free < t.cpu_milli || (check_memory && self.mem_free < t.memory_mib);
+            if t.model_set > 0 {
+                // A pinned kind: only GPUs of its models with its demand free are of use;
+                // the free capacity of every other GPU is fragmented for it.
+                let bit = 1u64 << (t.model_set - 1);
+                if skip_no_access && !self.access.iter().any(|a| a & bit != 0) {
+                    continue;
+                }
+                let (mut usable, mut usable_free) = (0usize, 0u64);
+                for (l, a) in self.raw.iter().zip(&self.access) {
+                    if a & bit != 0 && *l >= t.milli {
+                        usable += 1;
+                        usable_free += u64::from(*l);
+                    }
+                }
+                let blocked = usable < t.gpus as usize || host_short;
+                acc += t.weight
+                    * if blocked {
+                        total
+                    } else {
+                        total - usable_free as f64
+                    };
+                continue;
+            }
             let idx = self.sorted.partition_point(|&l| l < t.milli);
             let usable = n - idx;
-            let blocked = usable < t.gpus as usize
-                || self.cpu_free < t.cpu_milli
-                || (check_memory && self.mem_free < t.memory_mib);
+            let blocked = usable < t.gpus as usize || host_short;
             acc += t.weight
                 * if blocked {
                     total
@@ -222,6 +354,23 @@ fn free_levels(node: &Node) -> Vec<u32> {
         .collect()
 }
 
+/// Per GPU of `node`, which of `w`'s model lists allow it (bit `i` for list `i`).
+fn access(node: &Node, w: &Workload) -> Vec<u64> {
+    if w.model_sets.is_empty() {
+        return Vec::new();
+    }
+    node.gpus
+        .iter()
+        .map(|g| {
+            w.model_sets
+                .iter()
+                .enumerate()
+                .filter(|(_, set)| set.iter().any(|m| super::model_matches(&g.model, m)))
+                .fold(0u64, |acc, (i, _)| acc | (1u64 << i))
+        })
+        .collect()
+}
+
 fn host_free(node: &Node) -> (u64, u64) {
     (
         node.cpu_milli_free.unwrap_or(u64::MAX),
@@ -233,18 +382,24 @@ fn host_free(node: &Node) -> (u64, u64) {
 /// `check_memory` is false).
 pub fn node_frag(node: &Node, w: &Workload, check_memory: bool) -> f64 {
     let (c, m) = host_free(node);
-    Levels::new(free_levels(node), c, m).frag(w, check_memory)
+    Levels::new(free_levels(node), access(node, w), c, m).frag(w, check_memory)
 }
 
 /// fragaware's measure of the node in milli-GPU under `w`: FGD's measure with host memory
 /// plus the capacity its free CPU and memory cannot feed (see [`MeanGpuPod`]).
 pub fn fragaware_frag(node: &Node, w: &Workload) -> f64 {
     let (c, m) = host_free(node);
-    Levels::new(free_levels(node), c, m).fragaware(w, &MeanGpuPod::of(w))
+    Levels::new(free_levels(node), access(node, w), c, m).fragaware(w, &MeanGpuPod::of(w))
 }
 
 /// The node's state after placing `req` on `gpus` of `node`.
-fn levels_after(node: &Node, levels: &[u32], req: &Request, gpus: &[usize]) -> Levels {
+fn levels_after(
+    node: &Node,
+    levels: &[u32],
+    access: &[u64],
+    req: &Request,
+    gpus: &[usize],
+) -> Levels {
     let mut after = levels.to_vec();
     for &i in gpus {
         after[i] = after[i].saturating_sub(req.milli_on(&node.gpus[i]));
@@ -252,6 +407,7 @@ fn levels_after(node: &Node, levels: &[u32], req: &Request, gpus: &[usize]) -> L
     let (c, m) = host_free(node);
     Levels::new(
         after,
+        access.to_vec(),
         c.saturating_sub(req.cpu_milli),
         m.saturating_sub(req.memory_mib),
     )
@@ -277,12 +433,13 @@ pub(super) fn place_fgd(
     w: &Workload,
 ) -> Option<(Vec<usize>, f64)> {
     let levels = free_levels(node);
+    let acc = access(node, w);
     let (c, m) = host_free(node);
-    let before = Levels::new(levels.clone(), c, m).frag(w, false);
+    let before = Levels::new(levels.clone(), acc.clone(), c, m).frag(w, false);
     if req.gpus == 1 && req.share != GpuShare::Whole {
         let mut best: Option<(usize, f64)> = None;
         for &i in fit {
-            let after = levels_after(node, &levels, req, &[i]).frag(w, false);
+            let after = levels_after(node, &levels, &acc, req, &[i]).frag(w, false);
             let s = fgd_quantised(before, after);
             if best.is_none_or(|(_, b)| s > b) {
                 best = Some((i, s));
@@ -293,7 +450,7 @@ pub(super) fn place_fgd(
         let gpus = pick_gpus(node, req, fit, gpu)?;
         let s = fgd_quantised(
             before,
-            levels_after(node, &levels, req, &gpus).frag(w, false),
+            levels_after(node, &levels, &acc, req, &gpus).frag(w, false),
         );
         Some((gpus, s))
     }
@@ -319,11 +476,18 @@ pub(super) fn place_fragaware(
     w: &Workload,
 ) -> Option<(Vec<usize>, f64)> {
     let levels = free_levels(node);
+    let acc = access(node, w);
     let (c, m) = host_free(node);
     let mean = MeanGpuPod::of(w);
-    let before = Levels::new(levels.clone(), c, m).fragaware(w, &mean);
+    let before = Levels::new(levels.clone(), acc.clone(), c, m).fragaware(w, &mean);
     let score_of = |gpus: &[usize]| -> f64 {
-        banded(before - levels_after(node, &levels, req, gpus).fragaware(w, &mean))
+        let displaced: f64 = gpus
+            .iter()
+            .map(|&i| f64::from(req.milli_on(&node.gpus[i])) * w.pressure_on(&node.gpus[i].model))
+            .sum();
+        banded(
+            before - levels_after(node, &levels, &acc, req, gpus).fragaware(w, &mean) - displaced,
+        )
     };
     if req.gpus == 1 && req.share != GpuShare::Whole {
         // One candidate per distinct free level: GPUs at the same level are equivalent.
@@ -358,9 +522,10 @@ pub(super) fn place_fragaware(
 /// FGD's score for a pod without GPUs.
 pub(super) fn fgd_host_only(node: &Node, req: &Request, w: &Workload) -> f64 {
     let levels = free_levels(node);
+    let acc = access(node, w);
     let (c, m) = host_free(node);
-    let before = Levels::new(levels.clone(), c, m).frag(w, false);
-    let after = levels_after(node, &levels, req, &[]).frag(w, false);
+    let before = Levels::new(levels.clone(), acc.clone(), c, m).frag(w, false);
+    let after = levels_after(node, &levels, &acc, req, &[]).frag(w, false);
     fgd_quantised(before, after)
 }
 

@@ -23,6 +23,12 @@ use super::{MILLI, NodePolicy, Policy};
 /// One kind of request: `(cpu_milli, memory_mib, gpus, milli_per_gpu)`.
 pub type Kind = (u64, u64, u32, u32);
 
+/// A kind with the GPU models its requests may use (empty: any model).
+pub type PinnedKind = (Kind, Vec<String>);
+
+/// At most this many model lists are told apart in a workload (a bit each per GPU).
+pub const MAX_MODEL_SETS: usize = 64;
+
 /// At most this many kinds (the heaviest) make up a workload.
 pub const MAX_KINDS: usize = 64;
 
@@ -114,15 +120,28 @@ pub fn workload_for_policy(
     weights: impl IntoIterator<Item = (Kind, f64)>,
     policy: Policy,
 ) -> Option<Workload> {
+    workload_for_policy_pinned(
+        weights.into_iter().map(|(k, w)| ((k, Vec::new()), w)),
+        policy,
+    )
+}
+
+/// [`workload_for_policy`] over kinds that name the GPU models they may use.
+pub fn workload_for_policy_pinned(
+    weights: impl IntoIterator<Item = (PinnedKind, f64)>,
+    policy: Policy,
+) -> Option<Workload> {
     if !policy.needs_workload() {
         return None;
     }
     let fgd = policy.node == NodePolicy::Fgd;
     let kinds = weights
         .into_iter()
-        .map(|((cpu, mem, gpus, milli), w)| ((cpu, if fgd { 0 } else { mem }, gpus, milli), w));
+        .map(|(((cpu, mem, gpus, milli), models), w)| {
+            (((cpu, if fgd { 0 } else { mem }, gpus, milli), models), w)
+        });
     let coverage = if fgd { FGD_COVERAGE } else { 1.0 };
-    let w = Workload::from_weighted(kinds, coverage, Weighting::Count, MAX_KINDS);
+    let w = Workload::from_weighted_pinned(kinds, coverage, Weighting::Count, MAX_KINDS);
     w.types.iter().any(|t| t.gpus > 0).then_some(w)
 }
 
@@ -137,23 +156,45 @@ impl Workload {
         weighting: Weighting,
         max_kinds: usize,
     ) -> Workload {
-        let mut merged: BTreeMap<Kind, f64> = BTreeMap::new();
-        for ((cpu, mem, gpus, milli), w) in kinds {
+        Workload::from_weighted_pinned(
+            kinds.into_iter().map(|(k, w)| ((k, Vec::new()), w)),
+            coverage,
+            weighting,
+            max_kinds,
+        )
+    }
+
+    /// [`Workload::from_weighted`] where each kind also names the GPU models it may use
+    /// (empty: any), which makes part of the kind ([`WorkloadType::model_set`]). The model
+    /// lists are numbered in the order the kept kinds first name them, heaviest first; a
+    /// list beyond the 64th counts as "any model".
+    pub fn from_weighted_pinned(
+        kinds: impl IntoIterator<Item = (PinnedKind, f64)>,
+        coverage: f64,
+        weighting: Weighting,
+        max_kinds: usize,
+    ) -> Workload {
+        let mut merged: BTreeMap<PinnedKind, f64> = BTreeMap::new();
+        for (((cpu, mem, gpus, milli), models), w) in kinds {
             if w.is_nan() || w <= 0.0 {
                 continue;
             }
-            let milli = if gpus == 0 { 0 } else { milli.min(MILLI) };
-            *merged.entry((cpu, mem, gpus, milli)).or_default() += w;
+            let (milli, models) = if gpus == 0 {
+                (0, Vec::new())
+            } else {
+                (milli.min(MILLI), models)
+            };
+            *merged.entry(((cpu, mem, gpus, milli), models)).or_default() += w;
         }
         let total: f64 = merged.values().sum();
         if merged.is_empty() || total <= 0.0 {
             return Workload::default();
         }
-        let mut kinds: Vec<(Kind, f64)> = merged.into_iter().collect();
+        let mut kinds: Vec<(PinnedKind, f64)> = merged.into_iter().collect();
         // Heaviest first; the key orders equal weights deterministically.
         kinds.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let want = coverage.clamp(0.0, 1.0) * total;
-        let mut kept: Vec<(Kind, f64)> = Vec::new();
+        let mut kept: Vec<(PinnedKind, f64)> = Vec::new();
         let mut cum = 0.0;
         for (k, w) in kinds {
             if (cum >= want && !kept.is_empty()) || kept.len() >= max_kinds.max(1) {
@@ -162,16 +203,28 @@ impl Workload {
             cum += w;
             kept.push((k, w));
         }
-        let mut types: Vec<WorkloadType> = kept
-            .into_iter()
-            .map(|((cpu_milli, memory_mib, gpus, milli), w)| WorkloadType {
+        let mut model_sets: Vec<Vec<String>> = Vec::new();
+        let mut types: Vec<WorkloadType> = Vec::with_capacity(kept.len());
+        for (((cpu_milli, memory_mib, gpus, milli), models), w) in kept {
+            let model_set = if models.is_empty() {
+                0
+            } else if let Some(i) = model_sets.iter().position(|m| *m == models) {
+                i as u32 + 1
+            } else if model_sets.len() < MAX_MODEL_SETS {
+                model_sets.push(models);
+                model_sets.len() as u32
+            } else {
+                0
+            };
+            types.push(WorkloadType {
                 cpu_milli,
                 memory_mib,
                 gpus,
                 milli,
                 weight: w / cum,
-            })
-            .collect();
+                model_set,
+            });
+        }
         if weighting != Weighting::Count {
             for t in &mut types {
                 t.weight *= match weighting {
@@ -187,14 +240,19 @@ impl Workload {
             }
         }
         types.sort_by(|a, b| {
-            (a.milli, a.gpus, a.cpu_milli, a.memory_mib).cmp(&(
+            (a.milli, a.gpus, a.cpu_milli, a.memory_mib, a.model_set).cmp(&(
                 b.milli,
                 b.gpus,
                 b.cpu_milli,
                 b.memory_mib,
+                b.model_set,
             ))
         });
-        Workload { types }
+        Workload {
+            types,
+            model_sets,
+            pressure: Vec::new(),
+        }
     }
 }
 

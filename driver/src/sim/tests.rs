@@ -173,3 +173,104 @@ fn ties_go_to_one_node_order_for_the_whole_run() {
         assert_eq!((r.pods, r.failed), (4, 0), "seed {seed}");
     }
 }
+
+fn pin_cluster() -> Vec<TraceNode> {
+    // 30 G2 GPUs, 10 T4 GPUs: G2 has 3/4 of the capacity.
+    let mut text = String::from("sn,cpu_milli,memory_mib,gpu,model\n");
+    for i in 0..3 {
+        text.push_str(&format!("g{i},96000,786432,10,G2\n"));
+    }
+    for i in 0..5 {
+        text.push_str(&format!("t{i},32000,131072,2,T4\n"));
+    }
+    parse_nodes("nodes.csv", &text).unwrap()
+}
+
+fn pin_pods(n: usize) -> Vec<TracePod> {
+    (0..n)
+        .map(|i| TracePod {
+            name: format!("p{i}"),
+            cpu_milli: 2000,
+            memory_mib: 4096,
+            num_gpu: u32::from(i % 10 != 0),
+            gpu_milli: if i % 10 == 0 { 0 } else { 500 },
+            gpu_spec: Vec::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn pin_models_pins_the_fraction_in_capacity_proportion_deterministically() {
+    let nodes = pin_cluster();
+    let pods = pin_pods(10_000);
+    let gpu_pods = pods.iter().filter(|p| p.num_gpu > 0).count(); // 9,000
+    let out = pin_models(&pods, &nodes, 0.2, 7);
+    assert_eq!(
+        out,
+        pin_models(&pods, &nodes, 0.2, 7),
+        "same seed, same list"
+    );
+    assert_ne!(
+        out,
+        pin_models(&pods, &nodes, 0.2, 8),
+        "another seed, other pods"
+    );
+    let pinned: Vec<&TracePod> = out.iter().filter(|p| !p.gpu_spec.is_empty()).collect();
+    assert_eq!(pinned.len(), (0.2 * gpu_pods as f64).round() as usize);
+    assert!(
+        pinned.iter().all(|p| p.num_gpu > 0),
+        "CPU-only pods stay unpinned"
+    );
+    assert!(pinned.iter().all(|p| p.gpu_spec.len() == 1));
+    let g2 = pinned.iter().filter(|p| p.gpu_spec[0] == "G2").count() as f64;
+    let share = g2 / pinned.len() as f64;
+    // 1,800 draws at p = 0.75: sd ≈ 0.010; a uniform draw over models would give 0.5.
+    assert!((share - 0.75).abs() < 0.04, "G2 share {share}");
+    // Only gpu_spec changes.
+    for (a, b) in pods.iter().zip(&out) {
+        assert_eq!(
+            (&a.name, a.cpu_milli, a.num_gpu),
+            (&b.name, b.cpu_milli, b.num_gpu)
+        );
+    }
+}
+
+#[test]
+fn pin_models_only_pins_to_a_model_whose_nodes_can_hold_the_pod() {
+    let nodes = pin_cluster();
+    let mut pods = pin_pods(1_000);
+    for p in pods.iter_mut().filter(|p| p.num_gpu > 0) {
+        p.num_gpu = 4; // no T4 node has 4 GPUs
+        p.gpu_milli = 1000;
+    }
+    let out = pin_models(&pods, &nodes, 0.5, 1);
+    let pinned: Vec<&TracePod> = out.iter().filter(|p| !p.gpu_spec.is_empty()).collect();
+    assert_eq!(pinned.len(), 450);
+    assert!(pinned.iter().all(|p| p.gpu_spec == ["G2"]));
+}
+
+#[test]
+fn a_pinned_kind_cannot_use_a_node_of_another_model() {
+    use crate::engine::frag::{fragaware_frag, node_frag};
+    use crate::engine::{Weighting, Workload};
+    let inv = cluster(&pin_cluster());
+    let g2 = &inv.nodes[0]; // 10 idle G2 GPUs
+    let t4 = &inv.nodes[3]; // 2 idle T4 GPUs
+    // One kind only: a 500-milli pod pinned to T4.
+    let w = Workload::from_pinned_pods(
+        [(2000, 4096, 1, 500, vec!["T4".to_string()])],
+        1.0,
+        Weighting::Count,
+    );
+    assert_eq!(w.types[0].model_set, 1);
+    // FGD ("no access"): all of the G2 node's free capacity is fragmented for it; none of
+    // the idle T4 node's is.
+    assert_eq!(node_frag(g2, &w, false), 10_000.0);
+    assert_eq!(node_frag(t4, &w, false), 0.0);
+    // Unpinned, the same kind could use the G2 node.
+    let any = Workload::from_pods([(2000, 4096, 1, 500)], 1.0, Weighting::Count);
+    assert_eq!(node_frag(g2, &any, false), 0.0);
+    // fragaware leaves the kind out of a node it cannot access (no reward for filling it).
+    assert_eq!(fragaware_frag(g2, &w), 0.0);
+    assert_eq!(fragaware_frag(t4, &w), 0.0);
+}
