@@ -451,14 +451,13 @@ pub fn prepare_pods(
 /// Runs one seed of the experiment.
 pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult {
     let inv = cluster(nodes);
-    // The healthy GPUs never change in a run: the model pressure is taken on this.
-    let base = inv.clone();
     let total_gpus: u64 = inv.nodes.iter().map(|n| n.gpus.len() as u64).sum();
     let capacity = total_gpus * u64::from(engine::MILLI);
-    let mut workload = cfg
-        .policy
-        .needs_workload()
-        .then(|| workload_for(cfg.policy, pods).with_pressure(&inv));
+    let mut workload = cfg.policy.needs_workload().then(|| {
+        let mut w = workload_for(cfg.policy, pods);
+        w.set_pressure(&inv);
+        w
+    });
     // Online: the kinds of the pods placed so far, refreshed whenever the count has grown by
     // 1 % (a live allocator refreshes per pass); until the first placement, binpack.
     let mut online = cfg.online.then(OnlineModel::default);
@@ -533,10 +532,20 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
                     .expect("the engine only proposes placements that fit");
                 version[i] = version[i].wrapping_add(1).max(1);
                 used += pod.total_milli();
+                let mut rescore = false;
                 if let Some(m) = &mut online
                     && let Some(w) = m.placed(cfg.policy, pod)
                 {
-                    workload = Some(w.with_pressure(&base));
+                    workload = Some(w);
+                    rescore = true;
+                }
+                // fragaware's model charge follows the free capacity per model.
+                if let Some(w) = &mut workload
+                    && !w.model_sets.is_empty()
+                {
+                    rescore |= w.set_pressure(ledger.inventory());
+                }
+                if rescore {
                     // Every cached score was against the old workload.
                     for v in &mut version {
                         *v = v.wrapping_add(1).max(1);

@@ -86,73 +86,88 @@ pub struct Workload {
     /// one entry, as `Request::model_include` matches. At most 64 lists are told apart; a
     /// kind whose list is beyond that is treated as unpinned.
     pub model_sets: Vec<Vec<String>>,
-    /// fragaware's model pressure, per GPU model of the cluster: the share of that model's
-    /// capacity the pinned kinds will want ([`Workload::with_pressure`]); empty (no
-    /// pressure) until set.
+    /// fragaware's charge per milli-GPU taken on a GPU of each model (sorted by model;
+    /// [`Workload::set_pressure`]); empty: no charge.
     pub pressure: Vec<(String, f64)>,
 }
 
 impl Workload {
-    /// This workload with its model pressure on `inv` set. For each list `S` of pinned
-    /// models, `D_S` is the share of the workload's GPU demand (weight × GPUs × milli-GPU)
-    /// pinned to `S` and `C_S` the share of `inv`'s healthy GPUs whose model `S` allows;
-    /// a model's pressure is `Σ D_S / C_S` over the lists that allow it: how much of its
-    /// capacity the pinned demand will need once demand matches capacity. fragaware
-    /// charges a placement this much per milli-GPU it takes on a GPU of the model, so
-    /// unpinned pods leave the models that pinned pods crowd and take the ones they do
-    /// not. Where every model is pinned in proportion to its size the pressure is the same
-    /// everywhere and changes no choice.
-    pub fn with_pressure(mut self, inv: &super::Inventory) -> Workload {
-        self.pressure.clear();
+    /// Sets fragaware's model charge from the free capacity of `inv`; whether it changed
+    /// by more than [`PRESSURE_TOLERANCE`] on any model (a caller that caches scores
+    /// re-scores then).
+    ///
+    /// For each list `S` of pinned models, `D_S` is the share of the workload's GPU demand
+    /// (weight × GPUs × milli-GPU) pinned to `S`, and `F_S` the free capacity of the healthy
+    /// GPUs `S` allows, against `F` free in all. If the cluster goes on filling, the demand
+    /// still to come pinned to `S` is about `D_S · F`; once that exceeds
+    /// [`PRESSURE_THRESHOLD`] × `F_S`, the capacity of `S` is at risk: every milli-GPU an
+    /// arriving pod takes there is one that a pinned pod may miss. The charge of a model is
+    /// the gain times the overshoot `Σ max(0, D_S·F / F_S − threshold)` over the lists that allow it,
+    /// capped at 1 (a full milli-GPU per milli-GPU). Below the threshold nothing is charged,
+    /// so while the pinned models have room the measure is unchanged, and where every model
+    /// is pinned in proportion to its size the overshoot is the same everywhere.
+    pub fn set_pressure(&mut self, inv: &super::Inventory) -> bool {
         if self.model_sets.is_empty() {
-            return self;
+            let changed = !self.pressure.is_empty();
+            self.pressure.clear();
+            return changed;
         }
         let demand = |t: &WorkloadType| t.weight * f64::from(t.gpus) * f64::from(t.milli);
         let total_demand: f64 = self.types.iter().map(demand).sum();
-        let mut models: Vec<(String, u64)> = Vec::new();
+        // Free milli-GPU per model, on healthy GPUs.
+        let mut free: Vec<(String, f64)> = Vec::new();
         for g in inv.nodes.iter().flat_map(|n| &n.gpus).filter(|g| g.healthy) {
-            match models.iter_mut().find(|(m, _)| *m == g.model) {
-                Some((_, n)) => *n += 1,
-                None => models.push((g.model.clone(), 1)),
+            let f = f64::from(g.free_milli());
+            match free.iter_mut().find(|(m, _)| *m == g.model) {
+                Some((_, n)) => *n += f,
+                None => free.push((g.model.clone(), f)),
             }
         }
-        let total_gpus: u64 = models.iter().map(|(_, n)| n).sum();
-        if total_demand <= 0.0 || total_gpus == 0 {
-            return self;
-        }
-        let mut pressure: Vec<(String, f64)> =
-            models.iter().map(|(m, _)| (m.clone(), 0.0)).collect();
-        for (i, set) in self.model_sets.iter().enumerate() {
-            let pinned: f64 = self
-                .types
-                .iter()
-                .filter(|t| t.model_set as usize == i + 1)
-                .map(demand)
-                .sum::<f64>()
-                / total_demand;
-            let allows = |m: &str| set.iter().any(|p| super::model_matches(m, p));
-            let gpus: u64 = models
-                .iter()
-                .filter(|(m, _)| allows(m))
-                .map(|(_, n)| n)
-                .sum();
-            if gpus == 0 || pinned <= 0.0 {
-                continue;
-            }
-            let share = pinned / (gpus as f64 / total_gpus as f64);
-            for (m, p) in &mut pressure {
-                if allows(m) {
-                    *p += share;
+        free.sort_by(|a, b| a.0.cmp(&b.0));
+        let all_free: f64 = free.iter().map(|(_, f)| f).sum();
+        let mut charge: Vec<(String, f64)> = free.iter().map(|(m, _)| (m.clone(), 0.0)).collect();
+        if total_demand > 0.0 && all_free > 0.0 {
+            for (i, set) in self.model_sets.iter().enumerate() {
+                let pinned: f64 = self
+                    .types
+                    .iter()
+                    .filter(|t| t.model_set as usize == i + 1)
+                    .map(demand)
+                    .sum::<f64>()
+                    / total_demand;
+                let allows = |m: &str| set.iter().any(|p| super::model_matches(m, p));
+                let set_free: f64 = free.iter().filter(|(m, _)| allows(m)).map(|(_, f)| f).sum();
+                if pinned <= 0.0 {
+                    continue;
+                }
+                let over = if set_free > 0.0 {
+                    PRESSURE_GAIN * (pinned * all_free / set_free - PRESSURE_THRESHOLD).max(0.0)
+                } else {
+                    1.0
+                };
+                for (m, c) in &mut charge {
+                    if allows(m) {
+                        *c += over;
+                    }
                 }
             }
         }
-        pressure.sort_by(|a, b| a.0.cmp(&b.0));
-        self.pressure = pressure;
-        self
+        for (_, c) in &mut charge {
+            *c = c.min(1.0);
+        }
+        let changed = charge.len() != self.pressure.len()
+            || charge
+                .iter()
+                .zip(&self.pressure)
+                .any(|(a, b)| a.0 != b.0 || (a.1 - b.1).abs() > PRESSURE_TOLERANCE);
+        if changed {
+            self.pressure = charge;
+        }
+        changed
     }
 
     /// The pressure on GPU model `model` (0 when none is set).
-    fn pressure_on(&self, model: &str) -> f64 {
+    pub fn pressure_on(&self, model: &str) -> f64 {
         self.pressure
             .binary_search_by(|(m, _)| m.as_str().cmp(model))
             .map_or(0.0, |i| self.pressure[i].1)
@@ -466,6 +481,18 @@ pub const GRADIENT_RESOLUTION: f64 = 40.0;
 fn banded(gradient: f64) -> f64 {
     (gradient / GRADIENT_RESOLUTION).floor() * GRADIENT_RESOLUTION
 }
+
+/// The expected pinned demand still to come must exceed this share of its models' free
+/// capacity before fragaware charges other pods for taking it ([`Workload::set_pressure`]).
+/// 0.25 with [`PRESSURE_GAIN`] 3 was the best of the pairs tried on the FGD paper's
+/// gpuspec05-33 traces and generated pins (docs/engine.md).
+pub const PRESSURE_THRESHOLD: f64 = 0.25;
+
+/// Charge per unit of overshoot over [`PRESSURE_THRESHOLD`].
+pub const PRESSURE_GAIN: f64 = 3.0;
+
+/// A change of the model charge smaller than this (per milli-GPU) is not a change.
+pub const PRESSURE_TOLERANCE: f64 = 0.01;
 
 /// fragaware: banded linear gradient of its measure (host memory, host starvation).
 pub(super) fn place_fragaware(

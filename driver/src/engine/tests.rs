@@ -550,3 +550,77 @@ fn fragaware_keeps_the_host_of_a_cpu_poor_node_for_its_gpus() {
         assert_eq!(p.node, 1, "salt {salt}");
     }
 }
+
+/// Two one-GPU nodes, one A100 and one T4, and a workload where `t4_share` of the GPU
+/// demand is pinned to T4 (whole GPUs) and the rest unpinned.
+fn pinned_cluster(t4_share: f64) -> (Inventory, Workload) {
+    let a = node("a100", 1);
+    let mut t = node("t4", 1);
+    t.gpus[0].model = "T4".into();
+    let kind = |model_set, weight| frag::WorkloadType {
+        cpu_milli: 1000,
+        memory_mib: 0,
+        gpus: 1,
+        milli: 1000,
+        weight,
+        model_set,
+    };
+    let w = Workload {
+        types: vec![kind(0, 1.0 - t4_share), kind(1, t4_share)],
+        model_sets: vec![vec!["T4".into()]],
+        pressure: Vec::new(),
+    };
+    (Inventory { nodes: vec![a, t] }, w)
+}
+
+#[test]
+fn model_pressure_is_zero_while_the_pinned_models_have_room() {
+    // 10 % of demand on half the capacity: 0.1 × 2000 / 1000 = 0.2, under the threshold.
+    let (inv, mut w) = pinned_cluster(0.1);
+    w.set_pressure(&inv);
+    assert_eq!(w.pressure_on("T4"), 0.0);
+    assert_eq!(w.pressure_on("A100"), 0.0);
+}
+
+#[test]
+fn model_pressure_charges_an_oversubscribed_model_and_steers_unpinned_pods() {
+    let (inv, mut w) = pinned_cluster(0.8);
+    let r = frac(500);
+    assert!(w.set_pressure(&inv), "a new charge is a change");
+    // 0.8 × 2000 / 1000 = 1.6: far over the threshold, capped at 1.
+    assert_eq!(w.pressure_on("T4"), 1.0);
+    assert_eq!(w.pressure_on("A100"), 0.0);
+    for salt in 0..32 {
+        assert_eq!(
+            choose(&inv, &r, Policy::FRAGAWARE, &ctx(Some(&w)), salt)
+                .unwrap()
+                .node,
+            0,
+            "salt {salt}: the unpinned pod must leave the T4 to the pinned ones"
+        );
+    }
+    assert!(!w.set_pressure(&inv), "same inventory: no change");
+    // 20 % on half: 0.2 × 2000 / 1000 = 0.4, charged 3 × 0.15; once the A100 is nearly
+    // full, 0.2 × 1100 / 1000 = 0.22 is under the threshold and the charge goes.
+    let (inv, mut w) = pinned_cluster(0.2);
+    w.set_pressure(&inv);
+    assert!((w.pressure_on("T4") - 0.45).abs() < 1e-9);
+    let mut full = inv.clone();
+    take(&mut full.nodes[0], 0, 900);
+    assert!(w.set_pressure(&full));
+    assert_eq!(w.pressure_on("T4"), 0.0);
+}
+
+#[test]
+fn model_pressure_is_equal_where_pins_follow_capacity() {
+    let (inv, mut w) = pinned_cluster(0.4);
+    w.types.push(frag::WorkloadType {
+        model_set: 2,
+        ..w.types[1]
+    });
+    w.types[0].weight = 0.2;
+    w.model_sets.push(vec!["A100".into()]);
+    w.set_pressure(&inv);
+    assert!(w.pressure_on("T4") > 0.0);
+    assert!((w.pressure_on("T4") - w.pressure_on("A100")).abs() < 1e-12);
+}
