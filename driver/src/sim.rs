@@ -453,9 +453,13 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
     let inv = cluster(nodes);
     let total_gpus: u64 = inv.nodes.iter().map(|n| n.gpus.len() as u64).sum();
     let capacity = total_gpus * u64::from(engine::MILLI);
+    // Only fragaware reads the model charge: fgd must not re-score for it.
+    let charged = matches!(cfg.policy.node, engine::NodePolicy::FragAware);
     let mut workload = cfg.policy.needs_workload().then(|| {
         let mut w = workload_for(cfg.policy, pods);
-        w.set_pressure(&inv);
+        if charged {
+            w.set_pressure(&inv);
+        }
         w
     });
     // Online: the kinds of the pods placed so far, refreshed whenever the count has grown by
@@ -540,7 +544,8 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
                     rescore = true;
                 }
                 // fragaware's model charge follows the free capacity per model.
-                if let Some(w) = &mut workload
+                if charged
+                    && let Some(w) = &mut workload
                     && !w.model_sets.is_empty()
                 {
                     rescore |= w.set_pressure(ledger.inventory());
