@@ -89,8 +89,12 @@ impl Conn {
             "{method} {path} HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
-        self.stream.write_all(head.as_bytes()).await.unwrap();
-        self.stream.write_all(body).await.unwrap();
+        // One write: hyper drains an unread body only when it has already arrived, and
+        // closes the connection otherwise (a 404 on the metrics port reads no body), so a
+        // body sent in a second segment could meet a closed socket.
+        let mut request = head.into_bytes();
+        request.extend_from_slice(body);
+        self.stream.write_all(&request).await.unwrap();
         let end = loop {
             if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 break i + 4;
