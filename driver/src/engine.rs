@@ -661,6 +661,22 @@ pub fn best_index(items: impl Iterator<Item = (usize, f64)>, tie_salt: u64) -> O
     best.map(|b| b.0)
 }
 
+/// The order in which fgpu-controller tries nodes for a request: the higher score first,
+/// equal scores (exactly, no [`SCORE_EPS`]) by the smaller index, that is inventory order
+/// (nodes sorted by name). `fgpu-sim --as-controller` picks the first node of this order.
+pub fn controller_order(a: (usize, f64), b: (usize, f64)) -> std::cmp::Ordering {
+    b.1.partial_cmp(&a.1)
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then(a.0.cmp(&b.0))
+}
+
+/// The first of `(node, score)` in [`controller_order`].
+pub fn controller_best(items: impl Iterator<Item = (usize, f64)>) -> Option<usize> {
+    items
+        .min_by(|a, b| controller_order(*a, *b))
+        .map(|(n, _)| n)
+}
+
 /// A fixed mixing function (SplitMix64's finaliser) of salt and node index.
 pub fn tie_hash(salt: u64, node: usize) -> u64 {
     let mut z = salt ^ (node as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);

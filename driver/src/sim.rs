@@ -385,6 +385,12 @@ pub struct RunConfig {
     /// [`crate::engine::WorkloadModel`]'s rules: nothing placed yet → binpack) instead of
     /// the whole trace.
     pub online: bool,
+    /// Place as fgpu-controller does today: host CPU and memory are not accounted (pods
+    /// ask none, CPU-only pods are left out), nodes are tried in name order and equal
+    /// scores go to the first ([`engine::controller_best`]) instead of a per-seed order.
+    pub as_controller: bool,
+    /// Keep every pod's placement in [`RunResult::placements`].
+    pub record: bool,
 }
 
 /// One simulation run's outcome.
@@ -399,6 +405,56 @@ pub struct RunResult {
     pub failed: usize,
     /// Node evaluations the engine performed (cache misses).
     pub evaluations: u64,
+    /// Each arrival in order with where it went, when [`RunConfig::record`].
+    pub placements: Vec<Placed>,
+}
+
+/// Where one arrival went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub pod: TracePod,
+    /// The node, `None` when no node could host the pod.
+    pub node: Option<String>,
+    /// The GPUs' ids on the node (`gpu-<i>`), in the engine's order.
+    pub gpus: Vec<String>,
+}
+
+/// Header of [`placement_row`]'s CSV.
+pub const PLACEMENTS_HEADER: &str =
+    "sc_policy,seed,seq,name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,node,gpus";
+
+/// One row of the placements CSV: the arrival (`gpu_spec` models joined by `|`) and
+/// where it went (`gpus` joined by `+`; node and GPUs empty when it found no room).
+pub fn placement_row(policy: &str, seed: u64, seq: usize, p: &Placed) -> String {
+    let pod = &p.pod;
+    format!(
+        "{policy},{seed},{seq},{},{},{},{},{},{},{},{}",
+        pod.name,
+        pod.cpu_milli,
+        pod.memory_mib,
+        pod.num_gpu,
+        pod.gpu_milli,
+        pod.gpu_spec.join("|"),
+        p.node.as_deref().unwrap_or(""),
+        p.gpus.join("+")
+    )
+}
+
+/// The trace as fgpu-controller sees it ([`RunConfig::as_controller`]): nodes sorted by
+/// name; GPU pods only, asking no host CPU or memory.
+pub fn as_controller(nodes: &[TraceNode], pods: &[TracePod]) -> (Vec<TraceNode>, Vec<TracePod>) {
+    let mut nodes = nodes.to_vec();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let pods = pods
+        .iter()
+        .filter(|p| p.num_gpu > 0)
+        .map(|p| TracePod {
+            cpu_milli: 0,
+            memory_mib: 0,
+            ..p.clone()
+        })
+        .collect();
+    (nodes, pods)
 }
 
 impl RunResult {
@@ -450,6 +506,13 @@ pub fn prepare_pods(
 
 /// Runs one seed of the experiment.
 pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult {
+    let stripped;
+    let (nodes, pods) = if cfg.as_controller {
+        stripped = as_controller(nodes, pods);
+        (stripped.0.as_slice(), stripped.1.as_slice())
+    } else {
+        (nodes, pods)
+    };
     let inv = cluster(nodes);
     let total_gpus: u64 = inv.nodes.iter().map(|n| n.gpus.len() as u64).sum();
     let capacity = total_gpus * u64::from(engine::MILLI);
@@ -489,6 +552,7 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
     let mut failed = 0usize;
     let mut evaluations = 0u64;
     let mut log: Vec<(u64, u64)> = Vec::with_capacity(arrivals.len());
+    let mut placements = Vec::new();
     for (seq, pod) in arrivals.iter().enumerate() {
         let req = pod.request();
         let next = class_of.len();
@@ -519,17 +583,27 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
                 evaluations += 1;
             }
         }
-        let best = engine::best_index(
-            entries
-                .iter()
-                .enumerate()
-                .filter_map(|(i, e)| e.1.as_ref().map(|p| (i, p.score))),
-            tie_salt,
-        );
+        let scored = entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.1.as_ref().map(|p| (i, p.score)));
+        let best = if cfg.as_controller {
+            engine::controller_best(scored)
+        } else {
+            engine::best_index(scored, tie_salt)
+        };
         arrived += pod.total_milli();
         match best {
             Some(i) => {
                 let p = entries[i].1.clone().expect("feasible");
+                if cfg.record {
+                    let node = &inv.nodes[i];
+                    placements.push(Placed {
+                        pod: pod.clone(),
+                        node: Some(node.name.clone()),
+                        gpus: p.gpus.iter().map(|&g| node.gpus[g].id.clone()).collect(),
+                    });
+                }
                 let g = Grant::from_placement(format!("{seq}"), inv, &req, &p);
                 ledger
                     .grant(g)
@@ -557,7 +631,16 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
                     }
                 }
             }
-            None => failed += 1,
+            None => {
+                failed += 1;
+                if cfg.record {
+                    placements.push(Placed {
+                        pod: pod.clone(),
+                        node: None,
+                        gpus: Vec::new(),
+                    });
+                }
+            }
         }
         log.push((arrived, used));
     }
@@ -568,6 +651,7 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
         pods: arrivals.len(),
         failed,
         evaluations,
+        placements,
     }
 }
 

@@ -969,8 +969,7 @@ fn node_order(s: &Search<'_, '_, '_>) -> Vec<usize> {
     let mut order: Vec<(usize, (usize, f64))> = best.into_iter().collect();
     order.sort_by(|(na, (aa, sa)), (nb, (ab, sb))| {
         aa.cmp(ab)
-            .then(sb.partial_cmp(sa).unwrap_or(std::cmp::Ordering::Equal))
-            .then(na.cmp(nb))
+            .then_with(|| engine::controller_order((*na, *sa), (*nb, *sb)))
     });
     order.into_iter().map(|(n, _)| n).collect()
 }

@@ -78,6 +78,19 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub online_workload: bool,
 
+    /// Place as fgpu-controller does today: host CPU and memory not accounted (CPU-only
+    /// pods left out, the others ask none), nodes tried in name order, equal scores to the
+    /// first. With --online-workload this is the controller's decision rule, to compare
+    /// with a live replay (hack/bench-replay.sh, tests/e2e/47-controller-fragaware).
+    #[arg(long)]
+    pub as_controller: bool,
+
+    /// Also write every arrival with where it went, per policy and seed, in arrival order
+    /// (`sc_policy,seed,seq,name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,node,gpus`;
+    /// node and gpus empty for a pod that found no room).
+    #[arg(long, value_name = "FILE")]
+    pub placements: Option<PathBuf>,
+
     /// Output CSV in the layout of the paper's `analysis_allo_discrete.csv`: one row per
     /// policy and seed (allocation % of GPU capacity at arrived = 0..130 %).
     #[arg(long, value_name = "FILE")]
@@ -172,16 +185,22 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let mut out = String::new();
     out.push_str(&sim::csv_header());
     out.push('\n');
+    let mut placed = format!("{}\n", sim::PLACEMENTS_HEADER);
     let mut summary = Vec::new();
     for (name, policy) in &policies {
         let t0 = Instant::now();
         let results = run_seeds(
             &nodes,
             &pods,
-            *policy,
+            RunConfig {
+                policy: *policy,
+                seed: 0,
+                tune: args.tune,
+                online: args.online_workload,
+                as_controller: args.as_controller,
+                record: args.placements.is_some(),
+            },
             &seeds,
-            args.tune,
-            args.online_workload,
             jobs,
         );
         let secs = t0.elapsed().as_secs_f64();
@@ -193,6 +212,10 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         for r in &results {
             out.push_str(&sim::csv_row(&workload, name, args.tune, r));
             out.push('\n');
+            for (seq, p) in r.placements.iter().enumerate() {
+                placed.push_str(&sim::placement_row(name, r.seed, seq, p));
+                placed.push('\n');
+            }
             tracing::debug!(policy = %name, seed = r.seed, pods = r.pods, failed = r.failed,
                 evaluations = r.evaluations, unallocated_at_100 = ?r.unallocated_at_100(), "seed done");
         }
@@ -201,6 +224,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     }
     std::fs::write(&args.out, out)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
+    if let Some(f) = &args.placements {
+        std::fs::write(f, placed).with_context(|| format!("cannot write {}", f.display()))?;
+    }
     let paper = match &args.paper {
         Some(p) => sim::paper_figures(&p.display().to_string(), &read(p)?, &workload)
             .map_err(|e| BadInput::new(e.to_string()))?,
@@ -220,10 +246,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
 fn run_seeds(
     nodes: &[sim::TraceNode],
     pods: &[sim::TracePod],
-    policy: Policy,
+    cfg: RunConfig,
     seeds: &[u64],
-    tune: f64,
-    online: bool,
     jobs: usize,
 ) -> Vec<RunResult> {
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -241,10 +265,8 @@ fn run_seeds(
                         nodes,
                         pods,
                         RunConfig {
-                            policy,
                             seed: seeds[i],
-                            tune,
-                            online,
+                            ..cfg
                         },
                     );
                     slots.lock().expect("no panics while holding")[i] = Some(r);

@@ -84,3 +84,61 @@ fn help_and_version() {
     let o = bin().arg("--version").output().unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains(env!("CARGO_PKG_VERSION")));
 }
+
+#[test]
+fn placements_as_the_controller_list_gpu_pods_in_arrival_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes, pods) = (dir.path().join("nodes.csv"), dir.path().join("pods.csv"));
+    let placements = dir.path().join("placements.csv");
+    std::fs::write(&nodes, NODES).unwrap();
+    std::fs::write(&pods, PODS).unwrap();
+    let o = bin()
+        .args([
+            "--policy",
+            "binpack,fragaware",
+            "--seeds",
+            "3",
+            "--tune",
+            "0",
+        ])
+        .args(["--as-controller", "--online-workload", "--nodes"])
+        .arg(&nodes)
+        .arg("--pods")
+        .arg(&pods)
+        .arg("--out")
+        .arg(dir.path().join("out.csv"))
+        .arg("--placements")
+        .arg(&placements)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&placements).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0],
+        "sc_policy,seed,seq,name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,node,gpus"
+    );
+    // p2 asks no GPU: left out; the other two ask no host CPU or memory.
+    assert_eq!(lines.len(), 1 + 2 * 2, "{text}");
+    let mut names: Vec<&str> = lines[1..3]
+        .iter()
+        .map(|l| l.split(',').nth(3).unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["p0", "p1"]);
+    for l in &lines[1..] {
+        let f: Vec<&str> = l.split(',').collect();
+        assert_eq!((f[1], f[4], f[5]), ("3", "0", "0"), "{l}");
+        assert!(f[9] == "n0" || f[9] == "n1", "{l}");
+        assert!(f[10].starts_with("gpu-"), "{l}");
+    }
+    // The same arrival order for every policy of a seed.
+    let order = |p: &str| -> Vec<String> {
+        lines[1..]
+            .iter()
+            .filter(|l| l.starts_with(&format!("{p},")))
+            .map(|l| l.split(',').nth(3).unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(order("binpack"), order("fragaware"));
+}

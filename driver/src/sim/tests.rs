@@ -77,6 +77,8 @@ fn run_is_deterministic_and_respects_constraints() {
             seed: 42,
             tune: 1.3,
             online: false,
+            as_controller: false,
+            record: false,
         };
         let a = run(&nodes, &pods, cfg);
         assert_eq!(a, run(&nodes, &pods, cfg), "{name}");
@@ -119,6 +121,8 @@ fn output_row_matches_the_header_layout() {
             seed: 1,
             tune: 1.3,
             online: false,
+            as_controller: false,
+            record: false,
         },
     );
     let h = csv_header();
@@ -168,6 +172,8 @@ fn ties_go_to_one_node_order_for_the_whole_run() {
                 seed,
                 tune: 0.0,
                 online: false,
+                as_controller: false,
+                record: false,
             },
         );
         assert_eq!((r.pods, r.failed), (4, 0), "seed {seed}");
@@ -273,4 +279,124 @@ fn a_pinned_kind_cannot_use_a_node_of_another_model() {
     // fragaware leaves the kind out of a node it cannot access (no reward for filling it).
     assert_eq!(fragaware_frag(g2, &w), 0.0);
     assert_eq!(fragaware_frag(t4, &w), 0.0);
+}
+
+fn cfg(policy: Policy, seed: u64) -> RunConfig {
+    RunConfig {
+        policy,
+        seed,
+        tune: 0.0,
+        online: false,
+        as_controller: false,
+        record: true,
+    }
+}
+
+#[test]
+fn as_controller_breaks_ties_by_node_name_and_ignores_the_host() {
+    // Four identical empty nodes, listed out of name order; one pod of a whole GPU whose
+    // CPU fits none of them.
+    let nodes = parse_nodes(
+        "n.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\n\
+         n-c,1000,1024,2,T4\nn-a,1000,1024,2,T4\nn-d,1000,1024,2,T4\nn-b,1000,1024,2,T4\n",
+    )
+    .unwrap();
+    let pods = parse_pods(
+        "p.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\ng,8000,1024,1,1000\ncpu-only,100,0,0,0\n",
+    )
+    .unwrap();
+    let mut seen_elsewhere = false;
+    for seed in 0..16 {
+        let r = run(&nodes, &pods, cfg(Policy::BINPACK, seed));
+        assert_eq!(
+            (r.pods, r.failed),
+            (2, 1),
+            "seed {seed}: the GPU pod asks more CPU than any node has"
+        );
+        let live = run(
+            &nodes,
+            &pods,
+            RunConfig {
+                as_controller: true,
+                ..cfg(Policy::BINPACK, seed)
+            },
+        );
+        assert_eq!(live.pods, 1, "the CPU-only pod is left out");
+        assert_eq!(live.failed, 0, "host CPU is not accounted");
+        let p = &live.placements[0];
+        assert_eq!((p.node.as_deref(), p.pod.cpu_milli), (Some("n-a"), 0));
+        assert_eq!(p.gpus, ["gpu-0"]);
+        // Without it, ties go to a per-seed order: not always the first name.
+        let free = parse_pods(
+            "p.csv",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\ng,0,0,1,1000\n",
+        )
+        .unwrap();
+        let r = run(&nodes, &free, cfg(Policy::BINPACK, seed));
+        seen_elsewhere |= r.placements[0].node.as_deref() != Some("n-a");
+    }
+    assert!(seen_elsewhere, "the artifact's tie order is per seed");
+}
+
+#[test]
+fn placements_list_every_arrival_in_order() {
+    let nodes = parse_nodes("n", NODES).unwrap();
+    let pods = parse_pods("p", PODS).unwrap();
+    let r = run(
+        &nodes,
+        &pods,
+        RunConfig {
+            tune: 1.3,
+            ..cfg(Policy::FRAGAWARE, 7)
+        },
+    );
+    assert_eq!(r.placements.len(), r.pods);
+    let failed = r.placements.iter().filter(|p| p.node.is_none()).count();
+    assert_eq!(failed, r.failed);
+    for p in r.placements.iter().filter(|p| p.node.is_some()) {
+        assert_eq!(p.gpus.len() as u32, p.pod.num_gpu, "{p:?}");
+    }
+    let unrecorded = run(
+        &nodes,
+        &pods,
+        RunConfig {
+            tune: 1.3,
+            record: false,
+            ..cfg(Policy::FRAGAWARE, 7)
+        },
+    );
+    assert!(unrecorded.placements.is_empty());
+    assert_eq!(
+        unrecorded.alloc_by_arrived, r.alloc_by_arrived,
+        "recording changes nothing"
+    );
+
+    let row = placement_row(
+        "fragaware",
+        7,
+        3,
+        &Placed {
+            pod: pods[4].clone(),
+            node: Some("n1".into()),
+            gpus: vec!["gpu-1".into(), "gpu-3".into()],
+        },
+    );
+    assert_eq!(
+        row,
+        "fragaware,7,3,p4,8000,16384,2,1000,V100|A100,n1,gpu-1+gpu-3"
+    );
+    assert_eq!(row.split(',').count(), PLACEMENTS_HEADER.split(',').count());
+    let none = placement_row(
+        "binpack",
+        1,
+        0,
+        &Placed {
+            pod: pods[1].clone(),
+            node: None,
+            gpus: vec![],
+        },
+    );
+    assert_eq!(none, "binpack,1,0,p1,2000,4096,1,500,,,");
 }
