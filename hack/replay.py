@@ -11,6 +11,7 @@ Talks to the local cluster's API server with the harness's admin certificate
                                                      a claim + a gated pod per arrival
   replay.py collect NS PLACEMENTS POLICY LABEL OUT   the live placements, in the sim's layout
   replay.py metric NODES_CSV FILE...                 the paper's metric per (policy, seed)
+  replay.py curve NODES_CSV WORKLOAD OUT FILE...     the runs as fgpu-sim --out rows (for plotting)
   replay.py agree FILE_A POLICY_A FILE_B POLICY_B    pod-by-pod comparison of two runs
   replay.py ungate NS                                lift every pod's scheduling gates
   replay.py check NS                                 no device gives more than it has
@@ -27,6 +28,7 @@ import concurrent.futures as cf
 import csv
 import http.client
 import json
+import math
 import os
 import re
 import ssl
@@ -254,27 +256,66 @@ def collect(ns, placements, policy, label, out):
 
 # --- figures
 
+def round2(x):
+    """Rust's (x * 100).round() / 100 for x >= 0 (half away from zero), as fgpu-sim rounds."""
+    return math.floor(x * 100 + 0.5) / 100
+
+
+def curve_of(rows, total_gpus):
+    """Allocation % of GPU capacity at arrived = 0..130 %, discretised as fgpu-sim does
+    (sim::discretise, the artifact's merge_alloc_discrete): the rows whose arrived % rounds
+    (half to even) to x, else those within x +- 1, averaged; None where there are none."""
+    tg = max(total_gpus, 1)
+    log, arrived, used = [], 0, 0
+    for r in rows:
+        ask = r["num_gpu"] * min(r["gpu_milli"], 1000)
+        arrived += ask
+        if r["node"]:
+            used += ask
+        log.append((round(arrived / tg / 10.0), round2(used / tg / 10.0)))
+    out = []
+    for x in range(131):
+        def mean(lo, hi):
+            v = [u for a, u in log if lo <= a <= hi]
+            return round2(sum(v) / len(v)) if v else None
+        m = mean(x, x)
+        out.append(m if m is not None else mean(x - 1, x + 1))
+    return out
+
+
 def metric_of(rows, total_gpus):
-    """The paper's metric over one run's rows (arrival order): unallocated GPU % when the
-    arrived demand reaches 100 % of capacity, and where the first arrival did not fit."""
+    """The paper's metric over one run's rows (arrival order): unallocated GPU % at arrived
+    = 100 % (fgpu-sim's figure), and the arrived and unallocated % at the first arrival that
+    found no room."""
     cap = total_gpus * 1000
     arrived = used = 0
-    at100 = first_fail = None
+    first_fail = None
     for r in rows:
-        ask = max(1, r["num_gpu"]) * min(r["gpu_milli"], 1000) if r["num_gpu"] else 0
-        if arrived + ask > cap and at100 is None:
-            at100 = 100.0 * (1 - used / cap)
+        ask = r["num_gpu"] * min(r["gpu_milli"], 1000)
         arrived += ask
         if r["node"]:
             used += ask
         elif first_fail is None:
             first_fail = (100.0 * arrived / cap, 100.0 * (1 - used / cap))
-    if at100 is None:
-        at100 = 100.0 * (1 - used / cap)
-    return {"unallocated_at_100": round(at100, 2), "arrivals": len(rows),
+    at100 = curve_of(rows, total_gpus)[100]
+    return {"unallocated_at_100": None if at100 is None else round2(100.0 - at100), "arrivals": len(rows),
             "placed": sum(1 for r in rows if r["node"]),
             "first_fail_arrived": None if first_fail is None else round(first_fail[0], 2),
             "first_fail_unallocated": None if first_fail is None else round(first_fail[1], 2)}
+
+
+def curve(nodes_csv, workload, out, files):
+    """The runs of `files` as rows of fgpu-sim's --out layout (analysis_allo_discrete.csv)."""
+    total = sum(n["gpu"] for n in read_nodes(nodes_csv))
+    with open(out, "w") as f:
+        f.write("workload,sc_policy,tune,seed,total_gpus," + ",".join(str(x) for x in range(131)) + "\n")
+        for path in files:
+            runs = {}
+            for r in read_placements(path):
+                runs.setdefault((r["sc_policy"], r["seed"]), []).append(r)
+            for (p, seed), rs in sorted(runs.items()):
+                cells = ["" if v is None else (f"{v:.1f}" if v == int(v) else repr(v)) for v in curve_of(rs, total)]
+                f.write(f"{workload},{p},0,{seed},{total}," + ",".join(cells) + "\n")
 
 
 def metric(nodes_csv, files):
@@ -371,6 +412,8 @@ def main(argv):
             collect(*a)
         elif cmd == "metric" and len(a) >= 2:
             metric(a[0], a[1:])
+        elif cmd == "curve" and len(a) >= 4:
+            curve(a[0], a[1], a[2], a[3:])
         elif cmd == "agree" and len(a) == 4:
             return 0 if agree(*a) else 1
         elif cmd == "ungate" and len(a) == 1:

@@ -51,6 +51,11 @@ arrivals=$(($(wc -l <"$work/sim.csv") - 1))
 unplaced="$(awk -F, 'NR > 1 && $10 == "" {n++} END {print n + 0}' "$work/sim.csv")"
 say "simulator: $arrivals arrivals, $unplaced without room"
 [ "$unplaced" -gt 0 ] || fail "the inputs must overfill the cluster (no arrival failed in the simulator)"
+# hack/replay.py's metric is fgpu-sim's: its curve of the simulator's placements is the
+# simulator's own --out row.
+replay curve "$E2E_DIR/nodes.csv" pods "$work/sim-curve-py.csv" "$work/sim.csv"
+assert_eq "replay.py's allocation curve of the simulated run" "$(tail -1 "$work/sim-curve.csv" | cut -d, -f5-)" \
+  "$(tail -1 "$work/sim-curve-py.csv" | cut -d, -f5-)"
 
 # --- the live inventory: kwok nodes, slices as the plugin publishes them
 controller_setup
