@@ -317,9 +317,12 @@ impl Extender {
                 let mut grants: Vec<Grant> = Vec::new();
                 for (uid, pod_grants, created) in by_node.remove(name).unwrap_or_default() {
                     let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
-                    // A pod is recorded once: observe keeps the first record.
+                    // A pod is recorded once (its first record is kept): the kind of one
+                    // already recorded is not worked out again at every sync.
                     for g in &pod_grants {
-                        if let Some(kind) = g.kind_on(&capacity) {
+                        if !model.contains(&g.id)
+                            && let Some(kind) = g.kind_on(&capacity)
+                        {
                             model.observe(&g.id, kind, created);
                         }
                     }
