@@ -28,6 +28,8 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams}
 
 use fgpu_plumbing::discovery;
 use fgpu_plumbing::events::{self, EventType, Reporter};
+use futures::StreamExt;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -102,6 +104,12 @@ pub struct RunArgs {
     /// shares of this driver's devices).
     #[arg(long, default_value_t = 3000)]
     pub settle_ms: u64,
+    /// Allocations of one pass written at once (each: finalizer patch, status replace, two
+    /// Events). The plan is made first, one claim after another, so writing them
+    /// together cannot over-grant: a write that fails frees what it planned to take. 1
+    /// writes them one after another.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub concurrent_writes: u32,
     /// Leader election: allocate only while holding the Lease `fgpu-controller` in this
     /// namespace (every replica serves the webhooks). Without it, run one replica.
     #[arg(long)]
@@ -183,6 +191,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         let mut ctl = Controller::new(shared.clone(), settings, args.mode);
         ctl.settle = Duration::from_millis(args.settle_ms);
         ctl.list_page = args.list_page_size;
+        ctl.concurrent_writes = args.concurrent_writes as usize;
         let resync = Duration::from_secs(args.resync_seconds.max(1));
         match &args.leader_election_namespace {
             None => tokio::select! {
@@ -359,6 +368,8 @@ struct Controller {
     settle: Duration,
     /// Objects per page of the watches' lists.
     list_page: u32,
+    /// Allocations written at once ([`Controller::act_allocations`]).
+    concurrent_writes: usize,
     /// The earliest moment an unsettled allocation settles (a pass is due then).
     next_settle: Option<Instant>,
     /// The shared DeviceClass as last read (None: it does not exist), and when.
@@ -426,6 +437,7 @@ impl Controller {
             seen_allocated: HashMap::new(),
             settle: Duration::from_secs(3),
             list_page: 100,
+            concurrent_writes: 16,
             next_settle: None,
             class: None,
             model,
@@ -645,8 +657,19 @@ impl Controller {
         };
         self.report_plan(&plan);
         let mut wrote = false;
-        for action in plan.actions {
-            wrote |= self.act(action).await;
+        let mut actions = plan.actions.into_iter().peekable();
+        while let Some(action) = actions.next() {
+            if matches!(action, Action::Allocate { .. }) {
+                // A run of allocations is written together; the other actions keep their
+                // place in the plan's order.
+                let mut run = vec![action];
+                while let Some(a) = actions.next_if(|a| matches!(a, Action::Allocate { .. })) {
+                    run.push(a);
+                }
+                wrote |= self.act_allocations(run).await;
+            } else {
+                wrote |= self.act(action).await;
+            }
         }
         wrote
     }
@@ -764,16 +787,7 @@ impl Controller {
     /// Performs one planned action; true when something was written.
     async fn act(&mut self, action: Action) -> bool {
         match action {
-            Action::Allocate {
-                claim,
-                pod,
-                allocation,
-                message,
-                retry,
-            } => {
-                self.act_allocate(claim, pod, allocation, message, retry)
-                    .await
-            }
+            a @ Action::Allocate { .. } => self.act_allocations(vec![a]).await,
             Action::Pending {
                 claim,
                 pod,
@@ -805,58 +819,107 @@ impl Controller {
         }
     }
 
-    /// [`Action::Allocate`]: writes the allocation unless the claim backs off (a retry
-    /// before its time) or changed since planned, then tells the claim and the pod.
-    async fn act_allocate(
-        &mut self,
-        id: ObjectId,
-        pod: ObjectId,
-        allocation: crate::allocation::Allocation,
-        message: String,
-        retry: bool,
-    ) -> bool {
-        if retry
-            && self
-                .retries
-                .get(&id.uid)
-                .is_some_and(|r| r.next > Instant::now())
-        {
-            return false; // backing off
-        }
-        let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
-            return false; // changed since planned: the next pass
-        };
-        let node = allocation.grant.node.clone();
-        let started = Instant::now();
-        match self.allocate(claim, &allocation.allocation).await {
-            Ok(()) => {
-                self.allocated_on.insert(hash_of(&id.uid), node);
-                self.shared.metrics.allocated.inc();
-                self.shared
-                    .metrics
-                    .allocation_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                tracing::info!(claim = %id.key(), pod = %pod.key(), "{message}");
-                self.tell(
-                    &id,
-                    "ResourceClaim",
-                    EventType::Normal,
-                    "Allocated",
-                    &message,
-                )
-                .await;
-                let m = format!("claim {}: {message}", id.name);
-                self.tell(&pod, "Pod", EventType::Normal, "GpuAllocated", &m)
-                    .await;
-                true
+    /// [`Action::Allocate`]s: writes each allocation unless its claim backs off (a retry
+    /// before its time) or changed since planned, up to [`Controller::concurrent_writes`]
+    /// at once, and tells the claim and the pod of each one written. Each was planned on
+    /// the ledger holding all those before it, so any subset of them fits: one that fails
+    /// (a conflict, a slow or broken API server) only leaves its share free for the next
+    /// pass, and no write waits for another.
+    async fn act_allocations(&mut self, run: Vec<Action>) -> bool {
+        let mut work = Vec::new();
+        for action in run {
+            let Action::Allocate {
+                claim: id,
+                pod,
+                allocation,
+                message,
+                retry,
+            } = action
+            else {
+                continue;
+            };
+            if retry
+                && self
+                    .retries
+                    .get(&id.uid)
+                    .is_some_and(|r| r.next > Instant::now())
+            {
+                continue; // backing off
             }
-            Err(e) => {
-                let reason = if conflict(&e) { "conflict" } else { "api" };
-                self.shared.metrics.failure(reason);
-                tracing::warn!(claim = %id.key(), "allocation not written (retried next pass): {e}");
-                false
+            let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
+                continue; // changed since planned: the next pass
+            };
+            let claim_event = self.event_for(
+                &id,
+                "ResourceClaim",
+                EventType::Normal,
+                "Allocated",
+                &message,
+            );
+            let m = format!("claim {}: {message}", id.name);
+            let pod_event = self.event_for(&pod, "Pod", EventType::Normal, "GpuAllocated", &m);
+            work.push(Write {
+                id,
+                pod,
+                allocation,
+                message,
+                claim,
+                events: [claim_event, pod_event].into_iter().flatten().collect(),
+            });
+        }
+        let client = self.shared.client.clone();
+        let claims_ar = self.claims_ar.clone();
+        let finalizer = self.settings.driver.finalizer();
+        let writes = futures::stream::iter(work.into_iter().map(|w| {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &w.id.namespace, &claims_ar);
+            let (client, finalizer) = (client.clone(), finalizer.clone());
+            async move {
+                let started = Instant::now();
+                let written =
+                    write_allocation(&api, &finalizer, w.claim.clone(), &w.allocation.allocation)
+                        .await;
+                let took = started.elapsed();
+                if written.is_ok() {
+                    for (_, e) in &w.events {
+                        if let Err(err) = events::publish(&client, e).await {
+                            tracing::warn!(claim = %w.id.key(), "event not published: {err}");
+                        }
+                    }
+                }
+                (w, took, written)
+            }
+        }))
+        .buffer_unordered(self.concurrent_writes.max(1));
+        let mut writes = std::pin::pin!(writes);
+        let mut wrote = false;
+        while let Some((w, took, written)) = writes.next().await {
+            match written {
+                Ok(stored) => {
+                    for o in stored {
+                        self.overlay.put(o);
+                    }
+                    self.allocated_on
+                        .insert(hash_of(&w.id.uid), w.allocation.grant.node.clone());
+                    self.shared.metrics.allocated.inc();
+                    self.shared
+                        .metrics
+                        .allocation_seconds
+                        .observe(took.as_secs_f64());
+                    tracing::info!(claim = %w.id.key(), pod = %w.pod.key(), "{}", w.message);
+                    for (told, _) in w.events {
+                        self.note_told(told);
+                    }
+                    wrote = true;
+                }
+                Err(e) => {
+                    let reason = if conflict(&e) { "conflict" } else { "api" };
+                    self.shared.metrics.failure(reason);
+                    tracing::warn!(claim = %w.id.key(), "allocation not written (retried next pass): {e}");
+                }
             }
         }
+        wrote
     }
 
     /// [`Action::Pending`]: counts the failure and tells the pod, then the claim (once per
@@ -987,55 +1050,6 @@ impl Controller {
         }
     }
 
-    /// Adds the finalizer (conditional on the claim's resource version), then writes the
-    /// allocation into the status (conditional on the version the finalizer write returned).
-    async fn allocate(&mut self, claim: Value, allocation: &Value) -> Result<(), kube::Error> {
-        let id = ObjectId::of(&claim);
-        let api = self.claims(&id.namespace);
-        let finalizer = self.settings.driver.finalizer();
-        let mut current = claim;
-        let mut finalizers: Vec<Value> = current["metadata"]["finalizers"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        if !finalizers
-            .iter()
-            .any(|f| f.as_str() == Some(finalizer.as_str()))
-        {
-            finalizers.push(json!(finalizer));
-            let patch = json!({"metadata": {
-                "resourceVersion": id.resource_version,
-                "finalizers": finalizers,
-            }});
-            let o = api
-                .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            current = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
-            self.overlay.put(current.clone());
-        }
-        current["status"]["allocation"] = allocation.clone();
-        // kube-scheduler 1.37 (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus
-        // on) sets a missing allocationTimestamp when it reserves the claim, and the API
-        // server then refuses its write (the allocation is immutable): set it here. Servers
-        // without the field drop it.
-        let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        if let Ok(t) = k8s_openapi::jiff::Timestamp::from_second(now) {
-            current["status"]["allocation"]["allocationTimestamp"] = json!(t.to_string());
-        }
-        let obj: DynamicObject =
-            serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
-        let stored = api
-            .replace_status(&id.name, &PostParams::default(), &obj)
-            .await?;
-        let stored = serde_json::to_value(&stored).map_err(kube::Error::SerdeError)?;
-        if !stored["status"]["allocation"].is_object() {
-            // Not expected: the API server accepted the write but kept no allocation.
-            tracing::error!(claim = %id.key(), "the API server stored no allocation");
-        }
-        self.overlay.put(stored);
-        Ok(())
-    }
-
     /// Clears the claim's allocation (a status replace, conditional on the resource version
     /// it was read at); returns the claim as stored.
     async fn deallocate(&mut self, claim: Value) -> Result<Value, kube::Error> {
@@ -1100,14 +1114,30 @@ impl Controller {
         reason: &'static str,
         message: &str,
     ) -> bool {
+        let Some((told, event)) = self.event_for(obj, kind, type_, reason, message) else {
+            return false;
+        };
+        self.note_told(told);
+        if let Err(e) = events::publish(&self.shared.client, &event).await {
+            tracing::warn!(object = %obj.key(), "event not published: {e}");
+        }
+        true
+    }
+
+    /// The Event to publish about `obj`, with its dedup key ([`Controller::note_told`]);
+    /// `None` when this message was the last one told for the object and reason.
+    fn event_for(
+        &self,
+        obj: &ObjectId,
+        kind: &str,
+        type_: EventType,
+        reason: &'static str,
+        message: &str,
+    ) -> Option<(Told, Event)> {
         let key = hash_of((obj.uid.as_str(), reason));
         let said = hash_of(message);
         if self.told.get(&key) == Some(&said) {
-            return false;
-        }
-        self.told.insert(key, said);
-        if self.told.len() > 100_000 {
-            self.told.clear();
+            return None;
         }
         let api_version = if kind == "Pod" {
             "v1".to_owned()
@@ -1121,18 +1151,86 @@ impl Controller {
             name: obj.name.clone(),
             uid: obj.uid.clone(),
         };
-        let said = events::Said {
+        let said_ev = events::Said {
             type_,
             reason,
             action: "Allocate",
             note: message,
         };
-        let event = events::event(&self.reporter, &regarding, said, Timestamp::now());
-        if let Err(e) = events::publish(&self.shared.client, &event).await {
-            tracing::warn!(object = %obj.key(), "event not published: {e}");
-        }
-        true
+        let event = events::event(&self.reporter, &regarding, said_ev, Timestamp::now());
+        Some(((key, said), event))
     }
+
+    /// Remembers that an Event was told ([`Controller::event_for`]'s key).
+    fn note_told(&mut self, (key, said): Told) {
+        self.told.insert(key, said);
+        if self.told.len() > 100_000 {
+            self.told.clear();
+        }
+    }
+}
+
+/// The dedup key of a told Event: hash of (object UID, reason), hash of the message.
+type Told = (u64, u64);
+
+/// One allocation to write ([`Controller::act_allocations`]).
+struct Write {
+    id: ObjectId,
+    pod: ObjectId,
+    allocation: crate::allocation::Allocation,
+    message: String,
+    claim: Value,
+    events: Vec<(Told, Event)>,
+}
+
+/// Adds the finalizer (conditional on the claim's resource version), then writes the
+/// allocation into the status (conditional on the version the finalizer write returned).
+/// Returns the objects as stored, in order, for the overlay.
+async fn write_allocation(
+    api: &Api<DynamicObject>,
+    finalizer: &str,
+    claim: Value,
+    allocation: &Value,
+) -> Result<Vec<Value>, kube::Error> {
+    let id = ObjectId::of(&claim);
+    let mut stored = Vec::new();
+    let mut current = claim;
+    let mut finalizers: Vec<Value> = current["metadata"]["finalizers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !finalizers.iter().any(|f| f.as_str() == Some(finalizer)) {
+        finalizers.push(json!(finalizer));
+        let patch = json!({"metadata": {
+            "resourceVersion": id.resource_version,
+            "finalizers": finalizers,
+        }});
+        let o = api
+            .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        current = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
+        stored.push(current.clone());
+    }
+    current["status"]["allocation"] = allocation.clone();
+    // kube-scheduler 1.37 (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus
+    // on) sets a missing allocationTimestamp when it reserves the claim, and the API
+    // server then refuses its write (the allocation is immutable): set it here. Servers
+    // without the field drop it.
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    if let Ok(t) = k8s_openapi::jiff::Timestamp::from_second(now) {
+        current["status"]["allocation"]["allocationTimestamp"] = json!(t.to_string());
+    }
+    let obj: DynamicObject = serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
+    let o = api
+        .replace_status(&id.name, &PostParams::default(), &obj)
+        .await?;
+    let o = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
+    if !o["status"]["allocation"].is_object() {
+        // Not expected: the API server accepted the write but kept no allocation.
+        tracing::error!(claim = %id.key(), "the API server stored no allocation");
+    }
+    stored.push(o);
+    Ok(stored)
 }
 
 #[cfg(test)]
