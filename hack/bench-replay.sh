@@ -139,7 +139,7 @@ for p in $phases; do
     done
   else
     MALLOC_ARENA_MAX=2 RUST_LOG=warn,fgpu_controller=info "$ctl" run --kubeconfig "$KUBECONFIG" --mode controller \
-      --default-policy "$p" --workload-half-life-seconds 1000000000 --metrics-addr 127.0.0.1:19591 --resync 30 \
+      --default-policy "$p" --workload-half-life-seconds 10000000000000000000 --metrics-addr 127.0.0.1:19591 --resync 30 \
       </dev/null >"$dir/controller-$p.log" 2>&1 &
     ctrl_pid=$!
     until [ "$(( $(allocated "$ns") + $(pending_metric || echo 0) ))" -ge "$arrivals" ] 2>/dev/null; do

@@ -10,7 +10,8 @@
 #
 # Live: the same 20 nodes as kwok Nodes, each with a ResourceSlice shaped as the kubelet
 # plugin publishes it (hack/replay.py inventory), fgpu-controller run --mode controller
-# --default-policy fragaware (a half-life of years: the model's weights stay counts), and
+# --default-policy fragaware (a half-life of 10^19 s: every weight is 1.0 to the last bit, the
+# simulator's counts), and
 # the arrivals created in the simulator's order, each a claim of shared.gpu.fgpu.dev and a
 # gated pod, one at a time: the next only once the controller has allocated the last or
 # reported it pending.
@@ -69,7 +70,7 @@ say "inventory: $(replay inventory "$E2E_DIR/nodes.csv")"
 ready() { [ "$(kubectl get nodes -l replay.fgpu.dev/sim=true -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True)" -eq 20 ]; }
 wait_until 60 "the 20 kwok nodes Ready" ready
 
-start_controller --mode controller --default-policy fragaware --workload-half-life-seconds 1000000000
+start_controller --mode controller --default-policy fragaware --workload-half-life-seconds 10000000000000000000
 
 # --- the arrivals, one at a time, in the simulator's order
 t0=$SECONDS
