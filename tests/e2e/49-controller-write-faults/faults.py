@@ -3,7 +3,8 @@
 
   faults.py webhook PORT CERT KEY STATS     a validating webhook for ResourceClaim updates
                                             (spec and status): each waits 0-250 ms, one in
-                                            ten is refused as a conflict (409), one in ten as
+                                            ten is refused as a conflict (409), one in twenty
+                                            as an internal error (500), one in twenty as
                                             unavailable (503); STATS gets the counts and the
                                             most requests in flight at once (not counting
                                             the poker's), as JSON
@@ -29,7 +30,7 @@ POKER = "e2e-49-poke"
 
 def webhook(port, cert, key, stats_path):
     lock = threading.Lock()
-    stats = {"requests": 0, "conflicts": 0, "unavailable": 0, "allowed": 0, "in_flight": 0, "max_in_flight": 0}
+    stats = {"requests": 0, "conflicts": 0, "internal": 0, "unavailable": 0, "allowed": 0, "in_flight": 0, "max_in_flight": 0}
     rnd = random.Random(49)
 
     def save():
@@ -54,6 +55,8 @@ def webhook(port, cert, key, stats_path):
             time.sleep(wait)
             if draw < 0.1:
                 kind, resp = "conflicts", {"allowed": False, "status": {"code": 409, "reason": "Conflict", "message": "e2e 49: injected conflict"}}
+            elif draw < 0.15:
+                kind, resp = "internal", {"allowed": False, "status": {"code": 500, "reason": "InternalError", "message": "e2e 49: injected failure"}}
             elif draw < 0.2:
                 kind, resp = "unavailable", {"allowed": False, "status": {"code": 503, "reason": "ServiceUnavailable", "message": "e2e 49: injected failure"}}
             else:
@@ -89,7 +92,7 @@ def poke(ns, stop):
             try:
                 replay.call("PATCH", f"{replay.RES}/namespaces/{ns}/resourceclaims/{c['metadata']['name']}?fieldManager={POKER}",
                             {"metadata": {"annotations": {"e2e.fgpu.dev/poke": str(n)}}},
-                            ctype="application/merge-patch+json", ok=(200, 404, 409, 503))
+                            ctype="application/merge-patch+json", ok=(200, 404, 409, 500, 503))
             except SystemExit:
                 pass
             n += 1
