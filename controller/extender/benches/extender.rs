@@ -135,6 +135,16 @@ async fn filter_prioritize_latency_5000_nodes() {
             ),
         ),
         (
+            // fgpu's placement: scored against the workload model of the 26,177 assigned
+            // pods (their kinds), as the live extender scores it.
+            "1 GPU x 10000 MiB, 30% cores (fragaware)",
+            gpu_pod(
+                "bench3",
+                json!({"hami.io/node-scheduler-policy": "fragaware"}),
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000", "nvidia.com/gpucores": "30"}),
+            ),
+        ),
+        (
             "2 GPUs x 20000 MiB, numa-bind, A100|H100, spread",
             gpu_pod(
                 "bench2",
