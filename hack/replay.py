@@ -53,13 +53,21 @@ _tl = threading.local()
 _ctx = None
 
 
+_ctx_lock = threading.Lock()
+
+
 def ctx():
+    """The TLS context with the admin certificate, made once. Published only when complete:
+    a thread that saw it before load_cert_chain had run would connect without a client
+    certificate and be served as system:anonymous (seen in CI as a 403 on POST nodes)."""
     global _ctx
-    if _ctx is None:
-        pki = os.path.join(STATE, "pki")
-        _ctx = ssl.create_default_context(cafile=os.path.join(pki, "ca.crt"))
-        _ctx.load_cert_chain(os.path.join(pki, "admin.crt"), os.path.join(pki, "admin.key"))
-    return _ctx
+    with _ctx_lock:
+        if _ctx is None:
+            pki = os.path.join(STATE, "pki")
+            c = ssl.create_default_context(cafile=os.path.join(pki, "ca.crt"))
+            c.load_cert_chain(os.path.join(pki, "admin.crt"), os.path.join(pki, "admin.key"))
+            _ctx = c
+        return _ctx
 
 
 def call(method, path, body=None, ctype="application/json", ok=(200, 201)):
