@@ -1,14 +1,21 @@
 //! The `resource.k8s.io` API group as fgpu speaks it: which versions exist and how one is
 //! chosen ([`ApiVersion`]), and the typed, tolerant object model, one for every served
-//! version:
+//! version (what differs between versions, the model hides):
 //!
-//! * [`claim`]: a ResourceClaim's identity and allocation (what the node side reads);
-//!   [`same_device`] matches a `status.devices` entry to its allocation result.
+//! * [`claim`]: a ResourceClaim as the controller and the node side read it: identity,
+//!   `spec.devices` (requests, constraints, configuration) and status (the allocation,
+//!   `reservedFor`, `status.devices`); [`same_device`] matches a `status.devices` entry
+//!   to its allocation result.
+//! * [`class`]: a DeviceClass: its selectors and configuration.
+//! * [`tolerant`]: how the model reads a field of the wrong JSON type (as absent, the way
+//!   indexing JSON did), so that any object reads and its users name the bad field.
 //!
-//! Slices and classes are still read as JSON by the controller (`fgpu-dra-controller`'s
-//! `objects`, `inventory`, `request`); they join this model next.
+//! ResourceSlices are still read as JSON by the controller (`fgpu-dra-controller`'s
+//! `inventory`); they join this model next.
 
 pub mod claim;
+pub mod class;
+pub mod tolerant;
 
 /// Whether two device entries of a claim, as JSON, name the same allocated device: the
 /// same driver, pool, device and share (`shareID`, absent for a whole device). An entry of
