@@ -144,8 +144,10 @@ impl WatchedClaim {
                 name: m.name.unwrap_or_default(),
                 namespace: m.namespace.unwrap_or_default(),
                 uid: m.uid.unwrap_or_default(),
+                ..Default::default()
             },
             status: self.status,
+            ..ResourceClaim::default()
         }
     }
 }

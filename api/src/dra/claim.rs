@@ -374,7 +374,7 @@ pub struct DeviceConstraint {
 }
 
 /// `spec.devices.config[i]`: configuration for some (no `requests`: all) requests.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceClaimConfiguration {
     /// The requests (`<req>` or `<req>/<sub>`) it applies to; empty = all.
@@ -585,7 +585,7 @@ pub struct DeviceResult {
 }
 
 /// `status.allocation.devices.config[i]`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AllocationConfig {
     /// `FromClass` or `FromClaim`.
@@ -605,7 +605,7 @@ pub const SOURCE_FROM_CLASS: &str = "FromClass";
 pub const SOURCE_FROM_CLAIM: &str = "FromClaim";
 
 /// `opaque`: parameters for one driver.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OpaqueConfig {
     /// The driver the parameters are for.

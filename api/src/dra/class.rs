@@ -39,7 +39,7 @@ pub struct DeviceClassSpec {
 }
 
 /// `spec.config[i]` of a DeviceClass.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceClassConfiguration {
     /// Opaque, driver-specific parameters.

@@ -184,7 +184,7 @@ fn main() {
                     );
                 }
                 let (cv, pv) = (cache.claims(), cache.pods());
-                let whole = |id: &ObjectId| cache.whole_claim(&overlay, id);
+                let whole = |id: &ObjectId| cache.typed_claim(&overlay, id);
                 let views = Views {
                     claims: &cv,
                     pods: &pv,

@@ -22,6 +22,9 @@
 use std::collections::BTreeMap;
 
 use fgpu_api::config::{ConfigError, ConfigProblem, GpuShareConfig, Priority};
+use fgpu_api::dra::claim::{DeviceClaim, DeviceClaimConfiguration, ObjectMeta};
+use fgpu_api::dra::class::DeviceClass;
+use fgpu_api::dra::tolerant;
 use fgpu_api::names::{DriverName, capacity};
 use serde_json::{Value, json};
 
@@ -92,44 +95,43 @@ pub enum ClassLookup {
 /// The looked-up classes by name.
 pub type ClassPolicy = BTreeMap<String, ClassLookup>;
 
-/// Whether DeviceClass `class` (JSON, any served version) allows `priority: high`: one of its
+/// Whether DeviceClass `class` (any served version) allows `priority: high`: one of its
 /// `spec.config[]` entries of `driver` decodes and sets `allowHighPriority: true`.
-pub fn class_allows_high(class: &Value, driver: &DriverName) -> bool {
-    class["spec"]["config"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["opaque"]["driver"].as_str() == Some(driver.as_str()))
-        .any(|e| {
-            GpuShareConfig::from_value(&e["opaque"]["parameters"], "")
-                .is_ok_and(|c| c.allow_high_priority)
-        })
+pub fn class_allows_high(class: &DeviceClass, driver: &DriverName) -> bool {
+    class
+        .spec
+        .config
+        .iter()
+        .filter_map(|e| e.opaque.as_ref())
+        .filter(|o| o.driver == driver.as_str())
+        .any(|o| GpuShareConfig::from_value(&o.parameters, "").is_ok_and(|c| c.allow_high_priority))
 }
 
-/// The devices part and its field path.
-fn devices_of<'a>(obj: &'a Value, kind: &str) -> (&'a Value, &'static str) {
+/// The devices part of a claim or template (`kind`), typed, and its field path.
+fn devices_of(obj: &Value, kind: &str) -> (DeviceClaim, &'static str) {
     match kind {
-        "ResourceClaimTemplate" => (&obj["spec"]["spec"]["devices"], "spec.spec.devices"),
-        _ => (&obj["spec"]["devices"], "spec.devices"),
+        "ResourceClaimTemplate" => (
+            tolerant::from_value(&obj["spec"]["spec"]["devices"]),
+            "spec.spec.devices",
+        ),
+        _ => (
+            tolerant::from_value(&obj["spec"]["devices"]),
+            "spec.devices",
+        ),
     }
 }
 
 /// Each request (and `<request>/<subrequest>` of `firstAvailable`) with its DeviceClass.
-fn request_class_names(devices: &Value) -> Vec<(String, String)> {
+fn request_class_names(devices: &DeviceClaim) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for r in devices["requests"].as_array().into_iter().flatten() {
-        let name = r["name"].as_str().unwrap_or_default().to_owned();
-        let exact = if r["exactly"].is_object() {
-            &r["exactly"]
-        } else {
-            r
-        };
-        if let Some(c) = exact["deviceClassName"].as_str() {
+    for r in &devices.requests {
+        let name = r.name.clone().unwrap_or_default();
+        if let Some(c) = r.exact().class_name() {
             out.push((name.clone(), c.to_owned()));
         }
-        for sub in r["firstAvailable"].as_array().into_iter().flatten() {
-            if let Some(c) = sub["deviceClassName"].as_str() {
-                let s = sub["name"].as_str().unwrap_or_default();
+        for sub in r.first_available.iter().flatten() {
+            if let Some(c) = sub.exact.class_name() {
+                let s = sub.name.as_deref().unwrap_or_default();
                 out.push((format!("{name}/{s}"), c.to_owned()));
             }
         }
@@ -144,28 +146,25 @@ fn entry_applies(requests: &[String], request: &str) -> bool {
     requests.is_empty() || requests.iter().any(|q| q == request || q == parent)
 }
 
+/// This driver's config entries of `devices`, with their index and parameters.
+fn our_entries<'d>(
+    devices: &'d DeviceClaim,
+    driver: &DriverName,
+) -> impl Iterator<Item = (usize, &'d DeviceClaimConfiguration, &'d Value)> {
+    devices.config.iter().enumerate().filter_map(move |(i, e)| {
+        let o = e.opaque.as_ref().filter(|o| o.driver == driver.as_str())?;
+        Some((i, e, &o.parameters))
+    })
+}
+
 /// The requested configs of `driver` in the object that ask `priority: high`, as (entry
 /// index, the requests it names).
-fn high_priority_entries(devices: &Value, driver: &DriverName) -> Vec<(usize, Vec<String>)> {
-    devices["config"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .filter(|(_, e)| e["opaque"]["driver"].as_str() == Some(driver.as_str()))
-        .filter(|(_, e)| {
-            GpuShareConfig::from_value(&e["opaque"]["parameters"], "")
-                .is_ok_and(|c| c.priority == Priority::High)
+fn high_priority_entries(devices: &DeviceClaim, driver: &DriverName) -> Vec<(usize, Vec<String>)> {
+    our_entries(devices, driver)
+        .filter(|(_, _, params)| {
+            GpuShareConfig::from_value(params, "").is_ok_and(|c| c.priority == Priority::High)
         })
-        .map(|(i, e)| {
-            let requests = e["requests"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|r| r.as_str().map(str::to_owned))
-                .collect();
-            (i, requests)
-        })
+        .map(|(i, e, _)| (i, e.requests.clone()))
         .collect()
 }
 
@@ -173,8 +172,8 @@ fn high_priority_entries(devices: &Value, driver: &DriverName) -> Vec<(usize, Ve
 /// entry asking `priority: high` applies to (none for most claims: nothing to look up).
 pub fn high_priority_classes(obj: &Value, kind: &str, driver: &DriverName) -> Vec<String> {
     let (devices, _) = devices_of(obj, kind);
-    let entries = high_priority_entries(devices, driver);
-    let mut classes: Vec<String> = request_class_names(devices)
+    let entries = high_priority_entries(&devices, driver);
+    let mut classes: Vec<String> = request_class_names(&devices)
         .into_iter()
         .filter(|(req, _)| entries.iter().any(|(_, reqs)| entry_applies(reqs, req)))
         .map(|(_, c)| c)
@@ -182,6 +181,22 @@ pub fn high_priority_classes(obj: &Value, kind: &str, driver: &DriverName) -> Ve
     classes.sort();
     classes.dedup();
     classes
+}
+
+/// How messages name the claim or template `obj` of `kind`: `<kind> <namespace>/<name>`
+/// (its `generateName` before it has a name).
+fn object_name(obj: &Value, kind: &str) -> String {
+    let m: ObjectMeta = tolerant::from_value(&obj["metadata"]);
+    let n = match (m.name.as_str(), &m.generate_name) {
+        ("", Some(g)) => g.as_str(),
+        ("", None) => "<unnamed>",
+        (n, _) => n,
+    };
+    if m.namespace.is_empty() {
+        format!("{kind} {n}")
+    } else {
+        format!("{kind} {}/{n}", m.namespace)
+    }
 }
 
 /// Checks a ResourceClaim or ResourceClaimTemplate (`kind`) of any served version for
@@ -195,38 +210,36 @@ pub fn validate(
     classes: &ClassPolicy,
 ) -> Result<Vec<String>, Invalid> {
     let (devices, prefix) = devices_of(obj, kind);
-    let name = {
-        let m = &obj["metadata"];
-        let n = m["name"]
-            .as_str()
-            .or_else(|| m["generateName"].as_str())
-            .unwrap_or("<unnamed>");
-        match m["namespace"].as_str() {
-            Some(ns) if !ns.is_empty() => format!("{kind} {ns}/{n}"),
-            _ => format!("{kind} {n}"),
-        }
-    };
-    // (requests it applies to; empty = all, whether it sets memory)
-    let mut ours: Vec<(Vec<String>, bool)> = Vec::new();
-    for (i, e) in devices["config"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        if e["opaque"]["driver"].as_str() != Some(driver.as_str()) {
-            continue;
-        }
+    let name = object_name(obj, kind);
+    let ours = check_config(&devices, prefix, &name, driver, classes)?;
+    Ok(memory_warnings(&devices, prefix, &name, driver, &ours))
+}
+
+/// One config entry of this driver that passed [`check_config`]: the requests it applies
+/// to (empty = all) and whether it sets memory.
+struct Checked {
+    requests: Vec<String>,
+    memory: bool,
+}
+
+/// Strict-decodes every config entry of this driver in `devices` (at `prefix`, of the
+/// object `name`) and applies the priority policy; the first problem denies.
+fn check_config(
+    devices: &DeviceClaim,
+    prefix: &str,
+    name: &str,
+    driver: &DriverName,
+    classes: &ClassPolicy,
+) -> Result<Vec<Checked>, Invalid> {
+    let mut ours = Vec::new();
+    for (i, e, params) in our_entries(devices, driver) {
         let path = format!("{prefix}.config[{i}].opaque.parameters");
-        let c =
-            GpuShareConfig::from_value(&e["opaque"]["parameters"], &path).map_err(|source| {
-                Invalid {
-                    object: name.clone(),
-                    source,
-                }
-            })?;
+        let c = GpuShareConfig::from_value(params, &path).map_err(|source| Invalid {
+            object: name.to_owned(),
+            source,
+        })?;
         let deny = |field: &str, problem| Invalid {
-            object: name.clone(),
+            object: name.to_owned(),
             source: ConfigError {
                 path: format!("{path}.{field}"),
                 problem,
@@ -235,57 +248,71 @@ pub fn validate(
         if c.allow_high_priority {
             return Err(deny("allowHighPriority", ConfigProblem::ClassOnly));
         }
-        let requests: Vec<String> = e["requests"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r.as_str().map(str::to_owned))
-            .collect();
-        if c.priority == Priority::High {
-            for (req, class) in request_class_names(devices) {
-                if !entry_applies(&requests, &req) {
-                    continue;
-                }
-                let why = match classes.get(&class) {
-                    Some(ClassLookup::Found(true)) => continue,
-                    Some(ClassLookup::Found(false)) => format!("DeviceClass {class}"),
-                    Some(ClassLookup::NotFound) => format!("DeviceClass {class} (not found)"),
-                    Some(ClassLookup::Failed(e)) => {
-                        format!("DeviceClass {class} (could not be read: {e})")
-                    }
-                    None => format!("DeviceClass {class} (not looked up)"),
-                };
-                return Err(deny(
-                    "priority",
-                    ConfigProblem::HighPriorityNotAllowed {
-                        request: req,
-                        class: why,
-                    },
-                ));
-            }
+        if c.priority == Priority::High
+            && let Some((request, class)) = high_priority_refused(devices, &e.requests, classes)
+        {
+            return Err(deny(
+                "priority",
+                ConfigProblem::HighPriorityNotAllowed { request, class },
+            ));
         }
-        ours.push((requests, c.memory.is_some()));
+        ours.push(Checked {
+            requests: e.requests.clone(),
+            memory: c.memory.is_some(),
+        });
     }
+    Ok(ours)
+}
+
+/// The first request that an entry naming `requests` applies to whose DeviceClass does not
+/// allow `priority: high`, with why (as the message names the class).
+fn high_priority_refused(
+    devices: &DeviceClaim,
+    requests: &[String],
+    classes: &ClassPolicy,
+) -> Option<(String, String)> {
+    request_class_names(devices)
+        .into_iter()
+        .filter(|(req, _)| entry_applies(requests, req))
+        .find_map(|(req, class)| {
+            let why = match classes.get(&class) {
+                Some(ClassLookup::Found(true)) => return None,
+                Some(ClassLookup::Found(false)) => format!("DeviceClass {class}"),
+                Some(ClassLookup::NotFound) => format!("DeviceClass {class} (not found)"),
+                Some(ClassLookup::Failed(e)) => {
+                    format!("DeviceClass {class} (could not be read: {e})")
+                }
+                None => format!("DeviceClass {class} (not looked up)"),
+            };
+            Some((req, why))
+        })
+}
+
+/// A warning per request of the shared class that asks for no memory, neither in
+/// `capacity.requests.memory` nor in a config entry of `ours` that applies to it.
+fn memory_warnings(
+    devices: &DeviceClaim,
+    prefix: &str,
+    name: &str,
+    driver: &DriverName,
+    ours: &[Checked],
+) -> Vec<String> {
     let class = driver.shared_class();
     let mut warnings = Vec::new();
-    for (i, r) in devices["requests"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let req_name = r["name"].as_str().unwrap_or_default();
-        let exact = if r["exactly"].is_object() {
-            &r["exactly"]
-        } else {
-            r
-        };
-        if exact["deviceClassName"].as_str() != Some(class.as_str()) {
+    for (i, r) in devices.requests.iter().enumerate() {
+        let req_name = r.name.as_deref().unwrap_or_default();
+        let exact = r.exact();
+        if exact.class_name() != Some(class.as_str()) {
             continue;
         }
-        let asks_capacity = !exact["capacity"]["requests"][capacity::MEMORY].is_null();
-        let asks_config = ours.iter().any(|(reqs, memory)| {
-            *memory && (reqs.is_empty() || reqs.iter().any(|q| q == req_name))
+        let asks_capacity = exact
+            .capacity
+            .requests
+            .as_ref()
+            .and_then(|m| m.get(capacity::MEMORY))
+            .is_some_and(|v| !v.is_null());
+        let asks_config = ours.iter().any(|c| {
+            c.memory && (c.requests.is_empty() || c.requests.iter().any(|q| q == req_name))
         });
         if !asks_capacity && !asks_config {
             warnings.push(format!(
@@ -293,12 +320,17 @@ pub fn validate(
             ));
         }
     }
-    Ok(warnings)
+    warnings
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The JSON class `c` typed, as the server reads it.
+    fn typed(c: Value) -> DeviceClass {
+        serde_json::from_value(c).unwrap()
+    }
 
     fn driver() -> DriverName {
         DriverName::new("gpu.fgpu.dev").unwrap()
@@ -477,10 +509,10 @@ mod tests {
     #[test]
     fn class_allows_high_reads_its_config() {
         let class = |params: Value| {
-            json!({"spec": {"config": [
+            typed(json!({"spec": {"config": [
                 {"opaque": {"driver": "other.dev", "parameters": {"allowHighPriority": true}}},
                 {"opaque": {"driver": "gpu.fgpu.dev", "parameters": params}}
-            ]}})
+            ]}}))
         };
         let ok = json!({"apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "allowHighPriority": true});
         assert!(class_allows_high(&class(ok), &driver()));
@@ -491,7 +523,7 @@ mod tests {
             &class(json!({"allowHighPriority": true})),
             &driver()
         ));
-        assert!(!class_allows_high(&json!({"spec": {}}), &driver()));
+        assert!(!class_allows_high(&typed(json!({"spec": {}})), &driver()));
     }
 
     #[test]

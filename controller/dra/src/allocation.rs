@@ -11,6 +11,7 @@
 //! zero included), so that kube-scheduler counts it as a share and not as the whole device.
 //! The shape is the same in `v1`, `v1beta2` and `v1beta1`.
 
+use fgpu_api::dra::claim::OpaqueConfig;
 use fgpu_api::names::capacity;
 use fgpu_api::quantity::format_u64;
 use fgpu_driver::engine::{GpuShare, Inventory, Placement};
@@ -90,27 +91,30 @@ pub fn assemble(
             devices.push(d.clone());
         }
     }
-    let copy = |e: &Value, source: &str, requests: Value| {
+    let copy = |opaque: Option<&OpaqueConfig>, source: &str, requests: Value| {
         let mut c = json!({"source": source, "requests": requests});
-        if !e["opaque"].is_null() {
-            c["opaque"] = e["opaque"].clone();
+        if let Some(o) = opaque {
+            c["opaque"] = json!(o);
         }
         c
     };
     let mut config: Vec<Value> = Vec::new();
     for (pending, _) in parts {
-        config.extend(
-            pending
-                .class_config
-                .iter()
-                .map(|e| copy(e, "FromClass", json!([pending.request_name]))),
-        );
+        config.extend(pending.class_config.iter().map(|e| {
+            copy(
+                e.opaque.as_ref(),
+                "FromClass",
+                json!([pending.request_name]),
+            )
+        }));
     }
     let claim_config = parts.first().map(|(p, _)| p.claim_config.as_slice());
-    config.extend(claim_config.unwrap_or_default().iter().map(|e| {
-        let requests = json!(e["requests"].as_array().cloned().unwrap_or_default());
-        copy(e, "FromClaim", requests)
-    }));
+    config.extend(
+        claim_config
+            .unwrap_or_default()
+            .iter()
+            .map(|e| copy(e.opaque.as_ref(), "FromClaim", json!(e.requests))),
+    );
     // Every device of one request gets the same share (the engine places `count` equal
     // shares), so one entry per request carries it. Whole GPUs may differ in size: their
     // entry leaves memory unset, which reads as "all of the device's memory".
@@ -150,6 +154,11 @@ mod tests {
 
     const DRIVER: &str = "gpu.fgpu.dev";
 
+    /// The JSON claim `c` typed, as the daemon reads it.
+    fn typed(c: &Value) -> fgpu_api::dra::claim::ResourceClaim {
+        crate::usage::typed(c).unwrap()
+    }
+
     fn inventory() -> Inventory {
         Inventory {
             nodes: vec![Node::new(
@@ -172,7 +181,7 @@ mod tests {
                 {"opaque": {"driver": "net.example.com", "parameters": {"mtu": 9000}}}]}}
         });
         from_claim(
-            &c,
+            &typed(&c),
             &Default::default(),
             "ns/p",
             &DriverName::default(),
@@ -193,8 +202,9 @@ mod tests {
                 "deviceClassName": "shared.gpu.fgpu.dev",
                 "capacity": {"requests": {"memory": "3Gi"}}}}]}}
         });
+        let class: fgpu_api::dra::class::DeviceClass = serde_json::from_value(class).unwrap();
         let p = crate::request::requests_in_class(
-            &c,
+            &typed(&c),
             Some(&class),
             &Default::default(),
             "ns/p",
@@ -215,7 +225,9 @@ mod tests {
         assert_eq!(config[0]["opaque"]["parameters"]["cores"], 25);
         let mut claim = c.clone();
         claim["status"]["allocation"] = a.allocation.clone();
-        let g = claim_grant(&claim, DRIVER, &inventory()).unwrap().unwrap();
+        let g = claim_grant(&typed(&claim), DRIVER, &inventory())
+            .unwrap()
+            .unwrap();
         assert_eq!((g.devices[0].memory, g.devices[0].cores), (3 << 30, 25));
     }
 
@@ -271,7 +283,7 @@ mod tests {
             let mut claim = json!({"metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"}});
             claim["status"]["allocation"] = a.allocation.clone();
             assert_eq!(
-                claim_grant(&claim, DRIVER, &inventory()).unwrap(),
+                claim_grant(&typed(&claim), DRIVER, &inventory()).unwrap(),
                 Some(a.grant.clone()),
                 "read back"
             );
@@ -304,7 +316,7 @@ mod tests {
             let mut claim = json!({"metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"}});
             claim["status"]["allocation"] = a.allocation.clone();
             assert_eq!(
-                claim_grant(&claim, DRIVER, &inventory()).unwrap(),
+                claim_grant(&typed(&claim), DRIVER, &inventory()).unwrap(),
                 Some(a.grant)
             );
         }

@@ -5,13 +5,16 @@
 //! The mirrors ([`crate::mirror`]) hold each claim and slice as JSON text and each pod as
 //! its [`PodView`]; a pass used to parse every object into a `Value` (about 13 KiB per
 //! claim, 47 MiB for 1,000 slices). Now a claim is parsed when its version (or the
-//! inventory) is new to the cache, one at a time, and only its view is kept;
-//! [`ViewCache::whole_claim`] parses one claim again where a pass needs all of it (a pending
-//! claim's requests, a write). Slices are parsed when the set of their versions changes.
+//! inventory) is new to the cache, one at a time, straight into the typed claim, and only
+//! its view is kept; [`ViewCache::typed_claim`] parses one claim again where a pass needs
+//! all of it (a pending claim's requests), [`ViewCache::whole_claim`] as JSON for a write.
+//! Slices are parsed when the set of their versions changes.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use fgpu_api::dra::claim::ResourceClaim;
 use fgpu_api::names::DriverName;
 use serde_json::Value;
 
@@ -154,21 +157,29 @@ impl ViewCache {
                     e.stored = c;
                 }
                 _ => {
-                    let whole = match written {
-                        Some((_, text)) => serde_json::from_str(text).ok(),
-                        None => c.value(),
+                    let stored = ObjectId {
+                        uid: c.uid.clone(),
+                        resource_version: version.to_owned(),
+                        ..ObjectId::default()
                     };
-                    if let Some(whole) = whole {
-                        self.parsed += 1;
-                        let view = ClaimView::of(&whole, driver, inventory);
-                        let entry = CachedClaim {
-                            view,
-                            generation,
-                            stored: c,
-                        };
-                        self.claims
-                            .insert(entry.stored.uid.clone(), Box::new(entry));
-                    }
+                    let view = match written {
+                        Some((_, text)) => {
+                            ClaimView::of_text(text.as_bytes(), stored, driver, inventory)
+                        }
+                        // Damaged in memory: reported like a text that does not read.
+                        None => {
+                            let text = c.text().unwrap_or_default();
+                            ClaimView::of_text(&text, stored, driver, inventory)
+                        }
+                    };
+                    self.parsed += 1;
+                    let entry = CachedClaim {
+                        view,
+                        generation,
+                        stored: c,
+                    };
+                    self.claims
+                        .insert(entry.stored.uid.clone(), Box::new(entry));
                 }
             }
         }
@@ -242,15 +253,27 @@ impl ViewCache {
 
     /// The claim `id` names, whole, at exactly its version: the overlay's copy or the
     /// mirror's as of the last [`ViewCache::refresh`]; `None` when it is at another version.
+    /// JSON, to be written back.
     pub fn whole_claim(&self, overlay: &Overlay, id: &ObjectId) -> Option<Value> {
+        serde_json::from_slice(&self.claim_text(overlay, id)?).ok()
+    }
+
+    /// [`ViewCache::whole_claim`] typed, parsed straight from the text: what the planner
+    /// reads of a pending claim.
+    pub fn typed_claim(&self, overlay: &Overlay, id: &ObjectId) -> Option<ResourceClaim> {
+        serde_json::from_slice(&self.claim_text(overlay, id)?).ok()
+    }
+
+    /// The text of the claim `id` names at exactly its version.
+    fn claim_text<'a>(&'a self, overlay: &'a Overlay, id: &ObjectId) -> Option<Cow<'a, [u8]>> {
         if let Some(text) = overlay.at(&id.uid, &id.resource_version) {
-            return serde_json::from_str(text).ok();
+            return Some(Cow::Borrowed(text.as_bytes()));
         }
         let c = &self.claims.get(&id.uid)?.stored;
         if c.resource_version != id.resource_version {
             return None;
         }
-        c.value()
+        c.text().map(Cow::Owned)
     }
 }
 

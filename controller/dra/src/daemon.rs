@@ -34,6 +34,8 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
+use fgpu_api::dra::class::DeviceClass;
+use fgpu_api::dra::tolerant;
 use fgpu_api::names::DriverName;
 use fgpu_driver::engine::{Policy, WorkloadModel};
 
@@ -373,7 +375,7 @@ struct Controller {
     /// The earliest moment an unsettled allocation settles (a pass is due then).
     next_settle: Option<Instant>,
     /// The shared DeviceClass as last read (None: it does not exist), and when.
-    class: Option<(Instant, Option<Value>)>,
+    class: Option<(Instant, Option<DeviceClass>)>,
     /// The claims seen lately, for fgd and fragaware (rebuilt from the claims at start).
     model: WorkloadModel,
 }
@@ -446,7 +448,7 @@ impl Controller {
 
     /// The shared DeviceClass, read again when the last read is older than
     /// [`CLASS_REFRESH`]; a failed read keeps the last copy.
-    async fn device_class(&mut self) -> Option<Value> {
+    async fn device_class(&mut self) -> Option<DeviceClass> {
         if let Some((at, class)) = &self.class
             && at.elapsed() < CLASS_REFRESH
         {
@@ -456,7 +458,9 @@ impl Controller {
         let api: Api<DynamicObject> = Api::all_with(self.shared.client.clone(), &ar);
         let name = self.settings.driver.shared_class();
         let read = match api.get_opt(&name).await {
-            Ok(o) => o.and_then(|o| serde_json::to_value(o).ok()),
+            Ok(o) => o
+                .and_then(|o| serde_json::to_value(o).ok())
+                .map(|v| tolerant::from_value(&v)),
             Err(e) => {
                 tracing::warn!(class = %name, "reading the DeviceClass failed (its config is left out until it can be read): {e}");
                 self.class.as_ref().and_then(|(_, c)| c.clone())
@@ -639,7 +643,7 @@ impl Controller {
             );
             self.model.prune(now);
             let pod_views = self.views.pods();
-            let whole = |id: &ObjectId| self.views.whole_claim(&self.overlay, id);
+            let whole = |id: &ObjectId| self.views.typed_claim(&self.overlay, id);
             let views = Views {
                 claims: &claim_views,
                 pods: &pod_views,

@@ -1,7 +1,10 @@
 //! `fgpu-dra-controller`: the DRA allocation controller (DESIGN.md, "Allocation: who
 //! decides what", mode 2) and its admission webhooks, run by `fgpu-controller run`.
 //!
-//! The pure core, functions from API objects (JSON) to API objects:
+//! The pure core, functions from API objects to API objects. Claims and DeviceClasses are
+//! read typed ([`fgpu_api::dra::claim`], [`fgpu_api::dra::class`]: tolerant serde structs
+//! over every served version), slices and pods as JSON; what is written (allocations,
+//! patches, whole claims on release) is JSON:
 //!
 //! * [`inventory`]: this driver's ResourceSlices → the engine's [`Inventory`](fgpu_driver::engine::Inventory).
 //! * [`usage`]: every allocated ResourceClaim → the ledger's grants → a rebuilt [`Ledger`](fgpu_driver::ledger::Ledger).
@@ -14,7 +17,11 @@
 //! * [`reconcile`]: one pass over a snapshot of claims, pods and slices → the writes.
 //! * [`admission`]: the webhooks' decisions on `AdmissionReview`s.
 //! * [`objects`]: what a claim or a pod says (identity, classes, gate, node), read from
-//!   its JSON.
+//!   the typed claim and the pod's JSON.
+//! * [`view`]: the small per-claim and per-pod records a pass reads ([`view::ClaimView`]
+//!   from the typed claim, parsed straight from its text).
+//! * [`cache`], [`mirror`]: what the daemon keeps between passes (views; objects as
+//!   packed JSON text).
 //! * [`slim`]: what the daemon keeps of each watched object (only the fields it reads).
 //!
 //! The daemon (`fgpu-controller run`), which does the I/O:
@@ -60,6 +67,22 @@ pub fn object_key(obj: &serde_json::Value) -> String {
     match meta["namespace"].as_str() {
         Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
         _ => name.to_owned(),
+    }
+}
+
+/// `namespace/name` of a typed claim, the way messages name it: as [`object_key`] names
+/// its JSON.
+pub fn claim_key(claim: &fgpu_api::dra::claim::ResourceClaim) -> String {
+    let meta = &claim.metadata;
+    let name = if meta.name.is_empty() {
+        "<unnamed>"
+    } else {
+        meta.name.as_str()
+    };
+    if meta.namespace.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{}/{name}", meta.namespace)
     }
 }
 

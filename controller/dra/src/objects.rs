@@ -1,8 +1,10 @@
-//! What claims and pods say, read from their JSON in every served version: identities
-//! ([`ObjectId`]), the classes a claim asks for, the gate and claims of a pod, the node of an
-//! allocation, whether slices kept consumable capacity. Pure functions, used by the views,
-//! the cache and the planner alike.
+//! What claims and pods say, in every served version: identities ([`ObjectId`]), the
+//! classes a claim asks for and the node of its allocation (read from the typed claim,
+//! [`fgpu_api::dra::claim`]), the gate and claims of a pod and whether slices kept
+//! consumable capacity (read from their JSON). Pure functions, used by the views, the cache
+//! and the planner alike.
 
+use fgpu_api::dra::claim::{DeviceClaim, ObjectMeta, ResourceClaim};
 use fgpu_api::names::DriverName;
 use serde_json::Value;
 
@@ -29,6 +31,16 @@ impl ObjectId {
         }
     }
 
+    /// The identity of an object with `metadata` `m` (a typed claim's).
+    pub fn of_meta(m: &ObjectMeta) -> Self {
+        Self {
+            namespace: m.namespace.clone(),
+            name: m.name.clone(),
+            uid: m.uid.clone(),
+            resource_version: m.resource_version.clone(),
+        }
+    }
+
     /// `namespace/name`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
@@ -51,28 +63,14 @@ pub fn consumable(driver: &str, slices: &[Value]) -> bool {
 
 /// The device class names of a claim's (or a template's inner) `spec.devices.requests`,
 /// in every served version (`exactly`, `firstAvailable`, or `v1beta1`'s flat fields).
-pub fn request_classes(devices: &Value) -> Vec<&str> {
-    let mut out = Vec::new();
-    for r in devices["requests"].as_array().into_iter().flatten() {
-        if let Some(c) = r["exactly"]["deviceClassName"].as_str() {
-            out.push(c);
-        }
-        if let Some(c) = r["deviceClassName"].as_str() {
-            out.push(c);
-        }
-        for s in r["firstAvailable"].as_array().into_iter().flatten() {
-            if let Some(c) = s["deviceClassName"].as_str() {
-                out.push(c);
-            }
-        }
-    }
-    out
+pub fn request_classes(devices: &DeviceClaim) -> Vec<&str> {
+    devices.class_names()
 }
 
 /// Whether the claim asks for the shared class.
-pub fn is_shared(claim: &Value, driver: &DriverName) -> bool {
+pub fn is_shared(claim: &ResourceClaim, driver: &DriverName) -> bool {
     let class = driver.shared_class();
-    request_classes(&claim["spec"]["devices"]).contains(&class.as_str())
+    request_classes(&claim.spec.devices).contains(&class.as_str())
 }
 
 /// Whether the pod carries the scheduling gate `gate`.
@@ -115,11 +113,6 @@ pub fn pod_claim_names(pod: &Value) -> Vec<Option<String>> {
 }
 
 /// The node an allocated claim is bound to (its node selector's `metadata.name`).
-pub fn allocated_node(claim: &Value) -> Option<&str> {
-    claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
-        .as_array()?
-        .iter()
-        .flat_map(|t| t["matchFields"].as_array().into_iter().flatten())
-        .find(|f| f["key"].as_str() == Some("metadata.name"))?["values"][0]
-        .as_str()
+pub fn allocated_node(claim: &ResourceClaim) -> Option<&str> {
+    claim.allocation_status()?.node_name()
 }

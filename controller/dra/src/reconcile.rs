@@ -44,6 +44,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use fgpu_api::dra::claim::ResourceClaim;
+use fgpu_api::dra::class::DeviceClass;
 use fgpu_api::names::DriverName;
 use fgpu_driver::engine::model::{Kind, PolicyWorkloads as Workloads};
 use fgpu_driver::engine::{self, Inventory, Policy, ScoreContext, Workload, WorkloadModel};
@@ -85,7 +87,7 @@ pub struct Snapshot<'a> {
     pub unsettled: &'a BTreeSet<String>,
     /// The shared DeviceClass, when it exists: its configuration is copied into every
     /// allocation (`FromClass`) and counts before the claim's.
-    pub class: Option<&'a Value>,
+    pub class: Option<&'a DeviceClass>,
 }
 
 /// The objects one pass looks at, as the daemon keeps them: views of every claim and
@@ -101,13 +103,13 @@ pub struct Views<'a> {
     pub consumable: bool,
     /// The claim `id` names, whole, at the resource version `id` names; `None` when it is
     /// gone or has changed since (the pass then skips it).
-    pub claim: &'a dyn Fn(&ObjectId) -> Option<Value>,
+    pub claim: &'a dyn Fn(&ObjectId) -> Option<ResourceClaim>,
     /// As [`Snapshot::avoid`].
     pub avoid: &'a BTreeMap<String, BTreeSet<String>>,
     /// As [`Snapshot::unsettled`].
     pub unsettled: &'a BTreeSet<String>,
     /// As [`Snapshot::class`].
-    pub class: Option<&'a Value>,
+    pub class: Option<&'a DeviceClass>,
     /// At most this many [`Action::Allocate`] in one plan (each carries an allocation
     /// `Value`); the pods after the last one allocated wait for the next pass.
     pub max_allocations: usize,
@@ -308,7 +310,7 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
     let claims: Vec<ClaimView> = snap
         .claims
         .iter()
-        .map(|c| ClaimView::of(c, driver, &inventory.inventory))
+        .map(|c| ClaimView::of_json(c, driver, &inventory.inventory))
         .collect();
     let gate = driver.scheduling_gate();
     let pods: Vec<PodView> = snap.pods.iter().map(|p| PodView::of(p, &gate)).collect();
@@ -321,7 +323,7 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
         by_uid
             .get(id.uid.as_str())
             .filter(|c| ObjectId::of(c) == *id)
-            .map(|c| (*c).clone())
+            .and_then(|c| usage::typed(c).ok())
     };
     let claim_refs: Vec<&ClaimView> = claims.iter().collect();
     // The model rebuilt from the claims that exist, as a restarted daemon has it.
@@ -1449,7 +1451,7 @@ mod tests {
         let inv = inventory::from_slices(d.as_str(), [slice(&[16], false)]);
         let cv: Vec<ClaimView> = claims
             .iter()
-            .map(|c| ClaimView::of(c, &d, &inv.inventory))
+            .map(|c| ClaimView::of_json(c, &d, &inv.inventory))
             .collect();
         let pv: Vec<PodView> = pods.iter().map(|p| PodView::of(p, GATE)).collect();
         // Claim b is at another version now: its whole object is not there.
@@ -1457,7 +1459,7 @@ mod tests {
             claims
                 .iter()
                 .find(|c| ObjectId::of(c) == *id && id.name != "b")
-                .cloned()
+                .map(|c| usage::typed(c).unwrap())
         };
         let (crefs, prefs): (Vec<_>, Vec<_>) = (cv.iter().collect(), pv.iter().collect());
         let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
@@ -1498,10 +1500,15 @@ mod tests {
         let inv = inventory::from_slices(d.as_str(), [slice(&[16, 16], false)]);
         let cv: Vec<ClaimView> = claims
             .iter()
-            .map(|c| ClaimView::of(c, &d, &inv.inventory))
+            .map(|c| ClaimView::of_json(c, &d, &inv.inventory))
             .collect();
         let pv: Vec<PodView> = pods.iter().map(|p| PodView::of(p, GATE)).collect();
-        let whole = |id: &ObjectId| claims.iter().find(|c| ObjectId::of(c) == *id).cloned();
+        let whole = |id: &ObjectId| {
+            claims
+                .iter()
+                .find(|c| ObjectId::of(c) == *id)
+                .map(|c| usage::typed(c).unwrap())
+        };
         let (crefs, prefs): (Vec<_>, Vec<_>) = (cv.iter().collect(), pv.iter().collect());
         let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
         let mut model = WorkloadModel::new(std::time::Duration::from_secs(3600));
@@ -1561,7 +1568,7 @@ mod tests {
         let inv = inventory::from_slices(d.as_str(), [slice(&[16, 16], false)]);
         let cv: Vec<ClaimView> = claims
             .iter()
-            .map(|c| ClaimView::of(c, &d, &inv.inventory))
+            .map(|c| ClaimView::of_json(c, &d, &inv.inventory))
             .collect();
         let crefs: Vec<&ClaimView> = cv.iter().collect();
         let mut model = WorkloadModel::new(std::time::Duration::from_secs(3600));
@@ -1970,7 +1977,7 @@ mod tests {
         let mut written = two_requests("c", 4, 4);
         written["status"]["allocation"] = allocation.allocation.clone();
         let inv = inventory::from_slices("gpu.fgpu.dev", &[slice(&[16, 16], false)]).inventory;
-        let g = usage::claim_grant(&written, "gpu.fgpu.dev", &inv)
+        let g = usage::claim_grant(&usage::typed(&written).unwrap(), "gpu.fgpu.dev", &inv)
             .unwrap()
             .unwrap();
         let mem: Vec<u64> = g.devices.iter().map(|d| d.memory).collect();
@@ -2275,7 +2282,7 @@ mod tests {
         let mut written = c.clone();
         written["status"]["allocation"] = allocation.allocation.clone();
         let inv = inventory::from_slices("gpu.fgpu.dev", &small).inventory;
-        let g = usage::claim_grant(&written, "gpu.fgpu.dev", &inv)
+        let g = usage::claim_grant(&usage::typed(&written).unwrap(), "gpu.fgpu.dev", &inv)
             .unwrap()
             .unwrap();
         assert_eq!(g.devices[0].memory, 8 << 30);
@@ -2382,7 +2389,7 @@ mod tests {
         let inv = inventory::from_slices(driver.as_str(), &[slice(&[40], true)]);
         let views: Vec<ClaimView> = claims
             .iter()
-            .map(|c| ClaimView::of(c, &driver, &inv.inventory))
+            .map(|c| ClaimView::of_json(c, &driver, &inv.inventory))
             .collect();
         let by_key: BTreeMap<&str, &ClaimView> =
             views.iter().map(|c| (c.key.as_str(), c)).collect();

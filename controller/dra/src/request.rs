@@ -33,12 +33,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fgpu_api::config::{CorePercent, GpuShareConfig};
+use fgpu_api::dra::claim::{
+    DeviceClaimConfiguration, DeviceConstraint, DeviceRequest, DeviceSubRequest,
+    ExactDeviceRequest, ResourceClaim,
+};
+use fgpu_api::dra::class::{DeviceClass, DeviceClassConfiguration};
 use fgpu_api::names::{DriverName, attr, capacity};
 use fgpu_driver::engine::{GpuShare, Policy, Request, Toleration};
 use fgpu_driver::hami;
 use serde_json::Value;
 
-use crate::{object_key, quantity_u64, selector};
+use crate::{claim_key, quantity_u64, selector};
 
 pub use fgpu_driver::hami::RequestError;
 
@@ -66,9 +71,9 @@ pub struct PendingClaim {
     /// oversubscribe are passed on; memory and cores are replaced by the grant).
     pub config: GpuShareConfig,
     /// The claim's `spec.devices.config` entries, to copy into the allocation.
-    pub claim_config: Vec<Value>,
+    pub claim_config: Vec<DeviceClaimConfiguration>,
     /// The class's `spec.config` entries, to copy into the allocation (`FromClass`).
-    pub class_config: Vec<Value>,
+    pub class_config: Vec<DeviceClassConfiguration>,
 }
 
 /// One CEL selector of a request, compiled.
@@ -132,7 +137,7 @@ impl Constraint {
 /// annotations of the pod that uses it; `default_policy` applies where the pod says nothing.
 /// No class configuration ([`requests_in_class`] takes one).
 pub fn from_claim(
-    claim: &Value,
+    claim: &ResourceClaim,
     pod_annotations: &BTreeMap<String, String>,
     pod_key: &str,
     driver: &DriverName,
@@ -147,34 +152,43 @@ pub fn from_claim(
         default_policy,
     )?;
     if all.len() != 1 {
-        return Err(RequestError {
-            object: format!("claim {}", object_key(claim)),
-            path: "spec.devices.requests".into(),
-            problem: format!("{} requests; exactly one is expected here", all.len()),
-        });
+        return Err(claim_error(
+            claim,
+            "spec.devices.requests".into(),
+            format!("{} requests; exactly one is expected here", all.len()),
+        ));
     }
     Ok(all.remove(0))
+}
+
+/// An error at `path` of `claim`.
+fn claim_error(claim: &ResourceClaim, path: String, problem: String) -> RequestError {
+    RequestError {
+        object: format!("claim {}", claim_key(claim)),
+        path,
+        problem,
+    }
 }
 
 /// One [`PendingClaim`] per device request of `claim` and per alternative of a
 /// `firstAvailable` request, in order (every one must be of the shared class), with
 /// `device_class`'s configuration before the claim's.
 pub fn requests_in_class(
-    claim: &Value,
-    device_class: Option<&Value>,
+    claim: &ResourceClaim,
+    device_class: Option<&DeviceClass>,
     pod_annotations: &BTreeMap<String, String>,
     pod_key: &str,
     driver: &DriverName,
     default_policy: Policy,
 ) -> Result<Vec<PendingClaim>, RequestError> {
-    let requests = claim["spec"]["devices"]["requests"]
-        .as_array()
-        .filter(|r| !r.is_empty())
-        .ok_or_else(|| RequestError {
-            object: format!("claim {}", object_key(claim)),
-            path: "spec.devices.requests".into(),
-            problem: "missing; the claim requests no device".into(),
-        })?;
+    let requests = &claim.spec.devices.requests;
+    if requests.is_empty() {
+        return Err(claim_error(
+            claim,
+            "spec.devices.requests".into(),
+            "missing; the claim requests no device".into(),
+        ));
+    }
     let ctx = Reading {
         claim,
         device_class,
@@ -189,11 +203,11 @@ pub fn requests_in_class(
         let parts = ctx.request(i, req)?;
         let parent = parts.first().map(|p| p.parent.clone()).unwrap_or_default();
         if !names.insert(parent.clone()) {
-            return Err(RequestError {
-                object: format!("claim {}", object_key(claim)),
-                path: format!("spec.devices.requests[{i}].name"),
-                problem: format!("{parent:?} names two requests"),
-            });
+            return Err(claim_error(
+                claim,
+                format!("spec.devices.requests[{i}].name"),
+                format!("{parent:?} names two requests"),
+            ));
         }
         out.extend(parts);
     }
@@ -205,82 +219,25 @@ pub fn requests_in_class(
 /// `resource.kubernetes.io/pcieRoot`. Everything else (`distinctAttribute`, another
 /// attribute, a request name the claim does not have) is refused, naming the field.
 pub fn constraints(
-    claim: &Value,
+    claim: &ResourceClaim,
     driver: &DriverName,
     pendings: &[PendingClaim],
 ) -> Result<Vec<Constraint>, RequestError> {
-    let Some(list) = claim["spec"]["devices"]["constraints"].as_array() else {
-        return Ok(Vec::new());
-    };
-    let err = |path: String, problem: String| RequestError {
-        object: format!("claim {}", object_key(claim)),
-        path,
-        problem,
-    };
     let numa = format!("{}/{}", driver.as_str(), attr::NUMA_NODE);
-    list.iter()
+    claim
+        .spec
+        .devices
+        .constraints
+        .iter()
         .enumerate()
         .map(|(i, c)| {
             let path = format!("spec.devices.constraints[{i}]");
-            if let Some(obj) = c.as_object() {
-                for k in obj.keys() {
-                    match k.as_str() {
-                        "requests" | "matchAttribute" => {}
-                        "distinctAttribute" => {
-                            return Err(err(
-                                format!("{path}.distinctAttribute"),
-                                "distinct devices per request are not supported by the controller; every request of a claim already takes GPUs the others do not".into(),
-                            ));
-                        }
-                        other => {
-                            return Err(err(
-                                format!("{path}.{other}"),
-                                "not supported by the controller; use matchAttribute".into(),
-                            ));
-                        }
-                    }
-                }
-            }
-            let attribute = match c["matchAttribute"].as_str() {
-                Some(a) if a == numa => MatchAttribute::NumaNode,
-                Some(attr::PCIE_ROOT) => MatchAttribute::PcieRoot,
-                Some(a) => {
-                    return Err(err(
-                        format!("{path}.matchAttribute"),
-                        format!("{a:?} is not supported by the controller; valid are {numa:?} and {:?}", attr::PCIE_ROOT),
-                    ));
-                }
-                None => {
-                    return Err(err(
-                        format!("{path}.matchAttribute"),
-                        "missing; the controller supports matchAttribute constraints only".into(),
-                    ));
-                }
+            let err = |field: &str, problem: String| {
+                claim_error(claim, format!("{path}.{field}"), problem)
             };
-            let requests: Vec<String> = match &c["requests"] {
-                Value::Null => Vec::new(),
-                Value::Array(r) => r
-                    .iter()
-                    .enumerate()
-                    .map(|(j, n)| {
-                        let name = n.as_str().unwrap_or_default();
-                        if pendings
-                            .iter()
-                            .any(|p| p.parent == name || p.request_name == name)
-                        {
-                            Ok(name.to_owned())
-                        } else {
-                            Err(err(
-                                format!("{path}.requests[{j}]"),
-                                format!("{n} names no request of the claim"),
-                            ))
-                        }
-                    })
-                    .collect::<Result<_, _>>()?,
-                _ => {
-                    return Err(err(format!("{path}.requests"), "not a list".into()));
-                }
-            };
+            only_match_attribute(c, &err)?;
+            let attribute = match_attribute(c, &numa, &err)?;
+            let requests = constraint_requests(c, pendings, &err)?;
             Ok(Constraint {
                 path,
                 requests,
@@ -290,10 +247,82 @@ pub fn constraints(
         .collect()
 }
 
+/// Refuses a constraint with a field beside `requests` and `matchAttribute`, naming it
+/// (`err` makes the error at a field of the constraint).
+fn only_match_attribute(
+    c: &DeviceConstraint,
+    err: &impl Fn(&str, String) -> RequestError,
+) -> Result<(), RequestError> {
+    match c.other.keys().next().map(String::as_str) {
+        None => Ok(()),
+        Some("distinctAttribute") => Err(err(
+            "distinctAttribute",
+            "distinct devices per request are not supported by the controller; every request of a claim already takes GPUs the others do not".into(),
+        )),
+        Some(other) => Err(err(
+            other,
+            "not supported by the controller; use matchAttribute".into(),
+        )),
+    }
+}
+
+/// The attribute a constraint matches: `numa` (`<driver>/numaNode`) or the PCIe root.
+fn match_attribute(
+    c: &DeviceConstraint,
+    numa: &str,
+    err: &impl Fn(&str, String) -> RequestError,
+) -> Result<MatchAttribute, RequestError> {
+    match c.match_attribute.as_deref() {
+        Some(a) if a == numa => Ok(MatchAttribute::NumaNode),
+        Some(attr::PCIE_ROOT) => Ok(MatchAttribute::PcieRoot),
+        Some(a) => Err(err(
+            "matchAttribute",
+            format!(
+                "{a:?} is not supported by the controller; valid are {numa:?} and {:?}",
+                attr::PCIE_ROOT
+            ),
+        )),
+        None => Err(err(
+            "matchAttribute",
+            "missing; the controller supports matchAttribute constraints only".into(),
+        )),
+    }
+}
+
+/// The request names a constraint lists (empty: every request), each one of `pendings`'.
+fn constraint_requests(
+    c: &DeviceConstraint,
+    pendings: &[PendingClaim],
+    err: &impl Fn(&str, String) -> RequestError,
+) -> Result<Vec<String>, RequestError> {
+    match &c.requests {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(r) => r
+            .iter()
+            .enumerate()
+            .map(|(j, n)| {
+                let name = n.as_str().unwrap_or_default();
+                if pendings
+                    .iter()
+                    .any(|p| p.parent == name || p.request_name == name)
+                {
+                    Ok(name.to_owned())
+                } else {
+                    Err(err(
+                        &format!("requests[{j}]"),
+                        format!("{n} names no request of the claim"),
+                    ))
+                }
+            })
+            .collect(),
+        _ => Err(err("requests", "not a list".into())),
+    }
+}
+
 /// What reading one claim's requests needs.
 struct Reading<'a> {
-    claim: &'a Value,
-    device_class: Option<&'a Value>,
+    claim: &'a ResourceClaim,
+    device_class: Option<&'a DeviceClass>,
     pod_annotations: &'a BTreeMap<String, String>,
     pod_key: &'a str,
     driver: &'a DriverName,
@@ -303,52 +332,60 @@ struct Reading<'a> {
 impl Reading<'_> {
     /// Request `index` (`req`) of the claim: one part for `exactly` (v1beta1: the fields
     /// in the request), one per sub-request of `firstAvailable`, in order.
-    fn request(&self, index: usize, req: &Value) -> Result<Vec<PendingClaim>, RequestError> {
-        let key = object_key(self.claim);
+    fn request(
+        &self,
+        index: usize,
+        req: &DeviceRequest,
+    ) -> Result<Vec<PendingClaim>, RequestError> {
+        let key = claim_key(self.claim);
         let req_path = format!("spec.devices.requests[{index}]");
         let here = At::new(&key, &req_path);
-        let name = req["name"]
-            .as_str()
+        let name = req
+            .name
+            .as_deref()
             .ok_or_else(|| here.err(&format!("{req_path}.name"), "missing".into()))?;
-        if !req["firstAvailable"].is_null() {
-            let subs = req["firstAvailable"]
-                .as_array()
-                .filter(|s| !s.is_empty())
-                .ok_or_else(|| {
-                    here.field(
-                        "firstAvailable",
-                        "empty or not a list of sub-requests".into(),
-                    )
-                })?;
-            let mut seen = std::collections::BTreeSet::new();
-            return subs
-                .iter()
-                .enumerate()
-                .map(|(j, sub)| {
-                    let at = At::new(&key, &format!("{req_path}.firstAvailable[{j}]"));
-                    let sub_name = sub["name"]
-                        .as_str()
-                        .filter(|n| !n.is_empty())
-                        .ok_or_else(|| at.field("name", "missing".into()))?;
-                    if !seen.insert(sub_name) {
-                        return Err(
-                            at.field("name", format!("{sub_name:?} names two sub-requests"))
-                        );
-                    }
-                    self.exact(index, name, &format!("{name}/{sub_name}"), sub, &at)
-                })
-                .collect();
+        if let Some(subs) = &req.first_available {
+            return self.sub_requests(index, name, subs, &here);
         }
         // v1/v1beta2: fields under `exactly`; v1beta1: directly in the request.
-        let (exact, here) = if req["exactly"].is_object() {
-            (
-                &req["exactly"],
-                At::new(&key, &format!("{req_path}.exactly")),
-            )
-        } else {
-            (req, here)
+        let here = match req.exactly {
+            Some(_) => At::new(&key, &format!("{req_path}.exactly")),
+            None => here,
         };
-        Ok(vec![self.exact(index, name, name, exact, &here)?])
+        Ok(vec![self.exact(index, name, name, req.exact(), &here)?])
+    }
+
+    /// The alternatives `subs` of `firstAvailable` request `index` named `name` (at
+    /// `here`), one part each, in order; their names must be there and differ.
+    fn sub_requests(
+        &self,
+        index: usize,
+        name: &str,
+        subs: &[DeviceSubRequest],
+        here: &At,
+    ) -> Result<Vec<PendingClaim>, RequestError> {
+        if subs.is_empty() {
+            return Err(here.field(
+                "firstAvailable",
+                "empty or not a list of sub-requests".into(),
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        subs.iter()
+            .enumerate()
+            .map(|(j, sub)| {
+                let at = here.nested(&format!("firstAvailable[{j}]"));
+                let sub_name = sub
+                    .name
+                    .as_deref()
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| at.field("name", "missing".into()))?;
+                if !seen.insert(sub_name) {
+                    return Err(at.field("name", format!("{sub_name:?} names two sub-requests")));
+                }
+                self.exact(index, name, &format!("{name}/{sub_name}"), &sub.exact, &at)
+            })
+            .collect()
     }
 
     /// One request or sub-request (`exact`, at `here`) named `full` of claim request
@@ -360,7 +397,7 @@ impl Reading<'_> {
         index: usize,
         parent: &str,
         full: &str,
-        exact: &Value,
+        exact: &ExactDeviceRequest,
         here: &At,
     ) -> Result<PendingClaim, RequestError> {
         let count = check_exact(exact, here, self.driver)?;
@@ -384,7 +421,7 @@ impl Reading<'_> {
         placement.constrain(&mut request);
         let policy = placement.policy;
         Ok(PendingClaim {
-            key: object_key(self.claim),
+            key: claim_key(self.claim),
             id: crate::usage::grant_id(self.claim),
             request_name: full.to_owned(),
             parent: parent.to_owned(),
@@ -401,14 +438,13 @@ impl Reading<'_> {
 
 /// The request's `selectors`, each compiled ([`selector::compile`]); a selector that is
 /// not CEL or does not compile is refused, naming its field.
-fn selectors(exact: &Value, here: &At) -> Result<Vec<Selector>, RequestError> {
-    let Some(list) = exact["selectors"].as_array() else {
-        return Ok(Vec::new());
-    };
-    list.iter()
+fn selectors(exact: &ExactDeviceRequest, here: &At) -> Result<Vec<Selector>, RequestError> {
+    exact
+        .selectors
+        .iter()
         .enumerate()
         .map(|(j, s)| {
-            let Some(expression) = s["cel"]["expression"].as_str() else {
+            let Some(expression) = s.cel.as_ref().and_then(|c| c.expression.as_deref()) else {
                 return Err(here.field(
                     &format!("selectors[{j}].cel.expression"),
                     "missing; the controller evaluates CEL selectors only".into(),
@@ -426,15 +462,13 @@ fn selectors(exact: &Value, here: &At) -> Result<Vec<Selector>, RequestError> {
 }
 
 /// The request's `tolerations` of device taints (operator `Exists` or `Equal`).
-fn tolerations(exact: &Value, here: &At) -> Result<Vec<Toleration>, RequestError> {
-    let Some(list) = exact["tolerations"].as_array() else {
-        return Ok(Vec::new());
-    };
-    list.iter()
+fn tolerations(exact: &ExactDeviceRequest, here: &At) -> Result<Vec<Toleration>, RequestError> {
+    exact
+        .tolerations
+        .iter()
         .enumerate()
         .map(|(i, t)| {
-            let s = |f: &str| t[f].as_str().unwrap_or_default().to_owned();
-            let exists = match t["operator"].as_str() {
+            let exists = match t.operator.as_deref() {
                 None | Some("Equal") => false,
                 Some("Exists") => true,
                 Some(op) => {
@@ -444,17 +478,17 @@ fn tolerations(exact: &Value, here: &At) -> Result<Vec<Toleration>, RequestError
                     ));
                 }
             };
-            if s("key").is_empty() && !exists {
+            if t.key.is_empty() && !exists {
                 return Err(here.field(
                     &format!("tolerations[{i}].key"),
                     "empty; an empty key needs operator Exists".into(),
                 ));
             }
             Ok(Toleration {
-                key: s("key"),
+                key: t.key.clone(),
                 exists,
-                value: s("value"),
-                effect: s("effect"),
+                value: t.value.clone(),
+                effect: t.effect.clone(),
             })
         })
         .collect()
@@ -473,6 +507,14 @@ impl At {
         Self {
             object: format!("claim {key}"),
             base: base.to_owned(),
+        }
+    }
+
+    /// The place of field `f` of the request (a sub-request's, say).
+    fn nested(&self, f: &str) -> Self {
+        Self {
+            object: self.object.clone(),
+            base: self.at(f),
         }
     }
 
@@ -499,18 +541,22 @@ impl At {
 /// Checks the `exactly` part of a request or a sub-request (`exact`): the shared class,
 /// `ExactCount`, no admin access, no derived attributes; returns its count (default 1, at
 /// most 32).
-fn check_exact(exact: &Value, here: &At, driver: &DriverName) -> Result<u32, RequestError> {
+fn check_exact(
+    exact: &ExactDeviceRequest,
+    here: &At,
+    driver: &DriverName,
+) -> Result<u32, RequestError> {
     let class = driver.shared_class();
-    if exact["deviceClassName"].as_str() != Some(class.as_str()) {
+    if exact.class_name() != Some(class.as_str()) {
         return Err(here.field(
             "deviceClassName",
             format!(
                 "{}; the controller allocates class {class}",
-                exact["deviceClassName"]
+                exact.device_class_name
             ),
         ));
     }
-    match exact["allocationMode"].as_str() {
+    match exact.allocation_mode.as_deref() {
         None | Some("ExactCount") => {}
         Some(m) => {
             return Err(here.field(
@@ -519,22 +565,19 @@ fn check_exact(exact: &Value, here: &At, driver: &DriverName) -> Result<u32, Req
             ));
         }
     }
-    if exact["derivedAttributes"]
-        .as_array()
-        .is_some_and(|s| !s.is_empty())
-    {
+    if !exact.derived_attributes.is_empty() {
         return Err(here.field(
             "derivedAttributes",
             "derived attributes are not supported by the controller".into(),
         ));
     }
-    if exact["adminAccess"] == Value::Bool(true) {
+    if exact.admin_access {
         return Err(here.field(
             "adminAccess",
             "admin access is not allocated by the controller".into(),
         ));
     }
-    match &exact["count"] {
+    match &exact.count {
         Value::Null => Ok(1),
         v => v
             .as_u64()
@@ -549,79 +592,94 @@ struct ConfigEntries {
     /// This driver's configuration that applies to the request, class first.
     config: GpuShareConfig,
     /// Every entry of the claim's `spec.devices.config`.
-    claim_config: Vec<Value>,
+    claim_config: Vec<DeviceClaimConfiguration>,
     /// Every entry of the class's `spec.config`.
-    class_config: Vec<Value>,
+    class_config: Vec<DeviceClassConfiguration>,
 }
 
-/// The configuration of request `name` (sub-request `full`): this driver's `GpuShareConfig`s of the class,
-/// then those of the claim that apply to the request, later fields winning; every entry
-/// is kept to be copied into the allocation.
+/// The configuration of request `name` (sub-request `full`): this driver's
+/// `GpuShareConfig`s of the class ([`class_configs`]), then those of the claim that apply
+/// to the request ([`claim_configs`]), later fields winning; every entry is kept to be
+/// copied into the allocation.
 fn effective_config(
-    claim: &Value,
+    claim: &ResourceClaim,
     name: &str,
     full: &str,
-    device_class: Option<&Value>,
+    device_class: Option<&DeviceClass>,
     driver: &DriverName,
     here: &At,
 ) -> Result<ConfigEntries, RequestError> {
-    let mut out = ConfigEntries {
-        config: GpuShareConfig::default(),
-        claim_config: Vec::new(),
-        class_config: Vec::new(),
-    };
-    let class_name = device_class
-        .and_then(|c| c["metadata"]["name"].as_str())
-        .unwrap_or_default();
-    let class_entries = device_class
-        .and_then(|c| c["spec"]["config"].as_array())
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, e)| (true, i, e));
-    let claim_entries = claim["spec"]["devices"]["config"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, e)| (false, i, e));
-    for (from_class, i, e) in class_entries.chain(claim_entries) {
-        if from_class {
-            out.class_config.push(e.clone());
-        } else {
-            out.claim_config.push(e.clone());
-        }
-        if e["opaque"]["driver"].as_str() != Some(driver.as_str()) {
-            continue;
-        }
-        let c = if from_class {
-            let path = format!("spec.config[{i}].opaque.parameters");
-            GpuShareConfig::from_value(&e["opaque"]["parameters"], &path).map_err(|e| {
-                RequestError {
-                    object: format!("DeviceClass {class_name}"),
-                    path: e.path,
-                    problem: e.problem.to_string(),
-                }
-            })?
-        } else {
-            let path = format!("spec.devices.config[{i}].opaque.parameters");
-            GpuShareConfig::from_value(&e["opaque"]["parameters"], &path)
-                .map_err(|e| here.err(&e.path, e.problem.to_string()))?
-        };
+    let mut config = GpuShareConfig::default();
+    for (c, params) in class_configs(device_class, driver)? {
+        merge_config(&mut config, &c, params);
+    }
+    for (c, e) in claim_configs(claim, driver, here)? {
         if entry_applies(e, name, full) {
-            merge_config(&mut out.config, &c, &e["opaque"]["parameters"]);
+            let params = e.opaque.as_ref().map_or(&Value::Null, |o| &o.parameters);
+            merge_config(&mut config, &c, params);
         }
     }
-    Ok(out)
+    Ok(ConfigEntries {
+        config,
+        claim_config: claim.spec.devices.config.clone(),
+        class_config: device_class
+            .map(|c| c.spec.config.clone())
+            .unwrap_or_default(),
+    })
+}
+
+/// This driver's `GpuShareConfig`s in the class's `spec.config`, decoded, with their
+/// parameters; a bad one is refused, naming the class and the field.
+fn class_configs<'c>(
+    device_class: Option<&'c DeviceClass>,
+    driver: &DriverName,
+) -> Result<Vec<(GpuShareConfig, &'c Value)>, RequestError> {
+    let Some(class) = device_class else {
+        return Ok(Vec::new());
+    };
+    let ours = class.spec.config.iter().enumerate().filter_map(|(i, e)| {
+        let opaque = e.opaque.as_ref().filter(|o| o.driver == driver.as_str())?;
+        Some((i, opaque))
+    });
+    ours.map(|(i, opaque)| {
+        let path = format!("spec.config[{i}].opaque.parameters");
+        let c =
+            GpuShareConfig::from_value(&opaque.parameters, &path).map_err(|e| RequestError {
+                object: format!("DeviceClass {}", class.metadata.name),
+                path: e.path,
+                problem: e.problem.to_string(),
+            })?;
+        Ok((c, &opaque.parameters))
+    })
+    .collect()
+}
+
+/// This driver's `GpuShareConfig`s in the claim's `spec.devices.config`, decoded, with
+/// their entries (whichever requests they apply to: a bad one is refused all the same).
+fn claim_configs<'c>(
+    claim: &'c ResourceClaim,
+    driver: &DriverName,
+    here: &At,
+) -> Result<Vec<(GpuShareConfig, &'c DeviceClaimConfiguration)>, RequestError> {
+    let entries = claim.spec.devices.config.iter().enumerate();
+    let ours = entries.filter_map(|(i, e)| {
+        let opaque = e.opaque.as_ref().filter(|o| o.driver == driver.as_str())?;
+        Some((i, e, opaque))
+    });
+    ours.map(|(i, e, opaque)| {
+        let path = format!("spec.devices.config[{i}].opaque.parameters");
+        let c = GpuShareConfig::from_value(&opaque.parameters, &path)
+            .map_err(|e| here.err(&e.path, e.problem.to_string()))?;
+        Ok((c, e))
+    })
+    .collect()
 }
 
 /// Whether config entry `e` applies to request `name` (or its sub-request `full`,
 /// `<name>/<sub>`; `full == name` for a plain request): it names no request, or names
 /// either.
-fn entry_applies(e: &Value, name: &str, full: &str) -> bool {
-    e["requests"]
-        .as_array()
-        .is_none_or(|r| r.is_empty() || r.iter().any(|q| q == name || q == full))
+fn entry_applies(e: &DeviceClaimConfiguration, name: &str, full: &str) -> bool {
+    e.requests.is_empty() || e.requests.iter().any(|q| q == name || q == full)
 }
 
 /// Lays `c` (read from `params`) over `config`: memory and cores where `c` has them,
@@ -642,10 +700,10 @@ fn merge_config(config: &mut GpuShareConfig, c: &GpuShareConfig, params: &Value)
 /// `config`.
 fn apply_capacity(
     config: &mut GpuShareConfig,
-    exact: &Value,
+    exact: &ExactDeviceRequest,
     here: &At,
 ) -> Result<(), RequestError> {
-    let Some(obj) = exact["capacity"]["requests"].as_object() else {
+    let Some(obj) = &exact.capacity.requests else {
         return Ok(());
     };
     if let Some(unknown) = obj
@@ -717,17 +775,43 @@ mod tests {
         json!({"requests": requests, "opaque": {"driver": "gpu.fgpu.dev", "parameters": p}})
     }
 
+    /// The JSON claim `c` typed, as the daemon reads it.
+    fn typed(c: &Value) -> ResourceClaim {
+        crate::usage::typed(c).unwrap()
+    }
+
+    /// The JSON config entry `e` typed.
+    fn entry(e: Value) -> DeviceClaimConfiguration {
+        serde_json::from_value(e).unwrap()
+    }
+
     fn read(c: &Value, ann: &[(&str, &str)]) -> Result<PendingClaim, RequestError> {
         let ann = ann
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        from_claim(c, &ann, "ns/pod", &DriverName::default(), Policy::FRAGAWARE)
+        let c = typed(c);
+        from_claim(
+            &c,
+            &ann,
+            "ns/pod",
+            &DriverName::default(),
+            Policy::FRAGAWARE,
+        )
     }
 
     fn read_all(c: &Value, class: Option<&Value>) -> Result<Vec<PendingClaim>, RequestError> {
         let d = DriverName::default();
-        requests_in_class(c, class, &BTreeMap::new(), "ns/pod", &d, Policy::BINPACK)
+        let class: Option<DeviceClass> = class.map(|c| serde_json::from_value(c.clone()).unwrap());
+        let c = typed(c);
+        requests_in_class(
+            &c,
+            class.as_ref(),
+            &BTreeMap::new(),
+            "ns/pod",
+            &d,
+            Policy::BINPACK,
+        )
     }
 
     fn read_one(c: &Value, class: Option<&Value>) -> Result<PendingClaim, RequestError> {
@@ -875,7 +959,7 @@ mod tests {
         let mut with = c;
         with["spec"]["devices"]["constraints"] =
             json!([{"requests": ["gpu/a"], "matchAttribute": "gpu.fgpu.dev/numaNode"}]);
-        let cs = constraints(&with, &DriverName::default(), &all).unwrap();
+        let cs = constraints(&typed(&with), &DriverName::default(), &all).unwrap();
         assert_eq!(cs.len(), 1);
         assert!(cs[0].applies(&all[0]) && !cs[0].applies(&all[1]));
         assert_eq!(cs[0].attribute, MatchAttribute::NumaNode);
@@ -1145,27 +1229,31 @@ mod tests {
 
     #[test]
     fn config_entries_apply_to_the_requests_they_name_and_later_fields_win() {
-        assert!(entry_applies(&json!({}), "gpu", "gpu"));
-        assert!(entry_applies(&json!({"requests": []}), "gpu", "gpu"));
+        assert!(entry_applies(&entry(json!({})), "gpu", "gpu"));
+        assert!(entry_applies(&entry(json!({"requests": []})), "gpu", "gpu"));
         assert!(entry_applies(
-            &json!({"requests": ["a", "gpu"]}),
+            &entry(json!({"requests": ["a", "gpu"]})),
             "gpu",
             "gpu"
         ));
-        assert!(!entry_applies(&json!({"requests": ["a"]}), "gpu", "gpu"));
+        assert!(!entry_applies(
+            &entry(json!({"requests": ["a"]})),
+            "gpu",
+            "gpu"
+        ));
         // A sub-request takes its request's entries and its own, not a sibling's.
         assert!(entry_applies(
-            &json!({"requests": ["gpu"]}),
+            &entry(json!({"requests": ["gpu"]})),
             "gpu",
             "gpu/big"
         ));
         assert!(entry_applies(
-            &json!({"requests": ["gpu/big"]}),
+            &entry(json!({"requests": ["gpu/big"]})),
             "gpu",
             "gpu/big"
         ));
         assert!(!entry_applies(
-            &json!({"requests": ["gpu/small"]}),
+            &entry(json!({"requests": ["gpu/small"]})),
             "gpu",
             "gpu/big"
         ));

@@ -24,6 +24,8 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::response::Response;
 use axum::routing::get;
+use fgpu_api::dra::claim::DeviceClaim;
+use fgpu_api::dra::tolerant;
 use fgpu_plumbing::server::{self as http, Limits};
 use kube::api::{Api, DynamicObject};
 use serde_json::Value;
@@ -204,7 +206,8 @@ async fn lookup_classes(shared: &Shared, names: &[String]) -> admission::ClassPo
         let found = match api.get_opt(n).await {
             Ok(Some(o)) => {
                 let v = serde_json::to_value(&o).unwrap_or(Value::Null);
-                admission::ClassLookup::Found(admission::class_allows_high(&v, &shared.driver))
+                let class = tolerant::from_value(&v);
+                admission::ClassLookup::Found(admission::class_allows_high(&class, &shared.driver))
             }
             Ok(None) => admission::ClassLookup::NotFound,
             Err(e) => admission::ClassLookup::Failed(e.to_string()),
@@ -242,12 +245,12 @@ pub(crate) async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
         match api.get_opt(name).await {
             Ok(Some(o)) => {
                 let v = serde_json::to_value(&o).unwrap_or(Value::Null);
-                let devices = if inner {
+                let devices: DeviceClaim = tolerant::from_value(if inner {
                     &v["spec"]["spec"]["devices"]
                 } else {
                     &v["spec"]["devices"]
-                };
-                if request_classes(devices).contains(&class.as_str()) {
+                });
+                if request_classes(&devices).contains(&class.as_str()) {
                     needs = true;
                 }
             }

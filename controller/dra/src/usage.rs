@@ -18,13 +18,17 @@
 //! kube-scheduler for a result without `shareID`, counts the whole device as taken.
 
 use fgpu_api::config::{CorePercent, GpuShareConfig};
+use fgpu_api::dra::claim::{
+    AllocationConfig, DeviceAllocation, DeviceResult, ResourceClaim, SOURCE_FROM_CLASS,
+};
 use fgpu_api::names::capacity;
 use fgpu_driver::engine::Inventory;
 use fgpu_driver::grant::{self, ConfigEntry, Consumed};
 use fgpu_driver::ledger::{DeviceGrant, Grant, Ledger, LedgerError};
+use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{object_key, quantity_u64};
+use crate::claim_key;
 
 /// Why a claim's allocation does not count in the ledger.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +43,14 @@ pub enum UsageError {
         /// What is wrong.
         problem: String,
     },
+    /// The claim's text does not read as a ResourceClaim at all (not a JSON object).
+    #[error("claim {claim}: does not read as a ResourceClaim: {problem}")]
+    Unreadable {
+        /// `namespace/name`, or the UID where the name could not be read.
+        claim: String,
+        /// The parser's message.
+        problem: String,
+    },
     /// The ledger refused the claim's grant (unknown node or GPU, or more than is free:
     /// the cluster already holds a double grant).
     #[error("claim {claim}: {source}")]
@@ -51,11 +63,8 @@ pub enum UsageError {
 }
 
 /// The id of a claim's grant in the ledger: its UID, else `namespace/name`.
-pub fn grant_id(claim: &Value) -> String {
-    grant_id_of(
-        claim["metadata"]["uid"].as_str().unwrap_or_default(),
-        || object_key(claim),
-    )
+pub fn grant_id(claim: &ResourceClaim) -> String {
+    grant_id_of(&claim.metadata.uid, || claim_key(claim))
 }
 
 /// [`grant_id`] from the claim's UID (empty when it has none) and its key.
@@ -67,144 +76,224 @@ pub fn grant_id_of(uid: &str, key: impl FnOnce() -> String) -> String {
     }
 }
 
+/// An invalid field of claim `claim` (its key).
+fn invalid(claim: &str, path: String, problem: String) -> UsageError {
+    UsageError::Invalid {
+        claim: claim.to_owned(),
+        path,
+        problem,
+    }
+}
+
 /// The grant of `claim`'s results of `driver`; `None` when the claim is not allocated or
 /// has no device of this driver. `inventory` gives whole-device sizes.
 pub fn claim_grant(
-    claim: &Value,
+    claim: &ResourceClaim,
     driver: &str,
     inventory: &Inventory,
 ) -> Result<Option<Grant>, UsageError> {
-    let alloc = &claim["status"]["allocation"];
-    if alloc.is_null() {
+    if !claim.is_allocated() {
         return Ok(None);
     }
-    let key = object_key(claim);
-    let invalid = |path: String, problem: String| UsageError::Invalid {
-        claim: key.clone(),
-        path,
-        problem,
-    };
-    let empty = Vec::new();
-    let configs = alloc["devices"]["config"].as_array().unwrap_or(&empty);
-    let mut entries = Vec::new();
-    for (i, c) in configs.iter().enumerate() {
-        if c["opaque"]["driver"].as_str() != Some(driver) {
-            continue;
-        }
-        let params = &c["opaque"]["parameters"];
-        let base = format!("status.allocation.devices.config[{i}].opaque.parameters");
-        let config = GpuShareConfig::from_value(params, &base)
-            .map_err(|e| invalid(e.path, e.problem.to_string()))?;
-        let requests = c["requests"]
-            .as_array()
-            .map(|r| {
-                r.iter()
-                    .filter_map(|s| s.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let present = |f: &str| params.get(f).is_some_and(|v| !v.is_null());
-        entries.push(ConfigEntry {
-            from_class: c["source"] == "FromClass",
-            position: i,
-            requests,
-            config,
-            has_priority: present("priority"),
-            has_oversubscribe: present("oversubscribe"),
-        });
-    }
-    grant::order(&mut entries);
-
-    let results = alloc["devices"]["results"].as_array().unwrap_or(&empty);
-    let mut node: Option<String> = None;
+    let key = claim_key(claim);
+    let empty = DeviceAllocation::default();
+    let alloc = claim.allocation().unwrap_or(&empty);
+    let entries = config_entries(&alloc.config, driver, &key)?;
+    let mut node: Option<&str> = None;
     let mut devices = Vec::new();
-    for (i, r) in results.iter().enumerate() {
-        if r["driver"].as_str() != Some(driver) || r["adminAccess"] == Value::Bool(true) {
+    for (i, r) in alloc.results.iter().enumerate() {
+        if r.driver != driver || r.admin_access == Some(true) {
             continue;
         }
-        let path = |f: &str| format!("status.allocation.devices.results[{i}].{f}");
-        let field = |f: &str| {
-            r[f].as_str()
-                .filter(|s| !s.is_empty())
-                .ok_or_else(|| invalid(path(f), "missing or not a string".to_owned()))
+        let at = ResultAt {
+            key: &key,
+            index: i,
         };
-        let (request, pool, device) = (field("request")?, field("pool")?, field("device")?);
-        match &node {
-            Some(n) if n != pool => {
-                return Err(invalid(
-                    path("pool"),
-                    format!(
-                        "{pool:?}: the claim's other devices are on {n:?}; a claim of this driver lives on one node"
-                    ),
-                ));
-            }
-            _ => node = Some(pool.to_owned()),
-        }
-        let gpu = inventory
-            .node_index(pool)
-            .and_then(|n| inventory.nodes[n].gpus.iter().find(|g| g.id == device));
-        let (memory_total, cores_total) = gpu.map_or((None, None), |g| {
-            (Some(g.memory_total), Some(g.cores_total))
-        });
-        let consumed = match r["consumedCapacity"].as_object() {
-            None => None,
-            Some(cc) => {
-                let get = |name: &str| {
-                    cc.get(name)
-                        .map(|v| {
-                            quantity_u64(v).map_err(|p| {
-                                invalid(path(&format!("consumedCapacity.{name}")), p.to_string())
-                            })
-                        })
-                        .transpose()
-                };
-                let cores = match get(capacity::CORES)? {
-                    None => None,
-                    Some(n) => Some(u8::try_from(n).ok().and_then(CorePercent::new).ok_or_else(
-                        || {
-                            invalid(
-                                path("consumedCapacity.cores"),
-                                format!("{n} is above the maximum 100"),
-                            )
-                        },
-                    )?),
-                };
-                Some(Consumed {
-                    memory: get(capacity::MEMORY)?,
-                    cores,
-                })
-            }
-        };
-        let share = grant::resolve(&entries, request, consumed);
-        let memory = match share.memory {
-            Some(m) => m,
-            None => memory_total.ok_or_else(|| {
-                invalid(
-                    path("device"),
-                    format!(
-                        "{pool}/{device} is not in any ResourceSlice; its memory size is unknown"
-                    ),
-                )
-            })?,
-        };
-        let cores = match share.cores {
-            Some(c) => u32::from(c.get()),
-            None if share.is_whole_device() => cores_total.unwrap_or(100),
-            None => 0,
-        };
-        devices.push(DeviceGrant {
-            gpu: device.to_owned(),
-            memory,
-            cores,
-        });
+        let names = at.names(r)?;
+        same_node(&mut node, names.pool, &at)?;
+        devices.push(device_grant(r, &names, &entries, inventory, &at)?);
     }
     Ok(node.map(|node| Grant {
         id: grant_id(claim),
-        node,
+        node: node.to_owned(),
         cpu_milli: 0,
         memory_mib: 0,
         devices,
     }))
+}
+
+/// This driver's entries of `status.allocation.devices.config`, decoded, in the order the
+/// grant rule reads them ([`grant::order`]).
+fn config_entries(
+    configs: &[AllocationConfig],
+    driver: &str,
+    key: &str,
+) -> Result<Vec<ConfigEntry>, UsageError> {
+    let mut entries = Vec::new();
+    for (i, c) in configs.iter().enumerate() {
+        let Some(opaque) = c.opaque.as_ref().filter(|o| o.driver == driver) else {
+            continue;
+        };
+        let base = format!("status.allocation.devices.config[{i}].opaque.parameters");
+        let config = GpuShareConfig::from_value(&opaque.parameters, &base)
+            .map_err(|e| invalid(key, e.path, e.problem.to_string()))?;
+        entries.push(ConfigEntry {
+            from_class: c.source == SOURCE_FROM_CLASS,
+            position: i,
+            requests: c.requests.clone(),
+            config,
+            has_priority: opaque.has("priority"),
+            has_oversubscribe: opaque.has("oversubscribe"),
+        });
+    }
+    grant::order(&mut entries);
+    Ok(entries)
+}
+
+/// Where in a claim one allocation result is: errors name the claim and the field.
+struct ResultAt<'a> {
+    /// The claim's `namespace/name`.
+    key: &'a str,
+    /// Index in `status.allocation.devices.results`.
+    index: usize,
+}
+
+impl ResultAt<'_> {
+    /// The path of field `f` of the result.
+    fn path(&self, f: &str) -> String {
+        format!("status.allocation.devices.results[{}].{f}", self.index)
+    }
+
+    /// An error at field `f` of the result.
+    fn err(&self, f: &str, problem: String) -> UsageError {
+        invalid(self.key, self.path(f), problem)
+    }
+
+    /// The names result `r` must carry: `request`, `pool` and `device`, none empty.
+    fn names<'r>(&self, r: &'r DeviceResult) -> Result<Names<'r>, UsageError> {
+        let required = |f: &str, value: &'r str| {
+            if value.is_empty() {
+                Err(self.err(f, "missing or not a string".to_owned()))
+            } else {
+                Ok(value)
+            }
+        };
+        Ok(Names {
+            request: required("request", &r.request)?,
+            pool: required("pool", &r.pool)?,
+            device: required("device", &r.device)?,
+        })
+    }
+}
+
+/// What names one allocation result: its request, pool (node) and device.
+#[derive(Clone, Copy)]
+struct Names<'r> {
+    request: &'r str,
+    pool: &'r str,
+    device: &'r str,
+}
+
+/// Checks that `pool` is the node of the claim's earlier results (`node`, set by the
+/// first): a claim of this driver lives on one node.
+fn same_node<'a>(
+    node: &mut Option<&'a str>,
+    pool: &'a str,
+    at: &ResultAt<'_>,
+) -> Result<(), UsageError> {
+    match node {
+        Some(n) if *n != pool => Err(at.err(
+            "pool",
+            format!(
+                "{pool:?}: the claim's other devices are on {n:?}; a claim of this driver lives on one node"
+            ),
+        )),
+        _ => {
+            *node = Some(pool);
+            Ok(())
+        }
+    }
+}
+
+/// What result `r` (named `names`) takes of its device: `consumedCapacity`, else the
+/// configuration `entries`, else the whole device (its size from `inventory`).
+fn device_grant(
+    r: &DeviceResult,
+    names: &Names<'_>,
+    entries: &[ConfigEntry],
+    inventory: &Inventory,
+    at: &ResultAt<'_>,
+) -> Result<DeviceGrant, UsageError> {
+    let Names {
+        request,
+        pool,
+        device,
+    } = *names;
+    let gpu = inventory
+        .node_index(pool)
+        .and_then(|n| inventory.nodes[n].gpus.iter().find(|g| g.id == device));
+    let share = grant::resolve(entries, request, consumed(r, at)?);
+    let memory = match share.memory {
+        Some(m) => m,
+        None => gpu.map(|g| g.memory_total).ok_or_else(|| {
+            at.err(
+                "device",
+                format!("{pool}/{device} is not in any ResourceSlice; its memory size is unknown"),
+            )
+        })?,
+    };
+    let cores = match share.cores {
+        Some(c) => u32::from(c.get()),
+        None if share.is_whole_device() => gpu.map_or(100, |g| g.cores_total),
+        None => 0,
+    };
+    Ok(DeviceGrant {
+        gpu: device.to_owned(),
+        memory,
+        cores,
+    })
+}
+
+/// The result's `consumedCapacity` (`memory`, `cores`), `None` when it has none.
+fn consumed(r: &DeviceResult, at: &ResultAt<'_>) -> Result<Option<Consumed>, UsageError> {
+    let Some(cc) = &r.consumed_capacity else {
+        return Ok(None);
+    };
+    let get = |name: &str| {
+        cc.get(name)
+            .map(|v| {
+                fgpu_api::quantity::parse_u64(v)
+                    .map_err(|p| at.err(&format!("consumedCapacity.{name}"), p.to_string()))
+            })
+            .transpose()
+    };
+    let cores = match get(capacity::CORES)? {
+        None => None,
+        Some(n) => Some(
+            u8::try_from(n)
+                .ok()
+                .and_then(CorePercent::new)
+                .ok_or_else(|| {
+                    at.err(
+                        "consumedCapacity.cores",
+                        format!("{n} is above the maximum 100"),
+                    )
+                })?,
+        ),
+    };
+    Ok(Some(Consumed {
+        memory: get(capacity::MEMORY)?,
+        cores,
+    }))
+}
+
+/// The claim `c` (JSON) typed; a value that is not a JSON object is
+/// [`UsageError::Unreadable`], named by its key.
+pub fn typed(c: &Value) -> Result<ResourceClaim, UsageError> {
+    ResourceClaim::deserialize(c).map_err(|e| UsageError::Unreadable {
+        claim: crate::object_key(c),
+        problem: e.to_string(),
+    })
 }
 
 /// The ledger over `capacity` with every claim's grant, and the claims that did not count.
@@ -216,7 +305,8 @@ pub struct Usage {
     pub errors: Vec<UsageError>,
 }
 
-/// Rebuilds the ledger from all claims (allocated or not; only allocated ones count).
+/// Rebuilds the ledger from all claims, as JSON (allocated or not; only allocated ones
+/// count).
 pub fn rebuild<'a>(
     driver: &str,
     capacity: Inventory,
@@ -224,7 +314,10 @@ pub fn rebuild<'a>(
 ) -> Usage {
     let grants: Vec<(String, Result<Option<Grant>, UsageError>)> = claims
         .into_iter()
-        .map(|c| (object_key(c), claim_grant(c, driver, &capacity)))
+        .map(|c| {
+            let grant = typed(c).and_then(|c| claim_grant(&c, driver, &capacity));
+            (crate::object_key(c), grant)
+        })
         .collect();
     rebuild_from(capacity, grants.iter().map(|(k, g)| (k.as_str(), g)))
 }
@@ -285,6 +378,11 @@ mod tests {
                     {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
             }}
         })
+    }
+
+    /// [`claim_grant`] of the JSON claim `c` over [`inv`].
+    fn grant_of(c: &Value) -> Result<Option<Grant>, UsageError> {
+        claim_grant(&typed(c).unwrap(), DRIVER, &inv())
     }
 
     fn result(device: &str) -> Value {
@@ -358,9 +456,7 @@ mod tests {
             ),
         ];
         for (what, results, config, want) in cases {
-            let g = claim_grant(&claim("u1", results, config), DRIVER, &inv())
-                .unwrap()
-                .unwrap();
+            let g = grant_of(&claim("u1", results, config)).unwrap().unwrap();
             assert_eq!((g.id.as_str(), g.node.as_str()), ("u1", "node-a"), "{what}");
             let got: Vec<_> = g
                 .devices
@@ -409,7 +505,7 @@ mod tests {
             ),
         ];
         for (what, c, path) in cases {
-            let e = claim_grant(&c, DRIVER, &inv()).unwrap_err();
+            let e = grant_of(&c).unwrap_err();
             let UsageError::Invalid { claim, path: p, .. } = &e else {
                 panic!("{what}: {e}")
             };

@@ -8,15 +8,21 @@
 //! inventory: the grant depends on the devices' sizes) and keeps it between passes; the
 //! whole object is parsed again only for what needs it: turning a pending claim into
 //! engine requests and the writes themselves.
+//!
+//! A claim's view is read from the typed claim ([`fgpu_api::dra::claim`]), parsed straight
+//! from its text ([`ClaimView::of_text`]); the typed claim is dropped once the view is
+//! made. A text that does not read as a claim still gets a view, which names it and whose
+//! grant is the error.
 
 use std::collections::BTreeMap;
 
+use fgpu_api::dra::claim::ResourceClaim;
 use fgpu_api::names::DriverName;
 use fgpu_driver::engine::Inventory;
 use fgpu_driver::ledger::Grant;
 use serde_json::Value;
 
-use crate::object_key;
+use crate::claim_key;
 use crate::objects::{self, ObjectId};
 use crate::usage::{self, UsageError};
 
@@ -49,29 +55,76 @@ pub struct ClaimView {
 
 impl ClaimView {
     /// The view of `claim` for `driver`, its grant sized by `inventory`.
-    pub fn of(claim: &Value, driver: &DriverName, inventory: &Inventory) -> Self {
+    pub fn of(claim: &ResourceClaim, driver: &DriverName, inventory: &Inventory) -> Self {
         let finalizer = driver.finalizer();
-        let status = &claim["status"];
-        let meta = &claim["metadata"];
+        let meta = &claim.metadata;
+        let allocation = claim.allocation_status();
         Self {
-            id: ObjectId::of(claim),
-            key: object_key(claim),
-            ours: meta["finalizers"]
-                .as_array()
-                .is_some_and(|f| f.iter().any(|e| e.as_str() == Some(finalizer.as_str()))),
-            allocated: status["allocation"].is_object(),
-            deleting: meta["deletionTimestamp"].is_string(),
-            reserved: status["reservedFor"]
-                .as_array()
-                .is_some_and(|r| !r.is_empty()),
+            id: ObjectId::of_meta(meta),
+            key: claim_key(claim),
+            ours: meta.finalizers.iter().any(|f| *f == finalizer),
+            allocated: allocation.is_some(),
+            deleting: meta.deletion_timestamp.is_some(),
+            reserved: claim.is_reserved(),
             shared: objects::is_shared(claim, driver),
-            allocated_at: status["allocation"]["allocationTimestamp"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
+            allocated_at: allocation
+                .and_then(|a| a.allocation_timestamp.clone())
+                .unwrap_or_default(),
             node: objects::allocated_node(claim).map(str::to_owned),
             grant: usage::claim_grant(claim, driver.as_str(), inventory),
-            created: fgpu_plumbing::unix_seconds(&meta["creationTimestamp"]),
+            created: unix_seconds(meta.creation_timestamp.as_deref()),
+        }
+    }
+
+    /// The view of the claim whose JSON text is `text` ([`ClaimView::of`]); `stored` names
+    /// it (UID and version) where the text does not read as a claim.
+    pub fn of_text(
+        text: &[u8],
+        stored: ObjectId,
+        driver: &DriverName,
+        inventory: &Inventory,
+    ) -> Self {
+        match serde_json::from_slice::<ResourceClaim>(text) {
+            Ok(claim) => Self::of(&claim, driver, inventory),
+            Err(e) => Self::unreadable(stored, e.to_string()),
+        }
+    }
+
+    /// The view of the claim `claim` as JSON ([`ClaimView::of`]), for callers that hold
+    /// whole objects (tests, tools).
+    pub fn of_json(claim: &Value, driver: &DriverName, inventory: &Inventory) -> Self {
+        match usage::typed(claim) {
+            Ok(c) => Self::of(&c, driver, inventory),
+            Err(e) => Self {
+                grant: Err(e),
+                ..Self::unreadable(ObjectId::of(claim), String::new())
+            },
+        }
+    }
+
+    /// The view of a claim whose text does not read (`problem`): named by `id` (its key,
+    /// else its UID), nothing set, its grant the error, so that the pass reports it.
+    fn unreadable(id: ObjectId, problem: String) -> Self {
+        let key = if id.name.is_empty() {
+            id.uid.clone()
+        } else {
+            id.key()
+        };
+        Self {
+            grant: Err(UsageError::Unreadable {
+                claim: key.clone(),
+                problem,
+            }),
+            id,
+            key,
+            ours: false,
+            allocated: false,
+            deleting: false,
+            reserved: false,
+            shared: false,
+            allocated_at: String::new(),
+            node: None,
+            created: 0,
         }
     }
 
@@ -80,6 +133,12 @@ impl ClaimView {
     pub fn grant_id(&self) -> String {
         usage::grant_id_of(&self.id.uid, || self.key.clone())
     }
+}
+
+/// `t` (RFC 3339) in Unix seconds; 0 when absent or unreadable.
+fn unix_seconds(t: Option<&str>) -> i64 {
+    t.and_then(|s| s.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map_or(0, |t| t.as_second())
 }
 
 /// What a pass reads of one Pod.
@@ -186,6 +245,7 @@ mod tests {
     #[test]
     fn claim_view_reads_flags_node_and_grant() {
         use fgpu_driver::engine::{Gpu, Node};
+        let typed = |c: &Value| usage::typed(c).unwrap();
         let inv = Inventory {
             nodes: vec![Node::new(
                 "node-a",
@@ -202,13 +262,13 @@ mod tests {
                 "devices": {"results": [{"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-a", "device": "gpu-0",
                                           "consumedCapacity": {"memory": "4Gi", "cores": "10"}}]},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}}}});
-        let v = ClaimView::of(&claim, &DriverName::default(), &inv);
+        let v = ClaimView::of_json(&claim, &DriverName::default(), &inv);
         assert!(v.ours && v.allocated && v.reserved && v.shared && !v.deleting);
         assert_eq!(v.key, "ns/c");
         assert_eq!(v.node.as_deref(), Some("node-a"));
         assert_eq!(v.allocated_at, "2026-01-01T00:00:01Z");
         assert_eq!(v.grant_id(), "u1");
-        assert_eq!(v.grant_id(), usage::grant_id(&claim));
+        assert_eq!(v.grant_id(), usage::grant_id(&typed(&claim)));
         let g = v.grant.expect("valid").expect("allocated");
         assert_eq!((g.devices[0].memory, g.devices[0].cores), (4 << 30, 10));
 
@@ -217,14 +277,14 @@ mod tests {
         other["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] =
             json!("gpu.fgpu.dev");
         other["status"] = json!({});
-        let v = ClaimView::of(&other, &DriverName::default(), &inv);
+        let v = ClaimView::of_json(&other, &DriverName::default(), &inv);
         assert!(!v.ours && !v.allocated && !v.reserved && !v.shared && v.node.is_none());
         assert!(matches!(v.grant, Ok(None)));
         // Without a UID the grant is known by the claim's key, as usage::grant_id says.
         other["metadata"]["uid"] = json!("");
-        let v = ClaimView::of(&other, &DriverName::default(), &inv);
+        let v = ClaimView::of_json(&other, &DriverName::default(), &inv);
         assert_eq!(
-            (v.grant_id(), usage::grant_id(&other)),
+            (v.grant_id(), usage::grant_id(&typed(&other))),
             ("ns/c".into(), "ns/c".into())
         );
     }

@@ -87,7 +87,8 @@ proptest! {
         let default = if spread { Policy::SPREAD } else { Policy::BINPACK };
         for (i, spec) in claims.into_iter().enumerate() {
             let mut c = claim(i, spec);
-            let pending = request::from_claim(&c, &BTreeMap::new(), "ns/p", &driver, default).unwrap();
+            let typed = usage::typed(&c).unwrap();
+            let pending = request::from_claim(&typed, &BTreeMap::new(), "ns/p", &driver, default).unwrap();
             match choose(ledger.inventory(), &pending.request, pending.policy, &ctx, 0) {
                 Ok(placement) => {
                     let a = allocation::build(DRIVER, ledger.inventory(), &pending, &placement, consumable);
@@ -108,7 +109,7 @@ proptest! {
         // Independently of the ledger: per GPU, the sum of what the written claims take.
         let mut taken: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
         for c in &written {
-            if let Some(g) = usage::claim_grant(c, DRIVER, &capacity).unwrap() {
+            if let Some(g) = usage::claim_grant(&usage::typed(c).unwrap(), DRIVER, &capacity).unwrap() {
                 for d in g.devices {
                     let t = taken.entry((g.node.clone(), d.gpu)).or_default();
                     t.0 += d.memory;

@@ -97,6 +97,7 @@ pub fn container_claim(
             name: claim_ref.name.clone(),
             namespace: claim_ref.namespace.clone(),
             uid,
+            ..ObjectMeta::default()
         },
         status: Some(ClaimStatus {
             allocation: Some(Allocation {
@@ -104,9 +105,11 @@ pub fn container_claim(
                     results,
                     config: Vec::new(),
                 }),
+                ..Allocation::default()
             }),
-            reserved_for: Vec::new(),
+            ..ClaimStatus::default()
         }),
+        ..ResourceClaim::default()
     };
     Ok((claim_ref, claim))
 }
