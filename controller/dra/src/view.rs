@@ -62,7 +62,7 @@ impl ClaimView {
         Self {
             id: ObjectId::of_meta(meta),
             key: claim_key(claim),
-            ours: meta.finalizers.iter().any(|f| *f == finalizer),
+            ours: meta.finalizers.contains(&finalizer),
             allocated: allocation.is_some(),
             deleting: meta.deletion_timestamp.is_some(),
             reserved: claim.is_reserved(),
