@@ -65,8 +65,9 @@ const MAX_UNHELD_UNPREPARED: usize = 1024;
 /// What [`ClaimCache::lookup`] found.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Lookup {
-    /// A current allocated copy of the claim.
-    Hit(ResourceClaim),
+    /// A current allocated copy of the claim (boxed: the claim model is a few hundred
+    /// bytes, the miss a word).
+    Hit(Box<ResourceClaim>),
     /// Nothing usable; why.
     Miss(ClaimRead),
 }
@@ -132,7 +133,7 @@ impl ClaimCache {
         }
         match st.claims.get(uid) {
             Some(c) if c.metadata.namespace == namespace && c.metadata.name == name => {
-                Lookup::Hit(c.clone())
+                Lookup::Hit(Box::new(c.clone()))
             }
             _ => Lookup::Miss(ClaimRead::NotCached),
         }
@@ -281,7 +282,7 @@ impl<S: ClaimSource> ClaimSource for CachedClaimSource<S> {
         let read = match &self.cache {
             None => ClaimRead::NoCache,
             Some(cache) => match cache.lookup(namespace, name, uid) {
-                Lookup::Hit(claim) => return Ok((Some(claim), ClaimRead::CacheHit)),
+                Lookup::Hit(claim) => return Ok((Some(*claim), ClaimRead::CacheHit)),
                 Lookup::Miss(why) => why,
             },
         };
