@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 use crate::annotations::{
     AssignedDevice, ContainerAssignment, PodAssignment, grant_id, parse_node_inventory,
 };
+use crate::error::{NoFit, PodError, Unusable};
 use crate::metrics::{Metrics, PendingReason};
 use crate::writer::ClusterWriter;
 use fgpu_driver::hami::{ContainerRequest, PodRequest, pod_key, pod_request};
@@ -88,7 +89,7 @@ struct NodeState {
     /// The inventory with nothing granted.
     capacity: Node,
     /// The grants; `Err` holds why the node cannot be used.
-    ledger: Result<Ledger, String>,
+    ledger: Result<Ledger, Unusable>,
     /// Binds not (yet) visible in the pod list, by pod UID.
     inflight: HashMap<String, Reservation>,
     /// Bumped on every change of the ledger.
@@ -294,7 +295,10 @@ impl Extender {
                 Ok(c) => (c, None),
                 Err(e) => {
                     report.errors.push(e.to_string());
-                    (Node::new(name.clone(), Vec::new()), Some(e.to_string()))
+                    (
+                        Node::new(name.clone(), Vec::new()),
+                        Some(Unusable::Inventory(e)),
+                    )
                 }
             };
             report.nodes += 1;
@@ -302,7 +306,7 @@ impl Extender {
                 Arc::new(NodeSlot {
                     state: Mutex::new(NodeState {
                         capacity: capacity.clone(),
-                        ledger: Err("not synced".into()),
+                        ledger: Err(Unusable::NotSynced),
                         inflight: HashMap::new(),
                         generation: 0,
                     }),
@@ -348,13 +352,13 @@ impl Extender {
                         },
                         grants,
                     )
-                    .map_err(|e| {
-                        let msg = format!(
-                            "node {name}: the GPU grants recorded on its pods do not fit its inventory ({e}); \
-                             no new GPU pods are placed there until that is resolved"
-                        );
-                        report.errors.push(msg.clone());
-                        msg
+                    .map_err(|source| {
+                        let e = Unusable::Overbooked {
+                            node: name.clone(),
+                            source,
+                        };
+                        report.errors.push(e.to_string());
+                        e
                     }),
                 };
                 st.capacity = capacity;
@@ -417,7 +421,7 @@ impl Extender {
 
     /// `Err` (naming the pod and both names) unless `pod` is addressed to the scheduler
     /// this extender serves.
-    fn addressed_to_us(&self, pod: &Pod) -> Result<(), String> {
+    fn addressed_to_us(&self, pod: &Pod) -> Result<(), PodError> {
         let name = pod
             .spec
             .extra
@@ -427,11 +431,11 @@ impl Extender {
         if name == self.config.scheduler_name {
             return Ok(());
         }
-        Err(format!(
-            "pod {}: spec.schedulerName is {name:?}, not {:?}; this extender serves only the pods of its own scheduler",
-            pod_key(pod),
-            self.config.scheduler_name
-        ))
+        Err(PodError::OtherScheduler {
+            pod: pod_key(pod),
+            name: name.to_owned(),
+            ours: self.config.scheduler_name.clone(),
+        })
     }
 
     /// Keeps in the pending gauge only the pods that `pods` (a full list) shows alive and
@@ -453,8 +457,12 @@ impl Extender {
         waiting.retain(|uid, _| unbound.contains(uid.as_str()));
     }
 
-    fn read_pod(&self, pod: &Pod) -> Result<PodRequest, String> {
-        pod_request(pod, &self.config.names, self.config.default_policy).map_err(|e| e.to_string())
+    fn read_pod(&self, pod: &Pod) -> Result<PodRequest, PodError> {
+        Ok(pod_request(
+            pod,
+            &self.config.names,
+            self.config.default_policy,
+        )?)
     }
 
     fn remember(&self, pod: &Pod) {
@@ -493,7 +501,7 @@ impl Extender {
             };
             let st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
             let out = match &st.ledger {
-                Err(e) => Outcome::Unusable(e.clone()),
+                Err(e) => Outcome::Unusable(e.to_string()),
                 Ok(l) => match hint {
                     Some((generation, score)) if generation == st.generation => {
                         Outcome::Fits { score, generation }
@@ -503,7 +511,7 @@ impl Extender {
                             score: p.score,
                             generation: st.generation,
                         },
-                        Err(e) => Outcome::NoFit(e),
+                        Err(e) => Outcome::NoFit(e.0),
                     },
                 },
             };
@@ -547,14 +555,14 @@ impl Extender {
         let mut result = ExtenderFilterResult::default();
         if let Err(e) = self.addressed_to_us(&args.pod) {
             tracing::warn!("filter refused: {e}");
-            result.error = e;
+            result.error = e.to_string();
             return result;
         }
         let req = match self.read_pod(&args.pod) {
             Ok(r) => r,
             Err(e) => {
                 self.set_waiting(&args.pod.metadata.uid, Some(PendingReason::invalid));
-                result.error = e;
+                result.error = e.to_string();
                 return result;
             }
         };
@@ -616,7 +624,7 @@ impl Extender {
     /// The prioritize verb: the pod's policy score on each node, scaled to 0..=10 over
     /// the candidates (the best feasible node gets 10); nodes where the pod does not fit
     /// get 0.
-    pub fn prioritize(&self, args: &ExtenderArgs) -> Result<HostPriorityList, String> {
+    pub fn prioritize(&self, args: &ExtenderArgs) -> Result<HostPriorityList, PodError> {
         let names = args.candidate_names();
         self.addressed_to_us(&args.pod)?;
         let req = self.read_pod(&args.pod)?;
@@ -700,10 +708,11 @@ impl Extender {
 
     /// Reserves GPUs for `req` on `node`: placement and grant under the node's mutex.
     /// Returns the assignment and the grant ids to give back on failure.
-    pub fn reserve(&self, node: &str, req: &PodRequest) -> Result<PodAssignment, String> {
-        let slot = self
-            .slot(node)
-            .ok_or_else(|| format!("pod {}: node {node} has no GPU inventory", req.key))?;
+    pub fn reserve(&self, node: &str, req: &PodRequest) -> Result<PodAssignment, PodError> {
+        let slot = self.slot(node).ok_or_else(|| PodError::NoInventory {
+            pod: req.key.clone(),
+            node: node.to_owned(),
+        })?;
         self.reserve_in(&slot, node, req)
     }
 
@@ -712,14 +721,14 @@ impl Extender {
         slot: &NodeSlot,
         node: &str,
         req: &PodRequest,
-    ) -> Result<PodAssignment, String> {
+    ) -> Result<PodAssignment, PodError> {
         let mut guard = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
         let st = &mut *guard;
         st.generation += 1;
-        let ledger = st
-            .ledger
-            .as_mut()
-            .map_err(|e| format!("pod {}: {e}", req.key))?;
+        let ledger = st.ledger.as_mut().map_err(|e| PodError::Unusable {
+            pod: req.key.clone(),
+            reason: e.clone(),
+        })?;
         // A pod placed again (an earlier bind of it failed half-way): its old grants go.
         if let Some(old) = st.inflight.remove(&req.uid) {
             for g in old.grants {
@@ -731,8 +740,10 @@ impl Extender {
         }
         let inv = ledger.inventory();
         let n = &inv.nodes[0];
-        let placed =
-            place(n, req, &self.workloads()).map_err(|e| format!("pod {}: {e}", req.key))?;
+        let placed = place(n, req, &self.workloads()).map_err(|reason| PodError::NoFit {
+            pod: req.key.clone(),
+            reason,
+        })?;
         let mut grants = Vec::with_capacity(req.containers.len());
         let mut containers = Vec::with_capacity(req.containers.len());
         for (c, gpus) in req.containers.iter().zip(&placed.gpus) {
@@ -775,7 +786,10 @@ impl Extender {
                 for done in &grants[..i] {
                     let _ = ledger.release(&done.id);
                 }
-                return Err(format!("pod {}: {e}", req.key));
+                return Err(PodError::Grant {
+                    pod: req.key.clone(),
+                    source: e,
+                });
             }
         }
         st.inflight.insert(
@@ -854,7 +868,9 @@ impl Extender {
             }
             Err(error) => {
                 tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, %error, "bind failed");
-                ExtenderBindingResult { error }
+                ExtenderBindingResult {
+                    error: error.to_string(),
+                }
             }
         }
     }
@@ -863,12 +879,10 @@ impl Extender {
         &self,
         args: &ExtenderBindingArgs,
         writer: &W,
-    ) -> Result<(), String> {
+    ) -> Result<(), PodError> {
         let key = format!("{}/{}", args.pod_namespace, args.pod_name);
         if args.pod_uid.is_empty() {
-            return Err(format!(
-                "pod {key}: the bind request has no PodUID; kube-scheduler always sends it"
-            ));
+            return Err(PodError::NoPodUid { pod: key });
         }
         let cached = self
             .pending
@@ -880,20 +894,25 @@ impl Extender {
             None => writer
                 .get_pod(&args.pod_namespace, &args.pod_name)
                 .await
-                .map_err(|e| format!("pod {key}: reading it for bind: {e}"))?,
+                .map_err(|source| PodError::ReadPod {
+                    pod: key.clone(),
+                    source,
+                })?,
         };
         if pod.metadata.uid != args.pod_uid {
-            return Err(format!(
-                "pod {key}: UID {} differs from the bind request's {}; the pod was replaced",
-                pod.metadata.uid, args.pod_uid
-            ));
+            return Err(PodError::Replaced {
+                pod: key,
+                found: pod.metadata.uid.clone(),
+                asked: args.pod_uid.clone(),
+            });
         }
         if let Some(node) = pod.spec.extra.get("nodeName").and_then(|n| n.as_str())
             && !node.is_empty()
         {
-            return Err(format!(
-                "pod {key} is already bound to node {node}; nothing changed"
-            ));
+            return Err(PodError::AlreadyBound {
+                pod: key,
+                node: node.to_owned(),
+            });
         }
         self.addressed_to_us(&pod)?;
         let mut req = self.read_pod(&pod)?;
@@ -901,15 +920,18 @@ impl Extender {
             req.uid = args.pod_uid.clone();
         }
         let binding = binding_object(args);
+        let binding_failed = |source| PodError::Binding {
+            pod: key.clone(),
+            node: args.node.clone(),
+            source,
+        };
         if req.containers.is_empty() {
-            return writer
-                .bind(&binding)
-                .await
-                .map_err(|e| format!("pod {key}: creating the Binding to {}: {e}", args.node));
+            return writer.bind(&binding).await.map_err(binding_failed);
         }
-        let slot = self
-            .slot(&args.node)
-            .ok_or_else(|| format!("pod {key}: node {} has no GPU inventory", args.node))?;
+        let slot = self.slot(&args.node).ok_or_else(|| PodError::NoInventory {
+            pod: key.clone(),
+            node: args.node.clone(),
+        })?;
         let _serial = if self.config.serialize_node_binds {
             Some(slot.bind_lock.lock().await)
         } else {
@@ -923,7 +945,10 @@ impl Extender {
             .await
         {
             self.unreserve(&args.node, &req.uid);
-            return Err(format!("pod {key}: recording the GPU assignment: {e}"));
+            return Err(PodError::Annotate {
+                pod: key.clone(),
+                source: e,
+            });
         }
         if let Err(e) = writer.bind(&binding).await {
             self.unreserve(&args.node, &req.uid);
@@ -931,10 +956,7 @@ impl Extender {
             let _ = writer
                 .annotate_pod(&args.pod_namespace, &args.pod_name, &undo)
                 .await;
-            return Err(format!(
-                "pod {key}: creating the Binding to {}: {e}",
-                args.node
-            ));
+            return Err(binding_failed(e));
         }
         Ok(())
     }
@@ -1050,7 +1072,7 @@ fn place(
     node: &Node,
     req: &PodRequest,
     workloads: &PolicyWorkloads,
-) -> Result<PodPlacement, String> {
+) -> Result<PodPlacement, NoFit> {
     let resolved = workloads.resolve(req.policy);
     let policy = resolved.policy;
     let ctx = ScoreContext {
@@ -1066,7 +1088,7 @@ fn place(
         if let Some(allowed) = allowed_gpus(node, &c.request)
             && allowed < c.request.gpus as usize
         {
-            return Err(why_not_counted(node, c, allowed));
+            return Err(NoFit(why_not_counted(node, c, allowed)));
         }
     }
     if let [c] = req.containers.as_slice() {
@@ -1075,7 +1097,7 @@ fn place(
                 gpus: vec![gpus],
                 score,
             }),
-            None => Err(why_not(node, c)),
+            None => Err(NoFit(why_not(node, c))),
         };
     }
     let mut work = node.clone();
@@ -1085,7 +1107,7 @@ fn place(
     };
     for c in &req.containers {
         let Some(p) = engine::evaluate_node(0, &work, &c.request, policy, &ctx) else {
-            return Err(why_not(&work, c));
+            return Err(NoFit(why_not(&work, c)));
         };
         for &i in &p.gpus {
             let g = &mut work.gpus[i];
