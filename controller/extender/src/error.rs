@@ -25,8 +25,8 @@ pub enum Unusable {
     Overbooked {
         /// The node.
         node: String,
-        /// What the ledger refused.
-        source: LedgerError,
+        /// What the ledger refused (boxed: it is the largest part of the error).
+        source: Box<LedgerError>,
     },
 }
 
@@ -85,8 +85,8 @@ pub enum PodError {
     Grant {
         /// `ns/name`.
         pod: String,
-        /// What the ledger refused.
-        source: LedgerError,
+        /// What the ledger refused (boxed, as in [`Unusable::Overbooked`]).
+        source: Box<LedgerError>,
     },
     /// The bind request has no pod UID.
     #[error("pod {pod}: the bind request has no PodUID; kube-scheduler always sends it")]
@@ -160,7 +160,7 @@ mod tests {
             pod: "ns/p".into(),
             reason: Unusable::Overbooked {
                 node: "n".into(),
-                source: LedgerError::UnknownGrant("g".into()),
+                source: Box::new(LedgerError::UnknownGrant("g".into())),
             },
         };
         assert_eq!(

@@ -355,7 +355,7 @@ impl Extender {
                     .map_err(|source| {
                         let e = Unusable::Overbooked {
                             node: name.clone(),
-                            source,
+                            source: Box::new(source),
                         };
                         report.errors.push(e.to_string());
                         e
@@ -788,7 +788,7 @@ impl Extender {
                 }
                 return Err(PodError::Grant {
                     pod: req.key.clone(),
-                    source: e,
+                    source: Box::new(e),
                 });
             }
         }
