@@ -84,51 +84,66 @@ where
     })
 }
 
-/// An object read as `T`; anything else (null, a list, a scalar) as `None`.
-struct ObjectVisitor<T>(PhantomData<T>);
+/// What a value is to a reader that wants an object.
+enum Shape<T> {
+    /// Null.
+    Null,
+    /// An object, read as `T`.
+    Object(T),
+    /// A list or a scalar (read past).
+    Other,
+}
 
-impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
-    type Value = Option<T>;
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Shape<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ShapeVisitor(PhantomData))
+    }
+}
+
+struct ShapeVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ShapeVisitor<T> {
+    type Value = Shape<T>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        T::deserialize(MapAccessDeserializer::new(map)).map(Some)
+        T::deserialize(MapAccessDeserializer::new(map)).map(Shape::Object)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(None)
+        Ok(Shape::Other)
     }
 
     fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other)
     }
 
     fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other)
     }
 
     fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other)
     }
 
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other)
     }
 
     fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other)
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Null)
     }
 
     fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Null)
     }
 
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
@@ -142,7 +157,10 @@ where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
 {
-    d.deserialize_any(ObjectVisitor(PhantomData))
+    Ok(match Shape::<T>::deserialize(d)? {
+        Shape::Object(v) => Some(v),
+        Shape::Null | Shape::Other => None,
+    })
 }
 
 /// An object; anything else reads as `T::default()`.
@@ -160,56 +178,11 @@ struct Element<T>(Option<T>);
 
 impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Element<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Null<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for Null<T> {
-            type Value = Option<T>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-
-            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-
-            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-                d.deserialize_any(self)
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                T::deserialize(MapAccessDeserializer::new(map)).map(Some)
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Some(T::default()))
-            }
-
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Some(T::default()))
-            }
-
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Some(T::default()))
-            }
-
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Some(T::default()))
-            }
-
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Some(T::default()))
-            }
-
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Some(T::default()))
-            }
-        }
-        d.deserialize_any(Null(PhantomData)).map(Self)
+        Ok(Self(match Shape::<T>::deserialize(d)? {
+            Shape::Null => None,
+            Shape::Object(v) => Some(v),
+            Shape::Other => Some(T::default()),
+        }))
     }
 }
 
