@@ -4,11 +4,16 @@
 //!
 //! * [`claim`]: a ResourceClaim's identity and allocation (what the node side reads);
 //!   [`same_device`] matches a `status.devices` entry to its allocation result.
+//! * [`slice`]: a ResourceSlice (pool, devices with their attributes, capacities and
+//!   taints; `v1beta1`'s `basic` read alike) and a DeviceTaintRule, what the controller's
+//!   inventory reads.
 //!
-//! Slices and classes are still read as JSON by the controller (`fgpu-dra-controller`'s
-//! `objects`, `inventory`, `request`); they join this model next.
+//! Field readers that never fail on a value of the wrong type live in a private `lenient`
+//! module.
 
 pub mod claim;
+mod lenient;
+pub mod slice;
 
 /// Whether two device entries of a claim, as JSON, name the same allocated device: the
 /// same driver, pool, device and share (`shareID`, absent for a whole device). An entry of

@@ -1,9 +1,11 @@
 //! `fgpu-dra-controller`: the DRA allocation controller (DESIGN.md, "Allocation: who
 //! decides what", mode 2) and its admission webhooks, run by `fgpu-controller run`.
 //!
-//! The pure core, functions from API objects (JSON) to API objects:
+//! The pure core, functions from API objects (JSON, or the typed model of
+//! `fgpu_api::dra` for slices) to API objects:
 //!
-//! * [`inventory`]: this driver's ResourceSlices → the engine's [`Inventory`](fgpu_driver::engine::Inventory).
+//! * [`inventory`]: this driver's ResourceSlices (typed) and the admins' DeviceTaintRules →
+//!   the engine's [`Inventory`](fgpu_driver::engine::Inventory).
 //! * [`usage`]: every allocated ResourceClaim → the ledger's grants → a rebuilt [`Ledger`](fgpu_driver::ledger::Ledger).
 //! * [`request`]: a pending claim of the shared class and its pod's annotations → the
 //!   engine's request and policy.
@@ -14,8 +16,9 @@
 //! * [`reconcile`]: one pass over a snapshot of claims, pods and slices → the writes.
 //! * [`admission`]: the webhooks' decisions on `AdmissionReview`s.
 //! * [`objects`]: what a claim or a pod says (identity, classes, gate, node), read from
-//!   its JSON.
-//! * [`slim`]: what the daemon keeps of each watched object (only the fields it reads).
+//!   its JSON; whether slices offer consumable capacity.
+//! * [`slim`]: what the daemon keeps of each watched object (only the fields it reads; of
+//!   a slice, what the typed model holds).
 //!
 //! The daemon (`fgpu-controller run`), which does the I/O:
 //!
