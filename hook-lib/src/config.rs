@@ -258,20 +258,57 @@ impl Config {
         self.enabled || self.core_active()
     }
 
-    /// Builds the configuration. `file` is the limits file's text if one was read.
+    /// Builds the configuration. `file` is the limits file's text if one was read. Each
+    /// setting is one step below; warnings come in the order of the steps.
     pub fn from_sources(file: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Config {
         let mut warnings = Vec::new();
         let debug = env("FGPU_LOG").is_some_and(|v| v.eq_ignore_ascii_case("debug"));
         let file_kv: Vec<(String, String)> = file.map(parse_kv).unwrap_or_default();
-        let file_get = |k: &str| {
-            file_kv
-                .iter()
-                .rev()
-                .find(|(key, _)| key == k)
-                .map(|(_, v)| v.clone())
-        };
+        let file_get = |k: &str| last_value(&file_kv, k);
+        let pick = |k: &str| file_get(k).or_else(|| env(k));
+        // HAMi's names count only where no FGPU name is set, in the file or the environment.
+        let hami = !any_fgpu_name(env) && file_kv.is_empty();
+        let hami_cache = env("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+        let state_dir = pick("FGPU_STATE_DIR");
 
-        let mut cfg = Config {
+        let mut cfg = Config::empty(debug);
+        let (source, (default, limits)) = memory_quota(&file_get, env, hami, &mut warnings);
+        (cfg.source, cfg.default_limit, cfg.limits) = (source, default, limits);
+        cfg.enabled = source != Source::None;
+        cfg.state_path = account_path(
+            source,
+            state_dir.as_deref(),
+            hami_cache.as_deref(),
+            ".fgpu",
+            STATE_FILE_NAME,
+        );
+        let (source, (default, limits)) = core_quota(&file_get, env, hami, &mut warnings);
+        (cfg.core_source, cfg.core_default, cfg.core_limits) = (source, default, limits);
+        cfg.core_policy = core_policy(pick("FGPU_CORE_POLICY").as_deref(), &mut warnings);
+        cfg.priority = priority(
+            pick("FGPU_PRIORITY").as_deref(),
+            env("CUDA_TASK_PRIORITY").as_deref(),
+            hami,
+            &mut warnings,
+        );
+        cfg.gpu_dir = non_empty_path(pick("FGPU_GPU_DIR"));
+        cfg.core_state_path = account_path(
+            source,
+            state_dir.as_deref(),
+            hami_cache.as_deref(),
+            ".fgpu-core",
+            CORE_FILE_NAME,
+        );
+        cfg.context_overhead =
+            context_overhead(pick("FGPU_CONTEXT_OVERHEAD").as_deref(), &mut warnings);
+        cfg.feed_path = non_empty_path(pick("FGPU_FEED_FILE"));
+        cfg.warnings = warnings;
+        cfg
+    }
+
+    /// No quota, no paths, nothing found yet.
+    fn empty(debug: bool) -> Config {
+        Config {
             enabled: false,
             source: Source::None,
             default_limit: None,
@@ -292,113 +329,158 @@ impl Config {
             ord_rule: Default::default(),
             claim_gpus: Vec::new(),
             uuid_of: None,
-        };
-
-        let (d, l) = read_limits(&file_get, "FGPU_MEMORY_LIMIT", parse_fgpu, &mut warnings);
-        let fgpu_state = file_get("FGPU_STATE_DIR").or_else(|| env("FGPU_STATE_DIR"));
-        if d.is_some() || l.iter().any(Option::is_some) {
-            cfg.source = Source::File;
-            (cfg.default_limit, cfg.limits) = (d, l);
-        } else {
-            let (d, l) = read_limits(env, "FGPU_MEMORY_LIMIT", parse_fgpu, &mut warnings);
-            if d.is_some() || l.iter().any(Option::is_some) {
-                cfg.source = Source::FgpuEnv;
-                (cfg.default_limit, cfg.limits) = (d, l);
-            } else if !any_fgpu_name(env) && file_kv.is_empty() {
-                let (d, l) =
-                    read_limits(env, "CUDA_DEVICE_MEMORY_LIMIT", parse_hami, &mut warnings);
-                if d.is_some() || l.iter().any(Option::is_some) {
-                    cfg.source = Source::HamiEnv;
-                    (cfg.default_limit, cfg.limits) = (d, l);
-                }
-            }
         }
-        cfg.enabled = cfg.source != Source::None;
-        cfg.state_path = match (cfg.source, fgpu_state) {
-            (Source::HamiEnv, _) => {
-                let p = env("CUDA_DEVICE_MEMORY_SHARED_CACHE")
-                    .filter(|p| !p.is_empty())
-                    .unwrap_or_else(|| HAMI_DEFAULT_CACHE.to_string());
-                Some(PathBuf::from(format!("{p}.fgpu")))
-            }
-            (_, Some(dir)) if !dir.is_empty() => Some(PathBuf::from(dir).join(STATE_FILE_NAME)),
-            _ => None,
-        };
-        // Core quota: the same precedence, decided on its own names.
-        let no_fgpu = !any_fgpu_name(env) && file_kv.is_empty();
-        let (d, l) = read_percent(&file_get, "FGPU_CORE_LIMIT", &mut warnings);
-        if d.is_some() || l.iter().any(Option::is_some) {
-            cfg.core_source = Source::File;
-            (cfg.core_default, cfg.core_limits) = (d, l);
-        } else {
-            let (d, l) = read_percent(env, "FGPU_CORE_LIMIT", &mut warnings);
-            if d.is_some() || l.iter().any(Option::is_some) {
-                cfg.core_source = Source::FgpuEnv;
-                (cfg.core_default, cfg.core_limits) = (d, l);
-            } else if no_fgpu {
-                let (d, l) = read_percent(env, "CUDA_DEVICE_SM_LIMIT", &mut warnings);
-                if d.is_some() || l.iter().any(Option::is_some) {
-                    cfg.core_source = Source::HamiEnv;
-                    (cfg.core_default, cfg.core_limits) = (d, l);
-                }
-            }
-        }
-        let pick = |k: &str| file_get(k).or_else(|| env(k));
-        cfg.core_policy = match pick("FGPU_CORE_POLICY").as_deref().map(str::trim) {
-            None | Some("") | Some("limit") => CorePolicy::Limit,
-            Some("share") => CorePolicy::Share,
-            Some(v) => {
-                warnings.push(format!(
-                    "ignoring FGPU_CORE_POLICY={v:?}: expected limit or share"
-                ));
-                CorePolicy::Limit
-            }
-        };
-        cfg.priority = match pick("FGPU_PRIORITY").as_deref().map(str::trim) {
-            Some("high") => Priority::High,
-            Some("low") => Priority::Low,
-            None | Some("") | Some("normal") => match env("CUDA_TASK_PRIORITY").as_deref() {
-                Some("0") if no_fgpu => Priority::High,
-                Some("1") if no_fgpu => Priority::Low,
-                _ => Priority::Normal,
-            },
-            Some(v) => {
-                warnings.push(format!(
-                    "ignoring FGPU_PRIORITY={v:?}: expected high, normal or low"
-                ));
-                Priority::Normal
-            }
-        };
-        cfg.gpu_dir = pick("FGPU_GPU_DIR")
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from);
-        cfg.core_state_path = match cfg.core_source {
-            Source::HamiEnv => {
-                let p = env("CUDA_DEVICE_MEMORY_SHARED_CACHE")
-                    .filter(|p| !p.is_empty())
-                    .unwrap_or_else(|| HAMI_DEFAULT_CACHE.to_string());
-                Some(PathBuf::from(format!("{p}.fgpu-core")))
-            }
-            _ => file_get("FGPU_STATE_DIR")
-                .or_else(|| env("FGPU_STATE_DIR"))
-                .filter(|d| !d.is_empty())
-                .map(|d| PathBuf::from(d).join(CORE_FILE_NAME)),
-        };
-        cfg.context_overhead = match pick("FGPU_CONTEXT_OVERHEAD") {
-            None => 0,
-            Some(v) => parse_fgpu(&v).unwrap_or_else(|| {
-                warnings.push(format!(
-                    "ignoring FGPU_CONTEXT_OVERHEAD={v:?}: not a byte count"
-                ));
-                0
-            }),
-        };
-        cfg.feed_path = pick("FGPU_FEED_FILE")
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from);
-        cfg.warnings = warnings;
-        cfg
     }
+}
+
+/// A quota as one source sets it: the default and the per-device values.
+type Quota<T> = (Option<T>, [Option<T>; MAX_DEVICES]);
+
+/// One place a quota may come from: its [`Source`] and how to read it (warnings into the
+/// vector).
+type Reader<'a, T> = (Source, &'a dyn Fn(&mut Vec<String>) -> Quota<T>);
+
+/// The first of `readers` (in precedence order) whose quota sets anything, with its
+/// source; the ones after it are not read, so their warnings are not given.
+/// `Source::None` and no quota when none sets anything.
+fn first_set<T: Copy>(readers: &[Reader<'_, T>], warnings: &mut Vec<String>) -> (Source, Quota<T>) {
+    for (source, read) in readers {
+        let q = read(warnings);
+        if q.0.is_some() || q.1.iter().any(Option::is_some) {
+            return (*source, q);
+        }
+    }
+    (Source::None, (None, [None; MAX_DEVICES]))
+}
+
+/// The memory quota: the file's `FGPU_MEMORY_LIMIT[_<i>]`, else the environment's, else
+/// (where `hami` allows) HAMi's `CUDA_DEVICE_MEMORY_LIMIT[_<i>]`.
+fn memory_quota(
+    file: &dyn Fn(&str) -> Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+    hami: bool,
+    warnings: &mut Vec<String>,
+) -> (Source, Quota<u64>) {
+    let from_file = |w: &mut Vec<String>| read_limits(file, "FGPU_MEMORY_LIMIT", parse_fgpu, w);
+    let from_env = |w: &mut Vec<String>| read_limits(env, "FGPU_MEMORY_LIMIT", parse_fgpu, w);
+    let from_hami =
+        |w: &mut Vec<String>| read_limits(env, "CUDA_DEVICE_MEMORY_LIMIT", parse_hami, w);
+    let readers: [Reader<'_, u64>; 3] = [
+        (Source::File, &from_file),
+        (Source::FgpuEnv, &from_env),
+        (Source::HamiEnv, &from_hami),
+    ];
+    first_set(&readers[..if hami { 3 } else { 2 }], warnings)
+}
+
+/// The core quota, in the same precedence on its own names: `FGPU_CORE_LIMIT[_<i>]` from
+/// the file, else the environment, else (where `hami` allows) `CUDA_DEVICE_SM_LIMIT[_<i>]`.
+fn core_quota(
+    file: &dyn Fn(&str) -> Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+    hami: bool,
+    warnings: &mut Vec<String>,
+) -> (Source, Quota<u32>) {
+    let from_file = |w: &mut Vec<String>| read_percent(file, "FGPU_CORE_LIMIT", w);
+    let from_env = |w: &mut Vec<String>| read_percent(env, "FGPU_CORE_LIMIT", w);
+    let from_hami = |w: &mut Vec<String>| read_percent(env, "CUDA_DEVICE_SM_LIMIT", w);
+    let readers: [Reader<'_, u32>; 3] = [
+        (Source::File, &from_file),
+        (Source::FgpuEnv, &from_env),
+        (Source::HamiEnv, &from_hami),
+    ];
+    first_set(&readers[..if hami { 3 } else { 2 }], warnings)
+}
+
+/// The accounting file of a quota from `source`: with HAMi's names, HAMi's shared cache
+/// (`hami_cache`, default [`HAMI_DEFAULT_CACHE`]) plus `hami_suffix`; otherwise `name` in
+/// the state directory, if one is set.
+fn account_path(
+    source: Source,
+    state_dir: Option<&str>,
+    hami_cache: Option<&str>,
+    hami_suffix: &str,
+    name: &str,
+) -> Option<PathBuf> {
+    match source {
+        Source::HamiEnv => {
+            let cache = hami_cache
+                .filter(|p| !p.is_empty())
+                .unwrap_or(HAMI_DEFAULT_CACHE);
+            Some(PathBuf::from(format!("{cache}{hami_suffix}")))
+        }
+        _ => state_dir
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(d).join(name)),
+    }
+}
+
+/// `FGPU_CORE_POLICY`: `limit` (also unset or empty) or `share`; anything else is `limit`
+/// with a warning.
+fn core_policy(value: Option<&str>, warnings: &mut Vec<String>) -> CorePolicy {
+    match value.map(str::trim) {
+        None | Some("") | Some("limit") => CorePolicy::Limit,
+        Some("share") => CorePolicy::Share,
+        Some(v) => {
+            warnings.push(format!(
+                "ignoring FGPU_CORE_POLICY={v:?}: expected limit or share"
+            ));
+            CorePolicy::Limit
+        }
+    }
+}
+
+/// `FGPU_PRIORITY` (`value`): `high`, `low`, or `normal` (also unset or empty), where
+/// HAMi's `CUDA_TASK_PRIORITY` (`hami_value`: `0` high, `1` low) may still say otherwise
+/// if `hami` allows its names; anything else is normal with a warning.
+fn priority(
+    value: Option<&str>,
+    hami_value: Option<&str>,
+    hami: bool,
+    warnings: &mut Vec<String>,
+) -> Priority {
+    match value.map(str::trim) {
+        Some("high") => Priority::High,
+        Some("low") => Priority::Low,
+        None | Some("") | Some("normal") => match hami_value {
+            Some("0") if hami => Priority::High,
+            Some("1") if hami => Priority::Low,
+            _ => Priority::Normal,
+        },
+        Some(v) => {
+            warnings.push(format!(
+                "ignoring FGPU_PRIORITY={v:?}: expected high, normal or low"
+            ));
+            Priority::Normal
+        }
+    }
+}
+
+/// `FGPU_CONTEXT_OVERHEAD`: bytes charged per context (unset: 0; not a byte count: 0 with
+/// a warning).
+fn context_overhead(value: Option<&str>, warnings: &mut Vec<String>) -> u64 {
+    match value {
+        None => 0,
+        Some(v) => parse_fgpu(v).unwrap_or_else(|| {
+            warnings.push(format!(
+                "ignoring FGPU_CONTEXT_OVERHEAD={v:?}: not a byte count"
+            ));
+            0
+        }),
+    }
+}
+
+/// A path setting; unset and empty are both none.
+fn non_empty_path(value: Option<String>) -> Option<PathBuf> {
+    value.filter(|d| !d.is_empty()).map(PathBuf::from)
+}
+
+/// The value of `key` in `KEY=VALUE` pairs: the last one wins.
+fn last_value(kv: &[(String, String)], key: &str) -> Option<String> {
+    kv.iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
 }
 
 /// Percent quotas: 1–99 throttle; 0 and 100 (and HAMi's ≥ 100) mean "not throttled".
@@ -406,7 +488,7 @@ fn read_percent(
     get: &dyn Fn(&str) -> Option<String>,
     prefix: &str,
     warnings: &mut Vec<String>,
-) -> (Option<u32>, [Option<u32>; MAX_DEVICES]) {
+) -> Quota<u32> {
     let hami = prefix.starts_with("CUDA_");
     let mut one = |key: String| -> Option<u32> {
         let v = get(&key)?;
@@ -449,14 +531,12 @@ fn any_fgpu_name(env: &dyn Fn(&str) -> Option<String>) -> bool {
         })
 }
 
-type Limits = (Option<u64>, [Option<u64>; MAX_DEVICES]);
-
 fn read_limits(
     get: &dyn Fn(&str) -> Option<String>,
     prefix: &str,
     parse: fn(&str) -> Option<u64>,
     warnings: &mut Vec<String>,
-) -> Limits {
+) -> Quota<u64> {
     let mut one = |key: String| -> Option<u64> {
         let v = get(&key)?;
         match parse(&v) {
@@ -709,6 +789,121 @@ mod tests {
         assert_eq!(c.context_overhead, 300 << 20);
         let c = Config::from_sources(None, &env_of(&[]));
         assert_eq!(c.context_overhead, 0);
+    }
+
+    #[test]
+    fn the_first_source_that_sets_a_quota_wins_and_later_ones_are_not_read() {
+        let nothing = |_: &mut Vec<String>| (None, [None; MAX_DEVICES]);
+        let bad = |w: &mut Vec<String>| {
+            w.push("bad".into());
+            (None, [None; MAX_DEVICES])
+        };
+        let per_device = |_: &mut Vec<String>| {
+            let mut per = [None; MAX_DEVICES];
+            per[3] = Some(7u32);
+            (None, per)
+        };
+        let default = |w: &mut Vec<String>| {
+            w.push("read".into());
+            (Some(1u32), [None; MAX_DEVICES])
+        };
+        let mut w = Vec::new();
+        let readers: [Reader<'_, u32>; 4] = [
+            (Source::File, &bad),
+            (Source::FgpuEnv, &per_device),
+            (Source::HamiEnv, &default),
+            (Source::None, &nothing),
+        ];
+        let (source, q) = first_set(&readers, &mut w);
+        assert_eq!((source, q.0, q.1[3]), (Source::FgpuEnv, None, Some(7)));
+        assert_eq!(w, ["bad"]);
+        let (source, q) = first_set(&readers[3..], &mut w);
+        assert_eq!((source, q), (Source::None, (None, [None; MAX_DEVICES])));
+    }
+
+    #[test]
+    fn memory_and_core_quotas_read_hami_names_only_where_allowed() {
+        let file = env_of(&[("FGPU_CORE_LIMIT_2", "40")]);
+        let env = env_of(&[
+            ("FGPU_MEMORY_LIMIT", "lots"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_SM_LIMIT", "20"),
+        ]);
+        let mut w = Vec::new();
+        let (source, q) = memory_quota(&file, &env, true, &mut w);
+        assert_eq!((source, q.0), (Source::HamiEnv, Some(1 << 30)));
+        assert_eq!(w, ["ignoring FGPU_MEMORY_LIMIT=\"lots\": not a byte count"]);
+        let (source, q) = memory_quota(&file, &env, false, &mut w);
+        assert_eq!((source, q.0), (Source::None, None));
+        let (source, q) = core_quota(&file, &env, true, &mut w);
+        assert_eq!((source, q.0, q.1[2]), (Source::File, None, Some(40)));
+        let none = env_of(&[]);
+        let (source, q) = core_quota(&none, &env, true, &mut w);
+        assert_eq!((source, q.0), (Source::HamiEnv, Some(20)));
+        assert_eq!(core_quota(&none, &env, false, &mut w).0, Source::None);
+    }
+
+    #[test]
+    fn account_paths_follow_the_quota_source() {
+        let p = |source, dir, cache| account_path(source, dir, cache, ".fgpu", STATE_FILE_NAME);
+        assert_eq!(
+            p(Source::FgpuEnv, Some("/run/x"), Some("/c")),
+            Some(PathBuf::from("/run/x/fgpu-memory.state"))
+        );
+        assert_eq!(
+            p(Source::None, Some("/run/x"), None),
+            Some(PathBuf::from("/run/x/fgpu-memory.state"))
+        );
+        assert_eq!(p(Source::File, Some(""), None), None);
+        assert_eq!(p(Source::File, None, Some("/c")), None);
+        assert_eq!(
+            p(Source::HamiEnv, Some("/run/x"), Some("/c")),
+            Some(PathBuf::from("/c.fgpu"))
+        );
+        assert_eq!(
+            p(Source::HamiEnv, None, Some("")),
+            Some(PathBuf::from("/tmp/cudevshr.cache.fgpu"))
+        );
+    }
+
+    #[test]
+    fn policy_priority_and_overhead_values() {
+        let mut w = Vec::new();
+        assert_eq!(core_policy(None, &mut w), CorePolicy::Limit);
+        assert_eq!(core_policy(Some(" share "), &mut w), CorePolicy::Share);
+        assert_eq!(core_policy(Some("fair"), &mut w), CorePolicy::Limit);
+        assert_eq!(
+            priority(Some("low"), Some("0"), true, &mut w),
+            Priority::Low
+        );
+        assert_eq!(priority(Some(""), Some("0"), true, &mut w), Priority::High);
+        assert_eq!(priority(None, Some("1"), true, &mut w), Priority::Low);
+        assert_eq!(priority(None, Some("1"), false, &mut w), Priority::Normal);
+        assert_eq!(priority(Some("top"), None, true, &mut w), Priority::Normal);
+        assert_eq!(context_overhead(None, &mut w), 0);
+        assert_eq!(context_overhead(Some("2Mi"), &mut w), 2 << 20);
+        assert_eq!(context_overhead(Some("much"), &mut w), 0);
+        assert_eq!(
+            w,
+            [
+                "ignoring FGPU_CORE_POLICY=\"fair\": expected limit or share",
+                "ignoring FGPU_PRIORITY=\"top\": expected high, normal or low",
+                "ignoring FGPU_CONTEXT_OVERHEAD=\"much\": not a byte count",
+            ]
+        );
+    }
+
+    #[test]
+    fn small_readers() {
+        let kv = parse_kv("A=1\nB=2\nA=3\n");
+        assert_eq!(last_value(&kv, "A").as_deref(), Some("3"));
+        assert_eq!(last_value(&kv, "C"), None);
+        assert_eq!(non_empty_path(Some(String::new())), None);
+        assert_eq!(non_empty_path(None), None);
+        assert_eq!(non_empty_path(Some("/f".into())), Some(PathBuf::from("/f")));
+        let c = Config::empty(true);
+        assert!(c.debug && !c.enabled && !c.hooked());
+        assert_eq!((c.source, c.core_source), (Source::None, Source::None));
     }
 
     #[test]

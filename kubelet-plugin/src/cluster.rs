@@ -12,6 +12,8 @@
 //!   bumping the pool generation when the devices change. Asked for consumable capacity, it
 //!   reads the stored slice back; if the API server dropped the gated fields it republishes
 //!   plain devices and remembers that (controller mode).
+//! * [`node_event`] tells something about the Node (a corrupt checkpoint, a GPU's health)
+//!   as an `events.k8s.io/v1` Event through the shared writer ([`fgpu_plumbing::events`]).
 
 use std::collections::BTreeMap;
 
@@ -20,6 +22,7 @@ use serde_json::Value;
 
 use fgpu_api::names::DriverName;
 use fgpu_driver::device::NodeInventory;
+use fgpu_plumbing::events::{self, Regarding, Reporter, Said};
 
 use crate::claim::ResourceClaim;
 use crate::prepare::{ClaimSource, SourceError};
@@ -389,29 +392,32 @@ fn from_json(name: &str, v: Value) -> Result<DynamicObject, ClusterError> {
 /// Reason of the Event for a checkpoint that did not parse.
 pub const REASON_CHECKPOINT_CORRUPTED: &str = "CheckpointCorrupted";
 
-/// Records a Warning Event about `node` (in namespace `default`, where node events go),
-/// from the component `fgpu-kubelet-plugin`.
-pub async fn warn_node_event(
-    client: &kube::Client,
-    node: &str,
-    reason: &str,
-    message: &str,
-) -> Result<(), ClusterError> {
-    node_event(client, node, "Warning", reason, message).await
+/// The `reportingController` of every Event the plugin writes (its `reportingInstance` is
+/// the node).
+pub const EVENT_REPORTER: &str = "fgpu.dev/kubelet-plugin";
+
+/// The object of an Event about `node` (UID `uid`): cluster-scoped, so the Event goes to
+/// namespace `default`, where the kubelet's Node events go too.
+pub fn node_regarding(node: &str, uid: &str) -> Regarding {
+    Regarding {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        namespace: String::new(),
+        name: node.to_owned(),
+        uid: uid.to_owned(),
+    }
 }
 
-/// Records an Event of `kind` (`Normal`, `Warning`) about `node`, as [`warn_node_event`].
+/// Records an Event (`events.k8s.io/v1`, through [`fgpu_plumbing::events`]) about `node`,
+/// reported by [`EVENT_REPORTER`] on that node. Reads the Node first for its UID.
 pub async fn node_event(
     client: &kube::Client,
     node: &str,
-    kind: &str,
-    reason: &str,
-    message: &str,
+    said: Said<'_>,
 ) -> Result<(), ClusterError> {
-    use k8s_openapi::api::core::v1::{Event, Node};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::api::core::v1::Node;
 
-    let what = |op: &str| format!("Event {reason} for Node {node}: {op}");
+    let what = |op: &str| format!("Event {} for Node {node}: {op}", said.reason);
     let uid = Api::<Node>::all(client.clone())
         .get(node)
         .await
@@ -420,34 +426,61 @@ pub async fn node_event(
             source,
         })?
         .metadata
-        .uid;
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let event: Event = serde_json::from_value(serde_json::json!({
-        "metadata": {"generateName": format!("{node}.fgpu-"), "namespace": "default"},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
-        "reason": reason,
-        "message": message,
-        "type": kind,
-        "count": 1,
-        "source": {"component": "fgpu-kubelet-plugin", "host": node},
-        "reportingComponent": "fgpu-kubelet-plugin",
-        "reportingInstance": node,
-    }))
-    .map_err(|source| ClusterError::Json {
-        what: what("build"),
-        source,
-    })?;
-    let event = Event {
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        ..event
+        .uid
+        .unwrap_or_default();
+    let reporter = Reporter {
+        controller: EVENT_REPORTER.into(),
+        instance: node.to_owned(),
     };
-    Api::<Event>::namespaced(client.clone(), "default")
-        .create(&PostParams::default(), &event)
+    let event = events::event(
+        &reporter,
+        &node_regarding(node, &uid),
+        said,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    events::publish(client, &event)
         .await
         .map_err(|source| ClusterError::Kube {
             what: what("create"),
             source,
-        })?;
-    Ok(())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_event_is_about_the_node_and_goes_to_default() {
+        let reporter = Reporter {
+            controller: EVENT_REPORTER.into(),
+            instance: "node-a".into(),
+        };
+        let said = Said {
+            type_: events::EventType::Warning,
+            reason: REASON_CHECKPOINT_CORRUPTED,
+            action: "Start",
+            note: "moved aside",
+        };
+        let e = events::event(
+            &reporter,
+            &node_regarding("node-a", "u-1"),
+            said,
+            k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap(),
+        );
+        assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
+        let r = e.regarding.unwrap();
+        assert_eq!(
+            (r.api_version.as_deref(), r.kind.as_deref(), r.namespace),
+            (Some("v1"), Some("Node"), None)
+        );
+        assert_eq!(
+            (r.name.as_deref(), r.uid.as_deref()),
+            (Some("node-a"), Some("u-1"))
+        );
+        assert_eq!(
+            e.reporting_controller.as_deref(),
+            Some("fgpu.dev/kubelet-plugin")
+        );
+    }
 }

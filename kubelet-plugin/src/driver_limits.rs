@@ -92,21 +92,36 @@ pub fn own_cgroup_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CGROUP_ROOT))
 }
 
+/// Why a `/proc/<pid>/cgroup` text names no usable cgroup v2 path (the caller names the
+/// container and the file).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CgroupPathError {
+    /// No `0::` line: the node is not on cgroup v2.
+    #[error("no cgroup v2 entry (0::) in it: is the node on cgroup v2?")]
+    NoUnified,
+    /// The path is relative, or its cgroup was deleted.
+    #[error("cgroup {0:?} is not a live absolute path")]
+    NotLive(String),
+    /// The path has a `..` component.
+    #[error("cgroup {0:?} climbs out of the hierarchy")]
+    Climbs(String),
+}
+
 /// The cgroup v2 path (`0::<path>`) of a `/proc/<pid>/cgroup` text.
-pub fn unified_path(proc_cgroup: &str) -> Result<String, String> {
+pub fn unified_path(proc_cgroup: &str) -> Result<String, CgroupPathError> {
     let p = proc_cgroup
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
-        .ok_or("no cgroup v2 entry (0::) in it: is the node on cgroup v2?")?
+        .ok_or(CgroupPathError::NoUnified)?
         .trim();
     if !p.starts_with('/') || p.contains(" (deleted)") {
-        return Err(format!("cgroup {p:?} is not a live absolute path"));
+        return Err(CgroupPathError::NotLive(p.to_owned()));
     }
     if Path::new(p)
         .components()
         .any(|c| matches!(c, Component::ParentDir))
     {
-        return Err(format!("cgroup {p:?} climbs out of the hierarchy"));
+        return Err(CgroupPathError::Climbs(p.to_owned()));
     }
     Ok(p.to_owned())
 }
@@ -245,7 +260,7 @@ pub fn run_hook(args: &HookArgs, stdin: &mut dyn std::io::Read) -> Result<Record
     };
     let proc_cgroup = std::fs::read_to_string(args.proc_root.join(pid.to_string()).join("cgroup"))
         .map_err(|e| cg_err(format!("/proc/{pid}/cgroup: {e}")))?;
-    let path = unified_path(&proc_cgroup).map_err(cg_err)?;
+    let path = unified_path(&proc_cgroup).map_err(|e| cg_err(e.to_string()))?;
     let dir = cgroup_dir(&own_cgroup_root(), &path);
     if !dir.join("cgroup.procs").is_file() {
         return Err(cg_err(format!(
@@ -261,7 +276,7 @@ pub fn run_hook(args: &HookArgs, stdin: &mut dyn std::io::Read) -> Result<Record
     };
     let nvml = handle(&args.nvml_library).map_err(|d| {
         let (g, b) = limits.first().cloned().unwrap_or_default();
-        driver(&g, b, d)
+        driver(&g, b, d.to_string())
     })?;
     let mut record = Record {
         container,
@@ -297,8 +312,19 @@ fn write_record(dir: &Path, file: &Path, r: &Record) -> std::io::Result<()> {
     std::fs::rename(&tmp, file)
 }
 
+/// Why a record file could not be read back (the caller names the file).
+#[derive(Debug, thiserror::Error)]
+enum BadRecord {
+    /// The file could not be read.
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+    /// It is not a [`Record`].
+    #[error(transparent)]
+    Parse(#[from] serde_json::Error),
+}
+
 /// The records in a claim's directory (a malformed one is reported and skipped).
-fn read_records(dir: &Path) -> Vec<(PathBuf, Result<Record, String>)> {
+fn read_records(dir: &Path) -> Vec<(PathBuf, Result<Record, BadRecord>)> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -307,15 +333,26 @@ fn read_records(dir: &Path) -> Vec<(PathBuf, Result<Record, String>)> {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .map(|p| {
             let r = std::fs::read(&p)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()));
+                .map_err(BadRecord::from)
+                .and_then(|b| Ok(serde_json::from_slice(&b)?));
             (p, r)
         })
         .collect()
 }
 
+/// Why an NVML library offers no memory limits.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitsUnavailable {
+    /// The library cannot be loaded (the message names it).
+    #[error(transparent)]
+    Library(#[from] BackendError),
+    /// It loads but lacks the calls.
+    #[error("{} has no memory-limit calls (a driver before r615)", .0.display())]
+    NoCalls(PathBuf),
+}
+
 /// One NVML handle per library, for the life of the process.
-fn handle(lib: &Path) -> Result<Arc<DriverLimits>, String> {
+fn handle(lib: &Path) -> Result<Arc<DriverLimits>, LimitsUnavailable> {
     static HANDLES: OnceLock<Mutex<BTreeMap<PathBuf, Arc<DriverLimits>>>> = OnceLock::new();
     let mut map = HANDLES
         .get_or_init(Default::default)
@@ -324,14 +361,7 @@ fn handle(lib: &Path) -> Result<Arc<DriverLimits>, String> {
     if let Some(h) = map.get(lib) {
         return Ok(h.clone());
     }
-    let h = DriverLimits::open(lib)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| {
-            format!(
-                "{} has no memory-limit calls (a driver before r615)",
-                lib.display()
-            )
-        })?;
+    let h = DriverLimits::open(lib)?.ok_or_else(|| LimitsUnavailable::NoCalls(lib.to_owned()))?;
     let h = Arc::new(h);
     map.insert(lib.to_owned(), h.clone());
     Ok(h)
@@ -411,7 +441,7 @@ fn release(hook: &LimitHook, dir: &Path, done: impl Fn(&Path) -> bool) -> Releas
                 }
                 Err(e) => {
                     failed = true;
-                    out.errors.push(e);
+                    out.errors.push(e.to_string());
                 }
             }
         }
@@ -438,7 +468,7 @@ impl Marked {
     pub fn new(
         inner: Box<dyn DeviceBackend>,
         lib: &Path,
-    ) -> Result<Self, (Box<dyn DeviceBackend>, String)> {
+    ) -> Result<Self, (Box<dyn DeviceBackend>, LimitsUnavailable)> {
         match handle(lib) {
             Ok(nvml) => Ok(Self {
                 inner,
@@ -535,6 +565,7 @@ mod tests {
         assert!(
             unified_path("1:name=systemd:/x\n")
                 .unwrap_err()
+                .to_string()
                 .contains("cgroup v2")
         );
         assert!(unified_path("0::/a/../../etc\n").is_err());

@@ -180,9 +180,10 @@ pub struct NodeFiles {
     pub memory_limits: Option<LimitHook>,
 }
 
-/// A byte quantity flag (`300Mi`, `0`): clap's value parser.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    fgpu_api::quantity::parse_u64(s).map_err(|e| e.to_string())
+/// A byte quantity flag (`300Mi`, `0`): clap's value parser (clap shows the error after
+/// the flag's name).
+pub fn parse_bytes(s: &str) -> Result<u64, fgpu_api::quantity::QuantityError> {
+    fgpu_api::quantity::parse_u64(s)
 }
 
 /// The hook subcommand's words after the program.

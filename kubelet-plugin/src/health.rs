@@ -30,6 +30,7 @@ use fgpu_driver::health::{
     Condition, DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, HealthPolicy, HealthTracker, Severity,
     Transition,
 };
+use fgpu_plumbing::events::{EventType, Said};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -39,6 +40,8 @@ use crate::slices::DeviceTaint;
 pub const REASON_GPU_UNHEALTHY: &str = "GpuUnhealthy";
 /// Reason of the Node Event when a GPU is healthy again.
 pub const REASON_GPU_HEALTHY: &str = "GpuHealthy";
+/// The Node Events' `action`: what the plugin was doing when it saw the transition.
+pub const EVENT_ACTION: &str = "CheckHealth";
 
 /// A list of XIDs on the command line: `13,31,43`; empty or `none` for no XID.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -331,15 +334,20 @@ impl TransitionSink for NodeSink {
         let Some(client) = self.client.clone() else {
             return;
         };
-        let (kind, reason) = if t.to.is_healthy() {
-            ("Normal", REASON_GPU_HEALTHY)
+        let (type_, reason) = if t.to.is_healthy() {
+            (EventType::Normal, REASON_GPU_HEALTHY)
         } else {
-            ("Warning", REASON_GPU_UNHEALTHY)
+            (EventType::Warning, REASON_GPU_UNHEALTHY)
         };
         let (node, message) = (self.node.clone(), message.to_owned());
         tokio::spawn(async move {
-            if let Err(e) = crate::cluster::node_event(&client, &node, kind, reason, &message).await
-            {
+            let said = Said {
+                type_,
+                reason,
+                action: EVENT_ACTION,
+                note: &message,
+            };
+            if let Err(e) = crate::cluster::node_event(&client, &node, said).await {
                 tracing::warn!(error = %e, "cannot record the GPU health event");
             }
         });

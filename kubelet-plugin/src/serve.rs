@@ -21,12 +21,13 @@ use std::time::Duration;
 
 use fgpu_api::names::DriverName;
 use fgpu_driver::backend::DeviceBackend;
+use fgpu_plumbing::events::{EventType, Said};
 
 use crate::checkpoint::{CheckpointError, LoadNote, read_boot_id};
 use crate::claim_cache::{CachedClaimSource, ClaimCache};
 use crate::cluster::{
     ClusterError, KubeClaimSource, REASON_CHECKPOINT_CORRUPTED, SlicePublisher, negotiate,
-    warn_node_event, watch_claims,
+    node_event, watch_claims,
 };
 use crate::edits::NodeFiles;
 use crate::grpc::{GrpcError, PluginServer, RegistrationState, Sockets};
@@ -146,14 +147,13 @@ pub async fn run(
                     "fgpu kubelet plugin: a checkpoint file could not be read ({error}); moved to {} and started without the claims it recorded",
                     moved_to.display()
                 );
-                if let Err(e) = warn_node_event(
-                    &client,
-                    &cfg.node_name,
-                    REASON_CHECKPOINT_CORRUPTED,
-                    &message,
-                )
-                .await
-                {
+                let said = Said {
+                    type_: EventType::Warning,
+                    reason: REASON_CHECKPOINT_CORRUPTED,
+                    action: "Start",
+                    note: &message,
+                };
+                if let Err(e) = node_event(&client, &cfg.node_name, said).await {
                     tracing::warn!(error = %e, "cannot record the event");
                 }
             }

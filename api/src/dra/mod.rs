@@ -7,14 +7,20 @@
 //!   `reservedFor`, `status.devices`); [`same_device`] matches a `status.devices` entry
 //!   to its allocation result.
 //! * [`class`]: a DeviceClass: its selectors and configuration.
-//! * [`tolerant`]: how the model reads a field of the wrong JSON type (as absent, the way
-//!   indexing JSON did), so that any object reads and its users name the bad field.
+//! * [`slice`]: a ResourceSlice (pool, devices with their attributes, capacities and
+//!   taints; `v1beta1`'s `basic` read alike) and a DeviceTaintRule, what the controller's
+//!   inventory reads.
+//! * [`tolerant`]: how the claim and class models read a field of the wrong JSON type (as
+//!   absent, the way indexing JSON did), so that any object reads and its users name the
+//!   bad field.
 //!
-//! ResourceSlices are still read as JSON by the controller (`fgpu-dra-controller`'s
-//! `inventory`); they join this model next.
+//! The slice model's field readers, which never fail on a value of the wrong type either,
+//! live in a private `lenient` module.
 
 pub mod claim;
 pub mod class;
+mod lenient;
+pub mod slice;
 pub mod tolerant;
 
 /// Whether two device entries of a claim, as JSON, name the same allocated device: the

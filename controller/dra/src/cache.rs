@@ -8,17 +8,19 @@
 //! inventory) is new to the cache, one at a time, straight into the typed claim, and only
 //! its view is kept; [`ViewCache::typed_claim`] parses one claim again where a pass needs
 //! all of it (a pending claim's requests), [`ViewCache::whole_claim`] as JSON for a write.
-//! Slices are parsed when the set of their versions changes.
+//! Slices (and DeviceTaintRules) are parsed into their typed model
+//! (`fgpu_api::dra::slice`), one at a time, when the set of their versions changes.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use fgpu_api::dra::claim::ResourceClaim;
+use fgpu_api::dra::slice::{DeviceTaintRule, ResourceSlice};
 use fgpu_api::names::DriverName;
 use serde_json::Value;
 
-use crate::inventory::{self, SliceInventory};
+use crate::inventory::{self, RuleError, SliceError, SliceInventory};
 use crate::mirror::Packed;
 use crate::objects::{self, ObjectId};
 use crate::slim;
@@ -209,7 +211,9 @@ impl ViewCache {
     }
 
     /// Reads the inventory again when the set of slice or taint-rule versions changed, one
-    /// slice at a time (a thousand slices parsed at once would be tens of MiB).
+    /// slice at a time (a thousand slices parsed at once would be tens of MiB), each from
+    /// its text straight into the typed model. The text is what [`slim::slice`] wrote from
+    /// that model, so it reads back; should one not, it is reported by its UID.
     fn refresh_inventory(&mut self, driver: &DriverName, slices: &[Arc<Packed>]) {
         let mut versions: Vec<(String, String)> = slices
             .iter()
@@ -222,15 +226,43 @@ impl ViewCache {
         }
         let mut consumable = false;
         let mut parsed = 0;
-        let values = slices.iter().filter_map(|s| s.value()).inspect(|s| {
-            parsed += 1;
-            consumable |= objects::consumable(driver.as_str(), std::slice::from_ref(s));
-        });
-        self.inventory = inventory::from_slices(driver.as_str(), values);
-        self.inventory.apply_taint_rules(
-            driver.as_str(),
-            self.taint_rules.iter().filter_map(|r| r.value()),
-        );
+        let mut unreadable = Vec::new();
+        let typed = slices
+            .iter()
+            .filter_map(|s| match s.read::<ResourceSlice>()? {
+                Ok(slice) => {
+                    parsed += 1;
+                    consumable |= objects::consumable(driver.as_str(), [&slice]);
+                    Some(slice)
+                }
+                Err(e) => {
+                    unreadable.push(SliceError {
+                        slice: format!("with UID {}", s.uid),
+                        field: "(the whole object)".into(),
+                        problem: e.to_string(),
+                    });
+                    None
+                }
+            });
+        self.inventory = inventory::from_slices(driver.as_str(), typed);
+        self.inventory.errors.extend(unreadable);
+        let mut unreadable = Vec::new();
+        let rules = self
+            .taint_rules
+            .iter()
+            .filter_map(|r| match r.read::<DeviceTaintRule>()? {
+                Ok(rule) => Some(rule),
+                Err(e) => {
+                    unreadable.push(RuleError {
+                        rule: format!("with UID {}", r.uid),
+                        field: "(the whole object)".into(),
+                        problem: e.to_string(),
+                    });
+                    None
+                }
+            });
+        self.inventory.apply_taint_rules(driver.as_str(), rules);
+        self.inventory.rule_errors.extend(unreadable);
         self.consumable = consumable;
         self.parsed += parsed;
         self.slice_versions = versions;

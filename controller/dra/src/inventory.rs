@@ -1,11 +1,13 @@
-//! This driver's ResourceSlices → the engine's [`Inventory`].
+//! This driver's ResourceSlices ([`ResourceSlice`], the typed model of `fgpu_api::dra`) →
+//! the engine's [`Inventory`].
 //!
 //! A node is a pool (`spec.pool.name`, which the kubelet plugin names after the node;
 //! `spec.nodeName` when the pool has no name; a slice whose pool and node names differ is
-//! malformed, since allocations select the node by the pool's name). Per device: GPU id = device name, `uuid`,
-//! `productName` as the model, `index` (labels only; left out when not an int), `numaNode`, `resource.kubernetes.io/pcieRoot`, and the
-//! capacities `memory` (bytes) and `cores` (percent, 100 when absent). `v1` and `v1beta2`
-//! devices carry these directly, `v1beta1` devices under `basic`. Slices of other drivers
+//! malformed, since allocations select the node by the pool's name). Per device: GPU id =
+//! device name, `uuid`, `productName` as the model, `index` (labels only; left out when not
+//! an int), `numaNode`, `resource.kubernetes.io/pcieRoot`, and the capacities `memory`
+//! (bytes) and `cores` (percent, 100 when absent). `v1` and `v1beta2` devices carry these
+//! directly, `v1beta1` devices under `basic` ([`Device::body`]). Slices of other drivers
 //! are ignored; of a pool published in several generations only the newest counts. A
 //! device's `taints` are carried to the engine, which keeps a request off a device with a
 //! `NoSchedule` or `NoExecute` taint it does not tolerate (the plugin taints unhealthy
@@ -17,16 +19,19 @@
 //! values are stored once per inventory.
 //!
 //! A malformed slice is left out whole and reported with the slice's name and the field;
-//! the other slices are still used.
+//! the other slices are still used. The typed model reads any JSON object, keeping the
+//! fields of the wrong type that are reported here, so the checks are all in this module.
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
+use fgpu_api::dra::slice::{
+    self, Attribute, Checked, Device, DeviceTaintRule, QuantityValue, ResourceSlice, SliceSpec,
+};
 use fgpu_api::names::{attr, capacity};
 use fgpu_driver::engine::{Gpu, Inventory, Node, Taint};
-use serde_json::Value;
 
-use crate::quantity_u64;
+use crate::QuantityError;
 use crate::selector::{Attr, DeviceInfo, Quantity};
 
 /// A slice that could not be read.
@@ -67,30 +72,35 @@ pub struct SliceInventory {
     pub rule_errors: Vec<RuleError>,
 }
 
+/// A string field that is set and not empty.
+fn non_empty(field: &Option<String>) -> Option<&str> {
+    field.as_deref().filter(|s| !s.is_empty())
+}
+
+/// How messages name an object without a name.
+const UNNAMED: &str = "<unnamed>";
+
 impl SliceInventory {
     /// Adds the taint of each admin's DeviceTaintRule among `rules` to the devices of
     /// `driver` it selects: every field its `spec.deviceSelector` sets (`driver`, `pool`,
     /// `device`) must match; an empty selector matches every device, a missing one none
     /// (the API's rules). A device keeps its slice taints beside the rules'. A rule without
     /// a taint key or effect is left out and reported.
-    pub fn apply_taint_rules<S: Borrow<Value>>(
+    pub fn apply_taint_rules<R: Borrow<DeviceTaintRule>>(
         &mut self,
         driver: &str,
-        rules: impl IntoIterator<Item = S>,
+        rules: impl IntoIterator<Item = R>,
     ) {
         for rule in rules {
             let rule = rule.borrow();
-            let name = rule["metadata"]["name"].as_str().unwrap_or("<unnamed>");
-            let spec = &rule["spec"];
-            let selector = &spec["deviceSelector"];
-            if !selector.is_object() {
+            let name = rule.metadata.name.as_deref().unwrap_or(UNNAMED);
+            let Some(selector) = &rule.spec.device_selector else {
+                continue;
+            };
+            if non_empty(&selector.driver).is_some_and(|d| d != driver) {
                 continue;
             }
-            let wanted = |field: &str| selector[field].as_str().filter(|s| !s.is_empty());
-            if wanted("driver").is_some_and(|d| d != driver) {
-                continue;
-            }
-            let taint = match read_taint(&spec["taint"]) {
+            let taint = match read_taint(&rule.spec.taint) {
                 Ok(t) => t,
                 Err(problem) => {
                     self.rule_errors.push(RuleError {
@@ -102,11 +112,12 @@ impl SliceInventory {
                 }
             };
             for node in &mut self.inventory.nodes {
-                if wanted("pool").is_some_and(|p| p != node.name) {
+                if non_empty(&selector.pool).is_some_and(|p| p != node.name) {
                     continue;
                 }
                 for gpu in &mut node.gpus {
-                    if wanted("device").is_none_or(|d| d == gpu.id) && !gpu.taints.contains(&taint)
+                    if non_empty(&selector.device).is_none_or(|d| d == gpu.id)
+                        && !gpu.taints.contains(&taint)
                     {
                         gpu.taints.push(taint.clone());
                     }
@@ -116,9 +127,9 @@ impl SliceInventory {
     }
 }
 
-/// Reads every slice of `driver` among `slices` (any objects; other drivers' are skipped).
-/// Takes them one at a time, owned or borrowed.
-pub fn from_slices<S: Borrow<Value>>(
+/// Reads every slice of `driver` among `slices` (other drivers' are skipped). Takes them
+/// one at a time, owned or borrowed.
+pub fn from_slices<S: Borrow<ResourceSlice>>(
     driver: &str,
     slices: impl IntoIterator<Item = S>,
 ) -> SliceInventory {
@@ -128,11 +139,10 @@ pub fn from_slices<S: Borrow<Value>>(
     let mut names = Interner::default();
     for slice in slices {
         let slice = slice.borrow();
-        let spec = &slice["spec"];
-        if spec["driver"].as_str() != Some(driver) {
+        if slice.spec.driver.as_deref() != Some(driver) {
             continue;
         }
-        match read_slice(spec, &mut names) {
+        match read_slice(&slice.spec, &mut names) {
             Ok((pool, generation, gpus)) => {
                 let entry = pools
                     .entry(pool.clone())
@@ -144,10 +154,7 @@ pub fn from_slices<S: Borrow<Value>>(
                 }
             }
             Err((field, problem)) => errors.push(SliceError {
-                slice: slice["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or("<unnamed>")
-                    .to_owned(),
+                slice: slice.metadata.name.as_deref().unwrap_or(UNNAMED).to_owned(),
                 field,
                 problem,
             }),
@@ -188,51 +195,85 @@ impl Interner {
     }
 }
 
-/// What a CEL selector sees of a device (`body`: the device, or v1beta1's `basic`):
-/// attributes of the four scalar kinds (others, such as lists, are left out), capacity
-/// values that parse.
-fn device_info(body: &Value, multi: bool, names: &mut Interner) -> DeviceInfo {
+/// What a CEL selector sees of a device: attributes of the four scalar kinds (others, such
+/// as lists, are left out), capacity values that parse.
+fn device_info(device: &Device, names: &mut Interner) -> DeviceInfo {
+    let body = device.body();
     let mut info = DeviceInfo {
-        multi,
+        multi: device.allows_multiple_allocations(),
         ..DeviceInfo::default()
     };
-    if let Some(attrs) = body["attributes"].as_object() {
-        for (k, v) in attrs {
-            let a = if let Some(i) = v["int"].as_i64() {
-                Attr::Int(i)
-            } else if let Some(b) = v["bool"].as_bool() {
-                Attr::Bool(b)
-            } else if let Some(s) = v["string"].as_str() {
-                Attr::Str(names.get(s))
-            } else if let Some(s) = v["version"].as_str() {
-                Attr::Version(names.get(s))
-            } else {
-                continue;
-            };
-            info.attributes.push((names.get(k), a));
-        }
+    for (k, v) in &body.attributes {
+        let a = match v {
+            Attribute::Int(i) => Attr::Int(*i),
+            Attribute::Bool(b) => Attr::Bool(*b),
+            Attribute::String(s) => Attr::Str(names.get(s)),
+            Attribute::Version(s) => Attr::Version(names.get(s)),
+            Attribute::Other => continue,
+        };
+        info.attributes.push((names.get(k), a));
     }
-    if let Some(caps) = body["capacity"].as_object() {
-        for (k, v) in caps {
-            if let Some(q) = v["value"].as_str().and_then(|s| Quantity::parse(s).ok()) {
-                info.capacity.push((names.get(k), q));
-            } else if let Some(n) = v["value"].as_i64() {
-                info.capacity.push((names.get(k), Quantity::from_int(n)));
-            }
+    for (k, c) in &body.capacity {
+        let q = match &c.value {
+            Some(QuantityValue::String(s)) => Quantity::parse(s).ok(),
+            Some(QuantityValue::Number(n)) => n.as_i64().map(Quantity::from_int),
+            _ => None,
+        };
+        if let Some(q) = q {
+            info.capacity.push((names.get(k), q));
         }
     }
     info
+}
+
+/// A capacity's `value` resolved to a whole number (as [`crate::quantity_u64`] resolves a
+/// JSON value, with the same errors).
+fn capacity_u64(v: Option<&QuantityValue>) -> Result<u64, QuantityError> {
+    match v {
+        Some(QuantityValue::String(s)) => Ok(fgpu_api::quantity::parse_u64(s)?),
+        Some(QuantityValue::Number(n)) => n
+            .as_u64()
+            .ok_or_else(|| QuantityError::NotANonNegativeInteger(n.clone())),
+        Some(QuantityValue::Invalid(raw)) => Err(QuantityError::NotAQuantity(raw.value())),
+        None => Err(QuantityError::Missing),
+    }
 }
 
 type FieldError = (String, String);
 
 type SliceGpus = Vec<(Gpu, DeviceInfo)>;
 
-fn read_slice(spec: &Value, names: &mut Interner) -> Result<(String, i64, SliceGpus), FieldError> {
-    let bad = |field: &str, problem: &str| (format!("spec.{field}"), problem.to_owned());
-    let pool = match (spec["pool"]["name"].as_str(), spec["nodeName"].as_str()) {
-        (Some(p), _) if !p.is_empty() => p.to_owned(),
-        (_, Some(n)) if !n.is_empty() => n.to_owned(),
+/// A problem with `spec.<field>`.
+fn bad(field: &str, problem: &str) -> FieldError {
+    (format!("spec.{field}"), problem.to_owned())
+}
+
+/// The pool, the generation and the GPUs of one slice of this driver.
+fn read_slice(
+    spec: &SliceSpec,
+    names: &mut Interner,
+) -> Result<(String, i64, SliceGpus), FieldError> {
+    let pool = pool_name(spec)?;
+    let generation = generation(spec)?;
+    let devices = match &spec.devices {
+        None => return Ok((pool, generation, Vec::new())),
+        Some(Checked::Valid(d)) => d,
+        Some(Checked::Invalid(_)) => return Err(bad("devices", "not a list")),
+    };
+    let gpus = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| read_device(i, d, names))
+        .collect::<Result<_, _>>()?;
+    Ok((pool, generation, gpus))
+}
+
+/// The node a slice's devices are on: its pool's name, or its `nodeName` where the pool
+/// has none; both must agree.
+fn pool_name(spec: &SliceSpec) -> Result<String, FieldError> {
+    let pool = match (non_empty(&spec.pool.name), non_empty(&spec.node_name)) {
+        (Some(p), _) => p.to_owned(),
+        (_, Some(n)) => n.to_owned(),
         _ => {
             return Err(bad(
                 "pool.name",
@@ -240,10 +281,7 @@ fn read_slice(spec: &Value, names: &mut Interner) -> Result<(String, i64, SliceG
             ));
         }
     };
-    if let Some(n) = spec["nodeName"]
-        .as_str()
-        .filter(|n| !n.is_empty() && *n != pool)
-    {
+    if let Some(n) = non_empty(&spec.node_name).filter(|n| *n != pool) {
         return Err(bad(
             "pool.name",
             &format!(
@@ -251,118 +289,108 @@ fn read_slice(spec: &Value, names: &mut Interner) -> Result<(String, i64, SliceG
             ),
         ));
     }
-    let generation = match &spec["pool"]["generation"] {
-        Value::Null => 0,
-        g => g
-            .as_i64()
-            .ok_or_else(|| bad("pool.generation", "not an integer"))?,
-    };
-    let devices = match &spec["devices"] {
-        Value::Null => return Ok((pool, generation, Vec::new())),
-        Value::Array(d) => d,
-        _ => return Err(bad("devices", "not a list")),
-    };
-    let mut gpus = Vec::with_capacity(devices.len());
-    for (i, d) in devices.iter().enumerate() {
-        let at = |field: &str| format!("spec.devices[{i}].{field}");
-        let name = d["name"]
-            .as_str()
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| (at("name"), "missing or not a string".to_owned()))?;
-        let (body, prefix) = if d["basic"].is_object() {
-            (&d["basic"], "basic.")
-        } else {
-            (d, "")
-        };
-        let field = |f: &str| at(&format!("{prefix}{f}"));
-        let attrs = &body["attributes"];
-        let string_attr = |n: &str| -> Result<Option<String>, FieldError> {
-            match &attrs[n] {
-                Value::Null => Ok(None),
-                v => v["string"]
-                    .as_str()
-                    .map(|s| Some(s.to_owned()))
-                    .ok_or_else(|| {
-                        (
-                            field(&format!("attributes[{n:?}]")),
-                            "not a string attribute".to_owned(),
-                        )
-                    }),
-            }
-        };
-        let numa = match &attrs[attr::NUMA_NODE] {
-            Value::Null => None,
-            v => Some(
-                v["int"]
-                    .as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .ok_or_else(|| {
-                        (
-                            field("attributes.numaNode"),
-                            "not a non-negative int attribute".to_owned(),
-                        )
-                    })?,
-            ),
-        };
-        // The driver's index: labels of the metrics only, so a bad one is left out rather
-        // than the GPU.
-        let index = attrs[attr::INDEX]["int"]
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok());
-        let memory = quantity_u64(&body["capacity"][capacity::MEMORY]["value"])
-            .map_err(|p| (field("capacity.memory.value"), p.to_string()))?;
-        let cores = match &body["capacity"][capacity::CORES]["value"] {
-            Value::Null => capacity::CORES_PER_GPU,
-            v => quantity_u64(v).map_err(|p| (field("capacity.cores.value"), p.to_string()))?,
-        };
-        let cores = u32::try_from(cores)
-            .ok()
-            .filter(|&c| c <= 100)
-            .ok_or_else(|| {
-                (
-                    field("capacity.cores.value"),
-                    format!("{cores} is above 100"),
-                )
-            })?;
-        let mut gpu = Gpu::new(
-            name,
-            string_attr(attr::PRODUCT_NAME)?.unwrap_or_default(),
-            memory,
-        );
-        gpu.uuid = string_attr(attr::UUID)?.unwrap_or_default();
-        gpu.index = index;
-        gpu.numa = numa;
-        gpu.pcie_root = string_attr(attr::PCIE_ROOT)?;
-        gpu.cores_total = cores;
-        gpu.cores_free = cores;
-        gpu.taints =
-            read_taints(&body["taints"]).map_err(|(i, p)| (field(&format!("taints[{i}]")), p))?;
-        let multi = d["allowMultipleAllocations"] == Value::Bool(true)
-            || body["allowMultipleAllocations"] == Value::Bool(true);
-        gpus.push((gpu, device_info(body, multi, names)));
-    }
-    Ok((pool, generation, gpus))
+    Ok(pool)
 }
 
-/// A device's `taints`: each needs a key and an effect.
-fn read_taints(v: &Value) -> Result<Vec<Taint>, (usize, String)> {
-    let Some(list) = v.as_array() else {
-        return Ok(Vec::new());
+/// `spec.pool.generation`, 0 when missing.
+fn generation(spec: &SliceSpec) -> Result<i64, FieldError> {
+    match &spec.pool.generation {
+        None => Ok(0),
+        Some(Checked::Valid(g)) => Ok(*g),
+        Some(Checked::Invalid(_)) => Err(bad("pool.generation", "not an integer")),
+    }
+}
+
+/// The `i`th device of a slice as a GPU, and what selectors see of it.
+fn read_device(
+    i: usize,
+    d: &Device,
+    names: &mut Interner,
+) -> Result<(Gpu, DeviceInfo), FieldError> {
+    let at = |field: &str| format!("spec.devices[{i}].{field}");
+    let name = d
+        .name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| (at("name"), "missing or not a string".to_owned()))?;
+    let body = d.body();
+    let prefix = if d.basic.is_some() { "basic." } else { "" };
+    let field = |f: &str| at(&format!("{prefix}{f}"));
+    let attrs = &body.attributes;
+    let string_attr = |n: &str| -> Result<Option<String>, FieldError> {
+        match attrs.get(n) {
+            None => Ok(None),
+            Some(a) => a.as_string().map(|s| Some(s.to_owned())).ok_or_else(|| {
+                (
+                    field(&format!("attributes[{n:?}]")),
+                    "not a string attribute".to_owned(),
+                )
+            }),
+        }
     };
-    list.iter()
+    let numa = match attrs.get(attr::NUMA_NODE) {
+        None => None,
+        Some(a) => Some(
+            a.as_int()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    (
+                        field("attributes.numaNode"),
+                        "not a non-negative int attribute".to_owned(),
+                    )
+                })?,
+        ),
+    };
+    // The driver's index: labels of the metrics only, so a bad one is left out rather
+    // than the GPU.
+    let index = attrs
+        .get(attr::INDEX)
+        .and_then(Attribute::as_int)
+        .and_then(|n| u32::try_from(n).ok());
+    let value = |name: &str| body.capacity.get(name).and_then(|c| c.value.as_ref());
+    let memory = capacity_u64(value(capacity::MEMORY))
+        .map_err(|p| (field("capacity.memory.value"), p.to_string()))?;
+    let cores = match value(capacity::CORES) {
+        None => capacity::CORES_PER_GPU,
+        v => capacity_u64(v).map_err(|p| (field("capacity.cores.value"), p.to_string()))?,
+    };
+    let cores = u32::try_from(cores)
+        .ok()
+        .filter(|&c| c <= 100)
+        .ok_or_else(|| {
+            (
+                field("capacity.cores.value"),
+                format!("{cores} is above 100"),
+            )
+        })?;
+    let mut gpu = Gpu::new(
+        name,
+        string_attr(attr::PRODUCT_NAME)?.unwrap_or_default(),
+        memory,
+    );
+    gpu.uuid = string_attr(attr::UUID)?.unwrap_or_default();
+    gpu.index = index;
+    gpu.numa = numa;
+    gpu.pcie_root = string_attr(attr::PCIE_ROOT)?;
+    gpu.cores_total = cores;
+    gpu.cores_free = cores;
+    gpu.taints = body
+        .taints
+        .iter()
         .enumerate()
-        .map(|(i, t)| read_taint(t).map_err(|p| (i, p)))
-        .collect()
+        .map(|(i, t)| read_taint(t).map_err(|p| (field(&format!("taints[{i}]")), p)))
+        .collect::<Result<_, _>>()?;
+    Ok((gpu, device_info(d, names)))
 }
 
 /// One taint (a slice device's or a DeviceTaintRule's): it needs a key and an effect.
-fn read_taint(t: &Value) -> Result<Taint, String> {
-    let key = t["key"].as_str().filter(|k| !k.is_empty());
-    let effect = t["effect"].as_str().filter(|e| !e.is_empty());
+fn read_taint(t: &slice::Taint) -> Result<Taint, String> {
+    let key = t.key.as_deref().filter(|k| !k.is_empty());
+    let effect = t.effect.as_deref().filter(|e| !e.is_empty());
     match (key, effect) {
         (Some(key), Some(effect)) => Ok(Taint {
             key: key.to_owned(),
-            value: t["value"].as_str().unwrap_or_default().to_owned(),
+            value: t.value.clone().unwrap_or_default(),
             effect: effect.to_owned(),
         }),
         _ => Err("a taint needs a key and an effect".to_owned()),
@@ -372,9 +400,25 @@ fn read_taint(t: &Value) -> Result<Taint, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     const DRIVER: &str = "gpu.fgpu.dev";
+
+    /// JSON slices read into the typed model, as the cache reads the mirror's text.
+    fn typed<V: Borrow<Value>>(slices: impl IntoIterator<Item = V>) -> Vec<ResourceSlice> {
+        slices
+            .into_iter()
+            .map(|v| serde_json::from_value(v.borrow().clone()).expect("any object reads"))
+            .collect()
+    }
+
+    /// JSON DeviceTaintRules read into the typed model.
+    fn typed_rules<V: Borrow<Value>>(rules: impl IntoIterator<Item = V>) -> Vec<DeviceTaintRule> {
+        rules
+            .into_iter()
+            .map(|v| serde_json::from_value(v.borrow().clone()).expect("any object reads"))
+            .collect()
+    }
 
     fn v1_slice(node: &str, generation: i64, devices: Value) -> Value {
         json!({
@@ -426,7 +470,7 @@ mod tests {
             v1beta1,
             other,
         ];
-        let out = from_slices(DRIVER, &slices);
+        let out = from_slices(DRIVER, typed(&slices));
         assert_eq!(out.errors, vec![]);
         let nodes = &out.inventory.nodes;
         assert_eq!(nodes.len(), 2);
@@ -477,7 +521,10 @@ mod tests {
         let mut tainted = h100(1);
         tainted["taints"] = json!([{"key": "fgpu.dev/unhealthy", "value": "xid-79",
             "effect": "NoExecute", "timeAdded": "2026-12-02T00:00:00Z"}]);
-        let out = from_slices(DRIVER, [v1_slice("node-a", 1, json!([h100(0), tainted]))]);
+        let out = from_slices(
+            DRIVER,
+            typed([v1_slice("node-a", 1, json!([h100(0), tainted]))]),
+        );
         assert_eq!(out.errors, vec![]);
         let gpus = &out.inventory.nodes[0].gpus;
         assert!(gpus[0].taints.is_empty());
@@ -491,7 +538,7 @@ mod tests {
         );
         let mut bad = h100(0);
         bad["taints"] = json!([{"key": "k"}]);
-        let out = from_slices(DRIVER, [v1_slice("node-a", 1, json!([bad]))]);
+        let out = from_slices(DRIVER, typed([v1_slice("node-a", 1, json!([bad]))]));
         assert_eq!(out.errors[0].field, "spec.devices[0].taints[0]");
     }
 
@@ -518,8 +565,8 @@ mod tests {
             effect: "NoSchedule".into(),
         };
         let tainted = |rules: Vec<Value>| -> (Vec<(String, String)>, Vec<RuleError>) {
-            let mut out = from_slices(DRIVER, &slices);
-            out.apply_taint_rules(DRIVER, &rules);
+            let mut out = from_slices(DRIVER, typed(&slices));
+            out.apply_taint_rules(DRIVER, typed_rules(&rules));
             let mut hit = Vec::new();
             for n in &out.inventory.nodes {
                 for g in &n.gpus {
@@ -552,9 +599,9 @@ mod tests {
         ]);
         assert_eq!(hit, vec![]);
         // Two rules with the same taint: once on the device.
-        let mut out = from_slices(DRIVER, &slices);
+        let mut out = from_slices(DRIVER, typed(&slices));
         let twice = rule("dev", json!({"device": "gpu-1"}), maint.clone());
-        out.apply_taint_rules(DRIVER, [&twice, &twice]);
+        out.apply_taint_rules(DRIVER, typed_rules([&twice, &twice]));
         assert_eq!(out.inventory.nodes[0].gpus[1].taints, vec![taint.clone()]);
         // A rule without an effect is reported by name and field, and taints nothing.
         let (hit, errors) = tainted(vec![rule(
@@ -575,7 +622,7 @@ mod tests {
         let mut new1 = v1_slice("node-a", 2, json!([h100(0)]));
         new1["metadata"]["name"] = json!("node-a-1");
         let new2 = v1_slice("node-a", 2, json!([h100(3)]));
-        let out = from_slices(DRIVER, [&new1, &old, &new2]);
+        let out = from_slices(DRIVER, typed([&new1, &old, &new2]));
         let ids: Vec<_> = out.inventory.nodes[0]
             .gpus
             .iter()
@@ -585,11 +632,39 @@ mod tests {
     }
 
     #[test]
+    fn odd_values_are_named_as_they_came() {
+        let cases = [
+            (json!(true), "true is not a quantity"),
+            (json!({"a": 1}), "{\"a\":1} is not a quantity"),
+            (json!(-1), "-1 is not a non-negative integer"),
+            (json!(1.5), "1.5 is not a non-negative integer"),
+        ];
+        for (value, want) in cases {
+            let device = json!({"name": "gpu-0", "capacity": {"memory": {"value": value}}});
+            let out = from_slices(DRIVER, typed([v1_slice("node-a", 1, json!([device]))]));
+            assert_eq!(
+                out.errors[0].to_string(),
+                format!(
+                    "ResourceSlice node-a-{DRIVER}: spec.devices[0].capacity.memory.value: {want}"
+                )
+            );
+        }
+        // A whole-number quantity as a JSON number is read; taints that are not a list are
+        // none.
+        let device = json!({"name": "gpu-0", "capacity": {"memory": {"value": 1024}},
+            "taints": {"key": "k"}});
+        let out = from_slices(DRIVER, typed([v1_slice("node-a", 1, json!([device]))]));
+        assert_eq!(out.errors, vec![]);
+        let gpu = &out.inventory.nodes[0].gpus[0];
+        assert_eq!((gpu.memory_total, gpu.taints.len()), (1024, 0));
+    }
+
+    #[test]
     fn malformed_slices_are_reported_and_the_rest_used() {
         let mut other_pool = v1_slice("node-x", 1, json!([]));
         other_pool["metadata"]["name"] = json!("bad-slice");
         other_pool["spec"]["pool"]["name"] = json!("pool-1");
-        let out = from_slices(DRIVER, [&other_pool]);
+        let out = from_slices(DRIVER, typed([&other_pool]));
         assert_eq!(out.errors[0].field, "spec.pool.name");
         assert!(
             out.errors[0]
@@ -634,7 +709,10 @@ mod tests {
         for (what, device, field, problem) in cases {
             let mut bad = v1_slice("node-x", 1, json!([device]));
             bad["metadata"]["name"] = json!("bad-slice");
-            let out = from_slices(DRIVER, [&bad, &v1_slice("node-a", 1, json!([h100(0)]))]);
+            let out = from_slices(
+                DRIVER,
+                typed([&bad, &v1_slice("node-a", 1, json!([h100(0)]))]),
+            );
             assert_eq!(out.errors.len(), 1, "{what}");
             let e = &out.errors[0];
             assert_eq!(

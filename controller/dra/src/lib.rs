@@ -1,12 +1,13 @@
 //! `fgpu-dra-controller`: the DRA allocation controller (DESIGN.md, "Allocation: who
 //! decides what", mode 2) and its admission webhooks, run by `fgpu-controller run`.
 //!
-//! The pure core, functions from API objects to API objects. Claims and DeviceClasses are
-//! read typed ([`fgpu_api::dra::claim`], [`fgpu_api::dra::class`]: tolerant serde structs
-//! over every served version), slices and pods as JSON; what is written (allocations,
-//! patches, whole claims on release) is JSON:
+//! The pure core, functions from API objects to API objects. Claims, DeviceClasses and
+//! slices are read typed ([`fgpu_api::dra`]: tolerant serde structs over every served
+//! version), pods as JSON; what is written (allocations, patches, whole claims on release)
+//! is JSON:
 //!
-//! * [`inventory`]: this driver's ResourceSlices → the engine's [`Inventory`](fgpu_driver::engine::Inventory).
+//! * [`inventory`]: this driver's ResourceSlices (typed) and the admins' DeviceTaintRules →
+//!   the engine's [`Inventory`](fgpu_driver::engine::Inventory).
 //! * [`usage`]: every allocated ResourceClaim → the ledger's grants → a rebuilt [`Ledger`](fgpu_driver::ledger::Ledger).
 //! * [`request`]: a pending claim of the shared class and its pod's annotations → the
 //!   engine's request and policy.
@@ -17,12 +18,13 @@
 //! * [`reconcile`]: one pass over a snapshot of claims, pods and slices → the writes.
 //! * [`admission`]: the webhooks' decisions on `AdmissionReview`s.
 //! * [`objects`]: what a claim or a pod says (identity, classes, gate, node), read from
-//!   the typed claim and the pod's JSON.
+//!   the typed claim and the pod's JSON; whether slices offer consumable capacity.
 //! * [`view`]: the small per-claim and per-pod records a pass reads ([`view::ClaimView`]
 //!   from the typed claim, parsed straight from its text).
 //! * [`cache`], [`mirror`]: what the daemon keeps between passes (views; objects as
 //!   packed JSON text).
-//! * [`slim`]: what the daemon keeps of each watched object (only the fields it reads).
+//! * [`slim`]: what the daemon keeps of each watched object (only the fields it reads; of
+//!   a slice, what the typed model holds).
 //!
 //! The daemon (`fgpu-controller run`), which does the I/O:
 //!

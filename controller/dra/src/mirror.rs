@@ -85,6 +85,12 @@ impl Packed {
         serde_json::from_slice(&self.text()?).ok()
     }
 
+    /// The object read straight from its text into `T` (a typed model); `None` only if the
+    /// packed bytes were damaged in memory.
+    pub fn read<T: serde::de::DeserializeOwned>(&self) -> Option<Result<T, serde_json::Error>> {
+        Some(serde_json::from_slice(&self.text()?))
+    }
+
     /// Bytes held for the text (packed).
     pub fn packed_len(&self) -> usize {
         self.packed.len()

@@ -1,10 +1,13 @@
 //! What claims and pods say, in every served version: identities ([`ObjectId`]), the
 //! classes a claim asks for and the node of its allocation (read from the typed claim,
-//! [`fgpu_api::dra::claim`]), the gate and claims of a pod and whether slices kept
-//! consumable capacity (read from their JSON). Pure functions, used by the views, the cache
-//! and the planner alike.
+//! [`fgpu_api::dra::claim`]), the gate and claims of a pod (read from its JSON); and
+//! whether slices (typed, [`ResourceSlice`]) kept consumable capacity. Pure functions, used
+//! by the views, the cache and the planner alike.
+
+use std::borrow::Borrow;
 
 use fgpu_api::dra::claim::{DeviceClaim, ObjectMeta, ResourceClaim};
+use fgpu_api::dra::slice::{Device, ResourceSlice};
 use fgpu_api::names::DriverName;
 use serde_json::Value;
 
@@ -50,15 +53,15 @@ impl ObjectId {
 /// Whether any of this driver's slices publishes a device with `allowMultipleAllocations`
 /// (`v1beta1` devices under `basic`): the API server kept the field, so the cluster has
 /// consumable capacity.
-pub fn consumable(driver: &str, slices: &[Value]) -> bool {
-    slices
-        .iter()
-        .filter(|s| s["spec"]["driver"].as_str() == Some(driver))
-        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
-        .any(|d| {
-            d["allowMultipleAllocations"] == Value::Bool(true)
-                || d["basic"]["allowMultipleAllocations"] == Value::Bool(true)
-        })
+pub fn consumable<S: Borrow<ResourceSlice>>(
+    driver: &str,
+    slices: impl IntoIterator<Item = S>,
+) -> bool {
+    slices.into_iter().any(|s| {
+        let s = s.borrow();
+        s.spec.driver.as_deref() == Some(driver)
+            && s.devices().iter().any(Device::allows_multiple_allocations)
+    })
 }
 
 /// The device class names of a claim's (or a template's inner) `spec.devices.requests`,

@@ -46,10 +46,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use fgpu_api::dra::claim::ResourceClaim;
 use fgpu_api::dra::class::DeviceClass;
+use fgpu_api::dra::slice::ResourceSlice;
 use fgpu_api::names::DriverName;
 use fgpu_driver::engine::model::{Kind, PolicyWorkloads as Workloads};
 use fgpu_driver::engine::{self, Inventory, Policy, ScoreContext, Workload, WorkloadModel};
 use fgpu_driver::ledger::{Grant, Ledger};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::allocation::{self, Allocation};
@@ -306,7 +308,13 @@ fn restrict(inv: &Inventory, node: &str) -> Inventory {
 /// this is the same pass for callers that hold objects (tests, tools).
 pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
     let driver = &settings.driver;
-    let inventory = inventory::from_slices(driver.as_str(), snap.slices);
+    // The typed model reads any JSON object; what it does not read is no slice at all.
+    let slices: Vec<ResourceSlice> = snap
+        .slices
+        .iter()
+        .filter_map(|s| ResourceSlice::deserialize(s).ok())
+        .collect();
+    let inventory = inventory::from_slices(driver.as_str(), &slices);
     let claims: Vec<ClaimView> = snap
         .claims
         .iter()
@@ -333,7 +341,7 @@ pub fn plan(snap: Snapshot<'_>, settings: &Settings, allocate: bool) -> Plan {
         claims: &claim_refs,
         pods: &pods.iter().collect::<Vec<_>>(),
         inventory: &inventory,
-        consumable: consumable(driver.as_str(), snap.slices),
+        consumable: consumable(driver.as_str(), &slices),
         claim: &by_id,
         avoid: snap.avoid,
         unsettled: snap.unsettled,
@@ -1277,6 +1285,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// JSON slices read into the typed model, as [`plan`] reads them.
+    fn typed<V: std::borrow::Borrow<Value>>(
+        slices: impl IntoIterator<Item = V>,
+    ) -> Vec<ResourceSlice> {
+        slices
+            .into_iter()
+            .map(|v| serde_json::from_value(v.borrow().clone()).expect("any object reads"))
+            .collect()
+    }
+
     const GATE: &str = "gpu.fgpu.dev/allocate";
     const FIN: &str = "gpu.fgpu.dev/allocation";
 
@@ -1448,7 +1466,7 @@ mod tests {
             pod("pc", "2026-01-01T00:00:03Z", true, &[("g", Some("c"))]),
         ];
         let d = DriverName::default();
-        let inv = inventory::from_slices(d.as_str(), [slice(&[16], false)]);
+        let inv = inventory::from_slices(d.as_str(), typed([slice(&[16], false)]));
         let cv: Vec<ClaimView> = claims
             .iter()
             .map(|c| ClaimView::of_json(c, &d, &inv.inventory))
@@ -1497,7 +1515,7 @@ mod tests {
             pod("pn", "2026-01-01T00:00:01Z", true, &[("g", Some("n"))]),
         ];
         let d = DriverName::default();
-        let inv = inventory::from_slices(d.as_str(), [slice(&[16, 16], false)]);
+        let inv = inventory::from_slices(d.as_str(), typed([slice(&[16, 16], false)]));
         let cv: Vec<ClaimView> = claims
             .iter()
             .map(|c| ClaimView::of_json(c, &d, &inv.inventory))
@@ -1565,7 +1583,7 @@ mod tests {
         y["metadata"]["creationTimestamp"] = json!("2026-01-01T01:00:00Z");
         let claims = [x, y, claim("pending", 2)];
         let d = DriverName::default();
-        let inv = inventory::from_slices(d.as_str(), [slice(&[16, 16], false)]);
+        let inv = inventory::from_slices(d.as_str(), typed([slice(&[16, 16], false)]));
         let cv: Vec<ClaimView> = claims
             .iter()
             .map(|c| ClaimView::of_json(c, &d, &inv.inventory))
@@ -1758,8 +1776,8 @@ mod tests {
         }
         // v1beta1 devices carry the field under `basic`.
         let beta = json!({"spec": {"driver": "gpu.fgpu.dev", "devices": [{"name": "gpu-0", "basic": {"allowMultipleAllocations": true}}]}});
-        assert!(consumable("gpu.fgpu.dev", std::slice::from_ref(&beta)));
-        assert!(!consumable("other.dev", &[beta]));
+        assert!(consumable("gpu.fgpu.dev", typed([&beta])));
+        assert!(!consumable("other.dev", typed([beta])));
     }
 
     #[test]
@@ -1976,7 +1994,8 @@ mod tests {
         // The written allocation reads back as the same grant.
         let mut written = two_requests("c", 4, 4);
         written["status"]["allocation"] = allocation.allocation.clone();
-        let inv = inventory::from_slices("gpu.fgpu.dev", &[slice(&[16, 16], false)]).inventory;
+        let inv =
+            inventory::from_slices("gpu.fgpu.dev", typed(&[slice(&[16, 16], false)])).inventory;
         let g = usage::claim_grant(&usage::typed(&written).unwrap(), "gpu.fgpu.dev", &inv)
             .unwrap()
             .unwrap();
@@ -2281,7 +2300,7 @@ mod tests {
         };
         let mut written = c.clone();
         written["status"]["allocation"] = allocation.allocation.clone();
-        let inv = inventory::from_slices("gpu.fgpu.dev", &small).inventory;
+        let inv = inventory::from_slices("gpu.fgpu.dev", typed(&small)).inventory;
         let g = usage::claim_grant(&usage::typed(&written).unwrap(), "gpu.fgpu.dev", &inv)
             .unwrap()
             .unwrap();
@@ -2386,7 +2405,7 @@ mod tests {
         allocate: bool,
     ) -> String {
         let driver = DriverName::default();
-        let inv = inventory::from_slices(driver.as_str(), &[slice(&[40], true)]);
+        let inv = inventory::from_slices(driver.as_str(), typed(&[slice(&[40], true)]));
         let views: Vec<ClaimView> = claims
             .iter()
             .map(|c| ClaimView::of_json(c, &driver, &inv.inventory))
@@ -2424,7 +2443,7 @@ mod tests {
     #[test]
     fn candidates_keep_the_claims_node_or_avoid_nodes_while_some_are_left() {
         let driver = DriverName::default();
-        let inv = inventory::from_slices(driver.as_str(), &[slice(&[40], true)]).inventory;
+        let inv = inventory::from_slices(driver.as_str(), typed(&[slice(&[40], true)])).inventory;
         let names = |i: &Inventory| i.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>();
         let avoid_a: BTreeSet<String> = ["node-a".to_owned()].into();
         let avoid_b: BTreeSet<String> = ["node-b".to_owned()].into();

@@ -18,20 +18,26 @@
 //!   `last-applied-configuration`), `spec.schedulingGates`, `spec.resourceClaims`,
 //!   `spec.nodeName`, `status.phase`, `status.resourceClaimStatuses`. The controller writes
 //!   pods only by merge patch (the gates), never whole.
-//! * **slices** ([`slice`]): `metadata` name, uid, resourceVersion; `spec.driver`,
-//!   `spec.nodeName`, `spec.pool`, and per device (also under v1beta1's `basic`) `name`,
-//!   `allowMultipleAllocations`, every attribute (CEL selectors may read any,
-//!   [`crate::selector`]) and the `value` of every capacity. Devices keep their order, so
-//!   errors name the same index.
+//! * **slices** ([`slice`]): what the typed model `fgpu_api::dra::slice::ResourceSlice`
+//!   reads, and so all that [`crate::inventory`] can see: `metadata` name, uid,
+//!   resourceVersion; `spec.driver`, `spec.nodeName`, `spec.pool`, and per device (also
+//!   under v1beta1's `basic`) `name`, `allowMultipleAllocations`, every attribute (CEL
+//!   selectors may read any, [`crate::selector`]), the `value` of every capacity, and the
+//!   `taints`. A slice is read into the model and written back, so the model's fields are
+//!   the list: a field of the wrong type that the inventory reports is kept as it came,
+//!   and devices keep their order, so errors name the same field and index.
 //!
-//! Whoever makes [`plan`] (or [`crate::inventory`], [`crate::request`], [`crate::usage`])
-//! read another field of a pod or a slice adds it here; the test
+//! Whoever makes [`plan`] (or [`crate::request`], [`crate::usage`]) read another field of
+//! a pod adds it here; one of a slice, to the typed model. The test
 //! `plan_is_the_same_on_slim_objects` compares plans over whole and slim objects.
 //!
 //! [`plan`]: crate::reconcile::plan
 
+use fgpu_api::dra::slice::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// The annotation `kubectl apply` writes: the whole manifest again, read by no one here.
@@ -129,46 +135,35 @@ pub fn written(obj: &mut Value) {
     }
 }
 
-/// A slice as the controller keeps it (see the module's documentation).
+/// A slice as the controller keeps it: read into the typed model and written back (see
+/// the module's documentation). The object stays as it was in the one case the model's
+/// JSON does not make an object again (never seen: the model writes strings and numbers
+/// only where it read them).
 pub fn slice(obj: &mut DynamicObject) {
-    let m = std::mem::take(&mut obj.metadata);
-    obj.metadata = ObjectMeta {
-        name: m.name,
-        uid: m.uid,
-        resource_version: m.resource_version,
-        ..ObjectMeta::default()
-    };
-    let data = &mut obj.data;
-    retain(data, &["spec"]);
-    let Some(spec) = data.get_mut("spec") else {
-        return;
-    };
-    retain(spec, &["driver", "nodeName", "pool", "devices"]);
-    if let Some(Value::Array(devices)) = spec.get_mut("devices") {
-        for d in devices {
-            device(d);
-            if let Some(basic) = d.get_mut("basic") {
-                device(basic);
-            }
-        }
-    }
+    through::<ResourceSlice>(obj);
 }
 
-/// A device (or v1beta1's `basic` part of one) as the inventory reads it.
-fn device(d: &mut Value) {
-    retain(
-        d,
-        &[
-            "name",
-            "basic",
-            "allowMultipleAllocations",
-            "attributes",
-            "capacity",
-        ],
-    );
-    if let Some(Value::Object(caps)) = d.get_mut("capacity") {
-        for c in caps.values_mut() {
-            retain(c, &["value"]);
+/// Keeps of `obj` what the typed model `T` reads (its `metadata` and body); its
+/// `apiVersion` and `kind` stay.
+fn through<T: DeserializeOwned + Serialize>(obj: &mut DynamicObject) {
+    // The body without a copy: `metadata` joins the object's other fields for the read.
+    let mut whole = std::mem::take(&mut obj.data);
+    if let (Value::Object(m), Ok(meta)) = (&mut whole, serde_json::to_value(&obj.metadata)) {
+        m.insert("metadata".into(), meta);
+    }
+    let kept = T::deserialize(&whole)
+        .and_then(|typed| serde_json::to_value(typed))
+        .and_then(serde_json::from_value::<DynamicObject>);
+    match kept {
+        Ok(kept) => {
+            obj.metadata = kept.metadata;
+            obj.data = kept.data;
+        }
+        Err(_) => {
+            if let Value::Object(m) = &mut whole {
+                m.remove("metadata");
+            }
+            obj.data = whole;
         }
     }
 }
@@ -193,6 +188,14 @@ mod tests {
 
     fn value(o: &DynamicObject) -> Value {
         serde_json::to_value(o).unwrap()
+    }
+
+    /// JSON slices read into the typed model, as the cache reads the mirror's text.
+    fn typed<'a>(slices: impl IntoIterator<Item = &'a Value>) -> Vec<ResourceSlice> {
+        slices
+            .into_iter()
+            .map(|v| serde_json::from_value(v.clone()).expect("any object reads"))
+            .collect()
     }
 
     /// What an API server's answer adds to an object: managed fields, labels, owners.
@@ -391,8 +394,8 @@ mod tests {
             (slim.consumable, slim.gpus, &slim.usage)
         );
         assert_eq!(
-            reconcile::consumable("gpu.fgpu.dev", slices),
-            reconcile::consumable("gpu.fgpu.dev", &s)
+            reconcile::consumable("gpu.fgpu.dev", typed(slices)),
+            reconcile::consumable("gpu.fgpu.dev", typed(&s))
         );
         full_actions
     }
@@ -551,13 +554,13 @@ mod tests {
         beta_ok["spec"]["devices"][0] = json!({"name": d["name"], "basic": d});
         s.push(beta_ok);
         let [_, _, slim] = slimmed(&[], &[], &s);
-        let full = crate::inventory::from_slices("gpu.fgpu.dev", &s);
-        let kept = crate::inventory::from_slices("gpu.fgpu.dev", &slim);
+        let full = crate::inventory::from_slices("gpu.fgpu.dev", typed(&s));
+        let kept = crate::inventory::from_slices("gpu.fgpu.dev", typed(&slim));
         assert_eq!(full, kept);
         assert_eq!(full.errors.len(), 8, "{:?}", full.errors);
         assert_eq!(full.inventory.nodes.len(), 1);
-        assert!(reconcile::consumable("gpu.fgpu.dev", &slim[8..]));
-        assert!(!reconcile::consumable("gpu.fgpu.dev", &slim[..1]));
+        assert!(reconcile::consumable("gpu.fgpu.dev", typed(&slim[8..])));
+        assert!(!reconcile::consumable("gpu.fgpu.dev", typed(&slim[..1])));
     }
 
     #[test]

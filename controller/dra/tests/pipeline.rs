@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use fgpu_api::dra::slice::ResourceSlice;
 use fgpu_api::names::DriverName;
 use fgpu_dra_controller::{allocation, explain, inventory, request, usage};
 use fgpu_driver::engine::{MaxSpec, Policy, ScoreContext, choose};
@@ -77,6 +78,7 @@ proptest! {
         spread in any::<bool>(),
     ) {
         let slices: Vec<Value> = nodes.iter().enumerate().map(|(i, g)| slice(i, g, i % 2 == 1)).collect();
+        let slices: Vec<ResourceSlice> = slices.into_iter().map(|s| serde_json::from_value(s).expect("any object reads")).collect();
         let inv = inventory::from_slices(DRIVER, &slices);
         prop_assert!(inv.errors.is_empty(), "{:?}", inv.errors);
         let capacity = inv.inventory;

@@ -8,6 +8,8 @@
 //! * a pod's `nvidia.com/*` resources and HAMi annotations → one engine request per
 //!   container, and the pod's policy: [`fgpu_driver::hami`] (the DRA controller reads pod
 //!   annotations through it too).
+//! * [`error`]: why a verb refused a pod ([`PodError`]) and why a node takes no GPU pods;
+//!   their texts are what kube-scheduler shows.
 //! * [`state`]: the node cache and ledger ([`Extender::sync`] from lists of nodes and
 //!   pods), and the verbs. Bind reserves under a per-node mutex, then writes with no lock
 //!   held (optimistic; no node lock).
@@ -29,6 +31,7 @@
 //! `--metrics-address` (plain HTTP).
 
 pub mod annotations;
+pub mod error;
 pub mod http;
 pub mod inventory;
 pub mod metrics;
@@ -45,6 +48,7 @@ use anyhow::{Context, Result};
 use fgpu_api::names::{DriverName, LegacyResourceNames};
 use fgpu_driver::engine::Policy;
 
+pub use error::PodError;
 pub use state::{Extender, ExtenderConfig, SyncReport};
 pub use writer::{ClusterWriter, KubeCluster, MemoryCluster, WriteError};
 

@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 use crate::annotations::{
     AssignedDevice, ContainerAssignment, PodAssignment, grant_id, parse_node_inventory,
 };
+use crate::error::{NoFit, PodError, Unusable};
 use crate::metrics::{Metrics, PendingReason};
 use crate::writer::ClusterWriter;
 use fgpu_driver::hami::{ContainerRequest, PodRequest, pod_key, pod_request};
@@ -88,7 +89,7 @@ struct NodeState {
     /// The inventory with nothing granted.
     capacity: Node,
     /// The grants; `Err` holds why the node cannot be used.
-    ledger: Result<Ledger, String>,
+    ledger: Result<Ledger, Unusable>,
     /// Binds not (yet) visible in the pod list, by pod UID.
     inflight: HashMap<String, Reservation>,
     /// Bumped on every change of the ledger.
@@ -100,6 +101,30 @@ struct NodeSlot {
     state: Mutex<NodeState>,
     /// Held across a whole bind only with [`ExtenderConfig::serialize_node_binds`].
     bind_lock: tokio::sync::Mutex<()>,
+}
+
+impl NodeSlot {
+    /// A slot for a node first seen with `capacity`; the sync fills its ledger.
+    fn new(capacity: Node) -> Self {
+        Self {
+            state: Mutex::new(NodeState {
+                capacity,
+                ledger: Err(Unusable::NotSynced),
+                inflight: HashMap::new(),
+                generation: 0,
+            }),
+            bind_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+/// A live pod whose assignment annotation the list shows: its UID (or key, without one),
+/// the grants the annotation records, and its creation time (Unix seconds, 0 unknown).
+#[derive(Clone, Debug, PartialEq)]
+struct ListedPod {
+    uid: String,
+    grants: Vec<Grant>,
+    created: i64,
 }
 
 /// What a [`Extender::sync`] found wrong (each names its object).
@@ -239,139 +264,75 @@ impl Extender {
         self.forget_waiting(pods);
         let inv_ann = self.config.driver.node_inventory_annotation();
         let pod_ann = self.config.driver.pod_assignment_annotation();
-        // Grants recorded on pods, by node; and every pod UID that shows an assignment.
-        let mut by_node: HashMap<String, Vec<(String, Vec<Grant>, i64)>> = HashMap::new();
-        for pod in pods {
-            let phase = pod.extra["status"]["phase"].as_str();
-            if matches!(phase, Some("Succeeded" | "Failed")) {
-                continue;
-            }
-            let Some(value) = pod.metadata.annotations.get(&pod_ann) else {
-                continue;
-            };
-            let key = pod_key(pod);
-            if !written_by(pod, &pod_ann, crate::writer::FIELD_MANAGER) {
-                report.errors.push(format!(
-                    "pod {key}: annotation {pod_ann} was not written by the extender (field manager {:?} in metadata.managedFields); its GPU grant is ignored",
-                    crate::writer::FIELD_MANAGER
-                ));
-                continue;
-            }
-            match PodAssignment::parse(&key, &pod_ann, value) {
-                Ok(a) => {
-                    let uid = if pod.metadata.uid.is_empty() {
-                        key
-                    } else {
-                        pod.metadata.uid.clone()
-                    };
-                    report.assigned_pods += 1;
-                    let grants = crate::annotations::grants(&a, &uid);
-                    let created = pod
-                        .metadata
-                        .extra
-                        .get("creationTimestamp")
-                        .map_or(0, fgpu_plumbing::unix_seconds);
-                    by_node
-                        .entry(a.node.clone())
-                        .or_default()
-                        .push((uid, grants, created));
-                }
-                Err(e) => report.errors.push(e.to_string()),
-            }
-        }
-        let mut fresh: HashMap<String, Arc<NodeSlot>> = HashMap::new();
+        let mut by_node = listed_grants(pods, &pod_ann, &mut report.errors);
+        report.assigned_pods = by_node.values().map(Vec::len).sum();
         let old = self
             .nodes
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        let mut fresh: HashMap<String, Arc<NodeSlot>> = HashMap::new();
         for n in nodes {
             let name = &n.metadata.name;
-            let Some(value) = n.metadata.annotations.get(&inv_ann) else {
+            let Some((capacity, problem)) = announced_capacity(n, &inv_ann) else {
                 continue;
             };
-            let (capacity, problem) = match parse_node_inventory(name, &inv_ann, value) {
-                Ok(c) => (c, None),
-                Err(e) => {
-                    report.errors.push(e.to_string());
-                    (Node::new(name.clone(), Vec::new()), Some(e.to_string()))
-                }
-            };
-            report.nodes += 1;
-            let slot = old.get(name).cloned().unwrap_or_else(|| {
-                Arc::new(NodeSlot {
-                    state: Mutex::new(NodeState {
-                        capacity: capacity.clone(),
-                        ledger: Err("not synced".into()),
-                        inflight: HashMap::new(),
-                        generation: 0,
-                    }),
-                    bind_lock: tokio::sync::Mutex::new(()),
-                })
-            });
-            {
-                let mut st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
-                // A pod whose annotation shows exactly its reservation is covered by the
-                // list from now on; one that shows something else (a list older than the
-                // reservation) keeps the reservation, which is newer.
-                let mut grants: Vec<Grant> = Vec::new();
-                for (uid, pod_grants, created) in by_node.remove(name).unwrap_or_default() {
-                    let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
-                    // A pod is recorded once (its first record is kept): the kind of one
-                    // already recorded is not worked out again at every sync.
-                    for g in &pod_grants {
-                        if !model.contains(&g.id)
-                            && let Some(kind) = g.kind_on(&capacity)
-                        {
-                            model.observe(&g.id, kind, created);
-                        }
-                    }
-                    drop(model);
-                    match st.inflight.get(&uid) {
-                        Some(r) if r.grants == pod_grants => {
-                            st.inflight.remove(&uid);
-                            grants.extend(pod_grants);
-                        }
-                        Some(_) => {}
-                        None => grants.extend(pod_grants),
-                    }
-                }
-                let grace = self.config.reservation_grace;
-                st.inflight
-                    .retain(|_, r| now.saturating_duration_since(r.since) < grace);
-                grants.extend(st.inflight.values().flat_map(|r| r.grants.iter().cloned()));
-                st.ledger = match problem {
-                    Some(p) => Err(p),
-                    None => Ledger::rebuild(
-                        Inventory {
-                            nodes: vec![capacity.clone()],
-                        },
-                        grants,
-                    )
-                    .map_err(|e| {
-                        let msg = format!(
-                            "node {name}: the GPU grants recorded on its pods do not fit its inventory ({e}); \
-                             no new GPU pods are placed there until that is resolved"
-                        );
-                        report.errors.push(msg.clone());
-                        msg
-                    }),
-                };
-                st.capacity = capacity;
-                st.generation += 1;
+            if let Some(p) = &problem {
+                report.errors.push(p.to_string());
             }
+            report.nodes += 1;
+            let slot = old
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(NodeSlot::new(capacity.clone())));
+            let listed = by_node.remove(name).unwrap_or_default();
+            self.refill(&slot, capacity, problem, listed, now, &mut report.errors);
             fresh.insert(name.clone(), slot);
         }
-        for (node, pods) in by_node {
-            report.errors.push(format!(
-                "node {node}: {} pod(s) hold GPUs there, but the node has no GPU inventory annotation {inv_ann}",
-                pods.len()
-            ));
-        }
+        report.errors.extend(unannounced(&by_node, &inv_ann));
         *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = fresh;
         self.metrics.set_nodes(report.nodes);
         self.refresh_workloads();
         report
+    }
+
+    /// Refills one node's slot at a sync: records its listed pods in the workload model,
+    /// settles the reservations against them and rebuilds the ledger (a ledger that does
+    /// not fit the node is reported into `errors`).
+    fn refill(
+        &self,
+        slot: &NodeSlot,
+        capacity: Node,
+        problem: Option<Unusable>,
+        listed: Vec<ListedPod>,
+        now: Instant,
+        errors: &mut Vec<String>,
+    ) {
+        self.observe(&listed, &capacity);
+        let mut st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let grants = settle(&mut st.inflight, listed, now, self.config.reservation_grace);
+        st.ledger = rebuild_ledger(&capacity, problem, grants);
+        if let Err(e @ Unusable::Overbooked { .. }) = &st.ledger {
+            errors.push(e.to_string());
+        }
+        st.capacity = capacity;
+        st.generation += 1;
+    }
+
+    /// Records the GPU requests of `listed` pods on a node of `capacity` in the workload
+    /// model. A pod is recorded once (its first record is kept): the kind of one already
+    /// recorded is not worked out again at every sync.
+    fn observe(&self, listed: &[ListedPod], capacity: &Node) {
+        let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
+        for pod in listed {
+            for g in &pod.grants {
+                if !model.contains(&g.id)
+                    && let Some(kind) = g.kind_on(capacity)
+                {
+                    model.observe(&g.id, kind, pod.created);
+                }
+            }
+        }
     }
 
     /// Recomputes what fgd and fragaware score against from the model (pruned), and logs
@@ -417,7 +378,7 @@ impl Extender {
 
     /// `Err` (naming the pod and both names) unless `pod` is addressed to the scheduler
     /// this extender serves.
-    fn addressed_to_us(&self, pod: &Pod) -> Result<(), String> {
+    fn addressed_to_us(&self, pod: &Pod) -> Result<(), PodError> {
         let name = pod
             .spec
             .extra
@@ -427,11 +388,11 @@ impl Extender {
         if name == self.config.scheduler_name {
             return Ok(());
         }
-        Err(format!(
-            "pod {}: spec.schedulerName is {name:?}, not {:?}; this extender serves only the pods of its own scheduler",
-            pod_key(pod),
-            self.config.scheduler_name
-        ))
+        Err(PodError::OtherScheduler {
+            pod: pod_key(pod),
+            name: name.to_owned(),
+            ours: self.config.scheduler_name.clone(),
+        })
     }
 
     /// Keeps in the pending gauge only the pods that `pods` (a full list) shows alive and
@@ -453,8 +414,12 @@ impl Extender {
         waiting.retain(|uid, _| unbound.contains(uid.as_str()));
     }
 
-    fn read_pod(&self, pod: &Pod) -> Result<PodRequest, String> {
-        pod_request(pod, &self.config.names, self.config.default_policy).map_err(|e| e.to_string())
+    fn read_pod(&self, pod: &Pod) -> Result<PodRequest, PodError> {
+        Ok(pod_request(
+            pod,
+            &self.config.names,
+            self.config.default_policy,
+        )?)
     }
 
     fn remember(&self, pod: &Pod) {
@@ -493,7 +458,7 @@ impl Extender {
             };
             let st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
             let out = match &st.ledger {
-                Err(e) => Outcome::Unusable(e.clone()),
+                Err(e) => Outcome::Unusable(e.to_string()),
                 Ok(l) => match hint {
                     Some((generation, score)) if generation == st.generation => {
                         Outcome::Fits { score, generation }
@@ -503,7 +468,7 @@ impl Extender {
                             score: p.score,
                             generation: st.generation,
                         },
-                        Err(e) => Outcome::NoFit(e),
+                        Err(e) => Outcome::NoFit(e.0),
                     },
                 },
             };
@@ -547,14 +512,14 @@ impl Extender {
         let mut result = ExtenderFilterResult::default();
         if let Err(e) = self.addressed_to_us(&args.pod) {
             tracing::warn!("filter refused: {e}");
-            result.error = e;
+            result.error = e.to_string();
             return result;
         }
         let req = match self.read_pod(&args.pod) {
             Ok(r) => r,
             Err(e) => {
                 self.set_waiting(&args.pod.metadata.uid, Some(PendingReason::invalid));
-                result.error = e;
+                result.error = e.to_string();
                 return result;
             }
         };
@@ -616,7 +581,7 @@ impl Extender {
     /// The prioritize verb: the pod's policy score on each node, scaled to 0..=10 over
     /// the candidates (the best feasible node gets 10); nodes where the pod does not fit
     /// get 0.
-    pub fn prioritize(&self, args: &ExtenderArgs) -> Result<HostPriorityList, String> {
+    pub fn prioritize(&self, args: &ExtenderArgs) -> Result<HostPriorityList, PodError> {
         let names = args.candidate_names();
         self.addressed_to_us(&args.pod)?;
         let req = self.read_pod(&args.pod)?;
@@ -700,10 +665,11 @@ impl Extender {
 
     /// Reserves GPUs for `req` on `node`: placement and grant under the node's mutex.
     /// Returns the assignment and the grant ids to give back on failure.
-    pub fn reserve(&self, node: &str, req: &PodRequest) -> Result<PodAssignment, String> {
-        let slot = self
-            .slot(node)
-            .ok_or_else(|| format!("pod {}: node {node} has no GPU inventory", req.key))?;
+    pub fn reserve(&self, node: &str, req: &PodRequest) -> Result<PodAssignment, PodError> {
+        let slot = self.slot(node).ok_or_else(|| PodError::NoInventory {
+            pod: req.key.clone(),
+            node: node.to_owned(),
+        })?;
         self.reserve_in(&slot, node, req)
     }
 
@@ -712,14 +678,14 @@ impl Extender {
         slot: &NodeSlot,
         node: &str,
         req: &PodRequest,
-    ) -> Result<PodAssignment, String> {
+    ) -> Result<PodAssignment, PodError> {
         let mut guard = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
         let st = &mut *guard;
         st.generation += 1;
-        let ledger = st
-            .ledger
-            .as_mut()
-            .map_err(|e| format!("pod {}: {e}", req.key))?;
+        let ledger = st.ledger.as_mut().map_err(|e| PodError::Unusable {
+            pod: req.key.clone(),
+            reason: e.clone(),
+        })?;
         // A pod placed again (an earlier bind of it failed half-way): its old grants go.
         if let Some(old) = st.inflight.remove(&req.uid) {
             for g in old.grants {
@@ -731,8 +697,10 @@ impl Extender {
         }
         let inv = ledger.inventory();
         let n = &inv.nodes[0];
-        let placed =
-            place(n, req, &self.workloads()).map_err(|e| format!("pod {}: {e}", req.key))?;
+        let placed = place(n, req, &self.workloads()).map_err(|reason| PodError::NoFit {
+            pod: req.key.clone(),
+            reason,
+        })?;
         let mut grants = Vec::with_capacity(req.containers.len());
         let mut containers = Vec::with_capacity(req.containers.len());
         for (c, gpus) in req.containers.iter().zip(&placed.gpus) {
@@ -775,7 +743,10 @@ impl Extender {
                 for done in &grants[..i] {
                     let _ = ledger.release(&done.id);
                 }
-                return Err(format!("pod {}: {e}", req.key));
+                return Err(PodError::Grant {
+                    pod: req.key.clone(),
+                    source: Box::new(e),
+                });
             }
         }
         st.inflight.insert(
@@ -854,7 +825,9 @@ impl Extender {
             }
             Err(error) => {
                 tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, %error, "bind failed");
-                ExtenderBindingResult { error }
+                ExtenderBindingResult {
+                    error: error.to_string(),
+                }
             }
         }
     }
@@ -863,12 +836,10 @@ impl Extender {
         &self,
         args: &ExtenderBindingArgs,
         writer: &W,
-    ) -> Result<(), String> {
+    ) -> Result<(), PodError> {
         let key = format!("{}/{}", args.pod_namespace, args.pod_name);
         if args.pod_uid.is_empty() {
-            return Err(format!(
-                "pod {key}: the bind request has no PodUID; kube-scheduler always sends it"
-            ));
+            return Err(PodError::NoPodUid { pod: key });
         }
         let cached = self
             .pending
@@ -880,20 +851,25 @@ impl Extender {
             None => writer
                 .get_pod(&args.pod_namespace, &args.pod_name)
                 .await
-                .map_err(|e| format!("pod {key}: reading it for bind: {e}"))?,
+                .map_err(|source| PodError::ReadPod {
+                    pod: key.clone(),
+                    source,
+                })?,
         };
         if pod.metadata.uid != args.pod_uid {
-            return Err(format!(
-                "pod {key}: UID {} differs from the bind request's {}; the pod was replaced",
-                pod.metadata.uid, args.pod_uid
-            ));
+            return Err(PodError::Replaced {
+                pod: key,
+                found: pod.metadata.uid.clone(),
+                asked: args.pod_uid.clone(),
+            });
         }
         if let Some(node) = pod.spec.extra.get("nodeName").and_then(|n| n.as_str())
             && !node.is_empty()
         {
-            return Err(format!(
-                "pod {key} is already bound to node {node}; nothing changed"
-            ));
+            return Err(PodError::AlreadyBound {
+                pod: key,
+                node: node.to_owned(),
+            });
         }
         self.addressed_to_us(&pod)?;
         let mut req = self.read_pod(&pod)?;
@@ -901,15 +877,18 @@ impl Extender {
             req.uid = args.pod_uid.clone();
         }
         let binding = binding_object(args);
+        let binding_failed = |source| PodError::Binding {
+            pod: key.clone(),
+            node: args.node.clone(),
+            source,
+        };
         if req.containers.is_empty() {
-            return writer
-                .bind(&binding)
-                .await
-                .map_err(|e| format!("pod {key}: creating the Binding to {}: {e}", args.node));
+            return writer.bind(&binding).await.map_err(binding_failed);
         }
-        let slot = self
-            .slot(&args.node)
-            .ok_or_else(|| format!("pod {key}: node {} has no GPU inventory", args.node))?;
+        let slot = self.slot(&args.node).ok_or_else(|| PodError::NoInventory {
+            pod: key.clone(),
+            node: args.node.clone(),
+        })?;
         let _serial = if self.config.serialize_node_binds {
             Some(slot.bind_lock.lock().await)
         } else {
@@ -923,7 +902,10 @@ impl Extender {
             .await
         {
             self.unreserve(&args.node, &req.uid);
-            return Err(format!("pod {key}: recording the GPU assignment: {e}"));
+            return Err(PodError::Annotate {
+                pod: key.clone(),
+                source: e,
+            });
         }
         if let Err(e) = writer.bind(&binding).await {
             self.unreserve(&args.node, &req.uid);
@@ -931,10 +913,7 @@ impl Extender {
             let _ = writer
                 .annotate_pod(&args.pod_namespace, &args.pod_name, &undo)
                 .await;
-            return Err(format!(
-                "pod {key}: creating the Binding to {}: {e}",
-                args.node
-            ));
+            return Err(binding_failed(e));
         }
         Ok(())
     }
@@ -988,6 +967,133 @@ impl Extender {
             .map(|l| l.grants().cloned().collect())
             .unwrap_or_default()
     }
+}
+
+/// The grants recorded on `pods` by node: every pod not finished whose assignment
+/// annotation `pod_ann` the extender wrote. A pod whose annotation someone else wrote, or
+/// that does not parse, is left out and reported into `errors` (naming the pod).
+fn listed_grants(
+    pods: &[Pod],
+    pod_ann: &str,
+    errors: &mut Vec<String>,
+) -> HashMap<String, Vec<ListedPod>> {
+    let mut by_node: HashMap<String, Vec<ListedPod>> = HashMap::new();
+    for pod in pods {
+        let phase = pod.extra["status"]["phase"].as_str();
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let Some(value) = pod.metadata.annotations.get(pod_ann) else {
+            continue;
+        };
+        let key = pod_key(pod);
+        if !written_by(pod, pod_ann, crate::writer::FIELD_MANAGER) {
+            errors.push(format!(
+                "pod {key}: annotation {pod_ann} was not written by the extender (field manager {:?} in metadata.managedFields); its GPU grant is ignored",
+                crate::writer::FIELD_MANAGER
+            ));
+            continue;
+        }
+        match PodAssignment::parse(&key, pod_ann, value) {
+            Ok(a) => {
+                let uid = if pod.metadata.uid.is_empty() {
+                    key
+                } else {
+                    pod.metadata.uid.clone()
+                };
+                let grants = crate::annotations::grants(&a, &uid);
+                let created = pod
+                    .metadata
+                    .extra
+                    .get("creationTimestamp")
+                    .map_or(0, fgpu_plumbing::unix_seconds);
+                by_node.entry(a.node).or_default().push(ListedPod {
+                    uid,
+                    grants,
+                    created,
+                });
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    by_node
+}
+
+/// The capacity node `n` announces in its inventory annotation `inv_ann`, every GPU
+/// free. `None` without the annotation (not a GPU node); one that does not parse gives a
+/// node without GPUs and why the node cannot be used.
+fn announced_capacity(
+    n: &fgpu_api::extender::Node,
+    inv_ann: &str,
+) -> Option<(Node, Option<Unusable>)> {
+    let name = &n.metadata.name;
+    let value = n.metadata.annotations.get(inv_ann)?;
+    Some(match parse_node_inventory(name, inv_ann, value) {
+        Ok(c) => (c, None),
+        Err(e) => (
+            Node::new(name.clone(), Vec::new()),
+            Some(Unusable::Inventory(e)),
+        ),
+    })
+}
+
+/// The grants a node's ledger is rebuilt from: its `listed` pods' and the reservations of
+/// binds the list does not show yet. A reservation the list shows exactly is covered by the
+/// list from now on (dropped); one it shows otherwise (a list older than the reservation)
+/// is kept, and wins; one made `grace` or longer before `now` expires.
+fn settle(
+    inflight: &mut HashMap<String, Reservation>,
+    listed: Vec<ListedPod>,
+    now: Instant,
+    grace: Duration,
+) -> Vec<Grant> {
+    let mut grants: Vec<Grant> = Vec::new();
+    for pod in listed {
+        match inflight.get(&pod.uid) {
+            Some(r) if r.grants == pod.grants => {
+                inflight.remove(&pod.uid);
+                grants.extend(pod.grants);
+            }
+            Some(_) => {}
+            None => grants.extend(pod.grants),
+        }
+    }
+    inflight.retain(|_, r| now.saturating_duration_since(r.since) < grace);
+    grants.extend(inflight.values().flat_map(|r| r.grants.iter().cloned()));
+    grants
+}
+
+/// The ledger of a node of `capacity` holding `grants`, or why the node cannot be used:
+/// `problem` (its inventory), or grants that do not fit.
+fn rebuild_ledger(
+    capacity: &Node,
+    problem: Option<Unusable>,
+    grants: Vec<Grant>,
+) -> Result<Ledger, Unusable> {
+    if let Some(p) = problem {
+        return Err(p);
+    }
+    let inventory = Inventory {
+        nodes: vec![capacity.clone()],
+    };
+    Ledger::rebuild(inventory, grants).map_err(|e| Unusable::Overbooked {
+        node: capacity.name.clone(),
+        source: Box::new(e),
+    })
+}
+
+/// One error per node that listed pods hold GPUs on but that announces no inventory
+/// (`by_node`: what is left once the announcing nodes took theirs).
+fn unannounced(by_node: &HashMap<String, Vec<ListedPod>>, inv_ann: &str) -> Vec<String> {
+    by_node
+        .iter()
+        .map(|(node, pods)| {
+            format!(
+                "node {node}: {} pod(s) hold GPUs there, but the node has no GPU inventory annotation {inv_ann}",
+                pods.len()
+            )
+        })
+        .collect()
 }
 
 /// The merge patch that sets (or, with `None`, removes) the assignment annotation, with
@@ -1050,7 +1156,7 @@ fn place(
     node: &Node,
     req: &PodRequest,
     workloads: &PolicyWorkloads,
-) -> Result<PodPlacement, String> {
+) -> Result<PodPlacement, NoFit> {
     let resolved = workloads.resolve(req.policy);
     let policy = resolved.policy;
     let ctx = ScoreContext {
@@ -1066,7 +1172,7 @@ fn place(
         if let Some(allowed) = allowed_gpus(node, &c.request)
             && allowed < c.request.gpus as usize
         {
-            return Err(why_not_counted(node, c, allowed));
+            return Err(NoFit(why_not_counted(node, c, allowed)));
         }
     }
     if let [c] = req.containers.as_slice() {
@@ -1075,7 +1181,7 @@ fn place(
                 gpus: vec![gpus],
                 score,
             }),
-            None => Err(why_not(node, c)),
+            None => Err(NoFit(why_not(node, c))),
         };
     }
     let mut work = node.clone();
@@ -1085,7 +1191,7 @@ fn place(
     };
     for c in &req.containers {
         let Some(p) = engine::evaluate_node(0, &work, &c.request, policy, &ctx) else {
-            return Err(why_not(&work, c));
+            return Err(NoFit(why_not(&work, c)));
         };
         for &i in &p.gpus {
             let g = &mut work.gpus[i];
@@ -1198,6 +1304,188 @@ mod tests {
         assert!(
             why.contains("50 percent of the memory and 50 percent of the cores free"),
             "{why}"
+        );
+    }
+
+    fn grant(id: &str, memory: u64) -> Grant {
+        Grant {
+            id: id.into(),
+            node: "n".into(),
+            cpu_milli: 0,
+            memory_mib: 0,
+            devices: vec![DeviceGrant {
+                gpu: "gpu-0".into(),
+                memory,
+                cores: 10,
+            }],
+        }
+    }
+
+    /// A pod in phase `phase` whose assignment annotation (on node `n1`, or `value`)
+    /// field manager `manager` wrote.
+    fn assigned_pod(name: &str, manager: &str, phase: &str, value: Option<&str>) -> Pod {
+        let ann = DriverName::default().pod_assignment_annotation();
+        let a = PodAssignment {
+            node: "n1".into(),
+            containers: vec![ContainerAssignment {
+                index: 0,
+                name: "main".into(),
+                devices: vec![AssignedDevice {
+                    id: "gpu-0".into(),
+                    uuid: "GPU-a".into(),
+                    memory_bytes: 1 << 30,
+                    cores: 10,
+                }],
+            }],
+        };
+        let value = value.map_or_else(|| a.render(), str::to_owned);
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": {ann.clone(): value},
+                "managedFields": [{"manager": manager,
+                    "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{ann}"): {}}}}}],
+            },
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn listed_grants_take_live_pods_the_extender_wrote() {
+        let ann = DriverName::default().pod_assignment_annotation();
+        let mut plain = assigned_pod("e", "fgpu-extender", "Running", None);
+        plain.metadata.annotations.clear();
+        let pods = [
+            assigned_pod("a", "fgpu-extender", "Running", None),
+            assigned_pod("b", "kubectl", "Running", None),
+            assigned_pod("c", "fgpu-extender", "Succeeded", None),
+            assigned_pod("d", "fgpu-extender", "Pending", Some("{")),
+            plain,
+        ];
+        let mut errors = Vec::new();
+        let by_node = listed_grants(&pods, &ann, &mut errors);
+        assert_eq!(by_node.len(), 1);
+        let listed = &by_node["n1"];
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            (listed[0].uid.as_str(), listed[0].created),
+            ("uid-a", 1_767_225_600)
+        );
+        assert_eq!(listed[0].grants[0].id, "uid-a/main");
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].starts_with(&format!(
+                "pod ns/b: annotation {ann} was not written by the extender"
+            )),
+            "{errors:?}"
+        );
+        assert!(errors[1].contains("ns/d"), "{errors:?}");
+    }
+
+    #[test]
+    fn announced_capacity_reads_the_inventory_annotation() {
+        let ann = DriverName::default().node_inventory_annotation();
+        let node = |value: Option<&str>| -> fgpu_api::extender::Node {
+            let annotations = value.map_or(json!({}), |v| json!({ann.clone(): v}));
+            serde_json::from_value(json!({"metadata": {"name": "x", "annotations": annotations}}))
+                .unwrap()
+        };
+        assert!(announced_capacity(&node(None), &ann).is_none());
+        let good = r#"[{"id":"gpu-0","uuid":"GPU-a","model":"A100","memoryBytes":1073741824}]"#;
+        let (capacity, problem) = announced_capacity(&node(Some(good)), &ann).unwrap();
+        assert_eq!((capacity.name.as_str(), capacity.gpus.len()), ("x", 1));
+        assert_eq!(problem, None);
+        let (capacity, problem) = announced_capacity(&node(Some("[")), &ann).unwrap();
+        assert!(capacity.gpus.is_empty());
+        let why = problem.unwrap().to_string();
+        assert!(
+            why.starts_with(&format!("node x: annotation {ann}: ")),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn settle_keeps_newer_reservations_and_expires_old_ones() {
+        let t0 = Instant::now();
+        let now = t0 + Duration::from_secs(10);
+        let reservation = |id: &str, memory, since| Reservation {
+            grants: vec![grant(id, memory)],
+            since,
+        };
+        let mut inflight: HashMap<String, Reservation> = [
+            ("shown", reservation("shown/main", 1, now)),
+            ("newer", reservation("newer/main", 2, now)),
+            ("unlisted", reservation("unlisted/main", 3, now)),
+            ("expired", reservation("expired/main", 4, t0)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let listed = |uid: &str, memory| ListedPod {
+            uid: uid.into(),
+            grants: vec![grant(&format!("{uid}/main"), memory)],
+            created: 0,
+        };
+        let grants = settle(
+            &mut inflight,
+            vec![listed("shown", 1), listed("newer", 1), listed("plain", 5)],
+            now,
+            Duration::from_secs(5),
+        );
+        let mut got: Vec<(String, u64)> = grants
+            .iter()
+            .map(|g| (g.id.clone(), g.devices[0].memory))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("newer/main".to_owned(), 2),
+                ("plain/main".to_owned(), 5),
+                ("shown/main".to_owned(), 1),
+                ("unlisted/main".to_owned(), 3),
+            ]
+        );
+        let mut kept: Vec<&str> = inflight.keys().map(String::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, ["newer", "unlisted"]);
+    }
+
+    #[test]
+    fn rebuild_ledger_reports_grants_over_the_inventory() {
+        let capacity = Node::new("n", vec![Gpu::new("gpu-0", "A100", 1 << 30)]);
+        let l = rebuild_ledger(&capacity, None, vec![grant("a/main", 1 << 29)]).unwrap();
+        assert_eq!(l.grants().count(), 1);
+        assert_eq!(
+            rebuild_ledger(&capacity, Some(Unusable::NotSynced), Vec::new()).unwrap_err(),
+            Unusable::NotSynced
+        );
+        let why = rebuild_ledger(&capacity, None, vec![grant("a/main", 2 << 30)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            why.starts_with(
+                "node n: the GPU grants recorded on its pods do not fit its inventory ("
+            ) && why.ends_with("); no new GPU pods are placed there until that is resolved"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn unannounced_nodes_are_named() {
+        let pod = ListedPod {
+            uid: "u".into(),
+            grants: Vec::new(),
+            created: 0,
+        };
+        let by_node = HashMap::from([("n9".to_owned(), vec![pod.clone(), pod])]);
+        assert_eq!(
+            unannounced(&by_node, "gpu.fgpu.dev/node-gpus"),
+            [
+                "node n9: 2 pod(s) hold GPUs there, but the node has no GPU inventory annotation gpu.fgpu.dev/node-gpus"
+            ]
         );
     }
 

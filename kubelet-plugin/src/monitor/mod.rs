@@ -804,7 +804,7 @@ impl Monitor {
             return;
         };
         let reporter = Reporter {
-            controller: "fgpu.dev/kubelet-plugin".into(),
+            controller: crate::cluster::EVENT_REPORTER.into(),
             instance: self.cfg.node.clone(),
         };
         let said = Said {

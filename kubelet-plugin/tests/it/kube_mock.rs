@@ -305,15 +305,18 @@ mod serve_loop {
             let events: Vec<&Value> = server
                 .objects
                 .iter()
-                .filter(|(k, _)| k.starts_with("/api/v1/namespaces/default/events/"))
+                .filter(|(k, _)| k.starts_with("/apis/events.k8s.io/v1/namespaces/default/events/"))
                 .map(|(_, v)| v)
                 .collect();
             assert_eq!(events.len(), 1, "{:?}", server.writes);
             assert_eq!(events[0]["reason"], "CheckpointCorrupted");
             assert_eq!(events[0]["type"], "Warning");
-            assert_eq!(events[0]["involvedObject"]["uid"], "node-uid");
+            assert_eq!(events[0]["regarding"]["kind"], "Node");
+            assert_eq!(events[0]["regarding"]["uid"], "node-uid");
+            assert_eq!(events[0]["reportingController"], "fgpu.dev/kubelet-plugin");
+            assert_eq!(events[0]["reportingInstance"], "node-a");
             assert!(
-                events[0]["message"]
+                events[0]["note"]
                     .as_str()
                     .unwrap()
                     .contains("checkpoint.json.corrupt-1")

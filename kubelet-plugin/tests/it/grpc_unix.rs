@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// A fake node with two H100s; `DEVROOT` is replaced by the test's device directory.
-const PROFILE: &str = include_str!("fixtures/node-a-2xh100.yaml");
+const PROFILE: &str = include_str!("../fixtures/node-a-2xh100.yaml");
 
 async fn channel(path: &Path) -> Channel {
     let path = path.to_owned();

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnixListenerStream;
 
 /// A fake node with two H100s; `DEVROOT` is replaced by the test's device directory.
-const PROFILE: &str = include_str!("fixtures/node-a-2xh100.yaml");
+const PROFILE: &str = include_str!("../fixtures/node-a-2xh100.yaml");
 const GPU_B: &str = "GPU-63367e56-cdb4-4537-be42-f7abdf387237";
 const POD_UID: &str = "3b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e11";
 const GI: u64 = 1 << 30;
