@@ -547,179 +547,16 @@ pub fn build(
     paths: &ClaimPaths,
 ) -> Result<ClaimEdits, EditsError> {
     let gpus = gpu_limits(devices);
-    let priority = devices
-        .iter()
-        .map(|d| d.priority)
-        .min() // High < Normal < Low: the highest priority asked for.
-        .unwrap_or_default();
-
-    let uniform = |f: fn(&GpuLimit) -> u64| {
-        let first = gpus.first().map(f);
-        gpus.iter()
-            .all(|g| Some(f(g)) == first)
-            .then_some(first)
-            .flatten()
-    };
-    let mut fgpu_vars: Vec<(String, String)> = Vec::new();
-    if let Some(m) = uniform(|g| g.memory_bytes) {
-        fgpu_vars.push((env::FGPU_MEMORY_LIMIT.into(), m.to_string()));
-    }
-    for g in &gpus {
-        fgpu_vars.push((
-            env::fgpu_memory_limit(g.ordinal),
-            g.memory_bytes.to_string(),
-        ));
-    }
-    if let Some(c) = uniform(|g| u64::from(g.cores)) {
-        fgpu_vars.push((env::FGPU_CORE_LIMIT.into(), c.to_string()));
-    }
-    for g in &gpus {
-        fgpu_vars.push((env::fgpu_core_limit(g.ordinal), g.cores.to_string()));
-    }
-    fgpu_vars.push((env::FGPU_PRIORITY.into(), priority.as_str().into()));
-    fgpu_vars.push((
-        env::FGPU_STATE_DIR.into(),
-        contract::claim_run_dir(&claim.uid),
-    ));
-
+    let priority = claim_priority(devices);
     let limits = limits_content(claim, &gpus, priority, files.context_overhead);
-
-    let mut common = ContainerEdits::default();
-    for (k, v) in &fgpu_vars {
-        common = common.env(k, v);
-    }
-    common = common
-        .env(env::FGPU_LIMITS_FILE, contract::limits_file(&claim.uid))
-        .env("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
-    if files.fake_driver {
-        let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
-        common = common.env("FAKE_CUDA_UUIDS", uuids.join(","));
-        if let Some(dir) = &files.fake_state_dir {
-            common = common
-                .env(
-                    "FAKE_CUDA_STATE",
-                    format!("{FAKE_STATE_CONTAINER}/{FAKE_STATE_FILE}"),
-                )
-                .mount(MountEdit::bind(dir, FAKE_STATE_CONTAINER, &STATE_RW));
-        }
-    }
-    // HAMi-core's names, for images that bring HAMi-core's library.
-    if let Some(m) = uniform(|g| g.memory_bytes) {
-        common = common.env(env::CUDA_DEVICE_MEMORY_LIMIT, hami_memory(m));
-    }
-    for g in &gpus {
-        common = common.env(
-            env::cuda_device_memory_limit(g.ordinal),
-            hami_memory(g.memory_bytes),
-        );
-    }
-    if let Some(c) = uniform(|g| u64::from(g.cores)) {
-        common = common.env(env::CUDA_DEVICE_SM_LIMIT, c.to_string());
-    }
-    for g in &gpus {
-        common = common.env(env::cuda_device_sm_limit(g.ordinal), g.cores.to_string());
-    }
-    common = common
-        .env(env::CUDA_DEVICE_MEMORY_SHARED_CACHE, HAMI_CACHE_CONTAINER)
-        .env(
-            env::CUDA_TASK_PRIORITY,
-            priority.hami_task_priority().to_string(),
-        );
-
-    // Control nodes: every node of each GPU except its own (the first).
-    for d in devices {
-        for node in d.gpu.device_nodes.iter().skip(1) {
-            common = common.device_node(DeviceNodeEdit::from(node));
-        }
-    }
-    for m in &files.driver_mounts {
-        common = common.mount(MountEdit::bind(&m.host_path, &m.container_path, &RO));
-    }
-    for h in &files.driver_hooks {
-        common = common.hook(h.clone());
-    }
-    // The driver's own limit on the container's cgroup, for each GPU whose driver has it:
-    // the claim's share of that GPU (every share of it in the claim, added up).
-    if let Some(hook) = &files.memory_limits {
-        let driver: Vec<(String, u64)> = gpus
-            .iter()
-            .filter(|g| {
-                devices
-                    .iter()
-                    .any(|d| d.gpu.uuid == g.uuid && d.gpu.enforcement == Enforcement::Driver)
-            })
-            .map(|g| (g.uuid.clone(), g.memory_bytes))
-            .collect();
-        if !driver.is_empty() {
-            common = common.hook(hook_edit(hook, &claim.uid, &driver));
-        }
-    }
-    common = common
-        .mount(MountEdit::bind(
-            &files.shim_library,
-            SHIM_CONTAINER_PATH,
-            &RO,
-        ))
-        .mount(MountEdit::bind(&paths.preload_file, PRELOAD_CONTAINER, &RO))
-        .mount(MountEdit::bind(
-            &paths.limits_file,
-            contract::limits_file(&claim.uid),
-            &RO,
-        ))
-        .mount(MountEdit::bind(
-            &paths.memory_account,
-            contract::memory_account(&claim.uid),
-            &STATE_RW,
-        ))
-        .mount(MountEdit::bind(
-            &paths.core_account,
-            contract::core_account(&claim.uid),
-            &STATE_RW,
-        ))
-        .mount(MountEdit::bind(
-            &paths.feed_dir,
-            contract::feed_dir(&claim.uid),
-            &DATA_RO,
-        ));
-    // Only a claim allowed high priority (checked at admission and in grant resolution)
-    // may stamp a GPU's priority file; the others can only read it.
-    let priority_opts: &[&str] = if priority == Priority::High {
-        &STATE_RW
-    } else {
-        &DATA_RO
-    };
-    for g in &gpus {
-        common = common.mount(MountEdit::bind(
-            priority_file(&paths.gpu_dir, &g.uuid),
-            contract::priority_file(&g.uuid),
-            priority_opts,
-        ));
-    }
+    let common = common_edits(claim, devices, &gpus, priority, files, paths);
 
     let mut builder = SpecBuilder::new(driver.cdi_kind()).common_edits(common);
     let mut prepared = Vec::with_capacity(devices.len());
     for d in devices {
         let name = names::cdi_device_name(&claim.uid, &d.device, d.share_id.as_deref());
-        let mut own = ContainerEdits::default();
-        if let Some(node) = d.gpu.primary_device_node() {
-            own = own.device_node(DeviceNodeEdit::from(node));
-        }
-        builder = builder.device(&name, own);
-        prepared.push(PreparedDevice {
-            request_names: vec![d.request.clone()],
-            pool_name: d.pool.clone(),
-            device_name: d.device.clone(),
-            share_id: d.share_id.clone(),
-            cdi_device_ids: vec![driver.cdi_device_id(&name)],
-            gpu_uuid: d.gpu.uuid.clone(),
-            memory_bytes: d.memory_bytes,
-            cores: d.cores.get(),
-            enforcement: if files.memory_limits.is_some() {
-                d.gpu.enforcement
-            } else {
-                Enforcement::Shim
-            },
-        });
+        builder = builder.device(&name, device_edits(d));
+        prepared.push(prepared_device(driver, &name, d, files));
     }
     let spec = builder.build().map_err(|source| EditsError::Cdi {
         claim: claim.key(),
@@ -733,6 +570,253 @@ pub fn build(
         gpus,
         priority,
     })
+}
+
+/// The claim's priority: the highest any of its devices asks (`normal` for none).
+pub fn claim_priority(devices: &[PlannedDevice]) -> Priority {
+    devices
+        .iter()
+        .map(|d| d.priority)
+        .min() // High < Normal < Low: the highest priority asked for.
+        .unwrap_or_default()
+}
+
+/// `f` of the claim's GPUs when it is the same for all of them (`None` for none, or when
+/// they differ): the value of the plain (not indexed) variables.
+fn uniform(gpus: &[GpuLimit], f: fn(&GpuLimit) -> u64) -> Option<u64> {
+    let first = gpus.first().map(f);
+    gpus.iter()
+        .all(|g| Some(f(g)) == first)
+        .then_some(first)
+        .flatten()
+}
+
+/// The common environment of the claim's containers, in order: fgpu's variables
+/// ([`fgpu_env`]), the fake driver's ([`fake_env`]), then HAMi-core's ([`hami_env`]).
+pub fn claim_env(
+    claim: &ClaimRef,
+    gpus: &[GpuLimit],
+    priority: Priority,
+    files: &NodeFiles,
+) -> Vec<(String, String)> {
+    let mut vars = fgpu_env(claim, gpus, priority);
+    vars.extend(fake_env(gpus, files));
+    vars.extend(hami_env(gpus, priority));
+    vars
+}
+
+/// fgpu's variables: the limits (plain where uniform, then per ordinal), the priority,
+/// the claim's directory and limits file, and the ordinal order (`CUDA_DEVICE_ORDER`).
+pub fn fgpu_env(claim: &ClaimRef, gpus: &[GpuLimit], priority: Priority) -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    if let Some(m) = uniform(gpus, |g| g.memory_bytes) {
+        vars.push((env::FGPU_MEMORY_LIMIT.into(), m.to_string()));
+    }
+    for g in gpus {
+        vars.push((
+            env::fgpu_memory_limit(g.ordinal),
+            g.memory_bytes.to_string(),
+        ));
+    }
+    if let Some(c) = uniform(gpus, |g| u64::from(g.cores)) {
+        vars.push((env::FGPU_CORE_LIMIT.into(), c.to_string()));
+    }
+    for g in gpus {
+        vars.push((env::fgpu_core_limit(g.ordinal), g.cores.to_string()));
+    }
+    vars.push((env::FGPU_PRIORITY.into(), priority.as_str().into()));
+    vars.push((
+        env::FGPU_STATE_DIR.into(),
+        contract::claim_run_dir(&claim.uid),
+    ));
+    vars.push((
+        env::FGPU_LIMITS_FILE.into(),
+        contract::limits_file(&claim.uid),
+    ));
+    vars.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+    vars
+}
+
+/// The fake driver's variables on a fake node (none on a real one): the claim's GPUs in
+/// container order (`FAKE_CUDA_UUIDS`) and, with a shared state directory, its state file
+/// (`FAKE_CUDA_STATE`).
+pub fn fake_env(gpus: &[GpuLimit], files: &NodeFiles) -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    if !files.fake_driver {
+        return vars;
+    }
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    vars.push(("FAKE_CUDA_UUIDS".into(), uuids.join(",")));
+    if files.fake_state_dir.is_some() {
+        vars.push((
+            "FAKE_CUDA_STATE".into(),
+            format!("{FAKE_STATE_CONTAINER}/{FAKE_STATE_FILE}"),
+        ));
+    }
+    vars
+}
+
+/// HAMi-core's names, for images that bring HAMi-core's library: the limits (plain where
+/// uniform, then per ordinal), its accounting file and its task priority.
+pub fn hami_env(gpus: &[GpuLimit], priority: Priority) -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    if let Some(m) = uniform(gpus, |g| g.memory_bytes) {
+        vars.push((env::CUDA_DEVICE_MEMORY_LIMIT.into(), hami_memory(m)));
+    }
+    for g in gpus {
+        vars.push((
+            env::cuda_device_memory_limit(g.ordinal),
+            hami_memory(g.memory_bytes),
+        ));
+    }
+    if let Some(c) = uniform(gpus, |g| u64::from(g.cores)) {
+        vars.push((env::CUDA_DEVICE_SM_LIMIT.into(), c.to_string()));
+    }
+    for g in gpus {
+        vars.push((env::cuda_device_sm_limit(g.ordinal), g.cores.to_string()));
+    }
+    vars.push((
+        env::CUDA_DEVICE_MEMORY_SHARED_CACHE.into(),
+        HAMI_CACHE_CONTAINER.into(),
+    ));
+    vars.push((
+        env::CUDA_TASK_PRIORITY.into(),
+        priority.hami_task_priority().to_string(),
+    ));
+    vars
+}
+
+/// The GPUs whose driver limits the claim's memory itself (`enforcement: driver`), as
+/// (UUID, bytes) in container order: the claim's share of each (every share of it in the
+/// claim, added up), for the limits hook ([`hook_edit`]).
+pub fn driver_limited(devices: &[PlannedDevice], gpus: &[GpuLimit]) -> Vec<(String, u64)> {
+    gpus.iter()
+        .filter(|g| {
+            devices
+                .iter()
+                .any(|d| d.gpu.uuid == g.uuid && d.gpu.enforcement == Enforcement::Driver)
+        })
+        .map(|g| (g.uuid.clone(), g.memory_bytes))
+        .collect()
+}
+
+/// The mounts of the claim's containers, in order: a fake node's shared state, the
+/// driver's files, the shim and its preload file, the plugin-shim contract's files and
+/// the GPUs' priority files (read-write only for a high-priority claim).
+pub fn claim_mounts(
+    claim: &ClaimRef,
+    gpus: &[GpuLimit],
+    priority: Priority,
+    files: &NodeFiles,
+    paths: &ClaimPaths,
+) -> Vec<MountEdit> {
+    let mut mounts = Vec::new();
+    if files.fake_driver
+        && let Some(dir) = &files.fake_state_dir
+    {
+        mounts.push(MountEdit::bind(dir, FAKE_STATE_CONTAINER, &STATE_RW));
+    }
+    for m in &files.driver_mounts {
+        mounts.push(MountEdit::bind(&m.host_path, &m.container_path, &RO));
+    }
+    mounts.extend([
+        MountEdit::bind(&files.shim_library, SHIM_CONTAINER_PATH, &RO),
+        MountEdit::bind(&paths.preload_file, PRELOAD_CONTAINER, &RO),
+        MountEdit::bind(&paths.limits_file, contract::limits_file(&claim.uid), &RO),
+        MountEdit::bind(
+            &paths.memory_account,
+            contract::memory_account(&claim.uid),
+            &STATE_RW,
+        ),
+        MountEdit::bind(
+            &paths.core_account,
+            contract::core_account(&claim.uid),
+            &STATE_RW,
+        ),
+        MountEdit::bind(&paths.feed_dir, contract::feed_dir(&claim.uid), &DATA_RO),
+    ]);
+    // Only a claim allowed high priority (checked at admission and in grant resolution)
+    // may stamp a GPU's priority file; the others can only read it.
+    let priority_opts: &[&str] = if priority == Priority::High {
+        &STATE_RW
+    } else {
+        &DATA_RO
+    };
+    for g in gpus {
+        mounts.push(MountEdit::bind(
+            priority_file(&paths.gpu_dir, &g.uuid),
+            contract::priority_file(&g.uuid),
+            priority_opts,
+        ));
+    }
+    mounts
+}
+
+/// The spec's common edits ([`claim_env`], [`claim_mounts`]), the control device nodes
+/// (every node of each GPU but its own, the first), the driver's hooks and, where the
+/// node has it and a GPU needs it, the limits hook.
+fn common_edits(
+    claim: &ClaimRef,
+    devices: &[PlannedDevice],
+    gpus: &[GpuLimit],
+    priority: Priority,
+    files: &NodeFiles,
+    paths: &ClaimPaths,
+) -> ContainerEdits {
+    let mut common = ContainerEdits {
+        env: claim_env(claim, gpus, priority, files),
+        mounts: claim_mounts(claim, gpus, priority, files, paths),
+        ..ContainerEdits::default()
+    };
+    for d in devices {
+        for node in d.gpu.device_nodes.iter().skip(1) {
+            common = common.device_node(DeviceNodeEdit::from(node));
+        }
+    }
+    for h in &files.driver_hooks {
+        common = common.hook(h.clone());
+    }
+    if let Some(hook) = &files.memory_limits {
+        let driver = driver_limited(devices, gpus);
+        if !driver.is_empty() {
+            common = common.hook(hook_edit(hook, &claim.uid, &driver));
+        }
+    }
+    common
+}
+
+/// A device's own edits: its GPU's device node.
+pub fn device_edits(d: &PlannedDevice) -> ContainerEdits {
+    let mut own = ContainerEdits::default();
+    if let Some(node) = d.gpu.primary_device_node() {
+        own = own.device_node(DeviceNodeEdit::from(node));
+    }
+    own
+}
+
+/// What the kubelet and the checkpoint learn of device `d`, named `name` in the claim's
+/// spec. Its enforcement is the GPU's where the node runs the limits hook, else the shim's.
+pub fn prepared_device(
+    driver: &DriverName,
+    name: &str,
+    d: &PlannedDevice,
+    files: &NodeFiles,
+) -> PreparedDevice {
+    PreparedDevice {
+        request_names: vec![d.request.clone()],
+        pool_name: d.pool.clone(),
+        device_name: d.device.clone(),
+        share_id: d.share_id.clone(),
+        cdi_device_ids: vec![driver.cdi_device_id(name)],
+        gpu_uuid: d.gpu.uuid.clone(),
+        memory_bytes: d.memory_bytes,
+        cores: d.cores.get(),
+        enforcement: if files.memory_limits.is_some() {
+            d.gpu.enforcement
+        } else {
+            Enforcement::Shim
+        },
+    }
 }
 
 /// The claim's limits file, version 2 of the contract (`docs/shim-contract.md`): the claim,
@@ -1155,6 +1239,173 @@ pub(crate) mod tests {
         );
         // A claim of shim-only GPUs gets no hook.
         assert!(hooks(&f, &devices[2..]).is_empty());
+    }
+
+    #[test]
+    fn the_claims_priority_is_the_highest_asked() {
+        let g = gpu(0, "0000:1b:00.0");
+        let with = |p| PlannedDevice {
+            priority: p,
+            ..dev(&g, "a", None, 1, 0)
+        };
+        assert_eq!(claim_priority(&[]), Priority::Normal);
+        assert_eq!(claim_priority(&[with(Priority::Low)]), Priority::Low);
+        assert_eq!(
+            claim_priority(&[
+                with(Priority::Low),
+                with(Priority::High),
+                with(Priority::Normal)
+            ]),
+            Priority::High
+        );
+    }
+
+    fn limit(ordinal: usize, memory_gi: u64, cores: u8) -> GpuLimit {
+        GpuLimit {
+            ordinal,
+            uuid: format!("GPU-{ordinal}"),
+            memory_bytes: memory_gi * GI,
+            cores,
+        }
+    }
+
+    #[test]
+    fn plain_variables_only_for_a_uniform_grant() {
+        let even = [limit(0, 2, 30), limit(1, 2, 30)];
+        let vars = fgpu_env(&claim(), &even, Priority::High);
+        let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "FGPU_MEMORY_LIMIT",
+                "FGPU_MEMORY_LIMIT_0",
+                "FGPU_MEMORY_LIMIT_1",
+                "FGPU_CORE_LIMIT",
+                "FGPU_CORE_LIMIT_0",
+                "FGPU_CORE_LIMIT_1",
+                "FGPU_PRIORITY",
+                "FGPU_STATE_DIR",
+                "FGPU_LIMITS_FILE",
+                "CUDA_DEVICE_ORDER"
+            ]
+        );
+        assert_eq!(vars[6].1, "high");
+        let uneven = [limit(0, 2, 30), limit(1, 4, 30)];
+        let vars = fgpu_env(&claim(), &uneven, Priority::Normal);
+        assert!(!vars.iter().any(|(k, _)| k == "FGPU_MEMORY_LIMIT"));
+        assert!(
+            vars.iter()
+                .any(|(k, v)| k == "FGPU_CORE_LIMIT" && v == "30")
+        );
+        // No GPU: nothing uniform either.
+        assert_eq!(uniform(&[], |g| g.memory_bytes), None);
+    }
+
+    #[test]
+    fn hami_names_carry_mib_where_exact() {
+        let vars = hami_env(&[limit(0, 1, 0)], Priority::Low);
+        let get = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("CUDA_DEVICE_MEMORY_LIMIT"), Some("1024m"));
+        assert_eq!(get("CUDA_DEVICE_MEMORY_LIMIT_0"), Some("1024m"));
+        assert_eq!(get("CUDA_DEVICE_SM_LIMIT"), Some("0"));
+        assert_eq!(
+            get("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
+            Some(HAMI_CACHE_CONTAINER)
+        );
+        assert_eq!(
+            get("CUDA_TASK_PRIORITY"),
+            Some(Priority::Low.hami_task_priority().to_string().as_str())
+        );
+        assert_eq!(hami_memory(GI + 1), (GI + 1).to_string());
+    }
+
+    #[test]
+    fn only_a_fake_node_gets_the_fake_drivers_variables() {
+        let gpus = [limit(0, 1, 0), limit(1, 1, 0)];
+        assert!(fake_env(&gpus, &files()).is_empty());
+        let fake = NodeFiles {
+            fake_driver: true,
+            ..files()
+        };
+        assert_eq!(
+            fake_env(&gpus, &fake),
+            [("FAKE_CUDA_UUIDS".to_owned(), "GPU-0,GPU-1".to_owned())]
+        );
+        let shared = NodeFiles {
+            fake_state_dir: Some("/s".into()),
+            ..fake
+        };
+        assert_eq!(
+            fake_env(&gpus, &shared)[1],
+            (
+                "FAKE_CUDA_STATE".to_owned(),
+                "/run/fgpu-fake/gpu".to_owned()
+            )
+        );
+        // The state directory without the fake driver is not mounted either.
+        let real = NodeFiles {
+            fake_state_dir: Some("/s".into()),
+            ..files()
+        };
+        let mounts = claim_mounts(&claim(), &gpus, Priority::Normal, &real, &paths());
+        assert!(
+            !mounts
+                .iter()
+                .any(|m| m.container_path == Path::new(FAKE_STATE_CONTAINER))
+        );
+        let mounts = claim_mounts(&claim(), &gpus, Priority::Normal, &shared, &paths());
+        assert_eq!(mounts[0].container_path, Path::new(FAKE_STATE_CONTAINER));
+    }
+
+    #[test]
+    fn the_limits_hook_covers_only_driver_enforced_gpus() {
+        let mut g = gpu(1, "0000:0a:00.0");
+        g.enforcement = Enforcement::Driver;
+        // The bytes are the GPU's limit in the claim (its shares added up), not one share's.
+        let limits = [
+            GpuLimit {
+                ordinal: 0,
+                uuid: g.uuid.clone(),
+                memory_bytes: 5 * GI,
+                cores: 0,
+            },
+            limit(1, 1, 0),
+        ];
+        let one = [dev(&g, "a", None, 4, 0)];
+        assert_eq!(driver_limited(&one, &limits), [(g.uuid.clone(), 5 * GI)]);
+        // Only the devices say which GPU has the driver's limit.
+        g.enforcement = Enforcement::Shim;
+        assert!(driver_limited(&[dev(&g, "a", None, 4, 0)], &limits).is_empty());
+    }
+
+    #[test]
+    fn a_device_brings_its_own_node_and_its_enforcement_with_the_hook_only() {
+        let mut g = gpu(2, "0000:1b:00.0");
+        g.enforcement = Enforcement::Driver;
+        let d = dev(&g, "a", Some("s1"), 2, 40);
+        let own = device_edits(&d);
+        assert_eq!(own.device_nodes.len(), 1);
+        assert_eq!(own.device_nodes[0].path, Path::new("/dev/nvidia2"));
+        let driver = DriverName::default();
+        let p = prepared_device(&driver, "n-gpu-2-s1", &d, &files());
+        assert_eq!(p.cdi_device_ids, ["gpu.fgpu.dev/claim=n-gpu-2-s1"]);
+        assert_eq!((p.memory_bytes, p.cores), (2 * GI, 40));
+        assert_eq!(p.enforcement, Enforcement::Shim);
+        let hooked = NodeFiles {
+            memory_limits: Some(LimitHook {
+                program: "/p".into(),
+                nvml_library: "/n".into(),
+                run_dir: "/r".into(),
+                env: vec![],
+            }),
+            ..files()
+        };
+        let p = prepared_device(&driver, "n-gpu-2-s1", &d, &hooked);
+        assert_eq!(p.enforcement, Enforcement::Driver);
     }
 
     #[test]
