@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fgpu_driver::backend::DeviceBackend;
+use fgpu_driver::backend::{DeviceBackend, GpuUsage};
 use fgpu_plumbing::events::{self, EventType, Regarding, Reporter, Said};
 
 use kube::Api;
@@ -280,6 +280,83 @@ fn container_rows<'a>(
         }
     }
     rows
+}
+
+/// One claim's shim counters on one GPU, added up across the shim's restarts.
+type ShimRow<'a> = (&'a attribute::ClaimUsage, &'a str, accounts::Raw);
+
+/// Milliseconds the pass's sample covers: since the last sample (`since_us`), or one
+/// period for the first.
+fn window_ms(since_us: u64, now_us: u64, period: Duration) -> u64 {
+    if since_us == 0 {
+        period.as_millis() as u64
+    } else {
+        now_us.saturating_sub(since_us) / 1000
+    }
+}
+
+/// The claim usage metrics' rows: one per claim and GPU.
+fn claim_gpu_rows(
+    claims: &[attribute::ClaimUsage],
+) -> impl Iterator<Item = crate::metrics::ClaimGpuFigures<'_>> {
+    claims.iter().flat_map(|c| {
+        c.gpus.iter().map(move |g| crate::metrics::ClaimGpuFigures {
+            namespace: &c.namespace,
+            claim: &c.name,
+            gpu_uuid: &g.grant.gpu_uuid,
+            used_memory: g.used_memory(),
+            granted_memory: g.grant.memory_bytes,
+            sm_percent: g.sm_percent(),
+            processes: g.processes.len(),
+        })
+    })
+}
+
+/// The pods each claim serves, by claim UID.
+fn claim_pods(claims: &[ClaimView]) -> HashMap<String, Vec<PodRef>> {
+    claims
+        .iter()
+        .map(|c| (c.uid.clone(), c.pods.clone()))
+        .collect()
+}
+
+/// The shim's refusals by (claim UID, GPU UUID).
+fn refusals(shim: &[ShimRow<'_>]) -> HashMap<(String, String), u64> {
+    shim.iter()
+        .map(|(c, gpu, t)| ((c.uid.clone(), (*gpu).to_owned()), t.refusals))
+        .collect()
+}
+
+/// The shim counter metrics' rows: (namespace, claim, GPU, refusals, throttled ns).
+fn shim_counter_rows<'a>(
+    shim: &'a [ShimRow<'a>],
+) -> impl Iterator<Item = (&'a str, &'a str, &'a str, u64, u64)> {
+    shim.iter().map(|(c, gpu, t)| {
+        (
+            c.namespace.as_str(),
+            c.name.as_str(),
+            *gpu,
+            t.refusals,
+            t.throttled_ns,
+        )
+    })
+}
+
+/// The claim info metric's rows: (namespace, claim, GPU, pod) for each GPU and pod of each
+/// claim.
+fn claim_pod_rows(claims: &[ClaimView]) -> impl Iterator<Item = (&str, &str, &str, &str)> {
+    claims.iter().flat_map(|c| {
+        c.grants.iter().flat_map(move |g| {
+            c.pods.iter().map(move |p| {
+                (
+                    c.namespace.as_str(),
+                    c.name.as_str(),
+                    g.gpu_uuid.as_str(),
+                    p.name.as_str(),
+                )
+            })
+        })
+    })
 }
 
 /// The prepared claims as the monitor sees them, with their feed directories. Only
@@ -530,14 +607,43 @@ impl Monitor {
         let started = Instant::now();
         let now_us = unix_us();
         let since = self.last_sample_us;
-        let gpus = match self.backend.usage(since) {
+        let Some(gpus) = self.sample(since) else {
+            return Vec::new();
+        };
+        self.last_sample_us = now_us;
+        let records = self.host.records();
+        let (claims, feed_dirs): (Vec<ClaimView>, Vec<Option<PathBuf>>) =
+            claim_views(&records, &self.consumers).into_iter().unzip();
+        let usage = self.attribute_usage(&gpus, &claims);
+        let sampled_ms = now_us / 1000;
+        let window = window_ms(since, now_us, self.cfg.period);
+        self.write_feeds(&usage.claims, &feed_dirs, sampled_ms, window);
+        self.set_usage_metrics(&gpus, &usage);
+        let shim_rows = self.shim_counters(&records, &usage.claims);
+        self.step_lifecycle(&usage, &claims, &shim_rows);
+        let metrics = self.host.metrics();
+        metrics.set_shim_counters(shim_counter_rows(&shim_rows));
+        metrics.set_claim_pods(claim_pod_rows(&claims));
+        let findings = self.enforce(&usage);
+        self.find_status_due(&records, &usage.claims);
+        self.latest.set(Snapshot {
+            sampled_unix_ms: sampled_ms,
+            usage,
+        });
+        self.host.metrics().observe_monitor_pass(started.elapsed());
+        findings
+    }
+
+    /// Asks the driver what runs on each GPU since `since_us` and notes the GPUs it could
+    /// not read fully. `None` when the driver failed as a whole (noted too).
+    fn sample(&mut self, since_us: u64) -> Option<Vec<GpuUsage>> {
+        let gpus = match self.backend.usage(since_us) {
             Ok(g) => g,
             Err(e) => {
                 self.failed("usage", &e.to_string());
-                return Vec::new();
+                return None;
             }
         };
-        self.last_sample_us = now_us;
         for g in &gpus {
             if let Some(e) = &g.error {
                 self.failed("gpu", &format!("GPU {}: {e}", g.uuid));
@@ -546,24 +652,31 @@ impl Monitor {
                 self.failed("utilization", &format!("GPU {}: {e}", g.uuid));
             }
         }
-        let records = self.host.records();
-        let (claims, feed_dirs): (Vec<ClaimView>, Vec<Option<PathBuf>>) =
-            claim_views(&records, &self.consumers).into_iter().unzip();
-        let proc_root = self.cfg.proc_root.clone();
+        Some(gpus)
+    }
+
+    /// Attributes the sampled processes to `claims`, reading each PID's cgroup once.
+    fn attribute_usage(&self, gpus: &[GpuUsage], claims: &[ClaimView]) -> Attribution {
+        let proc_root = &self.cfg.proc_root;
         let mut cache = HashMap::new();
-        let usage = attribute::attribute(&gpus, &claims, |pid| {
+        attribute::attribute(gpus, claims, |pid| {
             cache
                 .entry(pid)
-                .or_insert_with(|| cgroup::of_pid(&proc_root, pid))
+                .or_insert_with(|| cgroup::of_pid(proc_root, pid))
                 .clone()
-        });
-        let window_ms = if since == 0 {
-            self.cfg.period.as_millis() as u64
-        } else {
-            now_us.saturating_sub(since) / 1000
-        };
-        let sampled_ms = now_us / 1000;
-        for (c, dir) in usage.claims.iter().zip(&feed_dirs) {
+        })
+    }
+
+    /// Writes each claim's utilisation feed (`feed_dirs` in the order of `claims`; a claim
+    /// without one, or whose directory is gone, is skipped).
+    fn write_feeds(
+        &mut self,
+        claims: &[attribute::ClaimUsage],
+        feed_dirs: &[Option<PathBuf>],
+        sampled_ms: u64,
+        window_ms: u64,
+    ) {
+        for (c, dir) in claims.iter().zip(feed_dirs) {
             let Some(dir) = dir else { continue };
             if !dir.is_dir() {
                 continue; // unprepared meanwhile
@@ -572,23 +685,13 @@ impl Monitor {
                 self.failed("feed", &format!("{}: {e}", dir.display()));
             }
         }
-        let host = self.host.clone();
-        let metrics = host.metrics();
-        metrics.set_claim_usage(
-            usage.claims.iter().flat_map(|c| {
-                c.gpus.iter().map(move |g| crate::metrics::ClaimGpuFigures {
-                    namespace: &c.namespace,
-                    claim: &c.name,
-                    gpu_uuid: &g.grant.gpu_uuid,
-                    used_memory: g.used_memory(),
-                    granted_memory: g.grant.memory_bytes,
-                    sm_percent: g.sm_percent(),
-                    processes: g.processes.len(),
-                })
-            }),
-            &usage.unattributed,
-        );
-        metrics.set_gpu_usage(&gpus);
+    }
+
+    /// Sets the per-claim, per-GPU and per-container usage metrics.
+    fn set_usage_metrics(&mut self, gpus: &[GpuUsage], usage: &Attribution) {
+        let metrics = self.host.metrics();
+        metrics.set_claim_usage(claim_gpu_rows(&usage.claims), &usage.unattributed);
+        metrics.set_gpu_usage(gpus);
         let legacy = matches!(self.consumers, Consumers::PodUidPrefix);
         let known = &mut self.containers;
         metrics.set_container_usage(&container_rows(&usage.claims, |c, pod| {
@@ -599,8 +702,17 @@ impl Monitor {
             };
             name.unwrap_or_default().to_owned()
         }));
-        let mut shim_rows = Vec::new();
-        for c in &usage.claims {
+    }
+
+    /// Reads the shim's counters of each claim (from its accounts) and adds them up across
+    /// the shim's restarts; forgets the claims no longer prepared.
+    fn shim_counters<'a>(
+        &mut self,
+        records: &BTreeMap<String, ClaimRecord>,
+        claims: &'a [attribute::ClaimUsage],
+    ) -> Vec<ShimRow<'a>> {
+        let mut rows = Vec::new();
+        for c in claims {
             let Some(r) = records.get(&c.uid) else {
                 continue;
             };
@@ -615,52 +727,35 @@ impl Monitor {
             for g in &c.gpus {
                 let now = raw.get(&g.grant.gpu_uuid).copied().unwrap_or_default();
                 let total = self.accounts.update(&c.uid, &g.grant.gpu_uuid, now);
-                shim_rows.push((c, g.grant.gpu_uuid.as_str(), total));
+                rows.push((c, g.grant.gpu_uuid.as_str(), total));
             }
         }
         self.accounts
-            .retain(&usage.claims.iter().map(|c| c.uid.as_str()).collect());
-        let pods: HashMap<String, Vec<PodRef>> = claims
-            .iter()
-            .map(|c| (c.uid.clone(), c.pods.clone()))
-            .collect();
-        let refusals: HashMap<(String, String), u64> = shim_rows
-            .iter()
-            .map(|(c, gpu, t)| ((c.uid.clone(), (*gpu).to_owned()), t.refusals))
-            .collect();
+            .retain(&claims.iter().map(|c| c.uid.as_str()).collect());
+        rows
+    }
+
+    /// Steps the claims' lifecycle and logs what happened; the caller tells it.
+    fn step_lifecycle(&mut self, usage: &Attribution, claims: &[ClaimView], shim: &[ShimRow<'_>]) {
         self.lifecycle_due = self.lifecycle.step(
-            &usage,
-            &pods,
-            &refusals,
+            usage,
+            &claim_pods(claims),
+            &refusals(shim),
             Instant::now(),
             self.cfg.backstop.repeat,
         );
         for h in &self.lifecycle_due {
             tracing::info!(reason = h.reason(), note = %h.note(), "claim lifecycle");
         }
-        metrics.set_shim_counters(shim_rows.iter().map(|(c, gpu, t)| {
-            (
-                c.namespace.as_str(),
-                c.name.as_str(),
-                *gpu,
-                t.refusals,
-                t.throttled_ns,
-            )
-        }));
-        metrics.set_claim_pods(claims.iter().flat_map(|c| {
-            c.grants.iter().flat_map(move |g| {
-                c.pods.iter().map(move |p| {
-                    (
-                        c.namespace.as_str(),
-                        c.name.as_str(),
-                        g.gpu_uuid.as_str(),
-                        p.name.as_str(),
-                    )
-                })
-            })
-        }));
-        let findings = self.backstop.assess(&usage, Instant::now());
+    }
+
+    /// Asks the backstop about the claims over their grant: logs and counts each finding
+    /// and kills the processes it names.
+    fn enforce(&mut self, usage: &Attribution) -> Vec<Finding> {
+        let findings = self.backstop.assess(usage, Instant::now());
         let action = self.backstop.config().action;
+        let host = self.host.clone();
+        let metrics = host.metrics();
         for f in &findings {
             log_finding(f, action);
             metrics.observe_over_quota(f.kind.as_str(), action.as_str());
@@ -676,18 +771,21 @@ impl Monitor {
                 }
             }
         }
+        findings
+    }
+
+    /// Notes the claim status writes now due (when the monitor writes claim status).
+    fn find_status_due(
+        &mut self,
+        records: &BTreeMap<String, ClaimRecord>,
+        claims: &[attribute::ClaimUsage],
+    ) {
         if let Some((writer, _)) = &mut self.status {
             let now = k8s_openapi::jiff::Timestamp::now()
                 .round(k8s_openapi::jiff::Unit::Second)
                 .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
-            self.status_due = writer.due(&records, &usage.claims, Instant::now(), &now.to_string());
+            self.status_due = writer.due(records, claims, Instant::now(), &now.to_string());
         }
-        self.latest.set(Snapshot {
-            sampled_unix_ms: sampled_ms,
-            usage,
-        });
-        self.host.metrics().observe_monitor_pass(started.elapsed());
-        findings
     }
 
     fn failed(&mut self, cause: &'static str, detail: &str) {

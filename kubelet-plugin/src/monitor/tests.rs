@@ -468,3 +468,125 @@ async fn dra_containers_are_named_from_the_kubelets_pod_resources() {
     drop(m);
     server.abort();
 }
+
+#[test]
+fn the_feed_window_is_the_time_since_the_last_sample_or_one_period() {
+    let period = Duration::from_millis(1000);
+    assert_eq!(window_ms(0, 5_000_000, period), 1000);
+    assert_eq!(window_ms(4_000_000, 5_500_000, period), 1500);
+    // A clock that stepped back gives an empty window, not a huge one.
+    assert_eq!(window_ms(6_000_000, 5_000_000, period), 0);
+}
+
+fn view(uid: &str, gpus: &[&str], pods: &[&str]) -> ClaimView {
+    ClaimView {
+        uid: uid.into(),
+        namespace: "ml".into(),
+        name: format!("c-{uid}"),
+        pods: pods
+            .iter()
+            .map(|p| PodRef {
+                namespace: "ml".into(),
+                name: (*p).into(),
+                uid: format!("uid-{p}"),
+            })
+            .collect(),
+        grants: gpus
+            .iter()
+            .map(|g| GpuGrant {
+                gpu_uuid: (*g).into(),
+                memory_bytes: GI,
+                cores: 0,
+            })
+            .collect(),
+    }
+}
+
+fn usage_of(v: &ClaimView, used: &[u64]) -> attribute::ClaimUsage {
+    attribute::ClaimUsage {
+        uid: v.uid.clone(),
+        namespace: v.namespace.clone(),
+        name: v.name.clone(),
+        gpus: v
+            .grants
+            .iter()
+            .zip(used)
+            .map(|(g, &m)| attribute::ClaimGpuUsage {
+                grant: g.clone(),
+                processes: (m > 0)
+                    .then(|| attribute::ClaimProcess {
+                        pid: 7,
+                        used_memory: m,
+                        sm_percent: Some(40),
+                        pod: v.pods[0].clone(),
+                        container_id: "c".into(),
+                        ambiguous: false,
+                    })
+                    .into_iter()
+                    .collect(),
+                memory_known: true,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn metric_rows_cover_each_claim_gpu_and_pod() {
+    let (a, b) = (
+        view("a", &["GPU-0", "GPU-1"], &["p1", "p2"]),
+        view("b", &["GPU-0"], &[]),
+    );
+    let pods = claim_pods(&[a.clone(), b.clone()]);
+    assert_eq!(pods["a"].len(), 2);
+    assert!(pods["b"].is_empty());
+    let rows: Vec<_> = claim_pod_rows(std::slice::from_ref(&a)).collect();
+    assert_eq!(
+        rows,
+        [
+            ("ml", "c-a", "GPU-0", "p1"),
+            ("ml", "c-a", "GPU-0", "p2"),
+            ("ml", "c-a", "GPU-1", "p1"),
+            ("ml", "c-a", "GPU-1", "p2"),
+        ]
+    );
+    // A claim without pods has no info row.
+    assert_eq!(claim_pod_rows(&[b]).count(), 0);
+
+    let usage = [usage_of(&a, &[GI, 0])];
+    let figures: Vec<_> = claim_gpu_rows(&usage)
+        .map(|f| (f.gpu_uuid, f.used_memory, f.sm_percent, f.processes))
+        .collect();
+    assert_eq!(figures, [("GPU-0", GI, 40, 1), ("GPU-1", 0, 0, 0)]);
+}
+
+#[test]
+fn shim_rows_give_refusals_by_claim_and_gpu() {
+    let a = view("a", &["GPU-0", "GPU-1"], &["p1"]);
+    let usage = usage_of(&a, &[0, 0]);
+    let shim: Vec<ShimRow<'_>> = vec![
+        (
+            &usage,
+            "GPU-0",
+            accounts::Raw {
+                refusals: 3,
+                throttled_ns: 10,
+            },
+        ),
+        (
+            &usage,
+            "GPU-1",
+            accounts::Raw {
+                refusals: 0,
+                throttled_ns: 20,
+            },
+        ),
+    ];
+    let by = refusals(&shim);
+    assert_eq!(by[&("a".to_owned(), "GPU-0".to_owned())], 3);
+    assert_eq!(by[&("a".to_owned(), "GPU-1".to_owned())], 0);
+    let rows: Vec<_> = shim_counter_rows(&shim).collect();
+    assert_eq!(
+        rows,
+        [("ml", "c-a", "GPU-0", 3, 10), ("ml", "c-a", "GPU-1", 0, 20)]
+    );
+}
