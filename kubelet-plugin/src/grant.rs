@@ -28,7 +28,7 @@ use fgpu_api::quantity;
 
 use fgpu_driver::grant::{self as share, ConfigEntry};
 
-use crate::claim::{DeviceResult, ResourceClaim, SOURCE_FROM_CLASS};
+use crate::claim::{AllocationConfig, DeviceResult, ResourceClaim, SOURCE_FROM_CLASS};
 
 pub use fgpu_driver::grant::Source;
 
@@ -133,21 +133,49 @@ pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult
     }
     let empty = Default::default();
     let alloc = claim.allocation().unwrap_or(&empty);
-    let invalid = |path: String, problem: String| GrantError::Invalid {
-        claim: key.clone(),
+    let mut entries = config_entries(&key, &alloc.config, driver)?;
+    // Class configuration first, then the claim's; the allocator's order within each.
+    share::order(&mut entries);
+    check_class_only(&entries).map_err(|e| invalid(&key, e.path, e.problem.to_string()))?;
+
+    let out = alloc
+        .results
+        .iter()
+        .enumerate()
+        .filter(|(_, result)| result.driver == driver)
+        .map(|(index, result)| resolve_result(&key, &entries, index, result))
+        .collect::<Result<Vec<_>, _>>()?;
+    if out.is_empty() {
+        return Err(no_devices_of(key, driver, &alloc.results));
+    }
+    Ok(out)
+}
+
+/// A field of claim `claim` (`namespace/name`) at `path` is invalid.
+fn invalid(claim: &str, path: String, problem: String) -> GrantError {
+    GrantError::Invalid {
+        claim: claim.to_owned(),
         path,
         problem,
-    };
+    }
+}
 
+/// Decodes every configuration entry of `driver` in `config` (strictly, whether or not it
+/// applies), in the claim's order.
+fn config_entries(
+    claim: &str,
+    config: &[AllocationConfig],
+    driver: &str,
+) -> Result<Vec<ConfigEntry>, GrantError> {
     let mut entries = Vec::new();
-    for (i, entry) in alloc.config.iter().enumerate() {
+    for (i, entry) in config.iter().enumerate() {
         let Some(opaque) = entry.opaque.as_ref().filter(|o| o.driver == driver) else {
             continue;
         };
         let base = format!("status.allocation.devices.config[{i}].opaque.parameters");
         let config = GpuShareConfig::from_value(&opaque.parameters, &base).map_err(|e| {
             let problem = e.problem.to_string();
-            invalid(e.path, problem)
+            invalid(claim, e.path, problem)
         })?;
         let present = |f: &str| opaque.parameters.get(f).is_some_and(|v| !v.is_null());
         entries.push(ConfigEntry {
@@ -159,88 +187,129 @@ pub fn resolve(claim: &ResourceClaim, driver: &str) -> Result<Vec<ResolvedResult
             has_oversubscribe: present("oversubscribe"),
         });
     }
-    // Class configuration first, then the claim's; the allocator's order within each.
-    share::order(&mut entries);
-    check_class_only(&entries).map_err(|e| invalid(e.path, e.problem.to_string()))?;
+    Ok(entries)
+}
 
-    let mut out = Vec::new();
-    for (index, result) in alloc.results.iter().enumerate() {
-        if result.driver != driver {
-            continue;
-        }
-        let path = |field: &str| format!("status.allocation.devices.results[{index}].{field}");
-        let mut consumed = share::Consumed::default();
-        if let Some(cap) = &result.consumed_capacity {
-            if let Some(m) = cap.get(capacity::MEMORY) {
-                let bytes = quantity::parse_u64(m)
-                    .map_err(|e| invalid(path("consumedCapacity.memory"), e.to_string()))?;
-                consumed.memory = Some(bytes);
-            }
-            if let Some(c) = cap.get(capacity::CORES) {
-                let at = path("consumedCapacity.cores");
-                let n = quantity::parse_u64(c).map_err(|e| invalid(at.clone(), e.to_string()))?;
-                let cores = u8::try_from(n)
-                    .ok()
-                    .and_then(CorePercent::new)
-                    .ok_or_else(|| {
-                        invalid(
-                            at,
-                            format!("{c:?} is above the maximum 100 (percent of the GPU)"),
-                        )
-                    })?;
-                consumed.cores = Some(cores);
-            }
-        }
-        // One rule with the controller's ledger (`fgpu_driver::grant`); what "nothing said"
-        // means is the node's: all of the memory, cores not throttled.
-        let resolved = share::resolve(&entries, &result.request, Some(consumed));
-        check_priority_policy(&entries, &result.request)
-            .map_err(|e| invalid(e.path, e.problem.to_string()))?;
-        let memory_entry = resolved.memory_entry;
-        let grant = Grant {
-            memory: resolved
-                .memory
-                .map_or(MemoryGrant::Whole, MemoryGrant::Bytes),
-            memory_source: resolved.memory_source,
-            cores: resolved.cores.unwrap_or(CorePercent::ZERO),
-            cores_source: resolved.cores_source,
-            priority: resolved.priority,
-            oversubscribe: resolved.oversubscribe,
-        };
-        if grant.memory == MemoryGrant::Bytes(0) {
-            return Err(invalid(
-                match (grant.memory_source, memory_entry) {
-                    (Source::Config, Some(i)) => {
-                        format!("status.allocation.devices.config[{i}].opaque.parameters.memory")
-                    }
-                    _ => path("consumedCapacity.memory"),
-                },
-                "grants 0 bytes of memory; a share needs at least 1 byte (the class minimum is 256Mi)"
-                    .into(),
-            ));
-        }
-        out.push(ResolvedResult {
-            index,
-            result: result.clone(),
-            grant,
-        });
+/// The field path of result `index`'s `field`.
+fn result_path(index: usize, field: &str) -> String {
+    format!("status.allocation.devices.results[{index}].{field}")
+}
+
+/// What result `index` consumed of its device's capacity, as the scheduler accounted it
+/// (`consumedCapacity`; nothing where it is absent).
+fn consumed(
+    claim: &str,
+    index: usize,
+    result: &DeviceResult,
+) -> Result<share::Consumed, GrantError> {
+    let mut consumed = share::Consumed::default();
+    let Some(cap) = &result.consumed_capacity else {
+        return Ok(consumed);
+    };
+    if let Some(m) = cap.get(capacity::MEMORY) {
+        let bytes = quantity::parse_u64(m).map_err(|e| {
+            invalid(
+                claim,
+                result_path(index, "consumedCapacity.memory"),
+                e.to_string(),
+            )
+        })?;
+        consumed.memory = Some(bytes);
     }
-    if out.is_empty() {
-        let mut others: Vec<&str> = alloc.results.iter().map(|r| r.driver.as_str()).collect();
-        others.sort_unstable();
-        others.dedup();
-        let others = if others.is_empty() {
-            "none".to_owned()
-        } else {
-            others.join(", ")
-        };
-        return Err(GrantError::NoDevicesOfDriver {
-            claim: key,
-            driver: driver.to_owned(),
-            others,
-        });
+    if let Some(c) = cap.get(capacity::CORES) {
+        let at = result_path(index, "consumedCapacity.cores");
+        let n = quantity::parse_u64(c).map_err(|e| invalid(claim, at.clone(), e.to_string()))?;
+        let cores = u8::try_from(n)
+            .ok()
+            .and_then(CorePercent::new)
+            .ok_or_else(|| {
+                invalid(
+                    claim,
+                    at,
+                    format!("{c:?} is above the maximum 100 (percent of the GPU)"),
+                )
+            })?;
+        consumed.cores = Some(cores);
     }
-    Ok(out)
+    Ok(consumed)
+}
+
+/// Resolves the grant of result `index` of the claim from its consumed capacity and the
+/// ordered configuration `entries`, and checks it.
+fn resolve_result(
+    claim: &str,
+    entries: &[ConfigEntry],
+    index: usize,
+    result: &DeviceResult,
+) -> Result<ResolvedResult, GrantError> {
+    let consumed = consumed(claim, index, result)?;
+    // One rule with the controller's ledger (`fgpu_driver::grant`); what "nothing said"
+    // means is the node's: all of the memory, cores not throttled.
+    let resolved = share::resolve(entries, &result.request, Some(consumed));
+    check_priority_policy(entries, &result.request)
+        .map_err(|e| invalid(claim, e.path, e.problem.to_string()))?;
+    let memory_entry = resolved.memory_entry;
+    let grant = node_grant(resolved);
+    check_memory(claim, index, &grant, memory_entry)?;
+    Ok(ResolvedResult {
+        index,
+        result: result.clone(),
+        grant,
+    })
+}
+
+/// The node's reading of a shared grant: nothing said about memory is all of it, nothing
+/// said about cores is not throttled.
+fn node_grant(resolved: share::ShareGrant) -> Grant {
+    Grant {
+        memory: resolved
+            .memory
+            .map_or(MemoryGrant::Whole, MemoryGrant::Bytes),
+        memory_source: resolved.memory_source,
+        cores: resolved.cores.unwrap_or(CorePercent::ZERO),
+        cores_source: resolved.cores_source,
+        priority: resolved.priority,
+        oversubscribe: resolved.oversubscribe,
+    }
+}
+
+/// Refuses a grant of 0 bytes, naming the field it came from: configuration entry
+/// `memory_entry`'s memory, or result `index`'s consumed memory.
+fn check_memory(
+    claim: &str,
+    index: usize,
+    grant: &Grant,
+    memory_entry: Option<usize>,
+) -> Result<(), GrantError> {
+    if grant.memory != MemoryGrant::Bytes(0) {
+        return Ok(());
+    }
+    Err(invalid(
+        claim,
+        match (grant.memory_source, memory_entry) {
+            (Source::Config, Some(i)) => config_path(i, "memory"),
+            _ => result_path(index, "consumedCapacity.memory"),
+        },
+        "grants 0 bytes of memory; a share needs at least 1 byte (the class minimum is 256Mi)"
+            .into(),
+    ))
+}
+
+/// The claim has no result of `driver`: names the drivers it has results of (`none`).
+fn no_devices_of(claim: String, driver: &str, results: &[DeviceResult]) -> GrantError {
+    let mut others: Vec<&str> = results.iter().map(|r| r.driver.as_str()).collect();
+    others.sort_unstable();
+    others.dedup();
+    let others = if others.is_empty() {
+        "none".to_owned()
+    } else {
+        others.join(", ")
+    };
+    GrantError::NoDevicesOfDriver {
+        claim,
+        driver: driver.to_owned(),
+        others,
+    }
 }
 
 /// The field path of entry `position`'s `field`.
@@ -319,6 +388,125 @@ mod tests {
     }
 
     const GI: u64 = 1 << 30;
+
+    fn device_result(consumed: Option<&[(&str, &str)]>) -> DeviceResult {
+        DeviceResult {
+            request: "gpu".into(),
+            driver: D.into(),
+            pool: "n1".into(),
+            device: "gpu-0".into(),
+            consumed_capacity: consumed.map(|c| {
+                c.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn consumed_capacity_is_read_with_its_field_path() {
+        let none = consumed("ns/c", 0, &device_result(None)).unwrap();
+        assert_eq!((none.memory, none.cores), (None, None));
+        let both = consumed(
+            "ns/c",
+            1,
+            &device_result(Some(&[("memory", "2Gi"), ("cores", "30")])),
+        )
+        .unwrap();
+        assert_eq!(both.memory, Some(2 * GI));
+        assert_eq!(both.cores, CorePercent::new(30));
+        let e = consumed("ns/c", 3, &device_result(Some(&[("cores", "101")]))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "claim ns/c: status.allocation.devices.results[3].consumedCapacity.cores: \"101\" is above the maximum 100 (percent of the GPU)"
+        );
+        let e = consumed("ns/c", 2, &device_result(Some(&[("memory", "lots")]))).unwrap_err();
+        assert_eq!(
+            e.path(),
+            Some("status.allocation.devices.results[2].consumedCapacity.memory")
+        );
+    }
+
+    #[test]
+    fn config_entries_keep_only_this_drivers_and_decode_them_strictly() {
+        let config: Vec<AllocationConfig> = serde_json::from_value(json!([
+            {"source": "FromClaim", "opaque": {"driver": "other.dev", "parameters": {"x": 1}}},
+            cfg(SOURCE_FROM_CLASS, json!(["gpu"]), json!({"memory": "1Gi"})),
+        ]))
+        .unwrap();
+        let entries = config_entries("ns/c", &config, D).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].position, 1);
+        assert!(entries[0].from_class);
+        assert_eq!(entries[0].requests, ["gpu"]);
+        assert!(!entries[0].has_priority);
+        let bad: Vec<AllocationConfig> =
+            serde_json::from_value(json!([cfg("FromClaim", json!([]), json!({"cores": 140}))]))
+                .unwrap();
+        let e = config_entries("ns/c", &bad, D).unwrap_err();
+        assert!(
+            e.path()
+                .is_some_and(|p| p.starts_with("status.allocation.devices.config[0]")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_node_reads_nothing_said_as_the_whole_device() {
+        let g = node_grant(share::resolve(&[], "gpu", None));
+        assert_eq!(g.memory, MemoryGrant::Whole);
+        assert_eq!(g.cores, CorePercent::ZERO);
+        assert_eq!(
+            (g.memory_source, g.cores_source),
+            (Source::WholeDevice, Source::WholeDevice)
+        );
+    }
+
+    #[test]
+    fn a_zero_grant_names_where_it_came_from() {
+        let zero = |memory_source| Grant {
+            memory: MemoryGrant::Bytes(0),
+            memory_source,
+            cores: CorePercent::ZERO,
+            cores_source: Source::WholeDevice,
+            priority: Priority::Normal,
+            oversubscribe: false,
+        };
+        let e = check_memory("ns/c", 4, &zero(Source::Config), Some(2)).unwrap_err();
+        assert_eq!(
+            e.path(),
+            Some("status.allocation.devices.config[2].opaque.parameters.memory")
+        );
+        let e = check_memory("ns/c", 4, &zero(Source::ConsumedCapacity), None).unwrap_err();
+        assert_eq!(
+            e.path(),
+            Some("status.allocation.devices.results[4].consumedCapacity.memory")
+        );
+        let one = Grant {
+            memory: MemoryGrant::Bytes(1),
+            ..zero(Source::Config)
+        };
+        assert!(check_memory("ns/c", 4, &one, Some(2)).is_ok());
+    }
+
+    #[test]
+    fn no_devices_of_names_the_other_drivers_once_each() {
+        let of = |driver: &str| DeviceResult {
+            driver: driver.into(),
+            ..Default::default()
+        };
+        let e = no_devices_of("ns/c".into(), D, &[of("b.dev"), of("a.dev"), of("b.dev")]);
+        assert_eq!(
+            e.to_string(),
+            "claim ns/c: status.allocation.devices.results: no device of driver gpu.fgpu.dev (drivers allocated: a.dev, b.dev)"
+        );
+        assert!(
+            no_devices_of("ns/c".into(), D, &[])
+                .to_string()
+                .ends_with("(drivers allocated: none)")
+        );
+    }
 
     #[test]
     fn grant_table() {
