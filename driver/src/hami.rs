@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use fgpu_api::extender::Pod;
+use fgpu_api::extender::{Container, Pod};
 use fgpu_api::names::{LegacyResourceNames, legacy};
 
 use crate::engine::{GpuPolicy, GpuShare, NodePolicy, Policy, Request, Topology};
@@ -180,114 +180,16 @@ pub fn pod_request(
     default_policy: Policy,
 ) -> Result<PodRequest, RequestError> {
     let key = pod_key(pod);
-    let err = |path: String, problem: String| RequestError {
-        object: format!("pod {key}"),
-        path,
-        problem,
-    };
-    let asks = |c: &fgpu_api::extender::Container| {
-        [
-            &names.gpu,
-            &names.memory,
-            &names.memory_percentage,
-            &names.cores,
-        ]
-        .iter()
-        .any(|n| c.resource(n).is_some())
-    };
-    if let Some((i, c)) = pod
-        .spec
-        .init_containers
-        .iter()
-        .enumerate()
-        .find(|(_, c)| asks(c))
-    {
-        return Err(err(
-            format!("spec.initContainers[{i}].resources"),
-            format!(
-                "init container {:?} asks for GPUs; the extender places GPUs for regular containers only",
-                c.name
-            ),
-        ));
-    }
+    check_init_containers(&key, &pod.spec.init_containers, names)?;
     let placement = pod_annotations(&pod.metadata.annotations, &key, default_policy)?;
-    let numa_bind = match pod.metadata.annotations.get(ANNOTATION_NUMA_BIND) {
-        None => false,
-        Some(v) => match v.trim() {
-            "true" => true,
-            "false" | "" => false,
-            other => {
-                return Err(err(
-                    format!("metadata.annotations[{ANNOTATION_NUMA_BIND:?}]"),
-                    format!("{other:?}; valid are \"true\" and \"false\""),
-                ));
-            }
-        },
-    };
+    let numa_bind = numa_bind(&key, &pod.metadata.annotations)?;
     let mut containers = Vec::new();
     for (index, c) in pod.spec.containers.iter().enumerate() {
-        if !asks(c) {
+        let Some(mut request) = container_request(&key, index, c, names)? else {
             continue;
-        }
-        let num = |resource: &str, max: u64| -> Result<Option<u64>, RequestError> {
-            let Some(text) = c.resource(resource) else {
-                return Ok(None);
-            };
-            let path = format!("spec.containers[{index}].resources.limits[{resource:?}]");
-            let n = fgpu_api::quantity::parse_u64(text)
-                .map_err(|e| err(path.clone(), format!("{e}; use a whole number")))?;
-            if n > max {
-                return Err(err(path, format!("{n} is above the maximum {max}")));
-            }
-            Ok(Some(n))
         };
-        let count = num(&names.gpu, MAX_GPUS_PER_CONTAINER)?;
-        let mem_mib = num(&names.memory, u64::MAX >> 20)?;
-        let pct = num(&names.memory_percentage, 100)?;
-        let cores = num(&names.cores, 100)?;
-        let gpus = match count {
-            Some(0) => {
-                if mem_mib.is_some() || pct.is_some() || cores.is_some() {
-                    return Err(err(
-                        format!("spec.containers[{index}].resources.limits[{:?}]", names.gpu),
-                        "0 while GPU memory or cores are asked for; ask for 1 or more GPUs".into(),
-                    ));
-                }
-                continue;
-            }
-            Some(n) => n as u32,
-            None => 1,
-        };
-        let share = match (mem_mib, pct) {
-            (Some(0), _) => {
-                return Err(err(
-                    format!(
-                        "spec.containers[{index}].resources.limits[{:?}]",
-                        names.memory
-                    ),
-                    "0; ask for 1 MiB or more, or leave it out for the whole memory".into(),
-                ));
-            }
-            (Some(mib), _) => GpuShare::Memory { bytes: mib << 20 },
-            (None, Some(0)) => {
-                return Err(err(
-                    format!(
-                        "spec.containers[{index}].resources.limits[{:?}]",
-                        names.memory_percentage
-                    ),
-                    "0; use 1 to 100".into(),
-                ));
-            }
-            (None, Some(p)) => GpuShare::Fraction {
-                milli: (p * 10) as u32,
-            },
-            (None, None) if cores.is_some() => GpuShare::Fraction { milli: 1000 },
-            (None, None) => GpuShare::Whole,
-        };
-        let mut request = Request::new(gpus, share);
-        request.cores = cores.map(|c| c as u32);
         placement.constrain(&mut request);
-        if numa_bind && gpus > 1 {
+        if numa_bind && request.gpus > 1 {
             request.topology = Topology::SameNuma;
         }
         containers.push(ContainerRequest {
@@ -301,6 +203,164 @@ pub fn pod_request(
         uid: pod.metadata.uid.clone(),
         containers,
         policy: placement.policy,
+    })
+}
+
+/// An error about field `path` of the pod `key`.
+fn pod_error(key: &str, path: String, problem: String) -> RequestError {
+    RequestError {
+        object: format!("pod {key}"),
+        path,
+        problem,
+    }
+}
+
+/// Whether container `c` asks for any of the GPU resources `names`.
+fn asks_for_gpus(c: &Container, names: &LegacyResourceNames) -> bool {
+    [
+        &names.gpu,
+        &names.memory,
+        &names.memory_percentage,
+        &names.cores,
+    ]
+    .iter()
+    .any(|n| c.resource(n).is_some())
+}
+
+/// Refuses an init container of the pod `key` that asks for GPUs (the extender places GPUs
+/// for regular containers only).
+fn check_init_containers(
+    key: &str,
+    init_containers: &[Container],
+    names: &LegacyResourceNames,
+) -> Result<(), RequestError> {
+    match init_containers
+        .iter()
+        .enumerate()
+        .find(|(_, c)| asks_for_gpus(c, names))
+    {
+        Some((i, c)) => Err(pod_error(
+            key,
+            format!("spec.initContainers[{i}].resources"),
+            format!(
+                "init container {:?} asks for GPUs; the extender places GPUs for regular containers only",
+                c.name
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The pod's [`ANNOTATION_NUMA_BIND`]: `true`, or `false` (also when absent or empty).
+fn numa_bind(key: &str, annotations: &BTreeMap<String, String>) -> Result<bool, RequestError> {
+    match annotations.get(ANNOTATION_NUMA_BIND).map(|v| v.trim()) {
+        None | Some("false" | "") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(pod_error(
+            key,
+            format!("metadata.annotations[{ANNOTATION_NUMA_BIND:?}]"),
+            format!("{other:?}; valid are \"true\" and \"false\""),
+        )),
+    }
+}
+
+/// The field path of container `index`'s limit of `resource`.
+fn limit_path(index: usize, resource: &str) -> String {
+    format!("spec.containers[{index}].resources.limits[{resource:?}]")
+}
+
+/// Container `index`'s whole-number amount of `resource` (limits, else requests), at most
+/// `max`; `None` when it does not ask for it.
+fn amount(
+    key: &str,
+    index: usize,
+    c: &Container,
+    resource: &str,
+    max: u64,
+) -> Result<Option<u64>, RequestError> {
+    let Some(text) = c.resource(resource) else {
+        return Ok(None);
+    };
+    let path = limit_path(index, resource);
+    let n = fgpu_api::quantity::parse_u64(text)
+        .map_err(|e| pod_error(key, path.clone(), format!("{e}; use a whole number")))?;
+    if n > max {
+        return Err(pod_error(
+            key,
+            path,
+            format!("{n} is above the maximum {max}"),
+        ));
+    }
+    Ok(Some(n))
+}
+
+/// Container `index`'s engine request, before the pod's annotations are applied; `None`
+/// when it asks for no GPU (nothing asked, or a count of 0 alone).
+fn container_request(
+    key: &str,
+    index: usize,
+    c: &Container,
+    names: &LegacyResourceNames,
+) -> Result<Option<Request>, RequestError> {
+    if !asks_for_gpus(c, names) {
+        return Ok(None);
+    }
+    let count = amount(key, index, c, &names.gpu, MAX_GPUS_PER_CONTAINER)?;
+    let mem_mib = amount(key, index, c, &names.memory, u64::MAX >> 20)?;
+    let pct = amount(key, index, c, &names.memory_percentage, 100)?;
+    let cores = amount(key, index, c, &names.cores, 100)?;
+    let gpus = match count {
+        Some(0) => {
+            if mem_mib.is_some() || pct.is_some() || cores.is_some() {
+                return Err(pod_error(
+                    key,
+                    limit_path(index, &names.gpu),
+                    "0 while GPU memory or cores are asked for; ask for 1 or more GPUs".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        Some(n) => n as u32,
+        None => 1,
+    };
+    let share = gpu_share(key, index, names, mem_mib, pct, cores.is_some())?;
+    let mut request = Request::new(gpus, share);
+    request.cores = cores.map(|c| c as u32);
+    Ok(Some(request))
+}
+
+/// The share of each GPU of container `index`: its memory in MiB wins over its memory
+/// percentage; with neither, the whole memory and, when cores are asked for, a fraction
+/// of 1000 (so the cores count), else whole GPUs.
+fn gpu_share(
+    key: &str,
+    index: usize,
+    names: &LegacyResourceNames,
+    mem_mib: Option<u64>,
+    pct: Option<u64>,
+    cores: bool,
+) -> Result<GpuShare, RequestError> {
+    Ok(match (mem_mib, pct) {
+        (Some(0), _) => {
+            return Err(pod_error(
+                key,
+                limit_path(index, &names.memory),
+                "0; ask for 1 MiB or more, or leave it out for the whole memory".into(),
+            ));
+        }
+        (Some(mib), _) => GpuShare::Memory { bytes: mib << 20 },
+        (None, Some(0)) => {
+            return Err(pod_error(
+                key,
+                limit_path(index, &names.memory_percentage),
+                "0; use 1 to 100".into(),
+            ));
+        }
+        (None, Some(p)) => GpuShare::Fraction {
+            milli: (p * 10) as u32,
+        },
+        (None, None) if cores => GpuShare::Fraction { milli: 1000 },
+        (None, None) => GpuShare::Whole,
     })
 }
 
@@ -329,6 +389,100 @@ mod tests {
 
     fn read(p: &Pod) -> Result<PodRequest, RequestError> {
         pod_request(p, &LegacyResourceNames::default(), HAMI_DEFAULT)
+    }
+
+    fn container(limits: Value) -> Container {
+        serde_json::from_value(ctr("c", limits)).unwrap()
+    }
+
+    #[test]
+    fn a_container_asks_for_gpus_by_any_of_the_four_names() {
+        let names = LegacyResourceNames::default();
+        assert!(!asks_for_gpus(&container(json!({"cpu": "1"})), &names));
+        for n in [
+            "nvidia.com/gpu",
+            "nvidia.com/gpumem",
+            "nvidia.com/gpumem-percentage",
+            "nvidia.com/gpucores",
+        ] {
+            assert!(asks_for_gpus(&container(json!({n: "1"})), &names), "{n}");
+        }
+        let init = [
+            container(json!({})),
+            container(json!({"nvidia.com/gpu": "1"})),
+        ];
+        let e = check_init_containers("ns/p", &init, &names).unwrap_err();
+        assert_eq!(e.path, "spec.initContainers[1].resources");
+        assert!(check_init_containers("ns/p", &init[..1], &names).is_ok());
+    }
+
+    #[test]
+    fn numa_bind_is_true_or_false() {
+        let ann = |v: Option<&str>| -> BTreeMap<String, String> {
+            v.map(|v| (ANNOTATION_NUMA_BIND.to_owned(), v.to_owned()))
+                .into_iter()
+                .collect()
+        };
+        assert_eq!(numa_bind("ns/p", &ann(None)), Ok(false));
+        assert_eq!(numa_bind("ns/p", &ann(Some(" true "))), Ok(true));
+        assert_eq!(numa_bind("ns/p", &ann(Some(""))), Ok(false));
+        let e = numa_bind("ns/p", &ann(Some("yes"))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "pod ns/p: metadata.annotations[\"nvidia.com/numa-bind\"]: \"yes\"; valid are \"true\" and \"false\""
+        );
+    }
+
+    #[test]
+    fn amounts_are_whole_numbers_up_to_a_maximum() {
+        let c = container(json!({"nvidia.com/gpu": "3", "nvidia.com/gpucores": "1.5"}));
+        assert_eq!(amount("ns/p", 0, &c, "nvidia.com/gpu", 4), Ok(Some(3)));
+        assert_eq!(amount("ns/p", 0, &c, "nvidia.com/gpumem", 4), Ok(None));
+        let e = amount("ns/p", 2, &c, "nvidia.com/gpu", 2).unwrap_err();
+        assert_eq!(
+            e.path,
+            "spec.containers[2].resources.limits[\"nvidia.com/gpu\"]"
+        );
+        assert_eq!(e.problem, "3 is above the maximum 2");
+        let e = amount("ns/p", 0, &c, "nvidia.com/gpucores", 100).unwrap_err();
+        assert!(e.problem.ends_with("; use a whole number"), "{e}");
+    }
+
+    #[test]
+    fn the_share_of_each_gpu() {
+        let names = LegacyResourceNames::default();
+        let share = |mem, pct, cores| gpu_share("ns/p", 0, &names, mem, pct, cores);
+        assert_eq!(
+            share(Some(2), Some(50), false),
+            Ok(GpuShare::Memory { bytes: 2 << 20 })
+        );
+        assert_eq!(
+            share(None, Some(25), true),
+            Ok(GpuShare::Fraction { milli: 250 })
+        );
+        assert_eq!(
+            share(None, None, true),
+            Ok(GpuShare::Fraction { milli: 1000 })
+        );
+        assert_eq!(share(None, None, false), Ok(GpuShare::Whole));
+        assert!(share(Some(0), None, false).is_err());
+        assert_eq!(
+            share(None, Some(0), false).unwrap_err().problem,
+            "0; use 1 to 100"
+        );
+    }
+
+    #[test]
+    fn a_container_request_before_the_annotations() {
+        let names = LegacyResourceNames::default();
+        let req = |limits| container_request("ns/p", 0, &container(limits), &names);
+        assert_eq!(req(json!({"cpu": "1"})), Ok(None));
+        assert_eq!(req(json!({"nvidia.com/gpu": "0"})), Ok(None));
+        assert!(req(json!({"nvidia.com/gpu": "0", "nvidia.com/gpucores": "5"})).is_err());
+        let r = req(json!({"nvidia.com/gpucores": "30"})).unwrap().unwrap();
+        assert_eq!((r.gpus, r.cores), (1, Some(30)));
+        assert_eq!(r.share, GpuShare::Fraction { milli: 1000 });
+        assert_eq!(r.topology, Topology::Any);
     }
 
     #[test]
