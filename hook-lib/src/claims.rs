@@ -76,10 +76,149 @@ pub fn parse_uuid_key(k: &str) -> Option<([u8; 16], &str)> {
     Some((parse_uuid(u)?, field))
 }
 
+/// Why a limits file is malformed: the line (1-based) or key at fault and what is valid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParseError {
+    /// A line that is not `key=value`.
+    NotKeyValue { line: usize, text: String },
+    /// A key given twice.
+    DuplicateKey { line: usize, key: String },
+    /// A value the key does not take; `expected` says what it takes.
+    BadValue {
+        line: usize,
+        key: String,
+        value: String,
+        expected: &'static str,
+    },
+    /// A `gpu.` key without a GPU UUID and a field.
+    BadGpuKey { line: usize, key: String },
+    /// A version this shim does not read.
+    WrongVersion(String),
+    /// No `version` key.
+    NoVersion,
+    /// No `claim_uid` key.
+    NoClaimUid,
+    /// No `memory_account` key.
+    NoMemoryAccount,
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotKeyValue { line, text } => {
+                write!(f, "line {line}: expected key=value, got {text:?}")
+            }
+            Self::DuplicateKey { line, key } => write!(f, "line {line}: duplicate key {key}"),
+            Self::BadValue {
+                line,
+                key,
+                value,
+                expected,
+            } => write!(f, "line {line}: {key}={value:?}: expected {expected}"),
+            Self::BadGpuKey { line, key } => {
+                write!(f, "line {line}: {key}: expected gpu.<GPU-UUID>.<field>")
+            }
+            Self::WrongVersion(v) => write!(f, "version={v:?}: this shim reads version 2"),
+            Self::NoVersion => f.write_str("no version key (expected version=2)"),
+            Self::NoClaimUid => f.write_str("no claim_uid key"),
+            Self::NoMemoryAccount => f.write_str("no memory_account key"),
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// One `key=value` line of a limits file, trimmed.
+struct Entry<'a> {
+    /// Line number, 1-based.
+    line: usize,
+    key: &'a str,
+    value: &'a str,
+}
+
+impl Entry<'_> {
+    /// The value is not what the key takes.
+    fn bad(&self, expected: &'static str) -> ParseError {
+        ParseError::BadValue {
+            line: self.line,
+            key: self.key.to_string(),
+            value: self.value.to_string(),
+            expected,
+        }
+    }
+
+    /// The value as an absolute path.
+    fn absolute_path(&self) -> Result<PathBuf, ParseError> {
+        if self.value.starts_with('/') {
+            Ok(PathBuf::from(self.value))
+        } else {
+            Err(self.bad("an absolute path"))
+        }
+    }
+
+    /// The value as a byte count.
+    fn bytes(&self) -> Result<u64, ParseError> {
+        self.value.parse().map_err(|_| self.bad("a byte count"))
+    }
+
+    /// The warning for a key this shim does not know.
+    fn unknown(&self) -> String {
+        format!("line {}: unknown key {} ignored", self.line, self.key)
+    }
+}
+
+/// Line `n` (0-based) of a limits file without its comment: `None` when nothing is left,
+/// else its key and value.
+fn entry(n: usize, raw: &str) -> Result<Option<Entry<'_>>, ParseError> {
+    let line = raw.split('#').next().unwrap_or("").trim();
+    if line.is_empty() {
+        return Ok(None);
+    }
+    let Some((k, v)) = line.split_once('=') else {
+        return Err(ParseError::NotKeyValue {
+            line: n + 1,
+            text: line.to_string(),
+        });
+    };
+    Ok(Some(Entry {
+        line: n + 1,
+        key: k.trim(),
+        value: v.trim(),
+    }))
+}
+
+/// `priority`'s value.
+fn priority(v: &str) -> Option<Priority> {
+    match v {
+        "normal" => Some(Priority::Normal),
+        "low" => Some(Priority::Low),
+        "high" => Some(Priority::High),
+        _ => None,
+    }
+}
+
+/// `core_policy`'s value (empty: the default, `limit`).
+fn core_policy(v: &str) -> Option<CorePolicy> {
+    match v {
+        "limit" | "" => Some(CorePolicy::Limit),
+        "share" => Some(CorePolicy::Share),
+        _ => None,
+    }
+}
+
+/// A GPU's `cores`: a percentage 1..100, `None` for 100 (not throttled).
+fn cores(v: &str) -> Result<Option<u32>, ()> {
+    let p: u32 = v.parse().map_err(|_| ())?;
+    if !(1..=100).contains(&p) {
+        return Err(());
+    }
+    Ok((p < 100).then_some(p))
+}
+
 impl Claim {
     /// Parses a limits file; `Err` says which line or key is wrong and what is valid.
-    pub fn parse(path: PathBuf, text: &str) -> Result<Claim, String> {
-        let mut seen: Vec<String> = Vec::new();
+    pub fn parse(path: PathBuf, text: &str) -> Result<Claim, ParseError> {
+        let mut seen: Vec<&str> = Vec::new();
         let mut c = Claim {
             path,
             name: String::new(),
@@ -95,100 +234,94 @@ impl Claim {
         };
         let mut version = None;
         for (n, raw) in text.lines().enumerate() {
-            let line = raw.split('#').next().unwrap_or("").trim();
-            if line.is_empty() {
+            let Some(e) = entry(n, raw)? else {
                 continue;
-            }
-            let at = format!("line {}", n + 1);
-            let Some((k, v)) = line.split_once('=') else {
-                return Err(format!("{at}: expected key=value, got {line:?}"));
             };
-            let (k, v) = (k.trim(), v.trim());
-            if seen.iter().any(|s| s == k) {
-                return Err(format!("{at}: duplicate key {k}"));
+            if seen.contains(&e.key) {
+                return Err(ParseError::DuplicateKey {
+                    line: e.line,
+                    key: e.key.to_string(),
+                });
             }
-            seen.push(k.to_string());
-            let bad = |what: &str| format!("{at}: {k}={v:?}: expected {what}");
-            let abs = |v: &str| -> Result<PathBuf, String> {
-                if v.starts_with('/') {
-                    Ok(PathBuf::from(v))
-                } else {
-                    Err(bad("an absolute path"))
-                }
-            };
-            match k {
-                "version" => version = Some(v.to_string()),
-                "claim" => c.name = v.to_string(),
-                "claim_uid" if !v.is_empty() => c.uid = v.to_string(),
-                "claim_uid" => return Err(bad("a uid")),
-                "memory_account" => c.memory_account = abs(v)?,
-                "core_account" => c.core_account = Some(abs(v)?),
-                "feed" => c.feed = Some(abs(v)?),
-                "priority" => {
-                    c.priority = match v {
-                        "normal" => Priority::Normal,
-                        "low" => Priority::Low,
-                        "high" => Priority::High,
-                        _ => return Err(bad("normal, low or high")),
-                    }
-                }
-                "core_policy" => {
-                    c.core_policy = match v {
-                        "limit" | "" => CorePolicy::Limit,
-                        "share" => CorePolicy::Share,
-                        _ => return Err(bad("limit or share")),
-                    }
-                }
-                "context_overhead" => {
-                    c.context_overhead = v.parse().map_err(|_| bad("a byte count"))?
-                }
-                _ => match parse_uuid_key(k) {
-                    Some((uuid, field)) => {
-                        let i = match c.gpus.iter().position(|g| g.0 == uuid) {
-                            Some(i) => i,
-                            None => {
-                                c.gpus.push((uuid, GpuLimits::default()));
-                                c.gpus.len() - 1
-                            }
-                        };
-                        let g = &mut c.gpus[i].1;
-                        match field {
-                            "memory" => {
-                                g.memory = Some(v.parse().map_err(|_| bad("a byte count"))?)
-                            }
-                            "cores" => {
-                                let p: u32 = v.parse().map_err(|_| bad("a percentage 1..100"))?;
-                                if !(1..=100).contains(&p) {
-                                    return Err(bad("a percentage 1..100"));
-                                }
-                                g.cores = (p < 100).then_some(p);
-                            }
-                            "priority_file" => g.priority_file = Some(abs(v)?),
-                            _ => c.warnings.push(format!("{at}: unknown key {k} ignored")),
-                        }
-                    }
-                    None if k.starts_with("gpu.") => {
-                        return Err(format!("{at}: {k}: expected gpu.<GPU-UUID>.<field>"));
-                    }
-                    None => c.warnings.push(format!("{at}: unknown key {k} ignored")),
-                },
+            seen.push(e.key);
+            if e.key == "version" {
+                version = Some(e.value.to_string());
+            } else {
+                c.apply(&e)?;
             }
         }
-        match version.as_deref() {
-            Some("2") => {}
-            Some(v) => return Err(format!("version={v:?}: this shim reads version 2")),
-            None => return Err("no version key (expected version=2)".into()),
-        }
-        if c.uid.is_empty() {
-            return Err("no claim_uid key".into());
-        }
-        if c.memory_account.as_os_str().is_empty() {
-            return Err("no memory_account key".into());
-        }
-        if c.name.is_empty() {
-            c.name = c.uid.clone();
-        }
+        c.check(version.as_deref())?;
         Ok(c)
+    }
+
+    /// Takes one entry other than `version`.
+    fn apply(&mut self, e: &Entry<'_>) -> Result<(), ParseError> {
+        let v = e.value;
+        match e.key {
+            "claim" => self.name = v.to_string(),
+            "claim_uid" if !v.is_empty() => self.uid = v.to_string(),
+            "claim_uid" => return Err(e.bad("a uid")),
+            "memory_account" => self.memory_account = e.absolute_path()?,
+            "core_account" => self.core_account = Some(e.absolute_path()?),
+            "feed" => self.feed = Some(e.absolute_path()?),
+            "priority" => {
+                self.priority = priority(v).ok_or_else(|| e.bad("normal, low or high"))?
+            }
+            "core_policy" => {
+                self.core_policy = core_policy(v).ok_or_else(|| e.bad("limit or share"))?
+            }
+            "context_overhead" => self.context_overhead = e.bytes()?,
+            k => match parse_uuid_key(k) {
+                Some((uuid, field)) => self.apply_gpu(e, uuid, field)?,
+                None if k.starts_with("gpu.") => {
+                    return Err(ParseError::BadGpuKey {
+                        line: e.line,
+                        key: k.to_string(),
+                    });
+                }
+                None => self.warnings.push(e.unknown()),
+            },
+        }
+        Ok(())
+    }
+
+    /// Takes the entry `gpu.<uuid>.<field>`.
+    fn apply_gpu(&mut self, e: &Entry<'_>, uuid: [u8; 16], field: &str) -> Result<(), ParseError> {
+        let i = match self.gpus.iter().position(|g| g.0 == uuid) {
+            Some(i) => i,
+            None => {
+                self.gpus.push((uuid, GpuLimits::default()));
+                self.gpus.len() - 1
+            }
+        };
+        let g = &mut self.gpus[i].1;
+        match field {
+            "memory" => g.memory = Some(e.bytes()?),
+            "cores" => g.cores = cores(e.value).map_err(|()| e.bad("a percentage 1..100"))?,
+            "priority_file" => g.priority_file = Some(e.absolute_path()?),
+            _ => self.warnings.push(e.unknown()),
+        }
+        Ok(())
+    }
+
+    /// Checks the whole file: version 2 and the required keys; names an unnamed claim by
+    /// its uid.
+    fn check(&mut self, version: Option<&str>) -> Result<(), ParseError> {
+        match version {
+            Some("2") => {}
+            Some(v) => return Err(ParseError::WrongVersion(v.to_string())),
+            None => return Err(ParseError::NoVersion),
+        }
+        if self.uid.is_empty() {
+            return Err(ParseError::NoClaimUid);
+        }
+        if self.memory_account.as_os_str().is_empty() {
+            return Err(ParseError::NoMemoryAccount);
+        }
+        if self.name.is_empty() {
+            self.name = self.uid.clone();
+        }
+        Ok(())
     }
 }
 
@@ -219,7 +352,7 @@ impl View {
                 // A file the workload made (not a mount): ignored, never trusted.
                 continue;
             }
-            match text.and_then(|t| Claim::parse(path.clone(), &t)) {
+            match text.and_then(|t| Claim::parse(path.clone(), &t).map_err(|e| e.to_string())) {
                 Ok(c) => claims.push(c),
                 Err(e) => problems.push(format!("{}: {e}", path.display())),
             }
@@ -314,9 +447,95 @@ mod tests {
             (file("u1", "gpu.nonsense.memory=1\n"), "gpu.<GPU-UUID>"),
             (file("u1", "garbage\n"), "key=value"),
         ] {
-            let e = Claim::parse("/x".into(), &text).unwrap_err();
+            let e = Claim::parse("/x".into(), &text).unwrap_err().to_string();
             assert!(e.contains(want), "{e} lacks {want}");
         }
+    }
+
+    #[test]
+    fn a_line_is_a_trimmed_key_and_value_without_its_comment() {
+        assert!(entry(0, "  # only a comment").unwrap().is_none());
+        assert!(entry(0, "").unwrap().is_none());
+        let e = entry(4, " feed = /a#b ").unwrap().unwrap();
+        assert_eq!((e.line, e.key, e.value), (5, "feed", "/a"));
+        assert_eq!(
+            entry(2, "garbage # x").err(),
+            Some(ParseError::NotKeyValue {
+                line: 3,
+                text: "garbage".into()
+            })
+        );
+        assert_eq!(e.absolute_path(), Ok(PathBuf::from("/a")));
+        let rel = entry(0, "feed=a").unwrap().unwrap();
+        assert_eq!(
+            rel.absolute_path().unwrap_err().to_string(),
+            "line 1: feed=\"a\": expected an absolute path"
+        );
+    }
+
+    #[test]
+    fn values_of_the_enumerated_keys() {
+        assert_eq!(priority("high"), Some(Priority::High));
+        assert_eq!(priority("low"), Some(Priority::Low));
+        assert_eq!(priority("normal"), Some(Priority::Normal));
+        assert_eq!(priority("urgent"), None);
+        assert_eq!(core_policy(""), Some(CorePolicy::Limit));
+        assert_eq!(core_policy("share"), Some(CorePolicy::Share));
+        assert_eq!(core_policy("greedy"), None);
+        assert_eq!(cores("30"), Ok(Some(30)));
+        assert_eq!(cores("100"), Ok(None));
+        assert_eq!(cores("0"), Err(()));
+        assert_eq!(cores("101"), Err(()));
+        assert_eq!(cores("x"), Err(()));
+    }
+
+    #[test]
+    fn parse_errors_keep_their_texts() {
+        let bad = ParseError::BadValue {
+            line: 7,
+            key: "priority".into(),
+            value: "urgent".into(),
+            expected: "normal, low or high",
+        };
+        for (e, want) in [
+            (
+                ParseError::NotKeyValue {
+                    line: 1,
+                    text: "x".into(),
+                },
+                "line 1: expected key=value, got \"x\"",
+            ),
+            (
+                ParseError::DuplicateKey {
+                    line: 2,
+                    key: "feed".into(),
+                },
+                "line 2: duplicate key feed",
+            ),
+            (
+                bad,
+                "line 7: priority=\"urgent\": expected normal, low or high",
+            ),
+            (
+                ParseError::BadGpuKey {
+                    line: 3,
+                    key: "gpu.x".into(),
+                },
+                "line 3: gpu.x: expected gpu.<GPU-UUID>.<field>",
+            ),
+            (
+                ParseError::WrongVersion("3".into()),
+                "version=\"3\": this shim reads version 2",
+            ),
+            (ParseError::NoVersion, "no version key (expected version=2)"),
+            (ParseError::NoClaimUid, "no claim_uid key"),
+            (ParseError::NoMemoryAccount, "no memory_account key"),
+        ] {
+            assert_eq!(e.to_string(), want);
+        }
+        // An unnamed claim takes its uid as its name.
+        let c = Claim::parse("/x".into(), &file("u1", "").replace("claim=ns/u1\n", "")).unwrap();
+        assert_eq!(c.name, "u1");
     }
 
     #[test]
