@@ -22,7 +22,8 @@
 //! keep hand-written and test objects, and the controller's messages about them, as they
 //! were.
 //!
-//! All readers share one visitor: a [`Leaf`] says what it makes of each JSON shape.
+//! All readers share one visitor: a leaf (a private `Leaf` type) says what it makes of
+//! each JSON shape, and a reader picks the leaf and the fallback.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -205,6 +206,7 @@ impl Leaf<'_> for Int {
 }
 
 /// An object leaf: the struct (or map) `T`.
+#[derive(Default)]
 struct Object<T>(T);
 
 impl<'de, T: Deserialize<'de>> Leaf<'de> for Object<T> {
@@ -213,46 +215,57 @@ impl<'de, T: Deserialize<'de>> Leaf<'de> for Object<T> {
     }
 }
 
-/// A member of a list or map of objects: `T` for an object, `T::default()` for any other
-/// value but `null`.
-struct Member<T>(T);
+/// An array leaf whose elements are read by `E`.
+struct List<E>(Vec<E>);
 
-impl<'de, T: Deserialize<'de> + Default> Leaf<'de> for Member<T> {
-    fn from_str(_: &str) -> Option<Self> {
-        Some(Self(T::default()))
-    }
-    fn from_bool(_: bool) -> Option<Self> {
-        Some(Self(T::default()))
-    }
-    fn from_number(_: serde_json::Number) -> Option<Self> {
-        Some(Self(T::default()))
-    }
-    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Option<Self>, A::Error> {
-        Ok(Object::from_map(map)?.map(|o| Self(o.0)))
-    }
-    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Option<Self>, A::Error> {
-        skip_seq(seq).map(|()| Some(Self(T::default())))
+impl<E> Default for List<E> {
+    fn default() -> Self {
+        Self(Vec::new())
     }
 }
 
+impl<'de, E: Deserialize<'de>> Leaf<'de> for List<E> {
+    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Option<Self>, A::Error> {
+        Vec::<E>::deserialize(SeqAccessDeserializer::new(seq)).map(|v| Some(Self(v)))
+    }
+}
+
+/// The leaf `L` where it takes the value, `L::default()` for any other value but `null`:
+/// a value that is there at all counts, whatever its shape.
+struct OrDefault<L>(L);
+
+impl<'de, L: Leaf<'de> + Default> Leaf<'de> for OrDefault<L> {
+    fn from_str(s: &str) -> Option<Self> {
+        Some(Self(L::from_str(s).unwrap_or_default()))
+    }
+    fn from_bool(b: bool) -> Option<Self> {
+        Some(Self(L::from_bool(b).unwrap_or_default()))
+    }
+    fn from_number(n: serde_json::Number) -> Option<Self> {
+        Some(Self(L::from_number(n).unwrap_or_default()))
+    }
+    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Option<Self>, A::Error> {
+        Ok(Some(Self(L::from_map(map)?.unwrap_or_default())))
+    }
+    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Option<Self>, A::Error> {
+        Ok(Some(Self(L::from_seq(seq)?.unwrap_or_default())))
+    }
+}
+
+/// A member of a list or map of objects: `T` for an object, `T::default()` for any other
+/// value but `null`.
+type Member<T> = OrDefault<Object<T>>;
+
 /// One element of a list of objects: a [`Member`], and `T::default()` for `null` too, so
 /// that every element keeps its index.
+#[derive(Default)]
 struct Element<T>(T);
 
 impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Element<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Ok(Self(
-            leaf::<Member<T>, D>(d)?.map(|m| m.0).unwrap_or_default(),
+            leaf::<Member<T>, D>(d)?.map(|m| m.0.0).unwrap_or_default(),
         ))
-    }
-}
-
-/// An array leaf whose elements are read by `E`.
-struct List<E>(Vec<E>);
-
-impl<'de, E: Deserialize<'de>> Leaf<'de> for List<E> {
-    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Option<Self>, A::Error> {
-        Vec::<E>::deserialize(SeqAccessDeserializer::new(seq)).map(|v| Some(Self(v)))
     }
 }
 
@@ -263,25 +276,7 @@ fn elements<T>(list: List<Element<T>>) -> Vec<T> {
 
 /// A list of objects that is there at all: its elements, or empty when the value is not
 /// a list.
-struct Present<T>(Vec<T>);
-
-impl<'de, T: Deserialize<'de> + Default> Leaf<'de> for Present<T> {
-    fn from_str(_: &str) -> Option<Self> {
-        Some(Self(Vec::new()))
-    }
-    fn from_bool(_: bool) -> Option<Self> {
-        Some(Self(Vec::new()))
-    }
-    fn from_number(_: serde_json::Number) -> Option<Self> {
-        Some(Self(Vec::new()))
-    }
-    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Option<Self>, A::Error> {
-        skip_map(map).map(|()| Some(Self(Vec::new())))
-    }
-    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Option<Self>, A::Error> {
-        Ok(List::from_seq(seq)?.map(|l| Self(elements(l))))
-    }
-}
+type Present<T> = OrDefault<List<Element<T>>>;
 
 /// A list of objects, or the value kept as [`RawJson`] when it is not a list.
 struct CheckedList<T>(Checked<Vec<T>>);
@@ -319,7 +314,7 @@ impl<'de, T: Deserialize<'de> + Default> Leaf<'de> for Members<T> {
     fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Option<Self>, A::Error> {
         let mut out = BTreeMap::new();
         while let Some((k, Maybe(v))) = map.next_entry::<String, Maybe<Member<T>>>()? {
-            if let Some(Member(v)) = v {
+            if let Some(OrDefault(Object(v))) = v {
                 out.insert(k, v);
             }
         }
@@ -415,7 +410,7 @@ where
     D: Deserializer<'de>,
     T: Deserialize<'de> + Default,
 {
-    Ok(leaf::<Present<T>, D>(d)?.map(|p| p.0))
+    Ok(leaf::<Present<T>, D>(d)?.map(|p| elements(p.0)))
 }
 
 /// Like [`list`], but `None` when absent or `null` and [`Checked::Invalid`] (the value as
