@@ -10,16 +10,13 @@
 //! * [`slice`]: a ResourceSlice (pool, devices with their attributes, capacities and
 //!   taints; `v1beta1`'s `basic` read alike) and a DeviceTaintRule, what the controller's
 //!   inventory reads.
-//! * [`tolerant`]: how the claim and class models read a field of the wrong JSON type (as
-//!   absent, the way indexing JSON did), so that any object reads and its users name the
-//!   bad field.
-//!
-//! The slice model's field readers, which never fail on a value of the wrong type either,
-//! live in a private `lenient` module.
+//! * [`tolerant`]: the field readers all three models share, which never fail on a field
+//!   of the wrong JSON type: most read it as absent (the way indexing JSON did), a few
+//!   keep it as it came ([`tolerant::Checked`]) for the reader to report, so that any
+//!   object reads and its users name the bad field.
 
 pub mod claim;
 pub mod class;
-mod lenient;
 pub mod slice;
 pub mod tolerant;
 

@@ -6,7 +6,7 @@
 //! `basic`, the newer ones carry them directly; [`Device::body`] gives them either way.
 //!
 //! Tolerant: unknown fields are ignored, missing ones read as absent or empty, and a field
-//! of the wrong JSON type never fails the object. Where a reader reports such a field
+//! of the wrong JSON type never fails the object ([`super::tolerant`]). Where a reader reports such a field
 //! (`spec.pool.generation`, `spec.devices`, a capacity's `value`) the model keeps it as it
 //! came ([`Checked::Invalid`], [`QuantityValue::Invalid`]); elsewhere it reads as absent (a
 //! name that is not a string), as the default (a device that is not an object), or is left
@@ -17,17 +17,17 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::lenient;
-pub use super::lenient::{Checked, RawJson};
+use super::tolerant;
+pub use super::tolerant::{Checked, RawJson};
 
 /// A ResourceSlice, reduced to what the controller reads.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResourceSlice {
     /// Name, UID and resource version.
-    #[serde(default, deserialize_with = "lenient::object")]
+    #[serde(default, deserialize_with = "tolerant::object")]
     pub metadata: Metadata,
     /// Driver, node, pool and devices.
-    #[serde(default, deserialize_with = "lenient::object")]
+    #[serde(default, deserialize_with = "tolerant::object")]
     pub spec: SliceSpec,
 }
 
@@ -49,21 +49,21 @@ pub struct Metadata {
     /// `metadata.name`.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub name: Option<String>,
     /// `metadata.uid`.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub uid: Option<String>,
     /// `metadata.resourceVersion`.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub resource_version: Option<String>,
@@ -76,24 +76,24 @@ pub struct SliceSpec {
     /// `spec.driver`: the driver that publishes the devices.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub driver: Option<String>,
     /// `spec.nodeName`: the node whose devices these are (fgpu's slices always set it).
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub node_name: Option<String>,
     /// `spec.pool`.
-    #[serde(default, deserialize_with = "lenient::object")]
+    #[serde(default, deserialize_with = "tolerant::object")]
     pub pool: Pool,
     /// `spec.devices`, in order; `None` when missing. [`ResourceSlice::devices`] reads it.
     #[serde(
         default,
-        deserialize_with = "lenient::checked_list",
+        deserialize_with = "tolerant::checked_list",
         skip_serializing_if = "Option::is_none"
     )]
     pub devices: Option<Checked<Vec<Device>>>,
@@ -106,7 +106,7 @@ pub struct Pool {
     /// `spec.pool.name`.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub name: Option<String>,
@@ -117,7 +117,7 @@ pub struct Pool {
     /// `spec.pool.resourceSliceCount`: how many slices the generation has.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_int",
         skip_serializing_if = "Option::is_none"
     )]
     pub resource_slice_count: Option<i64>,
@@ -129,14 +129,14 @@ pub struct Device {
     /// `name`, unique in the pool (fgpu's: `gpu-<minor>`).
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub name: Option<String>,
     /// `v1beta1`'s `basic`, which holds the device's fields there.
     #[serde(
         default,
-        deserialize_with = "lenient::optional_object",
+        deserialize_with = "tolerant::opt_object",
         skip_serializing_if = "Option::is_none"
     )]
     pub basic: Option<DeviceBody>,
@@ -170,28 +170,28 @@ pub struct DeviceBody {
     /// `attributes` by name (qualified or not, as published).
     #[serde(
         default,
-        deserialize_with = "lenient::map",
+        deserialize_with = "tolerant::map",
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub attributes: BTreeMap<String, Attribute>,
     /// `capacity` by name.
     #[serde(
         default,
-        deserialize_with = "lenient::map",
+        deserialize_with = "tolerant::map",
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub capacity: BTreeMap<String, Capacity>,
     /// `allowMultipleAllocations` (1.34+); absent when missing or not a bool.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_flag",
         skip_serializing_if = "Option::is_none"
     )]
     pub allow_multiple_allocations: Option<bool>,
     /// `taints`: empty when missing or not a list.
     #[serde(
         default,
-        deserialize_with = "lenient::list",
+        deserialize_with = "tolerant::list",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub taints: Vec<Taint>,
@@ -238,25 +238,25 @@ impl Attribute {
 struct AttributeFields {
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_int",
         skip_serializing_if = "Option::is_none"
     )]
     int: Option<i64>,
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_flag",
         skip_serializing_if = "Option::is_none"
     )]
     bool: Option<bool>,
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     string: Option<String>,
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     version: Option<String>,
@@ -321,28 +321,28 @@ pub struct Taint {
     /// `key`.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub key: Option<String>,
     /// `value`.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub value: Option<String>,
     /// `effect`: `NoSchedule`, `NoExecute` (or `None` in newer versions).
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub effect: Option<String>,
     /// `timeAdded` (RFC 3339).
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub time_added: Option<String>,
@@ -352,10 +352,10 @@ pub struct Taint {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeviceTaintRule {
     /// Name (and UID, resource version).
-    #[serde(default, deserialize_with = "lenient::object")]
+    #[serde(default, deserialize_with = "tolerant::object")]
     pub metadata: Metadata,
     /// Selector and taint.
-    #[serde(default, deserialize_with = "lenient::object")]
+    #[serde(default, deserialize_with = "tolerant::object")]
     pub spec: TaintRuleSpec,
 }
 
@@ -366,12 +366,12 @@ pub struct TaintRuleSpec {
     /// `deviceSelector`; `None` when missing or not an object (the rule selects nothing).
     #[serde(
         default,
-        deserialize_with = "lenient::optional_object",
+        deserialize_with = "tolerant::opt_object",
         skip_serializing_if = "Option::is_none"
     )]
     pub device_selector: Option<DeviceSelector>,
     /// `taint`.
-    #[serde(default, deserialize_with = "lenient::object")]
+    #[serde(default, deserialize_with = "tolerant::object")]
     pub taint: Taint,
 }
 
@@ -381,21 +381,21 @@ pub struct DeviceSelector {
     /// `driver`.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub driver: Option<String>,
     /// `pool`.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub pool: Option<String>,
     /// `device`.
     #[serde(
         default,
-        deserialize_with = "lenient::scalar",
+        deserialize_with = "tolerant::opt_string",
         skip_serializing_if = "Option::is_none"
     )]
     pub device: Option<String>,
