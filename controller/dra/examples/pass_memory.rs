@@ -3,7 +3,7 @@
 //! cores, one gated pod each), kept as the daemon's mirrors keep them (claims and slices trimmed, as text; pods as views), planned
 //! and "written" pass after pass until every claim is allocated.
 //!
-//!   cargo run --release -p fgpu-controller --example pass_memory -- [views|values] [NODES] [CLAIMS]
+//!   cargo run --release -p fgpu-dra-controller --example pass_memory -- [views|values] [NODES] [CLAIMS]
 //!
 //! `views` is the daemon's way ([`ViewCache`] + [`reconcile::plan_views`], at most 128
 //! allocations a pass); `values` the way before it (every object parsed into a `Value` each
