@@ -397,20 +397,25 @@ fn read_taint(t: &slice::Taint) -> Result<Taint, String> {
     }
 }
 
+/// JSON slices read into the typed model, as the cache reads the mirror's text (for the
+/// tests of this crate, which write slices as JSON).
+#[cfg(test)]
+pub(crate) fn typed_slices<V: Borrow<serde_json::Value>>(
+    slices: impl IntoIterator<Item = V>,
+) -> Vec<ResourceSlice> {
+    slices
+        .into_iter()
+        .map(|v| serde_json::from_value(v.borrow().clone()).expect("any object reads"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::typed_slices as typed;
     use super::*;
     use serde_json::{Value, json};
 
     const DRIVER: &str = "gpu.fgpu.dev";
-
-    /// JSON slices read into the typed model, as the cache reads the mirror's text.
-    fn typed<V: Borrow<Value>>(slices: impl IntoIterator<Item = V>) -> Vec<ResourceSlice> {
-        slices
-            .into_iter()
-            .map(|v| serde_json::from_value(v.borrow().clone()).expect("any object reads"))
-            .collect()
-    }
 
     /// JSON DeviceTaintRules read into the typed model.
     fn typed_rules<V: Borrow<Value>>(rules: impl IntoIterator<Item = V>) -> Vec<DeviceTaintRule> {

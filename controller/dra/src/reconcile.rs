@@ -1285,15 +1285,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// JSON slices read into the typed model, as [`plan`] reads them.
-    fn typed<V: std::borrow::Borrow<Value>>(
-        slices: impl IntoIterator<Item = V>,
-    ) -> Vec<ResourceSlice> {
-        slices
-            .into_iter()
-            .map(|v| serde_json::from_value(v.borrow().clone()).expect("any object reads"))
-            .collect()
-    }
+    use crate::inventory::typed_slices as typed;
 
     const GATE: &str = "gpu.fgpu.dev/allocate";
     const FIN: &str = "gpu.fgpu.dev/allocation";

@@ -190,13 +190,7 @@ mod tests {
         serde_json::to_value(o).unwrap()
     }
 
-    /// JSON slices read into the typed model, as the cache reads the mirror's text.
-    fn typed<'a>(slices: impl IntoIterator<Item = &'a Value>) -> Vec<ResourceSlice> {
-        slices
-            .into_iter()
-            .map(|v| serde_json::from_value(v.clone()).expect("any object reads"))
-            .collect()
-    }
+    use crate::inventory::typed_slices as typed;
 
     /// What an API server's answer adds to an object: managed fields, labels, owners.
     fn noise(obj: &mut Value, manager: &str) {
