@@ -21,6 +21,8 @@
 # or until no claim has been allocated for FGPU_REPLAY_SETTLE seconds (60; kube-scheduler).
 # FGPU_REPLAY_PHASES (default "fragaware binpack kube-scheduler") picks phases; outputs in
 # $FGPU_BENCH_DIR (default a temp dir): sim.csv, live-<phase>.csv, logs, summary.txt.
+# FGPU_BENCH_PROFILE (default release; `dist` is the shipped images' build) picks the cargo
+# profile of fgpu-controller and fgpu-sim.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 trace="${1:-openb_pod_list_default}" seed="${2:-42}"
@@ -63,14 +65,15 @@ cleanup() {
 trap cleanup EXIT
 trap "exit 143" TERM INT
 
-log "building kwok, the release fgpu-controller and fgpu-sim"
+profile="${FGPU_BENCH_PROFILE:-release}"
+log "building kwok, the $profile fgpu-controller and fgpu-sim"
 kwok="$("$root/hack/kwok-build.sh")"
-(cd "$root" && cargo build -q --release -p fgpu-controller --bin fgpu-controller -p fgpu-sim)
-ctl="$CARGO_TARGET_DIR/release/fgpu-controller"
+(cd "$root" && cargo build -q --profile "$profile" -p fgpu-controller --bin fgpu-controller -p fgpu-sim)
+ctl="$CARGO_TARGET_DIR/$profile/fgpu-controller"
 
 # --- the arrivals and the simulator's placements (the same rule as the controller's)
 t=$SECONDS
-"$CARGO_TARGET_DIR/release/fgpu-sim" --nodes "$nodes_csv" --pods "$pods_csv" --policy fragaware,binpack \
+"$CARGO_TARGET_DIR/$profile/fgpu-sim" --nodes "$nodes_csv" --pods "$pods_csv" --policy fragaware,binpack \
   --seeds "$seed" --online-workload --as-controller --placements "$dir/sim-all.csv" --out "$dir/sim-curve.csv" \
   >"$dir/sim.out" 2>"$dir/sim.log"
 python3 - "$dir/sim-all.csv" "$dir/sim.csv" "$nodes_csv" <<'PY'
