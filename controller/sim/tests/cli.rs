@@ -10,12 +10,11 @@ const NODES: &str =
     "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,2,T4\nn1,64000,262144,4,V100\n";
 const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,1,1000\np1,2000,4096,1,500\np2,8000,8192,0,0\n";
 
-#[test]
-fn writes_one_row_per_policy_and_seed() {
-    let dir = tempfile::tempdir().unwrap();
-    let nodes = dir.path().join("nodes.csv");
-    let pods = dir.path().join("mytrace.csv");
-    let out = dir.path().join("out.csv");
+/// Runs every policy on NODES and PODS (as `mytrace.csv`), seeds 1-2, in `dir`: the
+/// output CSV's path and the process' output.
+fn simulate_all(dir: &std::path::Path) -> (std::path::PathBuf, std::process::Output) {
+    let (nodes, pods) = (dir.join("nodes.csv"), dir.join("mytrace.csv"));
+    let out = dir.join("out.csv");
     std::fs::write(&nodes, NODES).unwrap();
     std::fs::write(&pods, PODS).unwrap();
     let o = bin()
@@ -28,6 +27,13 @@ fn writes_one_row_per_policy_and_seed() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (out, o)
+}
+
+#[test]
+fn writes_one_row_per_policy_and_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, o) = simulate_all(dir.path());
     let text = std::fs::read_to_string(&out).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1 + 6 * 2);
@@ -155,20 +161,8 @@ fn placements_as_the_controller_list_gpu_pods_in_arrival_order() {
 #[test]
 fn plot_draws_every_policy_of_a_run() {
     let dir = tempfile::tempdir().unwrap();
-    let (nodes, pods) = (dir.path().join("nodes.csv"), dir.path().join("pods.csv"));
-    let (out, svg) = (dir.path().join("out.csv"), dir.path().join("fig.svg"));
-    std::fs::write(&nodes, NODES).unwrap();
-    std::fs::write(&pods, PODS).unwrap();
-    let o = bin()
-        .args(["--policy", "all", "--seeds", "1-2", "--nodes"])
-        .arg(&nodes)
-        .arg("--pods")
-        .arg(&pods)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (out, _) = simulate_all(dir.path());
+    let svg = dir.path().join("fig.svg");
     let o = bin()
         .args(["plot", "--arrived", "0-130", "--in"])
         .arg(&out)
