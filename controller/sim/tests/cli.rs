@@ -186,7 +186,7 @@ fn plot_draws_every_policy_of_a_run() {
         );
     }
     assert!(
-        text.contains("pods (mean of 2 seeds)"),
+        text.contains("mytrace (mean of 2 seeds)"),
         "the title names the workload"
     );
 }
