@@ -20,7 +20,8 @@
 # are lifted) and waits until every claim is allocated or reported pending (the controller),
 # or until no claim has been allocated for FGPU_REPLAY_SETTLE seconds (60; kube-scheduler).
 # FGPU_REPLAY_PHASES (default "fragaware binpack kube-scheduler") picks phases; outputs in
-# $FGPU_BENCH_DIR (default a temp dir): sim.csv, live-<phase>.csv, logs, summary.txt.
+# $FGPU_BENCH_DIR (default a temp dir): sim.csv, live-<phase>.csv, logs, summary.txt, and
+# replay.svg, the live curves beside the simulator's (fgpu-sim plot).
 # FGPU_BENCH_PROFILE (default release; `dist` is the shipped images' build) picks the cargo
 # profile of fgpu-controller and fgpu-sim.
 set -euo pipefail
@@ -176,5 +177,13 @@ for l in sys.stdin:
   replay wipe "$ns"
   kubectl delete namespace "$ns" --wait=true --timeout=300s >/dev/null 2>&1 || true
 done
+# The live curves beside the simulator's, as the paper's figure (docs/engine.md, "The replay").
+if replay curve "$nodes_csv" "$trace" "$dir/curve-live.csv" "$dir"/live-*.csv \
+  && "$CARGO_TARGET_DIR/$profile/fgpu-sim" plot --in "$dir/sim-curve.csv" --in "$dir/curve-live.csv" \
+    --out "$dir/replay.svg" 2>>"$dir/sim.log"; then
+  log "figure: $dir/replay.svg"
+else
+  log "no figure (see $dir/sim.log)"
+fi
 echo "bench-replay: Kubernetes $K8S_VERSION, $trace seed $seed, $inv, $arrivals arrivals (to 105 % of capacity)"
 sed 's/^/  /' "$summary"

@@ -30,6 +30,7 @@ COMMANDS = [
     ("fgpu-controller", ["run"], True),
     ("fgpu-controller", ["extender"], True),
     ("fgpu-sim", [], False),
+    ("fgpu-sim", ["plot"], False),
 ]
 
 EVERYWHERE = ["--log-format", "--log-level"]

@@ -2,9 +2,11 @@
 #
 #   make sim-smoke    every policy on the four traces, one seed (part of `make test`): the
 #                     Alibaba trace when $(FGPU_DATA) holds it, else a small trace of our own
-#                     that tests/sim/gen-trace.py generates (seeded: the same files every run)
+#                     that tests/sim/gen-trace.py generates (seeded: the same files every run);
+#                     each trace's curves drawn by `fgpu-sim plot`, checked to name every policy
 #   make sim-compare  the full comparison with the FGD paper: 10 seeds, every policy,
-#                     four traces; prints ours beside the paper's figure (needs the trace)
+#                     four traces; prints ours beside the paper's figure and draws each
+#                     trace's curves as the paper's figure, compare-<trace>.svg (needs the trace)
 #   make sim-gpuspec  fgd vs fragaware on model-pinned variants of default (--pin-models
 #                     5-35 % of GPU pods, models in capacity proportion), seeds 42-46; not
 #                     part of `make test` (slow; needs the trace)
@@ -57,6 +59,15 @@ sim-smoke: sim-smoke-build ## trace simulator: every policy on the four traces, 
 	    --policy all --seeds 42 --out $(SIM_OUT)/smoke-$$t.csv 2>/dev/null || exit 1; \
 	  test "$$(wc -l < $(SIM_OUT)/smoke-$$t.csv)" -eq 7 || { echo "sim-smoke: $$t: expected 6 rows"; exit 1; }; \
 	  head -1 $(SIM_OUT)/smoke-$$t.csv | grep -q '^workload,sc_policy,tune,seed,total_gpus,0,1,' || exit 1; \
+	  rm -f $(SIM_OUT)/smoke-$$t.svg; \
+	  $(SMOKE_BIN) --log-format json plot --in $(SIM_OUT)/smoke-$$t.csv --out $(SIM_OUT)/smoke-$$t.svg \
+	    2>/dev/null || { echo "sim-smoke: $$t: fgpu-sim plot failed"; exit 1; }; \
+	  policies="$$(tail -n +2 $(SIM_OUT)/smoke-$$t.csv | cut -d, -f2 | sort -u)"; \
+	  for p in $$policies; do \
+	    grep -qx "$$p" $(SIM_OUT)/smoke-$$t.svg || { echo "sim-smoke: $$t: $$p not in the figure's legend"; exit 1; }; \
+	  done; \
+	  test "$$(grep -c '^<polyline.*stroke-width="2"' $(SIM_OUT)/smoke-$$t.svg)" -eq "$$(echo "$$policies" | wc -l)" \
+	    || { echo "sim-smoke: $$t: expected one path per policy in smoke-$$t.svg"; exit 1; }; \
 	done
 	@printf 'sn,cpu_milli,memory_mib,gpu,model\nn0,1,x,1,T4\n' > $(SIM_OUT)/bad.csv
 	@$(SMOKE_BIN) --nodes $(SIM_OUT)/bad.csv --pods $(SMOKE_CSV)/openb_pod_list_default.csv \
@@ -71,8 +82,11 @@ sim-compare: sim-build ## FGD comparison: 10 seeds x every policy x four traces,
 	@for t in $(SIM_TRACES); do \
 	  $(SIM_BIN) $(SIM_ARGS) --pods $(FGPU_DATA)/csv/openb_pod_list_$$t.csv \
 	    --policy all --seeds 42-51 --out $(SIM_OUT)/compare-$$t.csv 2>/dev/null || exit 1; \
+	  $(SIM_BIN) --log-format json plot --in $(SIM_OUT)/compare-$$t.csv \
+	    --out $(SIM_OUT)/compare-$$t.svg 2>/dev/null || exit 1; \
 	done
 	@echo "per-seed curves: $(SIM_OUT)/compare-<trace>.csv (layout of analysis_allo_discrete.csv)"
+	@echo "figures (mean over seeds, the paper's axes): $(SIM_OUT)/compare-<trace>.svg"
 
 SIM_PIN_FRACTIONS ?= 0.05 0.10 0.20 0.25 0.30 0.35
 sim-gpuspec: sim-build ## fgd vs fragaware on model-pinned variants of default (5-35 %)

@@ -13,7 +13,8 @@
 //! * [`hami`]: HAMi's pod resources and annotations → engine requests and policy (the
 //!   extender and the DRA controller both read pods through it).
 //! * [`ledger`]: granted usage per GPU, rebuilt from the list of granted allocations.
-//! * [`sim`]: the trace simulator that replays the Alibaba GPU trace through the engine.
+//! * [`sim`]: the trace simulator that replays the Alibaba GPU trace through the engine,
+//!   and the reader of its allocation curves (`sim::curves`).
 //!
 //! Layering: `device` and `engine` use nothing above them; `backend`, `cdi` and `grant`
 //! use `device`; `backend` uses `health`, which uses nothing; `hami`, `ledger` and `sim`

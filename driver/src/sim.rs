@@ -17,6 +17,8 @@
 //!    *x* ± 1, averaged and rounded to 2 decimals.
 //!
 //! Everything here is pure: the caller reads the files and hands the text over.
+//! [`curves`] reads the output back (also the live replay's) and averages it over seeds,
+//! for `fgpu-sim plot`.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -31,6 +33,8 @@ use crate::engine::{
     Workload,
 };
 use crate::ledger::{Grant, Ledger};
+
+pub mod curves;
 
 /// Device memory given to every simulated GPU: the trace has none, fractions are taken
 /// of it (a multiple of 1000, so that every milli-GPU share is exact).

@@ -3,13 +3,18 @@
 //! the paper's `analysis_allo_discrete.csv`. File I/O and printing around
 //! `fgpu_driver::sim`; it links the domain and the logging flags only (no Kubernetes
 //! client, TLS or HTTP: `cargo tree -p fgpu-sim`).
+//!
+//! * [`plot`]: `fgpu-sim plot`, the curves of one or more output files drawn as the FGD
+//!   paper's figure (SVG).
+
+mod plot;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser};
+use clap::{Args, Parser, Subcommand};
 use fgpu_driver::engine::Policy;
 use fgpu_driver::sim::{self, RunConfig, RunResult};
 use fgpu_plumbing::exit::{self, BadInput};
@@ -17,18 +22,26 @@ use fgpu_plumbing::logging::LogArgs;
 
 /// Replay a GPU cluster trace (the FGD paper's experiment) through fgpu's allocation
 /// engine and write the allocation curve per seed, as the paper's
-/// `analysis_allo_discrete.csv`.
+/// `analysis_allo_discrete.csv`; `fgpu-sim plot` draws such files as the paper's figure.
 #[derive(Debug, Parser)]
 #[command(
     name = "fgpu-sim",
     version,
+    subcommand_negates_reqs = true,
     after_help = "Exit status: 0 on success, 2 for bad input (flags, unreadable or malformed CSV), 1 for other failures."
 )]
 struct Cli {
     #[command(flatten)]
     log: LogArgs,
+    #[command(subcommand)]
+    command: Option<Command>,
     #[command(flatten)]
-    simulate: SimulateArgs,
+    simulate: Option<SimulateArgs>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Plot(plot::PlotArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,7 +49,15 @@ fn main() -> ExitCode {
     if let Err(e) = cli.log.init() {
         return exit::report(&e, |_| false);
     }
-    match run(cli.simulate) {
+    let done = match (cli.command, cli.simulate) {
+        (Some(Command::Plot(args)), _) => plot::run(args),
+        (None, Some(args)) => run(args),
+        (None, None) => Err(BadInput::new(
+            "give --nodes, --pods and --out to simulate, or `plot` to draw (see --help)",
+        )
+        .into()),
+    };
+    match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -46,6 +67,7 @@ fn main() -> ExitCode {
 }
 
 #[derive(Debug, Args)]
+#[group(id = "simulate")]
 pub struct SimulateArgs {
     /// Node list CSV (`sn,cpu_milli,memory_mib,gpu,model`); nodes without GPUs are left
     /// out of the simulated cluster.

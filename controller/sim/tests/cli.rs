@@ -10,12 +10,11 @@ const NODES: &str =
     "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,2,T4\nn1,64000,262144,4,V100\n";
 const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,1,1000\np1,2000,4096,1,500\np2,8000,8192,0,0\n";
 
-#[test]
-fn writes_one_row_per_policy_and_seed() {
-    let dir = tempfile::tempdir().unwrap();
-    let nodes = dir.path().join("nodes.csv");
-    let pods = dir.path().join("mytrace.csv");
-    let out = dir.path().join("out.csv");
+/// Runs every policy on NODES and PODS (as `mytrace.csv`), seeds 1-2, in `dir`: the
+/// output CSV's path and the process' output.
+fn simulate_all(dir: &std::path::Path) -> (std::path::PathBuf, std::process::Output) {
+    let (nodes, pods) = (dir.join("nodes.csv"), dir.join("mytrace.csv"));
+    let out = dir.join("out.csv");
     std::fs::write(&nodes, NODES).unwrap();
     std::fs::write(&pods, PODS).unwrap();
     let o = bin()
@@ -28,6 +27,13 @@ fn writes_one_row_per_policy_and_seed() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (out, o)
+}
+
+#[test]
+fn writes_one_row_per_policy_and_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, o) = simulate_all(dir.path());
     let text = std::fs::read_to_string(&out).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1 + 6 * 2);
@@ -80,6 +86,15 @@ fn help_and_version() {
         "--nodes", "--pods", "--policy", "--seeds", "--tune", "--out", "--paper", "--jobs",
     ] {
         assert!(help.contains(flag), "{flag} missing from help");
+    }
+    assert!(
+        help.contains("plot"),
+        "the plot command is missing from help"
+    );
+    let o = bin().args(["plot", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&o.stdout);
+    for flag in ["--in", "--out", "--title", "--workload", "--arrived"] {
+        assert!(help.contains(flag), "{flag} missing from plot's help");
     }
     let o = bin().arg("--version").output().unwrap();
     assert!(String::from_utf8_lossy(&o.stdout).contains(env!("CARGO_PKG_VERSION")));
@@ -141,4 +156,68 @@ fn placements_as_the_controller_list_gpu_pods_in_arrival_order() {
             .collect()
     };
     assert_eq!(order("binpack"), order("fragaware"));
+}
+
+#[test]
+fn plot_draws_every_policy_of_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = simulate_all(dir.path());
+    let svg = dir.path().join("fig.svg");
+    let o = bin()
+        .args(["plot", "--arrived", "0-130", "--in"])
+        .arg(&out)
+        .arg("--out")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for p in [
+        "binpack",
+        "spread",
+        "gpupacking",
+        "bestfit",
+        "fgd",
+        "fragaware",
+    ] {
+        assert!(
+            text.contains(&format!("\n{p}\n</text>")),
+            "{p} not in the legend"
+        );
+    }
+    assert!(
+        text.contains("mytrace (mean of 2 seeds)"),
+        "the title names the workload"
+    );
+}
+
+#[test]
+fn plot_of_bad_input_exits_2_naming_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        "workload,sc_policy,tune,seed,total_gpus,0,1\nw,fgd,1.3,42,8,0.0,1.0\nw,fgd,1.3,43,8,0.0,x\n",
+    )
+    .unwrap();
+    let plot = |input: &std::path::Path| {
+        bin()
+            .args(["plot", "--in"])
+            .arg(input)
+            .arg("--out")
+            .arg(dir.path().join("fig.svg"))
+            .output()
+            .unwrap()
+    };
+    let o = plot(&bad);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.csv:3: column 7 (1)"), "{err}");
+    let o = plot(&dir.path().join("missing.csv"));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.csv"));
+    assert!(
+        !dir.path().join("fig.svg").exists(),
+        "no figure from bad input"
+    );
 }
