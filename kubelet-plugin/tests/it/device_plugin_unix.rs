@@ -24,6 +24,18 @@ const GPU_B: &str = "GPU-63367e56-cdb4-4537-be42-f7abdf387237";
 const POD_UID: &str = "3b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e11";
 const GI: u64 = 1 << 30;
 
+/// The fake node of [`PROFILE`] under `root`: its backend and its profile's path.
+fn fake_node(root: &Path) -> (Arc<FakeBackend>, std::path::PathBuf) {
+    let profile = root.join("profile.yaml");
+    std::fs::write(
+        &profile,
+        PROFILE.replace("DEVROOT", root.join("dev").to_str().unwrap()),
+    )
+    .unwrap();
+    let backend = Arc::new(FakeBackend::open(&profile, Some("node-a")).unwrap());
+    (backend, profile)
+}
+
 /// The plugin's settings for a test under `root`, sockets in `dp_dir`; resync and health
 /// checks every 200 ms.
 fn config(root: &Path, dp_dir: &Path) -> DevicePluginConfig {
@@ -123,13 +135,7 @@ async fn recv<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
 async fn registers_lists_and_allocates() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let profile = root.join("profile.yaml");
-    std::fs::write(
-        &profile,
-        PROFILE.replace("DEVROOT", root.join("dev").to_str().unwrap()),
-    )
-    .unwrap();
-    let backend = Arc::new(FakeBackend::open(&profile, Some("node-a")).unwrap());
+    let (backend, profile) = fake_node(root);
     let inventory = backend.inventory("node-a").unwrap();
     let gpu_b = inventory.gpus.iter().find(|g| g.uuid == GPU_B).unwrap();
     let dp_dir = root.join("device-plugins");
@@ -364,13 +370,7 @@ async fn registers_lists_and_allocates() {
 async fn stops_promptly_while_the_api_server_hangs() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let profile = root.join("profile.yaml");
-    std::fs::write(
-        &profile,
-        PROFILE.replace("DEVROOT", root.join("dev").to_str().unwrap()),
-    )
-    .unwrap();
-    let backend = Arc::new(FakeBackend::open(&profile, Some("node-a")).unwrap());
+    let (backend, _) = fake_node(root);
     let dp_dir = root.join("device-plugins");
     std::fs::create_dir_all(&dp_dir).unwrap();
     let (reg_tx, _reg_rx) = mpsc::unbounded_channel();
