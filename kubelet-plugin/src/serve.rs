@@ -260,14 +260,22 @@ pub async fn run(
                     break Err(ServeError::Rejected(reason));
                 }
             }
+            // The API calls below wait on the stop signal too: a hung API server must not
+            // hold the exit (each request is bounded anyway, by the client's timeout).
             _ = tick.tick() => {
                 let view = health.borrow_and_update().clone();
-                resync(&plugin, backend.as_ref(), &cfg.node_name, &mut slice, &view).await;
+                tokio::select! {
+                    () = resync(&plugin, backend.as_ref(), &cfg.node_name, &mut slice, &view) => {}
+                    () = &mut shutdown => break Ok(()),
+                }
             }
             changed = health.changed() => {
                 if changed.is_ok() {
                     let view = health.borrow_and_update().clone();
-                    slice.publish(&plugin, backend.as_ref(), &cfg.node_name, &view).await;
+                    tokio::select! {
+                        () = slice.publish(&plugin, backend.as_ref(), &cfg.node_name, &view) => {}
+                        () = &mut shutdown => break Ok(()),
+                    }
                 }
             }
         }

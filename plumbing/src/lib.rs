@@ -13,10 +13,13 @@
 //!
 //! Feature `kube` (default):
 //!
-//! * [`client`]: the API client from `--kubeconfig`, in-cluster config or `$KUBECONFIG`.
+//! * [`client`]: the API client from `--kubeconfig`, in-cluster config or `$KUBECONFIG`,
+//!   every request bounded ([`client::REQUEST_TIMEOUT`]).
 //! * [`discovery`]: the `resource.k8s.io` version the API server serves ([`ApiVersion`]),
 //!   and the dynamic resources of DRA at that version.
-//! * [`leader`]: Lease-based leader election.
+//! * [`leader`]: Lease-based leader election: expiry judged on the local monotonic clock
+//!   ([`leader::observe`]), and the [`leader::Fence`] that stops the leader's writes before
+//!   a standby could take over.
 //! * [`events`]: one Event writer (`events.k8s.io/v1`).
 //! * [`backoff`]: the doubling retry delays of the daemons' loops.
 //! * [`unix_seconds`]: an object's RFC 3339 timestamp (`creationTimestamp`) in Unix seconds.
@@ -34,7 +37,7 @@
 //! Feature `testing` (off; tests only):
 //!
 //! * `testing`: the one fake API server of the tests, an in-memory object store behind a
-//!   real `kube::Client`.
+//!   real `kube::Client`; a client of it can be cut off (its requests hang).
 //!
 //! Layering: `logging`, `exit` and `exposition` use nothing here; `discovery`, `client`, `leader` and
 //! `backoff` use nothing here; `server` uses `tls`; `admission` and `testing` use nothing

@@ -17,6 +17,12 @@
 #   release_workloads    (in a cleanup, before controller_cleanup) the scenario's pods deleted,
 #                        30 s for the controller to release their claims' finalizers, then
 #                        what is left stripped, so that the namespace can go
+#   burst_claims         one line per claim of $E2E_NS: name, device(s), granted memory
+#   burst_allocated      how many claims of $E2E_NS are allocated
+#   burst_check_once <log>...  the 3Gi burst (41-controller-failover/burst.yaml) allocated
+#                        exactly once over the given controller logs (one "allocated on" line
+#                        per claim: 50, or 49 when a replica died between its write and its
+#                        log line), one result per claim, no GPU over 81559Mi
 #   render <file>        a scenario manifest with __RAPI__ (the served resource.k8s.io version,
 #                        $api), __REQ__ (a request of the shared class in that version's
 #                        shape), __NS__ and __IMAGE__ filled in
@@ -84,6 +90,24 @@ controller_cleanup() {
       say "$(basename "$f") (last 60 lines):"; tail -60 "$f" | sed 's/^/      /' >&2
     done
   fi
+}
+burst_claims() {
+  kubectl -n "$E2E_NS" get resourceclaims -o jsonpath='{range .items[*]}{.metadata.name} {.status.allocation.devices.results[*].device} {.status.allocation.devices.config[-1:].opaque.parameters.memory}{"\n"}{end}' 2>/dev/null
+}
+burst_allocated() { burst_claims | awk 'NF >= 3' | wc -l; }
+burst_check_once() {
+  local dup logged per_gpu
+  dup="$(cat "$@" | grep -o "allocated on .*claim=$E2E_NS/[^ ]*" | sed 's/.*claim=//' | sort | uniq -d)"
+  assert_eq "claims allocated twice (log)" "" "$dup"
+  logged="$(cat "$@" | grep -c "allocated on .*claim=$E2E_NS/")"
+  [ "$logged" -eq 50 ] || [ "$logged" -eq 49 ] || fail "allocation log lines: $logged (want 50, or 49)"
+  say "ok: allocation log lines over $#: $logged"
+  burst_claims | awk 'NF != 3 { bad = bad $0 "; " } END { if (bad != "") { print "claims without exactly one result: " bad; exit 1 } }' >&2 || fail "a claim has no or several results"
+  # no over-grant: sum per GPU (all 3Gi) against 81559Mi
+  per_gpu="$(burst_claims | awk '{n[$2]++} END {for (g in n) printf "%s=%d ", g, n[g]}')"
+  say "claims per GPU: $per_gpu"
+  burst_claims | awk '{n[$2]++} END {for (g in n) if (n[g] * 3 * 1024 > 81559) { print g " over-granted: " n[g] " x 3Gi"; exit 1 }}' >&2 || fail "a GPU is over-granted"
+  say "ok: no GPU grants more than 81559Mi"
 }
 # shellcheck disable=SC2154 # $api: set by the scenario (dra_api_version)
 render() {

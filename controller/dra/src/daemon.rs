@@ -45,6 +45,8 @@ use crate::mirror::{Mirror, Packed, Packer};
 use crate::reconcile::{self, Action, ObjectId, Settings, Views};
 use crate::slim;
 use crate::view::PodView;
+use crate::write::{WriteError, fenced, write_allocation};
+use fgpu_plumbing::leader::Fence;
 
 pub use crate::shared::{Mode, ModeCell, Shared};
 pub use fgpu_plumbing::discovery::GROUP;
@@ -293,30 +295,28 @@ async fn lead(
     resync: Duration,
     timings: fgpu_plumbing::leader::Timings,
 ) -> Result<()> {
-    let elector =
+    let mut elector =
         fgpu_plumbing::leader::Elector::new(shared.client.clone(), ns, lease, candidate_identity())
             .with_timings(timings);
+    // Every claim write of the controller passes this fence (crate::write).
+    ctl.fence = elector.fence();
     // A standby serves the webhooks: ready. The leader is ready once its caches sync.
     shared.ready.store(true, Ordering::Relaxed);
-    tokio::select! {
-        _ = elector.acquire() => shared.ready.store(false, Ordering::Relaxed),
-        _ = shutdown() => {
-            tracing::info!("shutting down (standby)");
-            return Ok(());
-        }
-    }
-    let r = tokio::select! {
-        r = ctl.run(resync) => r,
-        e = elector.hold() => Err(e.into()),
-        _ = shutdown() => {
+    let work = async {
+        shared.ready.store(false, Ordering::Relaxed);
+        ctl.run(resync).await
+    };
+    match elector.lead(shutdown(), work).await {
+        Led::Stopped => {
             tracing::info!("shutting down");
             Ok(())
         }
-    };
-    elector.release().await;
-    r
+        Led::Done(r) => r,
+        Led::Lost(e) => Err(e.into()),
+    }
 }
 
+use fgpu_plumbing::leader::Led;
 use fgpu_plumbing::shutdown::requested as shutdown;
 
 /// A claim whose allocation kube-scheduler cleared.
@@ -378,6 +378,8 @@ struct Controller {
     class: Option<(Instant, Option<DeviceClass>)>,
     /// The claims seen lately, for fgd and fragaware (rebuilt from the claims at start).
     model: WorkloadModel,
+    /// The leader's fence every claim and pod write passes (open without leader election).
+    fence: Fence,
 }
 
 /// A 64-bit hash of `v` (what the controller remembers instead of the value itself).
@@ -386,10 +388,6 @@ fn hash_of(v: impl std::hash::Hash) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     v.hash(&mut h);
     h.finish()
-}
-
-fn conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.is_conflict())
 }
 
 /// The mode of a pass and why: `auto` is `capacity` when this driver's devices are
@@ -443,6 +441,7 @@ impl Controller {
             next_settle: None,
             class: None,
             model,
+            fence: Fence::open(),
         }
     }
 
@@ -573,6 +572,8 @@ impl Controller {
         self.shared.ready.store(true, Ordering::Relaxed);
         tracing::info!("caches synced; reconciling");
         loop {
+            // A leader whose fence closed plans nothing more: it no longer leads.
+            self.fence.check()?;
             let started = Instant::now();
             if let Some(rules) = &rules {
                 self.views.set_taint_rules(rules.state());
@@ -828,8 +829,51 @@ impl Controller {
     /// at once, and tells the claim and the pod of each one written. Each was planned on
     /// the ledger holding all those before it, so any subset of them fits: one that fails
     /// (a conflict, a slow or broken API server) only leaves its share free for the next
-    /// pass, and no write waits for another.
+    /// pass, and no write waits for another. Each write passes the fence
+    /// ([`crate::write`]).
     async fn act_allocations(&mut self, run: Vec<Action>) -> bool {
+        let work = self.writes_of(run);
+        let client = self.shared.client.clone();
+        let claims_ar = self.claims_ar.clone();
+        let finalizer = self.settings.driver.finalizer();
+        let fence = self.fence.clone();
+        let writes = futures::stream::iter(work.into_iter().map(|w| {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &w.id.namespace, &claims_ar);
+            let (client, finalizer, fence) = (client.clone(), finalizer.clone(), fence.clone());
+            async move {
+                let started = Instant::now();
+                let written = write_allocation(
+                    &fence,
+                    &api,
+                    &finalizer,
+                    w.claim.clone(),
+                    &w.allocation.allocation,
+                )
+                .await;
+                let took = started.elapsed();
+                if written.is_ok() {
+                    for (_, e) in &w.events {
+                        if let Err(err) = events::publish(&client, e).await {
+                            tracing::warn!(claim = %w.id.key(), "event not published: {err}");
+                        }
+                    }
+                }
+                (w, took, written)
+            }
+        }))
+        .buffer_unordered(self.concurrent_writes.max(1));
+        let mut writes = std::pin::pin!(writes);
+        let mut wrote = false;
+        while let Some((w, took, written)) = writes.next().await {
+            wrote |= self.note_written(w, took, written);
+        }
+        wrote
+    }
+
+    /// The writes of a run of [`Action::Allocate`]s: those not backing off and whose claim
+    /// has not changed since planned, with their Events.
+    fn writes_of(&mut self, run: Vec<Action>) -> Vec<Write> {
         let mut work = Vec::new();
         for action in run {
             let Action::Allocate {
@@ -871,59 +915,45 @@ impl Controller {
                 events: [claim_event, pod_event].into_iter().flatten().collect(),
             });
         }
-        let client = self.shared.client.clone();
-        let claims_ar = self.claims_ar.clone();
-        let finalizer = self.settings.driver.finalizer();
-        let writes = futures::stream::iter(work.into_iter().map(|w| {
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), &w.id.namespace, &claims_ar);
-            let (client, finalizer) = (client.clone(), finalizer.clone());
-            async move {
-                let started = Instant::now();
-                let written =
-                    write_allocation(&api, &finalizer, w.claim.clone(), &w.allocation.allocation)
-                        .await;
-                let took = started.elapsed();
-                if written.is_ok() {
-                    for (_, e) in &w.events {
-                        if let Err(err) = events::publish(&client, e).await {
-                            tracing::warn!(claim = %w.id.key(), "event not published: {err}");
-                        }
-                    }
+        work
+    }
+
+    /// Records one allocation write's outcome (overlay, metrics, log); true when written.
+    fn note_written(
+        &mut self,
+        w: Write,
+        took: Duration,
+        written: Result<Vec<Value>, WriteError>,
+    ) -> bool {
+        match written {
+            Ok(stored) => {
+                for o in stored {
+                    self.overlay.put(o);
                 }
-                (w, took, written)
+                self.allocated_on
+                    .insert(hash_of(&w.id.uid), w.allocation.grant.node.clone());
+                self.shared.metrics.allocated.inc();
+                self.shared
+                    .metrics
+                    .allocation_seconds
+                    .observe(took.as_secs_f64());
+                tracing::info!(claim = %w.id.key(), pod = %w.pod.key(), "{}", w.message);
+                for (told, _) in w.events {
+                    self.note_told(told);
+                }
+                true
             }
-        }))
-        .buffer_unordered(self.concurrent_writes.max(1));
-        let mut writes = std::pin::pin!(writes);
-        let mut wrote = false;
-        while let Some((w, took, written)) = writes.next().await {
-            match written {
-                Ok(stored) => {
-                    for o in stored {
-                        self.overlay.put(o);
-                    }
-                    self.allocated_on
-                        .insert(hash_of(&w.id.uid), w.allocation.grant.node.clone());
-                    self.shared.metrics.allocated.inc();
-                    self.shared
-                        .metrics
-                        .allocation_seconds
-                        .observe(took.as_secs_f64());
-                    tracing::info!(claim = %w.id.key(), pod = %w.pod.key(), "{}", w.message);
-                    for (told, _) in w.events {
-                        self.note_told(told);
-                    }
-                    wrote = true;
-                }
-                Err(e) => {
-                    let reason = if conflict(&e) { "conflict" } else { "api" };
-                    self.shared.metrics.failure(reason);
-                    tracing::warn!(claim = %w.id.key(), "allocation not written (retried next pass): {e}");
-                }
+            Err(e @ WriteError::Fenced(_)) => {
+                self.shared.metrics.failure(e.reason());
+                tracing::warn!(claim = %w.id.key(), "allocation not written: {e}");
+                false
+            }
+            Err(e) => {
+                self.shared.metrics.failure(e.reason());
+                tracing::warn!(claim = %w.id.key(), "allocation not written (retried next pass): {e}");
+                false
             }
         }
-        wrote
     }
 
     /// [`Action::Pending`]: counts the failure and tells the pod, then the claim (once per
@@ -975,10 +1005,12 @@ impl Controller {
             "metadata": {"resourceVersion": pod.resource_version},
             "spec": {"schedulingGates": keep},
         });
-        match self
-            .pods(&pod.namespace)
-            .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
+        let pods = self.pods(&pod.namespace);
+        match fenced(
+            &self.fence,
+            pods.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
         {
             Ok(o) => {
                 tracing::info!(pod = %pod.key(), "scheduling gate lifted");
@@ -987,7 +1019,7 @@ impl Controller {
                 }
                 true
             }
-            Err(e) if conflict(&e) => {
+            Err(e) if e.is_conflict() => {
                 tracing::debug!(pod = %pod.key(), "ungate: conflict, next pass");
                 false
             }
@@ -1027,7 +1059,7 @@ impl Controller {
                 }
                 true
             }
-            Err(e) if conflict(&e) => false,
+            Err(e) if e.is_conflict() => false,
             Err(e) => {
                 tracing::warn!(claim = %id.key(), "revocation failed (retried next pass): {e}");
                 false
@@ -1046,7 +1078,7 @@ impl Controller {
                 tracing::info!(claim = %id.key(), deallocated = deallocate, "released: {reason}");
                 true
             }
-            Err(e) if conflict(&e) => false,
+            Err(e) if e.is_conflict() => false,
             Err(e) => {
                 tracing::warn!(claim = %id.key(), "release failed (retried next pass): {e}");
                 false
@@ -1056,7 +1088,7 @@ impl Controller {
 
     /// Clears the claim's allocation (a status replace, conditional on the resource version
     /// it was read at); returns the claim as stored.
-    async fn deallocate(&mut self, claim: Value) -> Result<Value, kube::Error> {
+    async fn deallocate(&mut self, claim: Value) -> Result<Value, WriteError> {
         let id = ObjectId::of(&claim);
         let mut current = claim;
         if let Some(st) = current["status"].as_object_mut() {
@@ -1065,17 +1097,19 @@ impl Controller {
         }
         let obj: DynamicObject =
             serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
-        let o = self
-            .claims(&id.namespace)
-            .replace_status(&id.name, &PostParams::default(), &obj)
-            .await?;
+        let claims = self.claims(&id.namespace);
+        let o = fenced(
+            &self.fence,
+            claims.replace_status(&id.name, &PostParams::default(), &obj),
+        )
+        .await?;
         let stored = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
         self.overlay.put(stored.clone());
         Ok(stored)
     }
 
     /// Clears the allocation (when `deallocate`), then removes the finalizer.
-    async fn release(&mut self, claim: Value, deallocate: bool) -> Result<(), kube::Error> {
+    async fn release(&mut self, claim: Value, deallocate: bool) -> Result<(), WriteError> {
         let id = ObjectId::of(&claim);
         let api = self.claims(&id.namespace);
         let finalizer = self.settings.driver.finalizer();
@@ -1094,9 +1128,11 @@ impl Controller {
             "resourceVersion": current["metadata"]["resourceVersion"],
             "finalizers": finalizers,
         }});
-        let o = api
-            .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        let o = fenced(
+            &self.fence,
+            api.patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await?;
         if let Ok(v) = serde_json::to_value(&o) {
             self.overlay.put(v);
         }
@@ -1185,56 +1221,6 @@ struct Write {
     message: String,
     claim: Value,
     events: Vec<(Told, Event)>,
-}
-
-/// Adds the finalizer (conditional on the claim's resource version), then writes the
-/// allocation into the status (conditional on the version the finalizer write returned).
-/// Returns the objects as stored, in order, for the overlay.
-async fn write_allocation(
-    api: &Api<DynamicObject>,
-    finalizer: &str,
-    claim: Value,
-    allocation: &Value,
-) -> Result<Vec<Value>, kube::Error> {
-    let id = ObjectId::of(&claim);
-    let mut stored = Vec::new();
-    let mut current = claim;
-    let mut finalizers: Vec<Value> = current["metadata"]["finalizers"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if !finalizers.iter().any(|f| f.as_str() == Some(finalizer)) {
-        finalizers.push(json!(finalizer));
-        let patch = json!({"metadata": {
-            "resourceVersion": id.resource_version,
-            "finalizers": finalizers,
-        }});
-        let o = api
-            .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        current = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
-        stored.push(current.clone());
-    }
-    current["status"]["allocation"] = allocation.clone();
-    // kube-scheduler 1.37 (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus
-    // on) sets a missing allocationTimestamp when it reserves the claim, and the API
-    // server then refuses its write (the allocation is immutable): set it here. Servers
-    // without the field drop it.
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    if let Ok(t) = k8s_openapi::jiff::Timestamp::from_second(now) {
-        current["status"]["allocation"]["allocationTimestamp"] = json!(t.to_string());
-    }
-    let obj: DynamicObject = serde_json::from_value(current).map_err(kube::Error::SerdeError)?;
-    let o = api
-        .replace_status(&id.name, &PostParams::default(), &obj)
-        .await?;
-    let o = serde_json::to_value(&o).map_err(kube::Error::SerdeError)?;
-    if !o["status"]["allocation"].is_object() {
-        // Not expected: the API server accepted the write but kept no allocation.
-        tracing::error!(claim = %id.key(), "the API server stored no allocation");
-    }
-    stored.push(o);
-    Ok(stored)
 }
 
 #[cfg(test)]

@@ -32,6 +32,8 @@
 //!   Events, mode selection.
 //! * [`server`]: the HTTPS webhooks and the metrics/health endpoints (served by the
 //!   plumbing's server layer).
+//! * [`write`]: the writes to claims, each behind the leader's fence and cut off at its
+//!   deadline.
 //! * [`metrics`]: Prometheus metrics. [`shared`]: what the loop and the servers share.
 //!
 //! Client set-up, version discovery, TLS, leader election and the HTTP server layer are
@@ -39,7 +41,7 @@
 //!
 //! Layering (no module uses one above it): `explain`, `slim`, `mirror`, `metrics`,
 //! `admission`, `selector` → `inventory`, `usage`, `request`, `allocation` → `view` → `cache` →
-//! `reconcile` → `shared` → `server` → `daemon`.
+//! `reconcile` → `write`, `shared` → `server` → `daemon`.
 
 pub mod admission;
 pub mod allocation;
@@ -59,6 +61,7 @@ pub mod shared;
 pub mod slim;
 pub mod usage;
 pub mod view;
+pub mod write;
 
 pub use fgpu_api::dra::ApiVersion;
 

@@ -8,7 +8,7 @@
 //! * `fgpu_controller_revocations_total`: tentative allocations the controller cleared
 //!   because kube-scheduler granted the same capacity (written revocations only);
 //! * `fgpu_controller_allocation_failures_total{reason}` (`no_fit`, `rejected`,
-//!   `conflict`, `api`, `cleared`, `revoked`);
+//!   `conflict`, `api`, `fenced`, `cleared`, `revoked`);
 //! * `fgpu_controller_allocation_duration_seconds` (finalizer + status write),
 //!   `fgpu_controller_reconcile_duration_seconds` (one pass);
 //! * `fgpu_controller_gpus` in the inventory;

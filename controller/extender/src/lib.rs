@@ -342,7 +342,13 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
             _ = wake.notified() => tokio::time::sleep(Duration::from_millis(100)).await,
             _ = &mut stop => break,
         }
-        match resync(&client, &ext).await {
+        // A hung API server must not hold the exit: the resync itself waits on the stop
+        // signal too (each request is bounded anyway, by the client's REQUEST_TIMEOUT).
+        let resynced = tokio::select! {
+            r = resync(&client, &ext) => r,
+            _ = &mut stop => break,
+        };
+        match resynced {
             Ok(r) => {
                 if r.errors != last_errors {
                     for e in &r.errors {

@@ -53,6 +53,9 @@ pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9401";
 /// Default number of virtual devices per GPU.
 pub const DEFAULT_SPLIT_COUNT: u32 = 10;
 
+/// How long [`Running::shutdown`] waits for the plugin's tasks before it aborts them.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// The device plugin's settings.
 #[derive(Clone, Debug)]
 pub struct DevicePluginConfig {
@@ -100,11 +103,21 @@ impl Running {
         self.registered.clone()
     }
 
-    /// Stops serving and removes the socket.
+    /// Stops serving and removes the socket. Tasks still busy after [`STOP_GRACE`] (an API
+    /// request that hangs) are aborted, so that a hung API server does not hold the exit;
+    /// what they leave half done is what a crash leaves, which the checkpoint is built for.
     pub async fn shutdown(self) {
         self.stop.send_replace(true);
+        let deadline = tokio::time::Instant::now() + STOP_GRACE;
         for t in self.tasks {
-            let _ = t.await;
+            let abort = t.abort_handle();
+            if tokio::time::timeout_at(deadline, t).await.is_err() {
+                tracing::warn!(
+                    "a task did not stop within {}s of the stop signal (an API request hangs?): aborted",
+                    STOP_GRACE.as_secs()
+                );
+                abort.abort();
+            }
         }
     }
 }

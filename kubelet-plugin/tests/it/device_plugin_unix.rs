@@ -10,9 +10,9 @@ use std::time::Duration;
 use fgpu_api::names::DriverName;
 use fgpu_api::proto::deviceplugin::v1beta1 as dp;
 use fgpu_driver::backend::{DeviceBackend, FakeBackend};
-use fgpu_kubelet_plugin::device_plugin::pods::{MapPodSource, PodInfo};
+use fgpu_kubelet_plugin::device_plugin::pods::{KubePodSource, MapPodSource, PodInfo};
 use fgpu_kubelet_plugin::device_plugin::service::AllocateResponseMode;
-use fgpu_kubelet_plugin::device_plugin::{DevicePluginConfig, start};
+use fgpu_kubelet_plugin::device_plugin::{DevicePluginConfig, STOP_GRACE, start};
 use fgpu_kubelet_plugin::edits::{FileMount, NodeFiles, device_name};
 use fgpu_kubelet_plugin::prepare::PluginConfig;
 use tokio::sync::mpsc;
@@ -23,6 +23,54 @@ const PROFILE: &str = include_str!("../fixtures/node-a-2xh100.yaml");
 const GPU_B: &str = "GPU-63367e56-cdb4-4537-be42-f7abdf387237";
 const POD_UID: &str = "3b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e11";
 const GI: u64 = 1 << 30;
+
+/// The fake node of [`PROFILE`] under `root`: its backend and its profile's path.
+fn fake_node(root: &Path) -> (Arc<FakeBackend>, std::path::PathBuf) {
+    let profile = root.join("profile.yaml");
+    std::fs::write(
+        &profile,
+        PROFILE.replace("DEVROOT", root.join("dev").to_str().unwrap()),
+    )
+    .unwrap();
+    let backend = Arc::new(FakeBackend::open(&profile, Some("node-a")).unwrap());
+    (backend, profile)
+}
+
+/// The plugin's settings for a test under `root`, sockets in `dp_dir`; resync and health
+/// checks every 200 ms.
+fn config(root: &Path, dp_dir: &Path) -> DevicePluginConfig {
+    DevicePluginConfig {
+        plugin: PluginConfig {
+            driver: DriverName::default(),
+            node_name: "node-a".into(),
+            state_root: root.join("state"),
+            run_root: root.join("run"),
+            cdi_dir: root.join("cdi"),
+            files: NodeFiles {
+                shim_library: root.join("lib/libfgpu.so"),
+                driver_mounts: vec![FileMount::same(root.join("fake-cuda/libcuda.so.1"))],
+                driver_hooks: vec![],
+                fake_driver: false,
+                fake_state_dir: None,
+                context_overhead: 0,
+                memory_limits: None,
+            },
+            boot_id: "boot-1".into(),
+            claim_get_timeout: Duration::from_secs(5),
+            test_pause: None,
+        },
+        dir: dp_dir.to_owned(),
+        socket_name: "fgpu.sock".into(),
+        resource_name: "nvidia.com/gpu".into(),
+        split_count: 10,
+        response: AllocateResponseMode::Both,
+        health_interval: Duration::from_millis(200),
+        health_policy: fgpu_driver::health::HealthPolicy::default(),
+        kubelet_poll: Duration::from_millis(100),
+        resync: Duration::from_millis(200),
+        pod_resources_socket: None,
+    }
+}
 
 /// The kubelet's `Registration` service: forwards each request.
 struct FakeKubelet(mpsc::UnboundedSender<dp::RegisterRequest>);
@@ -87,13 +135,7 @@ async fn recv<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
 async fn registers_lists_and_allocates() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let profile = root.join("profile.yaml");
-    std::fs::write(
-        &profile,
-        PROFILE.replace("DEVROOT", root.join("dev").to_str().unwrap()),
-    )
-    .unwrap();
-    let backend = Arc::new(FakeBackend::open(&profile, Some("node-a")).unwrap());
+    let (backend, profile) = fake_node(root);
     let inventory = backend.inventory("node-a").unwrap();
     let gpu_b = inventory.gpus.iter().find(|g| g.uuid == GPU_B).unwrap();
     let dp_dir = root.join("device-plugins");
@@ -108,37 +150,7 @@ async fn registers_lists_and_allocates() {
         device_name(gpu_b),
         10 * GI
     )));
-    let cfg = DevicePluginConfig {
-        plugin: PluginConfig {
-            driver: DriverName::default(),
-            node_name: "node-a".into(),
-            state_root: root.join("state"),
-            run_root: root.join("run"),
-            cdi_dir: root.join("cdi"),
-            files: NodeFiles {
-                shim_library: root.join("lib/libfgpu.so"),
-                driver_mounts: vec![FileMount::same(root.join("fake-cuda/libcuda.so.1"))],
-                driver_hooks: vec![],
-                fake_driver: false,
-                fake_state_dir: None,
-                context_overhead: 0,
-                memory_limits: None,
-            },
-            boot_id: "boot-1".into(),
-            claim_get_timeout: Duration::from_secs(5),
-            test_pause: None,
-        },
-        dir: dp_dir.clone(),
-        socket_name: "fgpu.sock".into(),
-        resource_name: "nvidia.com/gpu".into(),
-        split_count: 10,
-        response: AllocateResponseMode::Both,
-        health_interval: Duration::from_millis(200),
-        health_policy: fgpu_driver::health::HealthPolicy::default(),
-        kubelet_poll: Duration::from_millis(100),
-        resync: Duration::from_millis(200),
-        pod_resources_socket: None,
-    };
+    let cfg = config(root, &dp_dir);
     let running = start(cfg, backend.clone(), pods.clone(), None)
         .await
         .unwrap();
@@ -350,4 +362,33 @@ async fn registers_lists_and_allocates() {
 
     running.shutdown().await;
     assert!(!sock.exists());
+}
+
+/// The pods' API server stops answering while the stale-claim sweep lists the node's pods:
+/// the stop signal still ends the plugin within its grace period (the hung task is aborted).
+#[tokio::test]
+async fn stops_promptly_while_the_api_server_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (backend, _) = fake_node(root);
+    let dp_dir = root.join("device-plugins");
+    std::fs::create_dir_all(&dp_dir).unwrap();
+    let (reg_tx, _reg_rx) = mpsc::unbounded_channel();
+    let _kubelet = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx);
+    let fake = fgpu_plumbing::testing::FakeApiServer::new();
+    let (client, cut) = fake.cuttable_client();
+    cut.cut();
+    let pods = KubePodSource::new(client);
+    let running = start(config(root, &dp_dir), backend, pods, None)
+        .await
+        .unwrap();
+    // the sweep runs every 200 ms: wait until its list hangs
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while cut.hung() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no request hung");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stopped =
+        tokio::time::timeout(STOP_GRACE + Duration::from_secs(10), running.shutdown()).await;
+    assert!(stopped.is_ok(), "shutdown waited on the hung request");
 }

@@ -37,6 +37,9 @@
 //! * Errors as `Status` objects with the API server's codes and reasons: 400 BadRequest, 404
 //!   NotFound, 405 MethodNotAllowed, 409 AlreadyExists or Conflict, 415, 422 Invalid.
 //!
+//! A client from [`FakeApiServer::cuttable_client`] comes with a [`Cut`]: while cut, its
+//! requests hang (no answer, ever), as an API server that stopped answering one replica.
+//!
 //! Tests assert on [`State`]'s public fields (`objects`, `writes`, `requests`, `watches`) and
 //! change behaviour with two hooks: [`State::on_write`] (rewrite each object before it is
 //! stored, as an API server that drops unknown fields does) and [`State::intercept`] (answer
@@ -51,6 +54,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LockResult, Mutex, MutexGuard, PoisonError};
 
 use http::{Method, StatusCode};
@@ -91,10 +95,27 @@ impl FakeApiServer {
     /// A client of this server, with default namespace `default`. Call it in a Tokio runtime
     /// (the client spawns its request buffer).
     pub fn client(&self) -> kube::Client {
+        self.client_with(Cut::default())
+    }
+
+    /// A client of this server whose requests `cut` can hang: while cut, the server never
+    /// answers this client (its other clients are served), as an API server that stopped
+    /// answering one replica. For tests of timeouts and of leader election.
+    pub fn cuttable_client(&self) -> (kube::Client, Cut) {
+        let cut = Cut::default();
+        (self.client_with(cut.clone()), cut)
+    }
+
+    fn client_with(&self, cut: Cut) -> kube::Client {
         let state = Arc::clone(&self.state);
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let state = Arc::clone(&state);
+            let cut = cut.clone();
             async move {
+                if cut.is_cut() {
+                    cut.hung.fetch_add(1, Ordering::Relaxed);
+                    return std::future::pending().await;
+                }
                 let (parts, body) = req.into_parts();
                 let reply = match body.collect().await {
                     Ok(body) => lock(&state).serve(&parts, &body.to_bytes()),
@@ -104,6 +125,36 @@ impl FakeApiServer {
             }
         });
         kube::Client::new(service, "default")
+    }
+}
+
+/// The switch of a [`FakeApiServer::cuttable_client`]; clones share it.
+#[derive(Clone, Debug, Default)]
+pub struct Cut {
+    cut: Arc<AtomicBool>,
+    hung: Arc<AtomicUsize>,
+}
+
+impl Cut {
+    /// From now on, requests of this client get no answer (those already answered keep
+    /// their answer; an open watch stays open).
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::Relaxed);
+    }
+
+    /// From now on, requests are answered again (those that hung stay hung).
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether requests hang now.
+    pub fn is_cut(&self) -> bool {
+        self.cut.load(Ordering::Relaxed)
+    }
+
+    /// How many requests got no answer so far.
+    pub fn hung(&self) -> usize {
+        self.hung.load(Ordering::Relaxed)
     }
 }
 
