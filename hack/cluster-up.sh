@@ -61,7 +61,7 @@ gates_yaml() {
 
 # ---------------------------------------------------------------------------------------
 preflight() {
-  ensure_pkgs openssl curl runc containernetworking-plugins iptables iproute2 busybox-static gcc libc6-dev python3 mount util-linux
+  ensure_pkgs openssl curl runc containernetworking-plugins iptables iproute2 busybox-static gcc libc6-dev python3 mount util-linux faketime
   [ "$(id -u)" = 0 ] || die "the local cluster needs root (kubelet, containerd, mounts)"
   if [ -d "$S/pids" ] && ls "$S"/pids/*.pid >/dev/null 2>&1; then
     local p alive=0

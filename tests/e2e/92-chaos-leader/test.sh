@@ -3,7 +3,7 @@
 # namespace); the leader is paused with SIGSTOP past its lease while a burst of 50 claims is
 # being allocated, the standby takes over, and the old leader is resumed with SIGCONT while
 # the standby allocates. Replica b runs with its wall clock an hour ahead (libfaketime,
-# monotonic clock untouched) where `faketime` is installed; without it the skew part is
+# monotonic clock untouched; `faketime` is installed by hack/cluster-up.sh); without it the skew part is
 # skipped with a note (the unit tests of fgpu_plumbing::leader cover it).
 #
 # Asserted: a leads, b stands by, and b does not take a's live lease for two leases (with b
