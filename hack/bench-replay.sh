@@ -69,7 +69,7 @@ trap "exit 143" TERM INT
 profile="${FGPU_BENCH_PROFILE:-release}"
 log "building kwok, the $profile fgpu-controller and fgpu-sim"
 kwok="$("$root/hack/kwok-build.sh")"
-(cd "$root" && cargo build -q --profile "$profile" -p fgpu-controller --bin fgpu-controller -p fgpu-sim)
+(cd "$root" && cargo build -q --profile "$profile" -p fgpu-controller -p fgpu-sim --bin fgpu-controller --bin fgpu-sim)
 ctl="$CARGO_TARGET_DIR/$profile/fgpu-controller"
 
 # --- the arrivals and the simulator's placements (the same rule as the controller's)
