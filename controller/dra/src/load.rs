@@ -200,16 +200,13 @@ mod tests {
                         "grantedCores": 20, "usedMemoryBytes": 1}})
     }
 
+    /// node-a with three like GPUs, gpu-0..gpu-2, nothing measured.
     fn inventory() -> Inventory {
+        let gpus = (0..3)
+            .map(|i| Gpu::new(format!("gpu-{i}"), "H100", 80 << 30))
+            .collect();
         Inventory {
-            nodes: vec![Node::new(
-                "node-a",
-                vec![
-                    Gpu::new("gpu-0", "H100", 80 << 30),
-                    Gpu::new("gpu-1", "H100", 80 << 30),
-                    Gpu::new("gpu-2", "H100", 80 << 30),
-                ],
-            )],
+            nodes: vec![Node::new("node-a", gpus)],
         }
     }
 
