@@ -62,6 +62,7 @@ fn bench(c: &mut Criterion) {
     let ctx = ScoreContext {
         workload: Some(&w),
         max_spec: inv.max_spec(),
+        usage_weight: 0.0,
     };
     let mut share = Request::new(1, GpuShare::Fraction { milli: 300 });
     share.cpu_milli = 4_000;

@@ -23,10 +23,15 @@
 //!   workload's average rate; a linear gradient at FGD's resolution; pods without GPUs placed
 //!   where the fewest GPUs are free); see `docs/engine.md` and [`frag`].
 //!
+//! Any policy can add the usage-aware term ([`load`], off unless
+//! [`ScoreContext::usage_weight`] is above 0): it prefers GPUs whose measured load leaves
+//! the request's core quota real headroom.
+//!
 //! Nothing here allocates per GPU on the hot path beyond small vectors; the simulator
 //! evaluates tens of millions of nodes with it.
 
 pub mod frag;
+pub mod load;
 pub mod model;
 
 pub use frag::{MeanGpuPod, Weighting, Workload, WorkloadType};
@@ -66,6 +71,10 @@ pub struct Gpu {
     pub cores_total: u32,
     /// Compute not granted to anyone.
     pub cores_free: u32,
+    /// Measured SM load in percent (the sum over the claims on it of what the node
+    /// monitor measured lately); `None` when unknown. Only the usage-aware term reads it
+    /// ([`load`]); fit and the policies' scores never do.
+    pub measured_load: Option<u16>,
 }
 
 impl Gpu {
@@ -85,6 +94,7 @@ impl Gpu {
             memory_free: memory_total,
             cores_total: 100,
             cores_free: 100,
+            measured_load: None,
         }
     }
 
@@ -521,6 +531,11 @@ pub struct ScoreContext<'a> {
     pub workload: Option<&'a Workload>,
     /// The cluster's largest node (BestFit's normalisation).
     pub max_spec: MaxSpec,
+    /// Weight of the usage-aware term ([`load`]): above 0, `weight × term` (the term in
+    /// `[−1, 1]`) is added to each placement's score and, on a node, the GPU with more
+    /// headroom is taken among GPUs the policy cannot tell apart. 0 (or below) turns it
+    /// off: placements are exactly those without the term.
+    pub usage_weight: f64,
 }
 
 /// A feasible placement of a request on one node.
@@ -587,7 +602,7 @@ pub fn evaluate_node(
     if fit.len() < req.gpus as usize {
         return None;
     }
-    let (gpus, score) = match (policy.node, ctx.workload) {
+    let (mut gpus, mut score) = match (policy.node, ctx.workload) {
         (NodePolicy::Fgd, Some(w)) => frag::place_fgd(node, req, &fit, policy.gpu, w)?,
         (NodePolicy::FragAware, Some(w)) => frag::place_fragaware(node, req, &fit, policy.gpu, w)?,
         _ => {
@@ -596,6 +611,10 @@ pub fn evaluate_node(
             (gpus, score)
         }
     };
+    if ctx.usage_weight > 0.0 {
+        load::prefer_headroom(node, req, &fit, &mut gpus);
+        score += ctx.usage_weight * load::placement_term(node, req, &gpus);
+    }
     Some(Placement {
         node: inv_index,
         gpus,

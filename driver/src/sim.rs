@@ -575,6 +575,8 @@ pub fn run(nodes: &[TraceNode], pods: &[TracePod], cfg: RunConfig) -> RunResult 
         let ctx = ScoreContext {
             workload: workload.as_ref(),
             max_spec,
+            // A trace has no measured load.
+            usage_weight: 0.0,
         };
         let inv = ledger.inventory();
         let entries = &mut cache[class];

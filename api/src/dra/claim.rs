@@ -431,8 +431,9 @@ pub struct ConsumerReference {
     pub uid: String,
 }
 
-/// One entry of `status.devices`: a driver's report on one allocated device. Only what
-/// identifies the device is read ([`super::same_device`] matches it to its result).
+/// One entry of `status.devices`: a driver's report on one allocated device. What
+/// identifies the device is read ([`super::same_device`] matches it to its result), and of
+/// `data` what fgpu's node monitor reports of the load (`docs/node-monitor.md`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AllocatedDeviceStatus {
@@ -453,6 +454,35 @@ pub struct AllocatedDeviceStatus {
         skip_serializing_if = "Option::is_none"
     )]
     pub share_id: Option<String>,
+    /// `data`, as fgpu's node monitor writes it; `None` when absent or not an object.
+    #[serde(
+        default,
+        deserialize_with = "tolerant::opt_object",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub data: Option<DeviceStatusData>,
+}
+
+/// What is read of `status.devices[i].data`: the measured load. Other fields (granted and
+/// used memory, processes, ...) are not read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceStatusData {
+    /// `smUtilizationPercent`: the claim's SM utilisation on the GPU; `None` when absent
+    /// or not an integer.
+    #[serde(
+        default,
+        deserialize_with = "tolerant::opt_int",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sm_utilization_percent: Option<i64>,
+    /// `sampledAt` (RFC 3339): when it was measured; `None` when absent or not a string.
+    #[serde(
+        default,
+        deserialize_with = "tolerant::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sampled_at: Option<String>,
 }
 
 /// `status.allocation`.
@@ -721,6 +751,28 @@ mod tests {
     }
 
     #[test]
+    fn device_status_reads_the_measured_load_tolerantly() {
+        let read = |data: Value| -> Option<DeviceStatusData> {
+            let e: AllocatedDeviceStatus = serde_json::from_value(
+                json!({"driver": "d", "pool": "n", "device": "gpu-0", "data": data}),
+            )
+            .unwrap();
+            e.data
+        };
+        let d = read(
+            json!({"smUtilizationPercent": 42, "sampledAt": "2026-12-02T07:00:00Z",
+                            "usedMemoryBytes": 1}),
+        )
+        .unwrap();
+        assert_eq!(d.sm_utilization_percent, Some(42));
+        assert_eq!(d.sampled_at.as_deref(), Some("2026-12-02T07:00:00Z"));
+        // Wrong JSON types read as absent; a `data` that is no object reads as none.
+        let d = read(json!({"smUtilizationPercent": "42", "sampledAt": 7})).unwrap();
+        assert_eq!(d, DeviceStatusData::default());
+        assert_eq!(read(json!("x")), None);
+    }
+
+    #[test]
     fn status_reads_node_timestamp_and_reservations() {
         let c: ResourceClaim = serde_json::from_value(json!({"status": {
             "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}],
@@ -737,6 +789,11 @@ mod tests {
             Some("2026-01-01T00:00:01Z")
         );
         assert_eq!(c.status.as_ref().unwrap().devices[0].device, "gpu-0");
+        // An empty `data` reads, with nothing in it.
+        assert_eq!(
+            c.status.as_ref().unwrap().devices[0].data,
+            Some(DeviceStatusData::default())
+        );
         // A number in consumedCapacity is kept as JSON spells it.
         let n: DeviceResult =
             serde_json::from_value(json!({"consumedCapacity": {"cores": 30}})).unwrap();

@@ -112,6 +112,7 @@ fn main() {
         driver: DriverName::default(),
         default_policy: Policy::BINPACK,
         workload_half_life: std::time::Duration::from_secs(3600),
+        usage_aware: Default::default(),
     };
     let (slice_packer, claim_packer, pod_packer) =
         (Packer::default(), Packer::default(), Packer::default());

@@ -70,6 +70,14 @@ pub struct RunArgs {
     /// the demand of about the last few half-lives and forgets the rest (after 30).
     #[arg(long, value_name = "SECONDS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     pub workload_half_life_seconds: u64,
+    /// Weight of the usage-aware term: prefer GPUs whose load, as the node monitor measured
+    /// it (claims' `status.devices`), leaves the claim's core quota headroom. The term is
+    /// in [-1, 1] and is added to the policy's score times this weight; 0 turns it off.
+    #[arg(long, value_name = "WEIGHT", default_value_t = 0.0, value_parser = crate::load::parse_weight)]
+    pub usage_aware_weight: f64,
+    /// A measured sample older than this many seconds counts as unknown load.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::load::DEFAULT_FRESH_SECONDS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub usage_fresh_seconds: u64,
     /// DRA driver name (the kubelet plugin's). `--driver` is the older spelling.
     #[arg(long, alias = "driver", env = "FGPU_DRIVER_NAME", default_value = fgpu_api::names::DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
@@ -243,6 +251,10 @@ fn settings_of(args: &RunArgs) -> Result<Settings> {
         driver,
         default_policy,
         workload_half_life: Duration::from_secs(args.workload_half_life_seconds),
+        usage_aware: crate::load::UsageAware {
+            weight: args.usage_aware_weight,
+            fresh: Duration::from_secs(args.usage_fresh_seconds),
+        },
     })
 }
 

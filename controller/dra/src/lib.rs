@@ -9,6 +9,8 @@
 //! * [`inventory`]: this driver's ResourceSlices (typed) and the admins' DeviceTaintRules →
 //!   the engine's [`Inventory`](fgpu_driver::engine::Inventory).
 //! * [`usage`]: every allocated ResourceClaim → the ledger's grants → a rebuilt [`Ledger`](fgpu_driver::ledger::Ledger).
+//! * [`load`]: what the node monitor measured of each claim (`status.devices`) → each
+//!   GPU's measured load, for the engine's usage-aware term.
 //! * [`request`]: a pending claim of the shared class and its pod's annotations → the
 //!   engine's request and policy.
 //! * [`selector`]: CEL device selectors (the DRA CEL environment, Kubernetes' quantity and
@@ -40,8 +42,8 @@
 //! `fgpu-plumbing`'s; reading a pod's HAMi annotations is `fgpu_driver::hami`.
 //!
 //! Layering (no module uses one above it): `explain`, `slim`, `mirror`, `metrics`,
-//! `admission`, `selector` → `inventory`, `usage`, `request`, `allocation` → `view` → `cache` →
-//! `reconcile` → `write`, `shared` → `server` → `daemon`.
+//! `admission`, `selector` → `inventory`, `usage`, `load`, `request`, `allocation` → `view` →
+//! `cache` → `reconcile` → `write`, `shared` → `server` → `daemon`.
 
 pub mod admission;
 pub mod allocation;
@@ -50,6 +52,7 @@ pub mod daemon;
 pub mod explain;
 pub mod hami_metrics;
 pub mod inventory;
+pub mod load;
 pub mod metrics;
 pub mod mirror;
 pub mod objects;

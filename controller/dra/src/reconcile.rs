@@ -55,6 +55,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::allocation::{self, Allocation};
+use crate::load::{self, UsageAware};
 use crate::request::{self, RequestError};
 use crate::selector::DeviceInfo;
 use crate::usage::{self, UsageError};
@@ -73,6 +74,9 @@ pub struct Settings {
     pub default_policy: Policy,
     /// How long it takes a claim's weight in the workload model to halve.
     pub workload_half_life: std::time::Duration,
+    /// The engine's usage-aware term (off by default): its weight, and how old a
+    /// measured sample may be.
+    pub usage_aware: UsageAware,
 }
 
 /// The objects one pass looks at (any served `resource.k8s.io` version; core/v1 pods).
@@ -367,8 +371,21 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
     let claims: BTreeMap<&str, &ClaimView> =
         snap.claims.iter().map(|c| (c.key.as_str(), *c)).collect();
     let referenced = referenced_claims(snap.pods);
-    // 1. Ledger.
-    let ledgered = build_ledger(&snap, &claims, &referenced, allocate);
+    // 1. Ledger, over the inventory with the measured loads where the usage term is on.
+    let mut inventory = snap.inventory.inventory.clone();
+    if settings.usage_aware.is_on() {
+        let measured = snap.claims.iter().filter_map(|c| match &c.grant {
+            Ok(Some(g)) => Some((g, c.load.as_slice())),
+            _ => None,
+        });
+        load::apply(
+            &mut inventory,
+            measured,
+            snap.now,
+            settings.usage_aware.fresh,
+        );
+    }
+    let ledgered = build_ledger(&snap, inventory, &claims, &referenced, allocate);
     let mut placer = Placer {
         snap,
         settings,
@@ -475,13 +492,14 @@ struct Ledgered<'v> {
 /// a tentative claim that no longer fits is revoked.
 fn build_ledger<'v>(
     snap: &Views<'v>,
+    inventory: Inventory,
     claims: &BTreeMap<&str, &'v ClaimView>,
     referenced: &BTreeMap<String, bool>,
     allocate: bool,
 ) -> Ledgered<'v> {
     let (tentative, committed) = split_tentative(claims, referenced, allocate);
     let usage = usage::rebuild_from(
-        snap.inventory.inventory.clone(),
+        inventory,
         committed.iter().map(|c| (c.key.as_str(), &c.grant)),
     );
     let mut out = Ledgered {
@@ -713,7 +731,14 @@ impl<'v> Placer<'v, '_> {
         };
         let avoid = snap.avoid.get(&claim.id.uid);
         Some(
-            match place_claim(&mut self.ledger, &ask, node, avoid, &self.workloads) {
+            match place_claim(
+                &mut self.ledger,
+                &ask,
+                node,
+                avoid,
+                &self.workloads,
+                self.settings.usage_aware.weight,
+            ) {
                 Ok((parts, note)) => self.allocated(claim, pod, &parts, note),
                 Err(NotPlaced::Rejected(message)) => Action::Rejected {
                     claim: claim.id.clone(),
@@ -784,6 +809,7 @@ fn place_claim<'p>(
     node: Option<&str>,
     avoid: Option<&BTreeSet<String>>,
     workloads: &Workloads,
+    usage_weight: f64,
 ) -> Result<(Parts<'p>, Option<String>), NotPlaced> {
     let cand = candidates(ledger.inventory(), node, avoid);
     let allowed = ask
@@ -812,6 +838,7 @@ fn place_claim<'p>(
         allowed: &allowed,
         workloads,
         max_spec: cand.max_spec(),
+        usage_weight,
     };
     let note = ask
         .pendings
@@ -941,6 +968,8 @@ struct Search<'s, 'p, 'i> {
     workloads: &'s Workloads,
     /// The candidates' largest node (BestFit's normalisation).
     max_spec: engine::MaxSpec,
+    /// [`ScoreContext::usage_weight`]: the usage-aware term's weight.
+    usage_weight: f64,
 }
 
 impl Search<'_, '_, '_> {
@@ -950,6 +979,7 @@ impl Search<'_, '_, '_> {
         let ctx = ScoreContext {
             workload: r.workload,
             max_spec: self.max_spec,
+            usage_weight: self.usage_weight,
         };
         (r.policy, ctx)
     }
@@ -1295,6 +1325,7 @@ mod tests {
             driver: DriverName::default(),
             default_policy: Policy::BINPACK,
             workload_half_life: std::time::Duration::from_secs(3600),
+            usage_aware: UsageAware::default(),
         }
     }
 
@@ -1617,6 +1648,54 @@ mod tests {
             kinds(&p),
             ["allocate early on gpu-1", "allocate late on gpu-0"]
         );
+    }
+
+    #[test]
+    fn the_usage_term_takes_the_gpu_with_measured_headroom_only_when_on_and_fresh() {
+        // busy and calm hold 10Gi each of two like GPUs; the node monitor measured busy at
+        // 90 % and calm at 5 %. `now` is the new claim's creation time.
+        let measured = |name: &str, device: &str, sm: u64, at: &str| {
+            let mut c = allocated(name, 10, device);
+            c["status"]["devices"] = json!([{"driver": "gpu.fgpu.dev", "pool": "node-a", "device": device,
+                "data": {"smUtilizationPercent": sm, "sampledAt": at, "grantedCores": 0}}]);
+            c
+        };
+        let mut new = claim("new", 10);
+        new["metadata"]["creationTimestamp"] = json!("2026-12-02T07:00:00Z");
+        let pods = [
+            pod("pb", "2026-01-01T00:00:00Z", false, &[("g", Some("busy"))]),
+            pod("pc", "2026-01-01T00:00:00Z", false, &[("g", Some("calm"))]),
+            pod("pn", "2026-01-01T00:00:01Z", true, &[("g", Some("new"))]),
+        ];
+        let plan_at = |sampled: &str, weight: f64| {
+            let claims = [
+                measured("busy", "gpu-0", 90, sampled),
+                measured("calm", "gpu-1", 5, sampled),
+                new.clone(),
+            ];
+            let settings = Settings {
+                usage_aware: UsageAware {
+                    weight,
+                    ..UsageAware::default()
+                },
+                ..settings()
+            };
+            let snap = Snapshot {
+                claims: &claims,
+                pods: &pods,
+                slices: &[slice(&[80, 80], false)],
+                avoid: &BTreeMap::new(),
+                unsettled: &BTreeSet::new(),
+                class: None,
+            };
+            kinds(&plan(snap, &settings, true))
+        };
+        let fresh = "2026-12-02T06:59:30Z";
+        assert_eq!(plan_at(fresh, 0.0), ["allocate new on gpu-0"], "off");
+        assert_eq!(plan_at(fresh, 1.0), ["allocate new on gpu-1"], "on");
+        // Ten minutes old: unknown load, the policy alone decides.
+        let stale = "2026-12-02T06:50:00Z";
+        assert_eq!(plan_at(stale, 1.0), ["allocate new on gpu-0"], "stale");
     }
 
     #[test]

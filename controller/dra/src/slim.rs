@@ -365,6 +365,7 @@ mod tests {
             driver: DriverName::default(),
             default_policy: Policy::BINPACK,
             workload_half_life: std::time::Duration::from_secs(3600),
+            usage_aware: Default::default(),
         };
         let unsettled = BTreeSet::new();
         let snap = |claims, pods, slices| Snapshot {

@@ -23,6 +23,7 @@ use fgpu_driver::ledger::Grant;
 use serde_json::Value;
 
 use crate::claim_key;
+use crate::load::{self, DeviceLoad};
 use crate::objects::{self, ObjectId};
 use crate::usage::{self, UsageError};
 
@@ -51,6 +52,9 @@ pub struct ClaimView {
     /// `metadata.creationTimestamp` in Unix seconds (0 when absent or unreadable): when the
     /// request arrived, for the workload model.
     pub created: i64,
+    /// What the node monitor measured of it per GPU of its grant ([`load::claim_loads`];
+    /// empty when the grant is not valid or nothing was measured).
+    pub load: Vec<DeviceLoad>,
 }
 
 impl ClaimView {
@@ -59,6 +63,11 @@ impl ClaimView {
         let finalizer = driver.finalizer();
         let meta = &claim.metadata;
         let allocation = claim.allocation_status();
+        let grant = usage::claim_grant(claim, driver.as_str(), inventory);
+        let load = match &grant {
+            Ok(Some(g)) => load::claim_loads(claim, driver.as_str(), g),
+            _ => Vec::new(),
+        };
         Self {
             id: ObjectId::of_meta(meta),
             key: claim_key(claim),
@@ -71,8 +80,9 @@ impl ClaimView {
                 .and_then(|a| a.allocation_timestamp.clone())
                 .unwrap_or_default(),
             node: objects::allocated_node(claim).map(str::to_owned),
-            grant: usage::claim_grant(claim, driver.as_str(), inventory),
+            grant,
             created: unix_seconds(meta.creation_timestamp.as_deref()),
+            load,
         }
     }
 
@@ -125,6 +135,7 @@ impl ClaimView {
             allocated_at: String::new(),
             node: None,
             created: 0,
+            load: Vec::new(),
         }
     }
 

@@ -84,7 +84,7 @@ proptest! {
         let capacity = inv.inventory;
         let mut ledger = Ledger::new(capacity.clone());
         let mut written: Vec<Value> = Vec::new();
-        let ctx = ScoreContext { workload: None, max_spec: MaxSpec::default() };
+        let ctx = ScoreContext { workload: None, max_spec: MaxSpec::default(), usage_weight: 0.0 };
         let driver = DriverName::default();
         let default = if spread { Policy::SPREAD } else { Policy::BINPACK };
         for (i, spec) in claims.into_iter().enumerate() {

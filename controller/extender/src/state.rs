@@ -1165,6 +1165,9 @@ fn place(
             cpu_milli: 0,
             gpus: node.gpus.len() as u32,
         },
+        // The extender mirrors no claim status, so it has no measured load: the
+        // usage-aware term stays off (docs/extender.md).
+        usage_weight: 0.0,
     };
     // Nodes whose GPUs the model or UUID constraints rule out are answered without the
     // engine (a necessary condition only: the engine decides for the rest).

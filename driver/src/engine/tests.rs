@@ -24,6 +24,7 @@ fn ctx(w: Option<&Workload>) -> ScoreContext<'_> {
             cpu_milli: 64_000,
             gpus: 8,
         },
+        usage_weight: 0.0,
     }
 }
 
@@ -623,4 +624,173 @@ fn model_pressure_is_equal_where_pins_follow_capacity() {
     w.set_pressure(&inv);
     assert!(w.pressure_on("T4") > 0.0);
     assert!((w.pressure_on("T4") - w.pressure_on("A100")).abs() < 1e-12);
+}
+
+/// [`ctx`] with the usage-aware term at `weight`.
+fn usage_ctx(w: Option<&Workload>, weight: f64) -> ScoreContext<'_> {
+    ScoreContext {
+        usage_weight: weight,
+        ..ctx(w)
+    }
+}
+
+/// A one-GPU request of `milli` memory and `cores` percent of the SMs.
+fn cores_req(milli: u32, cores: u32) -> Request {
+    Request {
+        cores: Some(cores),
+        ..frac(milli)
+    }
+}
+
+#[test]
+fn usage_term_prefers_the_less_loaded_of_two_equal_nodes_only_when_on() {
+    // Two nodes alike in every grant; node a's GPU runs at 90 %, node b's at 20 %.
+    let mut inv = Inventory {
+        nodes: vec![node("a", 1), node("b", 1)],
+    };
+    for (n, load) in inv.nodes.iter_mut().zip([90, 20]) {
+        take(n, 0, 200);
+        n.gpus[0].cores_free = 70;
+        n.gpus[0].measured_load = Some(load);
+    }
+    let req = cores_req(100, 30);
+    for policy in [Policy::BINPACK, Policy::SPREAD, Policy::FRAGAWARE] {
+        let w = workload();
+        let off = choose(&inv, &req, policy, &usage_ctx(Some(&w), 0.0), 0).unwrap();
+        let on = choose(&inv, &req, policy, &usage_ctx(Some(&w), 1.0), 0).unwrap();
+        assert_eq!(off.node, 0, "{policy}: off, the fixed node order decides");
+        assert_eq!(on.node, 1, "{policy}: on, the node with headroom wins");
+        // 100 − 20 − 30 = 50 points of headroom: the term is 0.5.
+        assert!((on.score - off.score - 0.5).abs() < 1e-12, "{policy}");
+    }
+}
+
+#[test]
+fn usage_term_swaps_a_gpu_only_for_one_the_policy_cannot_tell_apart() {
+    // GPUs 0 and 1 alike by grants, 0 busy; GPU 2 idle by grants and unmeasured.
+    let mut n = node("a", 3);
+    for i in 0..2 {
+        take(&mut n, i, 300);
+    }
+    n.gpus[0].measured_load = Some(95);
+    n.gpus[1].measured_load = Some(10);
+    let req = cores_req(200, 20);
+    let off = evaluate_node(0, &n, &req, Policy::BINPACK, &usage_ctx(None, 0.0)).unwrap();
+    assert_eq!(off.gpus, [0]);
+    let on = evaluate_node(0, &n, &req, Policy::BINPACK, &usage_ctx(None, 1.0)).unwrap();
+    assert_eq!(on.gpus, [1], "the twin with headroom");
+    // A GPU that differs by its grants is not a twin: with GPU 1 fuller than GPU 0,
+    // binpack keeps GPU 1 whatever the loads say.
+    take(&mut n, 1, 100);
+    n.gpus[1].measured_load = Some(99);
+    n.gpus[0].measured_load = Some(0);
+    let on = evaluate_node(0, &n, &req, Policy::BINPACK, &usage_ctx(None, 100.0)).unwrap();
+    assert_eq!(on.gpus, [1]);
+}
+
+#[test]
+fn usage_term_never_places_where_the_grants_do_not_fit() {
+    // Node a: an idle, measured GPU whose memory is all granted. Node b: a busy GPU
+    // that fits. However large the weight, the claim goes to b.
+    let mut a = node("a", 1);
+    a.gpus[0].memory_free = 0;
+    a.gpus[0].measured_load = Some(0);
+    let mut b = node("b", 1);
+    b.gpus[0].measured_load = Some(100);
+    let inv = Inventory { nodes: vec![a, b] };
+    let req = cores_req(500, 50);
+    let p = choose(&inv, &req, Policy::BINPACK, &usage_ctx(None, 1e9), 0).unwrap();
+    assert_eq!((p.node, p.gpus.as_slice()), (1, &[0][..]));
+    // The term is negative there (100 − 100 − 50 → −0.5) and still the claim is placed.
+    assert!(p.score < 0.0);
+    // A request that fits nowhere still fits nowhere.
+    let big = cores_req(1000, 100);
+    let mut full = inv.clone();
+    full.nodes[1].gpus[0].cores_free = 10;
+    assert!(choose(&full, &big, Policy::BINPACK, &usage_ctx(None, 1e9), 0).is_err());
+}
+
+#[test]
+fn usage_term_scale_clamps_and_unknown_is_neutral() {
+    let mut g = Gpu::new("gpu-0", "A100", 80 * GIB);
+    let req = cores_req(100, 30);
+    assert_eq!(load::headroom(&g, &req), None);
+    assert_eq!(load::gpu_term(&g, &req), 0.0);
+    g.measured_load = Some(20);
+    assert_eq!(load::headroom(&g, &req), Some(50));
+    assert_eq!(load::gpu_term(&g, &req), 0.5);
+    // Two claims' samples can sum past 100: the term stops at −1.
+    g.measured_load = Some(180);
+    assert_eq!(load::headroom(&g, &req), Some(-110));
+    assert_eq!(load::gpu_term(&g, &req), -1.0);
+    // A request without a core quota asks for no headroom beyond the load.
+    g.measured_load = Some(0);
+    assert_eq!(load::gpu_term(&g, &frac(100)), 1.0);
+}
+
+mod usage_off {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A random node: up to 4 GPUs, each with some memory and cores granted (from few
+    /// values, so that GPUs alike by their grants are common) and a measured load or none.
+    fn arb_node() -> impl Strategy<Value = Vec<(u32, u32, Option<u16>)>> {
+        let gpu = (
+            (0u32..5).prop_map(|k| k * 250),
+            (0u32..4).prop_map(|k| k * 30),
+            proptest::option::of(0u16..=150),
+        );
+        proptest::collection::vec(gpu, 1..5)
+    }
+
+    fn inventory(nodes: &[Vec<(u32, u32, Option<u16>)>], measured: bool) -> Inventory {
+        Inventory {
+            nodes: nodes
+                .iter()
+                .enumerate()
+                .map(|(k, gpus)| {
+                    let mut n = node(&format!("n{k}"), gpus.len());
+                    for (g, &(milli, cores, load)) in n.gpus.iter_mut().zip(gpus) {
+                        g.memory_free = g.memory_total / 1000 * u64::from(1000 - milli);
+                        g.cores_free = 100 - cores;
+                        g.measured_load = if measured { load } else { None };
+                    }
+                    n
+                })
+                .collect(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn weight_zero_places_exactly_as_without_the_term(
+            nodes in proptest::collection::vec(arb_node(), 1..6),
+            milli in 1u32..=1000,
+            cores in proptest::option::of(0u32..=100),
+            gpus in 1u32..=2,
+        ) {
+            let req = Request { cores, ..Request::new(gpus, GpuShare::Fraction { milli }) };
+            let measured = inventory(&nodes, true);
+            let unmeasured = inventory(&nodes, false);
+            let w = workload();
+            for (_, policy) in Policy::ALL {
+                let with = choose(&measured, &req, policy, &usage_ctx(Some(&w), 0.0), 7);
+                let without = choose(&unmeasured, &req, policy, &usage_ctx(Some(&w), 0.0), 7);
+                match (with, without) {
+                    (Ok(a), Ok(b)) => {
+                        prop_assert_eq!(&a.gpus, &b.gpus);
+                        prop_assert_eq!(a.node, b.node);
+                        prop_assert_eq!(a.score.to_bits(), b.score.to_bits());
+                    }
+                    (a, b) => prop_assert_eq!(a.is_err(), b.is_err()),
+                }
+                // On, the choice still fits by its grants.
+                if let Ok(p) = choose(&measured, &req, policy, &usage_ctx(Some(&w), 5.0), 7) {
+                    for &g in &p.gpus {
+                        prop_assert!(req.gpu_fits(&measured.nodes[p.node].gpus[g]));
+                    }
+                }
+            }
+        }
+    }
 }
