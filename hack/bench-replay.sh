@@ -157,7 +157,7 @@ for p in $phases; do
   replay collect "$ns" "$dir/sim.csv" fragaware "live-$p" "$dir/live-$p.csv" >/dev/null
   chk="$(replay check "$ns")" && ok=yes || ok=NO
   live="$(replay metric "$nodes_csv" "$dir/live-$p.csv")"
-  line="$p: $(echo "$live" | python3 -c 'import json,sys; m=json.load(sys.stdin); print(f"unallocated at 100 % {m["unallocated_at_100"]} %, placed {m["placed"]}/{m["arrivals"]}, first failure at {m["first_fail_arrived"]} % arrived")')"
+  line="$p: $(echo "$live" | python3 -c 'import json,sys; m=json.load(sys.stdin); print("unallocated at 100 % {} %, placed {}/{}, first failure at {} % arrived".format(m["unallocated_at_100"], m["placed"], m["arrivals"], m["first_fail_arrived"]))')"
   line="$line; $((SECONDS - t))s, allocations over ${span}s"
   [ "$p" = kube-scheduler ] || line="$line, controller peak RSS $rss"
   line="$line; no over-grant: $ok"
@@ -168,7 +168,7 @@ for l in sys.stdin:
     m = json.loads(l)
     if m['policy'] == '$p': print(m['unallocated_at_100'], '%')")"
     if [ "$p" = fragaware ] || [ "$p" = binpack ]; then
-      line="$line, same placement $(replay agree "$dir/sim.csv" "$p" "$dir/live-$p.csv" "live-$p" | python3 -c 'import json,sys; m=json.load(sys.stdin); print(f"{m["same"]}/{m["arrivals"]}")' || true)"
+      line="$line, same placement $(replay agree "$dir/sim.csv" "$p" "$dir/live-$p.csv" "live-$p" | python3 -c 'import json,sys; m=json.load(sys.stdin); print("{}/{}".format(m["same"], m["arrivals"]))' || true)"
     fi
   fi
   log "$line"
