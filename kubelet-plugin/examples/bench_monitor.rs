@@ -151,6 +151,7 @@ fn main() {
         proc_root: PathBuf::from("/proc"),
         hami_metrics: false,
         claim_status_interval: None,
+        claim_status_refresh: None,
         backstop: BackstopConfig {
             action: OverQuotaAction::Report,
             memory_tolerance: 256 << 20,

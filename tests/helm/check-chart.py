@@ -310,6 +310,18 @@ d = render("1.37.2", *on, "controller.enabled=false")
 check(get(d, "ServiceMonitor", "fgpu-controller") is None and get(d, "PodMonitor", "fgpu-kubelet-plugin") is not None,
       "no ServiceMonitor without the controller")
 
+# --- the usage-aware term: the plugins keep steady claims' samples fresh only when it is on
+def plugin_args(docs):
+    return containers(get(docs, "DaemonSet", "fgpu-kubelet-plugin"))[0]["args"]
+
+
+off = [a for a in plugin_args(render("1.37.2")) if a.startswith("--claim-status-refresh")]
+check(off == [], "usage-aware term off: the plugins do not refresh unchanged claim status")
+d = render("1.37.2", "controller.usageAwareWeight=1", "controller.usageFreshSeconds=300")
+check("--usage-aware-weight=1" in containers(get(d, "Deployment", "fgpu-controller"))[0]["args"]
+      and "--claim-status-refresh-seconds=150" in plugin_args(d),
+      "usage-aware term on: the plugins refresh claim status at half the controller's freshness")
+
 # --- the schema refuses
 for s, why in (("mode=bogus", "mode"), ("driverName=Bad_Name", "driverName"), ("certs.mode=openssl", "certs.mode"),
                ("legacy.splitCount=0", "splitCount"), ("image.pullPolicy=Sometimes", "pullPolicy"),

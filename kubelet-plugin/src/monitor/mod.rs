@@ -97,6 +97,19 @@ pub struct MonitorArgs {
     )]
     pub claim_status_interval_seconds: u64,
 
+    /// Rewrite a claim's `status.devices` after this many seconds even when nothing it
+    /// shows changed, so that its `sampledAt` stays fresh for the DRA controller's
+    /// usage-aware scoring (`--usage-aware-weight`, `--usage-fresh-seconds`: set this below
+    /// the freshness). 0 (the default): a steady claim is not rewritten. At least the
+    /// interval; each claim then costs one write per refresh even when idle.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "SECONDS",
+        env = "FGPU_CLAIM_STATUS_REFRESH_SECONDS"
+    )]
+    pub claim_status_refresh_seconds: u64,
+
     /// Seconds compute must stay over quota before it is reported.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub compute_over_quota_seconds: u64,
@@ -140,6 +153,12 @@ impl MonitorArgs {
             hami_metrics: self.hami_metrics,
             claim_status_interval: (self.claim_status_interval_seconds > 0)
                 .then(|| Duration::from_secs(self.claim_status_interval_seconds)),
+            claim_status_refresh: (self.claim_status_refresh_seconds > 0).then(|| {
+                Duration::from_secs(
+                    self.claim_status_refresh_seconds
+                        .max(self.claim_status_interval_seconds),
+                )
+            }),
             backstop: BackstopConfig {
                 action: self.over_quota,
                 memory_tolerance: self.over_quota_tolerance,
@@ -200,6 +219,8 @@ pub struct MonitorConfig {
     /// Shortest time between two status writes of one claim (`None`: no writes; the
     /// legacy path has no ResourceClaims and writes none either way).
     pub claim_status_interval: Option<Duration>,
+    /// Rewrite an unchanged claim's status after this long (`None`: never).
+    pub claim_status_refresh: Option<Duration>,
     /// The backstop.
     pub backstop: BackstopConfig,
 }
@@ -550,6 +571,7 @@ impl Monitor {
             let cfg = StatusConfig {
                 driver: driver.to_owned(),
                 interval,
+                refresh: self.cfg.claim_status_refresh,
                 tolerance: self.cfg.backstop.memory_tolerance,
             };
             (StatusWriter::new(cfg), api)

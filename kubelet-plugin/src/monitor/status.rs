@@ -23,7 +23,9 @@
 //! They are rate-limited by construction: a claim is written when what it shows changed
 //! (used memory, process count, the condition, SM utilisation by 5 points or more), and
 //! then at most once per `--claim-status-interval-seconds` (the first write is at once), so
-//! N claims cost at most N writes per interval. When a claim is unprepared its entries are
+//! N claims cost at most N writes per interval. With `--claim-status-refresh-seconds` an
+//! unchanged claim is also rewritten once its last write is that old (a heartbeat for the
+//! controller's usage-aware scoring; off by default). When a claim is unprepared its entries are
 //! removed by one last apply (on deallocation the API server drops them too). An API
 //! server that drops the field (1.32, feature gate off) is detected on the first write:
 //! the writer then stops, with one log line.
@@ -52,6 +54,9 @@ pub struct StatusConfig {
     pub driver: String,
     /// Shortest time between two writes of one claim.
     pub interval: Duration,
+    /// An unchanged claim is written again once its last write is this old, so that its
+    /// `sampledAt` stays fresh (`None`: never; at least `interval`).
+    pub refresh: Option<Duration>,
     /// Memory above the grant that still counts as within it (the backstop's tolerance).
     pub tolerance: u64,
 }
@@ -146,8 +151,9 @@ impl StatusWriter {
             let due = match prev {
                 None => true,
                 Some(w) => {
-                    w.shown.as_ref() != Some(&shown)
-                        && now.duration_since(w.at) >= self.cfg.interval
+                    let age = now.duration_since(w.at);
+                    (w.shown.as_ref() != Some(&shown) && age >= self.cfg.interval)
+                        || self.cfg.refresh.is_some_and(|r| age >= r)
                 }
             };
             if !due {
@@ -329,6 +335,7 @@ mod tests {
         StatusConfig {
             driver: "gpu.fgpu.dev".into(),
             interval: Duration::from_secs(30),
+            refresh: None,
             tolerance: 256 * MI,
         }
     }
@@ -480,6 +487,29 @@ mod tests {
         let t2 = t1 + Duration::from_secs(100);
         assert!(w.due(&r, &[usage(&[3 * MI], 11)], t2, "T").is_empty());
         assert_eq!(w.due(&r, &[usage(&[3 * MI], 16)], t2, "T").len(), 1);
+    }
+
+    #[test]
+    fn a_refresh_rewrites_an_unchanged_claim_once_its_last_write_is_that_old() {
+        let mut w = StatusWriter::new(StatusConfig {
+            refresh: Some(Duration::from_secs(90)),
+            ..cfg()
+        });
+        let t0 = Instant::now();
+        let r = records(None);
+        assert_eq!(w.due(&r, &[usage(&[MI], 10)], t0, "T0").len(), 1);
+        // Unchanged, younger than the refresh: not written.
+        let s = |n| t0 + Duration::from_secs(n);
+        assert!(w.due(&r, &[usage(&[MI], 10)], s(89), "T").is_empty());
+        // As old as the refresh: written again with the new sample time.
+        let d = w.due(&r, &[usage(&[MI], 10)], s(90), "T90");
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].devices[0]["data"]["sampledAt"], "T90");
+        // The refresh counts from that write.
+        assert!(w.due(&r, &[usage(&[MI], 10)], s(179), "T").is_empty());
+        assert_eq!(w.due(&r, &[usage(&[MI], 10)], s(180), "T").len(), 1);
+        // Changes still wait for the interval, not the refresh.
+        assert_eq!(w.due(&r, &[usage(&[2 * MI], 10)], s(210), "T").len(), 1);
     }
 
     #[test]

@@ -126,6 +126,7 @@ fn a_pass_writes_feeds_metrics_and_reports_the_claim_over_its_grant() {
         proc_root: proc_root.clone(),
         hami_metrics: false,
         claim_status_interval: None,
+        claim_status_refresh: None,
         backstop: BackstopConfig {
             action: OverQuotaAction::Report,
             memory_tolerance: 256 << 20,
@@ -264,6 +265,7 @@ fn legacy_claims_give_per_container_series_and_hami_families() {
         proc_root: proc_root.clone(),
         hami_metrics: hami,
         claim_status_interval: None,
+        claim_status_refresh: None,
         backstop: quiet_backstop(),
     };
     // Without --hami-metrics: fgpu's families only.
@@ -418,6 +420,7 @@ async fn dra_containers_are_named_from_the_kubelets_pod_resources() {
         proc_root: proc_root.clone(),
         hami_metrics: false,
         claim_status_interval: None,
+        claim_status_refresh: None,
         backstop: quiet_backstop(),
     };
     // The claim serves pod-a: its status.reservedFor, in the claim cache.
