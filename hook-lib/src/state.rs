@@ -809,6 +809,45 @@ impl Part {
     }
 }
 
+/// Fuzzing only (`fuzz/`, `tests/fuzz-targets`): opens the claim-mode account file at
+/// `path` as the shim does, books and gives back memory on one GPU, reaps, then unmaps and
+/// closes it (the shim never does: its account lives as long as the process). `Err` says
+/// why the file was refused; `Ok` is the device index used, if any.
+#[doc(hidden)]
+pub fn fuzz_account_file(path: &Path, uuid: &[u8; 16]) -> Result<Option<usize>, String> {
+    let part = Part::open_file(path, false).map_err(|e| e.to_string())?;
+    let index = part.device_index(uuid, 0);
+    if let Some(i) = index {
+        if part.try_reserve(i, 1 << 20, 1 << 30) {
+            part.release(i, 1 << 20);
+        } else {
+            part.count_refusal(i);
+        }
+        part.force_reserve(i, 1);
+        let _ = (part.used(i), part.own_used(i));
+    }
+    part.reap();
+    part.close();
+    Ok(index)
+}
+
+impl Part {
+    /// Unmaps a file-backed part and closes its descriptor (fuzzing only, see
+    /// [`fuzz_account_file`]).
+    fn close(self) {
+        let fd = self.fd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            for f in &FORK_FDS {
+                let _ = f.compare_exchange(fd, -1, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            // SAFETY: our descriptor; nothing uses it after this.
+            unsafe { libc::close(fd) };
+        }
+        // SAFETY: a file-backed part maps FILE_SIZE bytes at base; `self` is consumed.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, FILE_SIZE) };
+    }
+}
+
 fn sat_sub(a: &AtomicU64, v: u64) {
     let _ = a.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |x| {
         Some(x.saturating_sub(v))
