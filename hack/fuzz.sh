@@ -6,7 +6,7 @@
 #   FUZZ_SECONDS=60 hack/fuzz.sh   a shorter run
 #
 # cargo-fuzz is built once per machine from crates.io (cargo install --locked) into
-# $FGPU_CACHE/tools/cargo-fuzz-<version>. libFuzzer needs the compiler's unstable
+# $FGPU_CACHE/tools/cargo-fuzz-<version> (cached_cargo_tool in lib.sh). libFuzzer needs the compiler's unstable
 # -Zsanitizer flags: the fuzz build alone sets RUSTC_BOOTSTRAP=1 on the pinned stable
 # toolchain (nothing else in the project does). Sanitizer: none (the fuzzed code is safe
 # Rust, apart from the shim's file mappings; FUZZ_SANITIZER=address for ASan), with debug
@@ -23,26 +23,7 @@ CARGO_FUZZ_VERSION="${CARGO_FUZZ_VERSION:-0.13.2}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-600}"
 FUZZ_SANITIZER="${FUZZ_SANITIZER:-none}"
 FUZZ_WORK="${FUZZ_WORK:-$FGPU_ROOT/_out/fuzz}"
-root="$FGPU_CACHE/tools/cargo-fuzz-$CARGO_FUZZ_VERSION"
-bin="$root/bin/cargo-fuzz"
-
-if [ ! -x "$bin" ]; then
-  mkdir -p "$FGPU_CACHE/tools"
-  # One build at a time on a machine; a second caller waits and then finds the binary.
-  exec 9>"$FGPU_CACHE/tools/.cargo-fuzz.lock"
-  flock 9
-  if [ ! -x "$bin" ]; then
-    build_dir="$FGPU_CACHE/target-cargo-fuzz"
-    partial="$root.partial"
-    rm -rf "$partial" "$build_dir"
-    log "building cargo-fuzz $CARGO_FUZZ_VERSION into $root (once per machine)"
-    CARGO_TARGET_DIR="$build_dir" cargo install --quiet --locked cargo-fuzz \
-      --version "=$CARGO_FUZZ_VERSION" --root "$partial"
-    mv "$partial" "$root"
-    rm -rf "$build_dir"
-  fi
-  exec 9>&-
-fi
+bin="$(cached_cargo_tool cargo-fuzz "$CARGO_FUZZ_VERSION")"
 
 cd "$FGPU_ROOT/fuzz"
 if [ $# -gt 0 ]; then
