@@ -58,8 +58,8 @@ for t in "${targets[@]}"; do
     failed+=("$t")
   fi
   # libFuzzer's last status line (#execs ... cov: N ft: N ...) and its final stats.
-  line="$(grep -E '^#[0-9]+' "$logf" | tail -1 || true)"
-  execs="$(grep -E '^stat::number_of_executed_units' "$logf" | awk '{print $2}' || true)"
+  line="$(grep -a -E '^#[0-9]+' "$logf" | tail -1 || true)"
+  execs="$(grep -a -E '^stat::number_of_executed_units' "$logf" | awk '{print $2}' || true)"
   printf '%-18s %-5s execs=%s %s\n' "$t" "$status" "${execs:-?}" "$line" | tee -a "$summary"
 done
 

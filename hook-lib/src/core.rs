@@ -1264,6 +1264,22 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     #[test]
+    fn the_fuzzing_entry_maps_checks_and_claims() {
+        let p = std::env::temp_dir().join(format!("fgpu-core-fuzz-{}", std::process::id()));
+        std::fs::write(&p, vec![0u8; FILE_SIZE - 1]).unwrap();
+        assert!(fuzz_core_file(&p, &[9; 16]).unwrap_err().contains("size"));
+        let mut bad = vec![0u8; FILE_SIZE];
+        bad[0] = 1;
+        std::fs::write(&p, &bad).unwrap();
+        assert_eq!(fuzz_core_file(&p, &[9; 16]), Err("unknown magic".into()));
+        std::fs::write(&p, vec![0u8; FILE_SIZE]).unwrap();
+        assert_eq!(fuzz_core_file(&p, &[9; 16]), Ok(Some(0)));
+        assert_eq!(fuzz_core_file(&p, &[8; 16]), Ok(Some(1)));
+        assert_eq!(fuzz_core_file(&p, &[9; 16]), Ok(Some(0)));
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
     fn gcra_admits_a_burst_then_paces() {
         let now = 1000 * MS;
         // Idle bucket: go now; tat moves by inc.

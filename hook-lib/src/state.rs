@@ -865,6 +865,23 @@ mod tests {
     }
 
     #[test]
+    fn the_fuzzing_entry_checks_the_file_and_writes_through_it() {
+        let p = tmp("fuzz-entry");
+        std::fs::write(&p, b"short").unwrap();
+        let e = fuzz_account_file(&p, &[7; 16]).unwrap_err();
+        assert!(e.contains("size"), "{e}");
+        std::fs::write(&p, vec![0u8; FILE_SIZE]).unwrap();
+        for _ in 0..3 {
+            assert_eq!(fuzz_account_file(&p, &[7; 16]), Ok(Some(0)));
+        }
+        // What it did went to the file: the GPU registered in entry 0.
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[DEVICES_OFFSET..DEVICES_OFFSET + 16], &[7; 16]);
+        assert_eq!(bytes[DEVICES_OFFSET + 16], 1);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
     fn layout_constants() {
         assert_eq!(SLOTS_OFFSET, 1088);
         assert_eq!(FILE_SIZE, 1088 + 1024 * 160);
