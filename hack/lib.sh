@@ -67,6 +67,35 @@ resolve_k8s_version() {
   echo "$pinned"
 }
 
+# Builds the crates.io tool <crate> at exactly <version> into $FGPU_CACHE/tools/<crate>-<version>
+# once per machine (cargo install --locked; one build at a time, a second caller waits and
+# then finds it; its build directory is removed afterwards) and prints the binary's path.
+#   bin="$(cached_cargo_tool cargo-deny 0.20.2)"
+cached_cargo_tool() {
+  local crate="$1" version="$2" root bin build_dir partial start
+  root="$FGPU_CACHE/tools/$crate-$version"
+  bin="$root/bin/$crate"
+  if [ ! -x "$bin" ]; then
+    mkdir -p "$FGPU_CACHE/tools"
+    exec 9>"$FGPU_CACHE/tools/.$crate.lock"
+    flock 9
+    if [ ! -x "$bin" ]; then
+      build_dir="$FGPU_CACHE/target-$crate-install"
+      partial="$root.partial"
+      rm -rf "$partial" "$build_dir"
+      log "building $crate $version into $root (once per machine)"
+      start=$SECONDS
+      CARGO_TARGET_DIR="$build_dir" cargo install --quiet --locked "$crate" \
+        --version "=$version" --root "$partial" >&2
+      mv "$partial" "$root"
+      rm -rf "$build_dir"
+      log "$crate $version built in $((SECONDS - start))s"
+    fi
+    exec 9>&-
+  fi
+  echo "$bin"
+}
+
 # Install Debian packages that are missing (idempotent; apt-get update only when needed).
 APT_UPDATED_STAMP=/var/lib/apt/periodic/fgpu-apt-updated
 ensure_pkgs() {

@@ -345,36 +345,7 @@ impl CoreFile {
                 broken: false,
             };
         };
-        let how = if claim_mode {
-            Open::Existing
-        } else {
-            Open::Create(0o660)
-        };
-        let exact = match std::fs::symlink_metadata(p) {
-            Ok(m) if claim_mode && m.len() != FILE_SIZE as u64 => Err(format!(
-                "size {}, expected exactly {FILE_SIZE} (core::FILE_SIZE)",
-                m.len()
-            )),
-            _ => Ok(()),
-        };
-        let mapped = exact
-            .and_then(|()| map_file(p, FILE_SIZE, how))
-            .and_then(|base| {
-                // SAFETY: base maps FILE_SIZE bytes; Header is atomics + plain integers.
-                let h = unsafe { &*(base as *const Header) };
-                match h.magic.load(Ordering::Acquire) {
-                    // All-zero is a valid empty state; the header only names the format.
-                    0 => {
-                        let _ =
-                            h.magic
-                                .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
-                        Ok(base)
-                    }
-                    MAGIC => Ok(base),
-                    _ => Err("unknown magic".to_string()),
-                }
-            });
-        match mapped {
+        match Self::map_shared(p, claim_mode) {
             Ok(base) => CoreFile {
                 base,
                 broken: false,
@@ -391,6 +362,43 @@ impl CoreFile {
             }
         }
     }
+    /// Maps the limiter file at `p` shared and checks its size (claim mode) and header.
+    fn map_shared(p: &Path, claim_mode: bool) -> Result<*mut u8, String> {
+        let how = if claim_mode {
+            Open::Existing
+        } else {
+            Open::Create(0o660)
+        };
+        let exact = match std::fs::symlink_metadata(p) {
+            Ok(m) if claim_mode && m.len() != FILE_SIZE as u64 => Err(format!(
+                "size {}, expected exactly {FILE_SIZE} (core::FILE_SIZE)",
+                m.len()
+            )),
+            _ => Ok(()),
+        };
+        exact
+            .and_then(|()| map_file(p, FILE_SIZE, how))
+            .and_then(|base| {
+                // SAFETY: base maps FILE_SIZE bytes; Header is atomics + plain integers.
+                let h = unsafe { &*(base as *const Header) };
+                match h.magic.load(Ordering::Acquire) {
+                    // All-zero is a valid empty state; the header only names the format.
+                    0 => {
+                        let _ =
+                            h.magic
+                                .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
+                        Ok(base)
+                    }
+                    MAGIC => Ok(base),
+                    _ => {
+                        // SAFETY: unmapping what map_file mapped; not used afterwards.
+                        unsafe { libc::munmap(base as *mut c_void, FILE_SIZE) };
+                        Err("unknown magic".to_string())
+                    }
+                }
+            })
+    }
+
     fn entry(&self, i: usize) -> &Entry {
         // SAFETY: i < MAX_DEVICES; entries lie inside the mapping.
         unsafe { &*(self.base.add(HEADER_SIZE + i * ENTRY_SIZE) as *const Entry) }
@@ -433,6 +441,21 @@ impl CoreFile {
         }
         None
     }
+}
+
+/// Fuzzing only (`fuzz/`, `tests/fuzz-targets`): maps the claim-mode limiter file at
+/// `path` as the shim does, finds or claims the entry of GPU `uuid`, then unmaps it (the
+/// shim never does). `Err` says why the file was refused; `Ok` is the entry, if any.
+#[doc(hidden)]
+pub fn fuzz_core_file(path: &Path, uuid: &[u8; 16]) -> Result<Option<usize>, String> {
+    let file = CoreFile {
+        base: CoreFile::map_shared(path, true)?,
+        broken: false,
+    };
+    let entry = file.entry_for(uuid);
+    // SAFETY: map_shared mapped FILE_SIZE bytes at base; `file` is not used afterwards.
+    unsafe { libc::munmap(file.base as *mut c_void, FILE_SIZE) };
+    Ok(entry)
 }
 
 // ------------------------------------------------------------ per process
@@ -1239,6 +1262,22 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_fuzzing_entry_maps_checks_and_claims() {
+        let p = std::env::temp_dir().join(format!("fgpu-core-fuzz-{}", std::process::id()));
+        std::fs::write(&p, vec![0u8; FILE_SIZE - 1]).unwrap();
+        assert!(fuzz_core_file(&p, &[9; 16]).unwrap_err().contains("size"));
+        let mut bad = vec![0u8; FILE_SIZE];
+        bad[0] = 1;
+        std::fs::write(&p, &bad).unwrap();
+        assert_eq!(fuzz_core_file(&p, &[9; 16]), Err("unknown magic".into()));
+        std::fs::write(&p, vec![0u8; FILE_SIZE]).unwrap();
+        assert_eq!(fuzz_core_file(&p, &[9; 16]), Ok(Some(0)));
+        assert_eq!(fuzz_core_file(&p, &[8; 16]), Ok(Some(1)));
+        assert_eq!(fuzz_core_file(&p, &[9; 16]), Ok(Some(0)));
+        let _ = std::fs::remove_file(&p);
+    }
 
     #[test]
     fn gcra_admits_a_burst_then_paces() {

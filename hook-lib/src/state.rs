@@ -809,6 +809,45 @@ impl Part {
     }
 }
 
+/// Fuzzing only (`fuzz/`, `tests/fuzz-targets`): opens the claim-mode account file at
+/// `path` as the shim does, books and gives back memory on one GPU, reaps, then unmaps and
+/// closes it (the shim never does: its account lives as long as the process). `Err` says
+/// why the file was refused; `Ok` is the device index used, if any.
+#[doc(hidden)]
+pub fn fuzz_account_file(path: &Path, uuid: &[u8; 16]) -> Result<Option<usize>, String> {
+    let part = Part::open_file(path, false).map_err(|e| e.to_string())?;
+    let index = part.device_index(uuid, 0);
+    if let Some(i) = index {
+        if part.try_reserve(i, 1 << 20, 1 << 30) {
+            part.release(i, 1 << 20);
+        } else {
+            part.count_refusal(i);
+        }
+        part.force_reserve(i, 1);
+        let _ = (part.used(i), part.own_used(i));
+    }
+    part.reap();
+    part.close();
+    Ok(index)
+}
+
+impl Part {
+    /// Unmaps a file-backed part and closes its descriptor (fuzzing only, see
+    /// [`fuzz_account_file`]).
+    fn close(self) {
+        let fd = self.fd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            for f in &FORK_FDS {
+                let _ = f.compare_exchange(fd, -1, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            // SAFETY: our descriptor; nothing uses it after this.
+            unsafe { libc::close(fd) };
+        }
+        // SAFETY: a file-backed part maps FILE_SIZE bytes at base; `self` is consumed.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, FILE_SIZE) };
+    }
+}
+
 fn sat_sub(a: &AtomicU64, v: u64) {
     let _ = a.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |x| {
         Some(x.saturating_sub(v))
@@ -823,6 +862,23 @@ mod tests {
         let d = std::env::temp_dir().join(format!("fgpu-state-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_file(&d);
         d
+    }
+
+    #[test]
+    fn the_fuzzing_entry_checks_the_file_and_writes_through_it() {
+        let p = tmp("fuzz-entry");
+        std::fs::write(&p, b"short").unwrap();
+        let e = fuzz_account_file(&p, &[7; 16]).unwrap_err();
+        assert!(e.contains("size"), "{e}");
+        std::fs::write(&p, vec![0u8; FILE_SIZE]).unwrap();
+        for _ in 0..3 {
+            assert_eq!(fuzz_account_file(&p, &[7; 16]), Ok(Some(0)));
+        }
+        // What it did went to the file: the GPU registered in entry 0.
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[DEVICES_OFFSET..DEVICES_OFFSET + 16], &[7; 16]);
+        assert_eq!(bytes[DEVICES_OFFSET + 16], 1);
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]
