@@ -18,7 +18,9 @@
 # them up to 105 % of the GPU capacity (what the metric at 100 % needs). Each phase creates
 # them all gated, then lets its allocator go (the controller starts; kube-scheduler's gates
 # are lifted) and waits until every claim is allocated or reported pending (the controller),
-# or until no claim has been allocated for FGPU_REPLAY_SETTLE seconds (60; kube-scheduler).
+# or until no claim has been allocated for FGPU_REPLAY_SETTLE seconds (60; kube-scheduler,
+# counted from its first allocation, which it may take minutes to write with 7,500 pods in
+# its queue; at most FGPU_REPLAY_FIRST seconds, 900, are waited for that one).
 # FGPU_REPLAY_PHASES (default "fragaware binpack kube-scheduler") picks phases; outputs in
 # $FGPU_BENCH_DIR (default a temp dir): sim.csv, live-<phase>.csv, logs, summary.txt, and
 # replay.svg, the live curves beside the simulator's (fgpu-sim plot).
@@ -29,7 +31,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 trace="${1:-openb_pod_list_default}" seed="${2:-42}"
 data="${FGPU_DATA:-/work/shared/data/alibaba-gpu-v2023/csv}"
 phases="${FGPU_REPLAY_PHASES:-fragaware binpack kube-scheduler}"
-settle="${FGPU_REPLAY_SETTLE:-60}"
+settle="${FGPU_REPLAY_SETTLE:-60}" first="${FGPU_REPLAY_FIRST:-900}"
 state="${FGPU_CLUSTER_STATE:-/var/lib/fgpu-cluster}"
 [ -f "$state/env" ] || { echo "no local cluster: make cluster-up first" >&2; exit 1; }
 # shellcheck disable=SC1091
@@ -135,6 +137,13 @@ for p in $phases; do
   t=$SECONDS
   if [ "$p" = kube-scheduler ]; then
     replay ungate "$ns" >/dev/null
+    # 60 s without an allocation ended the first full run before kube-scheduler had written
+    # any: its first PreBind came minutes after the gates were lifted.
+    until [ "$(allocated "$ns")" -gt 0 ]; do
+      [ $((SECONDS - t)) -lt "$first" ] || { log "$p: no allocation ${first}s after the gates were lifted"; break; }
+      sleep 5
+    done
+    log "$p: first allocation $((SECONDS - t))s after the gates were lifted"
     last=0 since=$SECONDS
     while [ $((SECONDS - since)) -lt "$settle" ]; do
       n="$(allocated "$ns")"
