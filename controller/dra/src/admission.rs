@@ -199,6 +199,30 @@ fn object_name(obj: &Value, kind: &str) -> String {
     }
 }
 
+/// The object an `AdmissionReview` of `/validate-claims` asks about and its kind (a review
+/// that names none is read as a ResourceClaim).
+pub fn review_object(review: &Value) -> (&str, &Value) {
+    let kind = review["request"]["kind"]["kind"]
+        .as_str()
+        .unwrap_or("ResourceClaim");
+    (kind, &review["request"]["object"])
+}
+
+/// The answer to a `/validate-claims` review: [`validate`] of its object, admitted with the
+/// warnings or denied with the message. `classes`: what the server found of the classes
+/// [`high_priority_classes`] named.
+pub fn answer_claim_review(review: &Value, driver: &DriverName, classes: &ClassPolicy) -> Value {
+    let (kind, object) = review_object(review);
+    match validate(object, kind, driver, classes) {
+        Ok(w) => response(review, true, None, None, &w),
+        Err(e) => {
+            let m = e.to_string();
+            tracing::info!("denied: {m}");
+            response(review, false, Some(&m), None, &[])
+        }
+    }
+}
+
 /// Checks a ResourceClaim or ResourceClaimTemplate (`kind`) of any served version for
 /// `driver`: `Err` denies (its message names the object and the field path),
 /// `Ok(warnings)` admits. `classes` holds what the server found of the classes

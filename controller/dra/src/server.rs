@@ -173,23 +173,13 @@ async fn webhook(req: Request, shared: &Shared) -> Response {
     let answer = match path.as_str() {
         "/mutate-pods" => mutate_pod(&review, shared).await,
         "/validate-claims" => {
-            let kind = review["request"]["kind"]["kind"]
-                .as_str()
-                .unwrap_or("ResourceClaim");
-            let object = &review["request"]["object"];
+            let (kind, object) = admission::review_object(&review);
             let classes = lookup_classes(
                 shared,
                 &admission::high_priority_classes(object, kind, &shared.driver),
             )
             .await;
-            match admission::validate(object, kind, &shared.driver, &classes) {
-                Ok(w) => admission::response(&review, true, None, None, &w),
-                Err(e) => {
-                    let m = e.to_string();
-                    tracing::info!("denied: {m}");
-                    admission::response(&review, false, Some(&m), None, &[])
-                }
-            }
+            admission::answer_claim_review(&review, &shared.driver, &classes)
         }
         _ => return reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     };

@@ -261,7 +261,7 @@ pub fn extender_request(data: &[u8]) {
 
 /// `AdmissionReview` bodies: the legacy webhook's handler (mutate or validate pods, by the
 /// variant), and the DRA controller's claim validation as its server runs it (decode, then
-/// `admission::validate` and the response). Property: no 500 from the legacy handler.
+/// `admission::answer_claim_review`). Property: no 500 from the legacy handler.
 pub fn admission_review(data: &[u8]) {
     let (variant, body) = split(data);
     let path = ["/mutate-pods", "/validate-pods"][usize::from(variant % 2)];
@@ -283,15 +283,9 @@ pub fn admission_review(data: &[u8]) {
         return;
     };
     let driver = DriverName::default();
-    let kind = review["request"]["kind"]["kind"]
-        .as_str()
-        .unwrap_or("ResourceClaim");
-    let object = &review["request"]["object"];
+    let (kind, object) = admission::review_object(&review);
     let _ = admission::high_priority_classes(object, kind, &driver);
-    let answer = match admission::validate(object, kind, &driver, &admission::ClassPolicy::new()) {
-        Ok(w) => admission::response(&review, true, None, None, &w),
-        Err(e) => admission::response(&review, false, Some(&e.to_string()), None, &[]),
-    };
+    let answer = admission::answer_claim_review(&review, &driver, &admission::ClassPolicy::new());
     let _ = answer.to_string();
     let _ = admission::gate_patch(object, "gpu.fgpu.dev/allocate");
 }
