@@ -1,10 +1,14 @@
 //! One Event writer for every daemon (`events.k8s.io/v1`).
 //!
 //! [`event`] builds the object (pure: the tests check it without a server), [`publish`]
-//! creates it. Events are created directly rather than through kube-rs's `Recorder`, which
+//! creates it, and an [`Outbox`] creates them in the background, so that a daemon's own
+//! work (the controller's allocation writes) never waits for its Events. Events are created directly rather than through kube-rs's `Recorder`, which
 //! keeps every Event it published for six minutes to count repeats (20,000 Events at
 //! 10,000 claims in the controller) and scans them on every publish; a daemon that must
 //! not repeat itself remembers what it said (the controller does).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
@@ -124,6 +128,67 @@ pub async fn publish(client: &kube::Client, event: &Event) -> Result<(), kube::E
         .map(|_| ())
 }
 
+/// Events waiting to be created, by a background task with a bound on the requests in
+/// flight. Events are best effort: when the queue is full (the API server slower than what
+/// the daemon tells), [`Outbox::send`] drops the Event and counts it rather than making the
+/// caller wait. Dropping the last `Outbox` (and its clones) lets the task finish what is
+/// queued and end.
+#[derive(Clone, Debug)]
+pub struct Outbox {
+    queue: tokio::sync::mpsc::Sender<Event>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Outbox {
+    /// Starts the task that creates the queued Events through `client`, at most
+    /// `in_flight` at once, and holds up to `capacity` waiting (each at least 1). Must be
+    /// called within a tokio runtime.
+    pub fn spawn(client: kube::Client, capacity: usize, in_flight: usize) -> Self {
+        let (queue, mut waiting) = tokio::sync::mpsc::channel::<Event>(capacity.max(1));
+        let in_flight = in_flight.max(1);
+        tokio::spawn(async move {
+            let mut running = tokio::task::JoinSet::new();
+            while let Some(event) = waiting.recv().await {
+                while running.len() >= in_flight {
+                    running.join_next().await;
+                }
+                let client = client.clone();
+                running.spawn(async move {
+                    if let Err(e) = publish(&client, &event).await {
+                        let regarding = event.regarding.as_ref();
+                        tracing::warn!(
+                            kind = regarding.and_then(|r| r.kind.as_deref()).unwrap_or(""),
+                            name = regarding.and_then(|r| r.name.as_deref()).unwrap_or(""),
+                            reason = event.reason.as_deref().unwrap_or(""),
+                            "event not published: {e}"
+                        );
+                    }
+                });
+            }
+            while running.join_next().await.is_some() {}
+        });
+        Self {
+            queue,
+            dropped: Arc::default(),
+        }
+    }
+
+    /// Queues `event`; false (and counted in [`Outbox::dropped`]) when the queue is full or
+    /// the task has ended.
+    pub fn send(&self, event: Event) -> bool {
+        let queued = self.queue.try_send(event).is_ok();
+        if !queued {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        queued
+    }
+
+    /// Events dropped so far because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,5 +249,75 @@ mod tests {
         assert_eq!((r.kind.as_deref(), r.namespace), (Some("Node"), None));
         assert_eq!(e.reporting_instance.as_deref(), Some("node-a"));
         assert!(e.metadata.name.unwrap().starts_with("node-a."));
+    }
+
+    #[cfg(feature = "testing")]
+    fn said_event(name: &str) -> Event {
+        let reporter = Reporter {
+            controller: "fgpu-controller".into(),
+            instance: "test".into(),
+        };
+        let pod = Regarding {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        };
+        let said = Said {
+            type_: EventType::Normal,
+            reason: "GpuAllocated",
+            action: "Allocate",
+            note: "placed",
+        };
+        event(&reporter, &pod, said, Timestamp::now())
+    }
+
+    #[cfg(feature = "testing")]
+    fn events_stored(server: &crate::testing::FakeApiServer) -> usize {
+        let state = server.lock().unwrap();
+        state
+            .objects
+            .keys()
+            .filter(|path| path.starts_with("/apis/events.k8s.io/v1/namespaces/ns/events/"))
+            .count()
+    }
+
+    #[cfg(feature = "testing")]
+    #[tokio::test]
+    async fn the_outbox_creates_every_queued_event() {
+        let server = crate::testing::FakeApiServer::new().group("events.k8s.io", &["v1"]);
+        let outbox = Outbox::spawn(server.client(), 64, 4);
+        for i in 0..20 {
+            assert!(outbox.send(said_event(&format!("pod-{i}"))));
+        }
+        for _ in 0..500 {
+            if events_stored(&server) == 20 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(events_stored(&server), 20);
+        assert_eq!(outbox.dropped(), 0);
+    }
+
+    #[cfg(feature = "testing")]
+    #[tokio::test]
+    async fn a_hung_api_server_fills_the_outbox_and_the_rest_is_dropped_not_awaited() {
+        let server = crate::testing::FakeApiServer::new().group("events.k8s.io", &["v1"]);
+        let (client, cut) = server.cuttable_client();
+        cut.cut();
+        let outbox = Outbox::spawn(client, 8, 2);
+        // Two hang in flight, the task holds a third while it waits for a slot, eight wait
+        // in the queue: what is sent beyond that is dropped at once.
+        let mut queued = 0;
+        for i in 0..30 {
+            queued += usize::from(outbox.send(said_event(&format!("pod-{i}"))));
+            tokio::task::yield_now().await;
+        }
+        assert!((8..=11).contains(&queued), "queued {queued}");
+        assert_eq!(outbox.dropped(), 30 - queued as u64);
+        assert_eq!(events_stored(&server), 0);
+        assert!(cut.hung() <= 2, "in flight {}", cut.hung());
     }
 }

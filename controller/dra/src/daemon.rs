@@ -27,7 +27,7 @@ use anyhow::{Context, Result, bail};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 
 use fgpu_plumbing::discovery;
-use fgpu_plumbing::events::{self, EventType, Reporter};
+use fgpu_plumbing::events::{self, EventType, Outbox, Reporter};
 use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
@@ -352,6 +352,13 @@ fn backoff(attempts: u32) -> Duration {
 /// takes the next ones at once.
 const MAX_ALLOCATIONS_PER_PASS: usize = 128;
 
+/// Events waiting for the API server before more are dropped ([`Outbox`]): two per claim
+/// of a pass's 128 allocations, many times over.
+const EVENT_QUEUE: usize = 4096;
+
+/// Events created at once, beside (not within) the allocation writes.
+const EVENTS_IN_FLIGHT: usize = 4;
+
 /// How long a read of the shared DeviceClass is used before it is read again (classes
 /// change rarely; a change reaches allocations within this time).
 const CLASS_REFRESH: Duration = Duration::from_secs(30);
@@ -364,6 +371,8 @@ struct Controller {
     decided: Option<Mode>,
     /// `reportingController` / `reportingInstance` of the Events it publishes.
     reporter: Reporter,
+    /// Where Events go: created in the background, never awaited by a pass or a write.
+    events: Outbox,
     claims_ar: ApiResource,
     overlay: Overlay,
     /// The views of the stored objects and the inventory, kept between passes.
@@ -431,7 +440,9 @@ impl Controller {
             .filter(|i| !i.is_empty())
             .unwrap_or_else(|| "fgpu-controller".into());
         let model = WorkloadModel::new(settings.workload_half_life);
+        let events = Outbox::spawn(shared.client.clone(), EVENT_QUEUE, EVENTS_IN_FLIGHT);
         Self {
+            events,
             reporter: Reporter {
                 controller: "fgpu-controller".into(),
                 instance,
@@ -773,8 +784,7 @@ impl Controller {
                 EventType::Warning,
                 "AllocationCleared",
                 &m,
-            )
-            .await;
+            );
         }
     }
 
@@ -811,7 +821,7 @@ impl Controller {
                 message,
                 ..
             } => {
-                self.act_pending(claim, pod, message).await;
+                self.act_pending(claim, pod, message);
                 false
             }
             Action::Rejected {
@@ -819,7 +829,7 @@ impl Controller {
                 pod,
                 message,
             } => {
-                self.act_rejected(claim, pod, message).await;
+                self.act_rejected(claim, pod, message);
                 false
             }
             Action::Ungate { pod, keep } => self.act_ungate(pod, keep).await,
@@ -852,7 +862,7 @@ impl Controller {
         let writes = futures::stream::iter(work.into_iter().map(|w| {
             let api: Api<DynamicObject> =
                 Api::namespaced_with(client.clone(), &w.id.namespace, &claims_ar);
-            let (client, finalizer, fence) = (client.clone(), finalizer.clone(), fence.clone());
+            let (finalizer, fence) = (finalizer.clone(), fence.clone());
             async move {
                 let started = Instant::now();
                 let written = write_allocation(
@@ -863,15 +873,7 @@ impl Controller {
                     &w.allocation.allocation,
                 )
                 .await;
-                let took = started.elapsed();
-                if written.is_ok() {
-                    for (_, e) in &w.events {
-                        if let Err(err) = events::publish(&client, e).await {
-                            tracing::warn!(claim = %w.id.key(), "event not published: {err}");
-                        }
-                    }
-                }
-                (w, took, written)
+                (w, started.elapsed(), written)
             }
         }))
         .buffer_unordered(self.concurrent_writes.max(1));
@@ -950,8 +952,9 @@ impl Controller {
                     .allocation_seconds
                     .observe(took.as_secs_f64());
                 tracing::info!(claim = %w.id.key(), pod = %w.pod.key(), "{}", w.message);
-                for (told, _) in w.events {
+                for (told, event) in w.events {
                     self.note_told(told);
+                    self.publish(event);
                 }
                 true
             }
@@ -970,13 +973,10 @@ impl Controller {
 
     /// [`Action::Pending`]: counts the failure and tells the pod, then the claim (once per
     /// change of the message).
-    async fn act_pending(&mut self, claim: ObjectId, pod: ObjectId, message: String) {
+    fn act_pending(&mut self, claim: ObjectId, pod: ObjectId, message: String) {
         self.shared.metrics.failure("no_fit");
         let m = format!("claim {} waits: {message}", claim.name);
-        if self
-            .tell(&pod, "Pod", EventType::Warning, "GpuAllocationPending", &m)
-            .await
-        {
+        if self.tell(&pod, "Pod", EventType::Warning, "GpuAllocationPending", &m) {
             tracing::info!(claim = %claim.key(), pod = %pod.key(), "{message}");
             self.tell(
                 &claim,
@@ -984,20 +984,16 @@ impl Controller {
                 EventType::Warning,
                 "Pending",
                 &message,
-            )
-            .await;
+            );
         }
     }
 
     /// [`Action::Rejected`]: counts the failure and tells the pod, then the claim (once per
     /// change of the message).
-    async fn act_rejected(&mut self, claim: ObjectId, pod: ObjectId, message: String) {
+    fn act_rejected(&mut self, claim: ObjectId, pod: ObjectId, message: String) {
         self.shared.metrics.failure("rejected");
         let m = format!("claim {}: {message}", claim.name);
-        if self
-            .tell(&pod, "Pod", EventType::Warning, "GpuClaimRejected", &m)
-            .await
-        {
+        if self.tell(&pod, "Pod", EventType::Warning, "GpuClaimRejected", &m) {
             tracing::warn!(claim = %claim.key(), pod = %pod.key(), "{message}");
             self.tell(
                 &claim,
@@ -1005,8 +1001,7 @@ impl Controller {
                 EventType::Warning,
                 "Rejected",
                 &message,
-            )
-            .await;
+            );
         }
     }
 
@@ -1062,12 +1057,10 @@ impl Controller {
                     EventType::Warning,
                     "AllocationRevoked",
                     &message,
-                )
-                .await;
+                );
                 if !pod.name.is_empty() {
                     let m = format!("claim {}: {message}", id.name);
-                    self.tell(&pod, "Pod", EventType::Warning, "GpuAllocationRevoked", &m)
-                        .await;
+                    self.tell(&pod, "Pod", EventType::Warning, "GpuAllocationRevoked", &m);
                 }
                 true
             }
@@ -1152,13 +1145,13 @@ impl Controller {
     }
 
     /// Publishes an Event about `obj` unless the last one for it with `reason` said the
-    /// same; true when published (or attempted).
+    /// same; true when queued for the [`Outbox`] (or dropped there because it was full).
     ///
     /// Created directly (events.k8s.io/v1), not through kube-rs's `Recorder`: that keeps
     /// every Event it published for six minutes to count repeats, 20,000 Events (two per
     /// claim) at 10,000 claims, and scans them all on every publish. Repeats are not
     /// published here at all (`told`).
-    async fn tell(
+    fn tell(
         &mut self,
         obj: &ObjectId,
         kind: &str,
@@ -1170,10 +1163,16 @@ impl Controller {
             return false;
         };
         self.note_told(told);
-        if let Err(e) = events::publish(&self.shared.client, &event).await {
-            tracing::warn!(object = %obj.key(), "event not published: {e}");
-        }
+        self.publish(event);
         true
+    }
+
+    /// Queues `event` for the [`Outbox`]; a full queue drops it (counted in
+    /// `fgpu_controller_events_dropped_total`).
+    fn publish(&self, event: Event) {
+        if !self.events.send(event) {
+            self.shared.metrics.events_dropped.inc();
+        }
     }
 
     /// The Event to publish about `obj`, with its dedup key ([`Controller::note_told`]);

@@ -7,6 +7,9 @@
 //!   reason is set each pass, 0 when no claim waits for it (and 0 on a standby);
 //! * `fgpu_controller_revocations_total`: tentative allocations the controller cleared
 //!   because kube-scheduler granted the same capacity (written revocations only);
+//! * `fgpu_controller_events_dropped_total`: Events not published because the queue of
+//!   Events waiting for the API server was full (Events are best effort, see
+//!   `fgpu_plumbing::events::Outbox`);
 //! * `fgpu_controller_allocation_failures_total{reason}` (`no_fit`, `rejected`,
 //!   `conflict`, `api`, `fenced`, `cleared`, `revoked`);
 //! * `fgpu_controller_allocation_duration_seconds` (finalizer + status write),
@@ -47,6 +50,7 @@ pub struct Metrics {
     pub allocated: Counter,
     claims_pending: Family<Labels, Gauge>,
     pub revocations: Counter,
+    pub events_dropped: Counter,
     failures: Family<Labels, Counter>,
     pub allocation_seconds: Histogram,
     pub pass_seconds: Histogram,
@@ -145,6 +149,12 @@ impl Metrics {
             "Tentative allocations the controller cleared (kube-scheduler granted the same capacity)",
             revocations.clone(),
         );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Events not published because the queue of Events waiting for the API server was full",
+            events_dropped.clone(),
+        );
         let failures = Family::<Labels, Counter>::default();
         registry.register(
             "allocation_failures",
@@ -184,6 +194,7 @@ impl Metrics {
             allocated,
             claims_pending,
             revocations,
+            events_dropped,
             failures,
             allocation_seconds,
             pass_seconds,
