@@ -762,7 +762,7 @@ impl Part {
             return false;
         }
         let Some(slot) = self.own_slot() else {
-            crate::debug!("no free slot in the accounting file; refusing");
+            say_no_slot();
             return false;
         };
         self.maybe_reap();
@@ -854,6 +854,22 @@ fn sat_sub(a: &AtomicU64, v: u64) {
     });
 }
 
+/// Says once per process, whatever `FGPU_LOG` says, why its device allocations are refused
+/// when every process slot of the claim's account is held by a live process.
+#[cold]
+fn say_no_slot() {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        crate::log::always(format_args!(
+            "refusing device allocations: all {SLOT_COUNT} process slots of the claim's account \
+             are held by live processes (the most one claim may have at once); this process \
+             gets none until one of them exits"
+        ));
+    } else {
+        crate::debug!("no free slot in the accounting file; refusing");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -926,6 +942,56 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(a.used(d), 0);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_claim_with_every_slot_held_refuses_until_a_holder_dies() {
+        use std::os::unix::fs::FileExt as _;
+        use std::os::unix::io::AsRawFd as _;
+        let p = tmp("full");
+        // The plugin creates the file; a first account initialises the header.
+        drop(Account::open(Some(&p)));
+        // 1,024 live processes: every slot marked in use, and every slot's liveness byte
+        // locked by another open file description (as each process's own would be).
+        let holders = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        for i in 0..SLOT_COUNT {
+            holders
+                .write_all_at(&1u32.to_le_bytes(), (SLOTS_OFFSET + i * SLOT_SIZE) as u64)
+                .unwrap();
+        }
+        // SAFETY: zeroed flock is valid.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = LOCK_BASE;
+        fl.l_len = SLOT_COUNT as i64;
+        // SAFETY: a valid descriptor and an initialised flock.
+        let r = unsafe { libc::fcntl(holders.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+
+        let a = Account::open(Some(&p));
+        let d = a.device_index(&[5; 16], 0).unwrap();
+        assert!(
+            !a.try_reserve(d, 10, 1 << 30),
+            "a 1,025th process got memory"
+        );
+        assert!(!a.try_reserve(d, 10, 1 << 30));
+        assert_eq!(a.used(d), 0);
+
+        // One holder dies (its byte unlocked): its slot is reaped and taken.
+        fl.l_type = libc::F_UNLCK as libc::c_short;
+        fl.l_start = LOCK_BASE + 7;
+        fl.l_len = 1;
+        // SAFETY: as above.
+        let r = unsafe { libc::fcntl(holders.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        assert!(a.try_reserve(d, 10, 1 << 30));
+        assert_eq!(a.used(d), 10);
         let _ = std::fs::remove_file(&p);
     }
 
