@@ -150,11 +150,14 @@ pub fn choose_across(
                 }
             }
             Err(e) => {
-                let replace = match (&first_err, &e) {
-                    (None, _) => true,
-                    (Some(MigError::TooLarge { .. }), MigError::NoFreePlacement { .. }) => true,
-                    _ => false,
-                };
+                let replace = matches!(
+                    (&first_err, &e),
+                    (None, _)
+                        | (
+                            Some(MigError::TooLarge { .. }),
+                            MigError::NoFreePlacement { .. }
+                        )
+                );
                 if replace {
                     first_err = Some(e);
                 }
@@ -223,10 +226,12 @@ mod tests {
         }
     }
 
-    /// (instances already there, request GiB, expected profile and start).
+    /// Instances already there, request GiB, expected profile and start.
+    type Case = (&'static [(&'static str, u8)], u64, (&'static str, u8));
+
     #[test]
     fn placement_keeps_the_large_profiles() {
-        let cases: &[(&[(&str, u8)], u64, (&str, u8))] = &[
+        let cases: &[Case] = &[
             // An empty GPU: a 1g goes to slice 6, keeping 4g.40gb at 0 and 3g.40gb at 0.
             (&[], 10, ("1g.10gb", 6)),
             // Next one beside it, still leaving 0-3 whole.

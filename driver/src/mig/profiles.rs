@@ -165,50 +165,46 @@ const TWO_2G: &[u8] = &[0, 2, 4];
 const FOUR_3G: &[u8] = &[0, 4];
 const WHOLE: &[u8] = &[0];
 
-/// The seven profiles of an 8-slice, 7-GPC GPU, named by their memory in GB: one slice,
-/// two slices, four slices, all of it.
-const fn eighths(
-    g1: &'static str,
-    g1me: &'static str,
-    g1x2: &'static str,
-    g2: &'static str,
-    g3: &'static str,
-    g4: &'static str,
-    g7: &'static str,
-    gib: [u32; 4],
-) -> [MigProfile; 7] {
+/// The seven profiles of an 8-slice, 7-GPC GPU, named by `names` in table order (1g,
+/// 1g+me, 1g on two slices, 2g, 3g, 4g, 7g) with `gib` the memory in their names: one
+/// slice, two slices, four slices, all of it.
+const fn eighths(names: [&'static str; 7], gib: [u32; 4]) -> [MigProfile; 7] {
     [
-        p(g1, 1, 1, gib[0], 7, ONE),
-        p(g1me, 1, 1, gib[0], 1, ONE),
-        p(g1x2, 2, 1, gib[1], 4, TWO),
-        p(g2, 2, 2, gib[1], 3, TWO_2G),
-        p(g3, 4, 3, gib[2], 2, FOUR_3G),
-        p(g4, 4, 4, gib[2], 1, WHOLE),
-        p(g7, 8, 7, gib[3], 1, WHOLE),
+        p(names[0], 1, 1, gib[0], 7, ONE),
+        p(names[1], 1, 1, gib[0], 1, ONE),
+        p(names[2], 2, 1, gib[1], 4, TWO),
+        p(names[3], 2, 2, gib[1], 3, TWO_2G),
+        p(names[4], 4, 3, gib[2], 2, FOUR_3G),
+        p(names[5], 4, 4, gib[2], 1, WHOLE),
+        p(names[6], 8, 7, gib[3], 1, WHOLE),
     ]
 }
 
-/// A100 40GB (SXM4 and PCIe). `1g.10gb` needs an R525 or newer driver (user guide).
+/// A100 40GB (SXM4 and PCIe).
 const A100_40GB: [MigProfile; 7] = eighths(
-    "1g.5gb",
-    "1g.5gb+me",
-    "1g.10gb",
-    "2g.10gb",
-    "3g.20gb",
-    "4g.20gb",
-    "7g.40gb",
+    [
+        "1g.5gb",
+        "1g.5gb+me",
+        "1g.10gb",
+        "2g.10gb",
+        "3g.20gb",
+        "4g.20gb",
+        "7g.40gb",
+    ],
     [5, 10, 20, 40],
 );
 
 /// A100 80GB: the 40GB's profiles with the memory doubled (user guide).
 const A100_80GB: [MigProfile; 7] = eighths(
-    "1g.10gb",
-    "1g.10gb+me",
-    "1g.20gb",
-    "2g.20gb",
-    "3g.40gb",
-    "4g.40gb",
-    "7g.80gb",
+    [
+        "1g.10gb",
+        "1g.10gb+me",
+        "1g.20gb",
+        "2g.20gb",
+        "3g.40gb",
+        "4g.40gb",
+        "7g.80gb",
+    ],
     [10, 20, 40, 80],
 );
 
@@ -217,25 +213,29 @@ const H100_80GB: [MigProfile; 7] = A100_80GB;
 
 /// H200 141GB (SXM5 and NVL).
 const H200_141GB: [MigProfile; 7] = eighths(
-    "1g.18gb",
-    "1g.18gb+me",
-    "1g.35gb",
-    "2g.35gb",
-    "3g.71gb",
-    "4g.71gb",
-    "7g.141gb",
+    [
+        "1g.18gb",
+        "1g.18gb+me",
+        "1g.35gb",
+        "2g.35gb",
+        "3g.71gb",
+        "4g.71gb",
+        "7g.141gb",
+    ],
     [18, 35, 71, 141],
 );
 
 /// B200 180GB.
 const B200_180GB: [MigProfile; 7] = eighths(
-    "1g.23gb",
-    "1g.23gb+me",
-    "1g.45gb",
-    "2g.45gb",
-    "3g.90gb",
-    "4g.90gb",
-    "7g.180gb",
+    [
+        "1g.23gb",
+        "1g.23gb+me",
+        "1g.45gb",
+        "2g.45gb",
+        "3g.90gb",
+        "4g.90gb",
+        "7g.180gb",
+    ],
     [23, 45, 90, 180],
 );
 
