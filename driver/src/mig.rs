@@ -5,7 +5,7 @@
 //! * [`profiles`]: the profile tables (A100 40/80 GB, A30, H100 80 GB, H200 141 GB, B200),
 //!   from NVIDIA's MIG user guide, and the lookup of a GPU's table by product and memory.
 //! * [`layout`]: which placements of a GPU are taken, and whether another fits.
-//! * [`choose`]: the smallest fitting profile and the placement that keeps the large
+//! * [`choose`](mod@choose): the smallest fitting profile and the placement that keeps the large
 //!   profiles possible, on one GPU or across several.
 //! * [`devices`]: the counter set and placement devices a MIG-mode GPU is published as.
 //!

@@ -281,7 +281,9 @@ impl DeviceBackend for FakeBackend {
     }
 
     fn destroy_mig_instance(&self, gpu_uuid: &str, mig_uuid: &str) -> Result<(), BackendError> {
-        self.mig_gpu(gpu_uuid)?;
+        // Any mode: instances left from before the admin switched the GPU away from mig
+        // must still be removable.
+        self.node_gpu(gpu_uuid)?;
         let state_path = mig_state_path(&self.path);
         let mut state = MigStateFile::load(&state_path)?;
         let list = state.gpus.entry(gpu_uuid.to_owned()).or_default();
@@ -300,13 +302,8 @@ impl DeviceBackend for FakeBackend {
     }
 
     fn list_mig_instances(&self, gpu_uuid: &str) -> Result<Vec<MigInstance>, BackendError> {
-        // Listing works in any mode (a GPU switched away from mig may still hold instances),
-        // but only for a GPU of this node.
-        if self.enumerate()?.iter().all(|g| g.uuid != gpu_uuid) {
-            return Err(BackendError::GpuNotFound {
-                uuid: gpu_uuid.to_owned(),
-            });
-        }
+        // Any mode (a GPU switched away from mig may still hold instances).
+        self.node_gpu(gpu_uuid)?;
         let mut state = MigStateFile::load(&mig_state_path(&self.path))?;
         Ok(state.gpus.remove(gpu_uuid).unwrap_or_default())
     }
@@ -335,15 +332,12 @@ pub struct FaultFile {
 impl FaultFile {
     /// Reads the fault file at `path`; a missing file is no faults.
     pub fn load(path: &Path) -> Result<Self, BackendError> {
-        let text = match std::fs::read(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(source) => {
-                return Err(BackendError::ProfileRead {
-                    path: path.to_owned(),
-                    source,
-                });
-            }
+        let read = read_if_present(path).map_err(|source| BackendError::ProfileRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        let Some(text) = read else {
+            return Ok(Self::default());
         };
         serde_json::from_slice(&text).map_err(|e| {
             BackendError::Profile(ProfileError {
@@ -366,6 +360,16 @@ impl FaultFile {
         let body = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         std::fs::write(&tmp, body)?;
         std::fs::rename(&tmp, path)
+    }
+}
+
+/// The bytes of the file at `path`, or `None` when there is no such file (the fault and
+/// MIG state files are optional).
+fn read_if_present(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -430,16 +434,13 @@ pub struct MigStateFile {
 impl MigStateFile {
     /// Reads the state file at `path`; a missing file is no instances.
     pub fn load(path: &Path) -> Result<Self, BackendError> {
-        let text = match std::fs::read(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(source) => {
-                return Err(BackendError::MigStateIo {
-                    path: path.to_owned(),
-                    action: "read",
-                    source,
-                });
-            }
+        let read = read_if_present(path).map_err(|source| BackendError::MigStateIo {
+            path: path.to_owned(),
+            action: "read",
+            source,
+        })?;
+        let Some(text) = read else {
+            return Ok(Self::default());
         };
         serde_json::from_slice(&text).map_err(|e| BackendError::MigState {
             path: path.to_owned(),
@@ -495,6 +496,16 @@ impl FakeBackend {
             }
         })?;
         Ok((gpu, table))
+    }
+
+    /// The GPU `uuid` of this node.
+    fn node_gpu(&self, uuid: &str) -> Result<Gpu, BackendError> {
+        self.enumerate()?
+            .into_iter()
+            .find(|g| g.uuid == uuid)
+            .ok_or_else(|| BackendError::GpuNotFound {
+                uuid: uuid.to_owned(),
+            })
     }
 
     /// The mode of the GPU `uuid` as the profile sets it now.
@@ -1490,6 +1501,18 @@ mod tests {
         assert_eq!(d.gi_id, 1);
         assert_ne!(d.uuid, a.uuid);
         assert!(b.list_mig_instances("GPU-ffff").is_err());
+        // The admin switches the GPU back to shared: no new instance, but the old ones are
+        // still listed and can be destroyed.
+        let text = std::fs::read_to_string(&b.path).unwrap();
+        std::fs::write(&b.path, text.replace("mode: mig", "mode: shared")).unwrap();
+        assert!(matches!(
+            b.create_mig_instance(H100, "1g.10gb", at(6, 1)),
+            Err(BackendError::MigNotEnabled { .. })
+        ));
+        assert_eq!(b.list_mig_instances(H100).unwrap().len(), 2);
+        b.destroy_mig_instance(H100, &d.uuid).unwrap();
+        b.destroy_mig_instance(H100, &c.uuid).unwrap();
+        assert!(b.list_mig_instances(H100).unwrap().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

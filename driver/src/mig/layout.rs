@@ -283,7 +283,7 @@ impl MigLayout {
     }
 
     /// How many placements of each profile fit now, the largest profile first (most memory
-    /// slices, then most compute slices): the measure [`super::choose`] keeps as high as it
+    /// slices, then most compute slices): the measure [`super::choose()`] keeps as high as it
     /// can, compared in that order.
     pub fn free_score(&self) -> FreeScore {
         let mut profiles: Vec<&'static MigProfile> = self.table.profiles.iter().collect();

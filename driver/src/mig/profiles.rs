@@ -62,7 +62,7 @@ impl MigProfile {
     /// Whether the profile trades compute for memory: two or more memory slices per compute
     /// slice (`1g.20gb` on an H100). Such a profile leaves compute slices that no other
     /// instance can use once the memory is gone, so a request that names no compute slices
-    /// is not given one (see [`super::choose`]).
+    /// is not given one (see [`super::choose`](mod@super::choose)).
     pub fn memory_heavy(&self) -> bool {
         self.memory_slices >= 2 * self.compute_slices
     }
