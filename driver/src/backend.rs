@@ -6,11 +6,18 @@
 //!   NVML; `libnvidia-ml.so.1` is loaded at run time, so the crate builds on any machine.
 //! * [`fake::FakeBackend`] reads a YAML profile describing one node or a whole fake cluster
 //!   (see `deploy/fake/README.md`), for development and tests without GPUs.
+//!
+//! MIG instances are created, destroyed and listed through the backend too
+//! ([`DeviceBackend::create_mig_instance`] and its siblings). The fake models them, with
+//! their limits and failures, in a state file beside its profile; the NVML backend does not
+//! yet (`nvml-wrapper` 0.13 has no GPU instance calls), and answers
+//! [`BackendError::MigUnsupported`].
 
 use std::path::PathBuf;
 
-use crate::device::{Gpu, Health, NodeInventory};
+use crate::device::{Gpu, GpuMode, Health, NodeInventory};
 use crate::health::Fault;
+use crate::mig::{MigError, MigInstance, Placement, UnknownModel};
 
 pub mod fake;
 #[cfg(feature = "nvml")]
@@ -71,6 +78,44 @@ pub trait DeviceBackend: Send + Sync {
     fn usage(&self, since_us: u64) -> Result<Vec<GpuUsage>, BackendError> {
         let _ = since_us;
         Err(BackendError::UsageUnsupported {
+            backend: self.name(),
+        })
+    }
+
+    /// Creates a MIG instance of `profile` at `placement` on the GPU `gpu_uuid`: a GPU
+    /// instance and one compute instance spanning it. The GPU must be in MIG mode and the
+    /// placement free (see [`crate::mig::MigLayout`]).
+    ///
+    /// The default answers [`BackendError::MigUnsupported`].
+    fn create_mig_instance(
+        &self,
+        gpu_uuid: &str,
+        profile: &str,
+        placement: Placement,
+    ) -> Result<MigInstance, BackendError> {
+        let _ = (gpu_uuid, profile, placement);
+        Err(BackendError::MigUnsupported {
+            backend: self.name(),
+        })
+    }
+
+    /// Destroys the MIG instance `mig_uuid` of the GPU `gpu_uuid` (its compute instance,
+    /// then its GPU instance).
+    ///
+    /// The default answers [`BackendError::MigUnsupported`].
+    fn destroy_mig_instance(&self, gpu_uuid: &str, mig_uuid: &str) -> Result<(), BackendError> {
+        let _ = (gpu_uuid, mig_uuid);
+        Err(BackendError::MigUnsupported {
+            backend: self.name(),
+        })
+    }
+
+    /// The MIG instances on the GPU `gpu_uuid`, in creation order.
+    ///
+    /// The default answers [`BackendError::MigUnsupported`].
+    fn list_mig_instances(&self, gpu_uuid: &str) -> Result<Vec<MigInstance>, BackendError> {
+        let _ = gpu_uuid;
+        Err(BackendError::MigUnsupported {
             backend: self.name(),
         })
     }
@@ -208,6 +253,87 @@ pub enum BackendError {
         backend: &'static str,
     },
 
+    /// The backend cannot create, destroy or list MIG instances.
+    #[error("the {backend} backend does not support MIG instances{}", if *backend == "nvml" { " (nvml-wrapper has no GPU instance calls yet)" } else { "" })]
+    MigUnsupported {
+        /// The backend's name.
+        backend: &'static str,
+    },
+
+    /// A MIG operation on a GPU that is not in MIG mode.
+    #[error("GPU {uuid}: its mode is {mode}, not mig; MIG instances need mode: mig")]
+    MigNotEnabled {
+        /// The GPU.
+        uuid: String,
+        /// Its mode.
+        mode: GpuMode,
+    },
+
+    /// A MIG operation on a GPU whose model has no profile table.
+    #[error("GPU {uuid}: {source}")]
+    MigUnknownModel {
+        /// The GPU.
+        uuid: String,
+        /// The lookup's error, naming the product.
+        #[source]
+        source: UnknownModel,
+    },
+
+    /// The GPU refused the instance: the profile, placement or limits do not allow it.
+    #[error("GPU {uuid}: {source}")]
+    Mig {
+        /// The GPU.
+        uuid: String,
+        /// Why.
+        #[source]
+        source: MigError,
+    },
+
+    /// The driver failed to create the instance (a fake's injected fault, or NVML's error).
+    #[error("GPU {uuid}: creating a MIG {profile} instance at {placement} failed: {detail}")]
+    MigCreateFailed {
+        /// The GPU.
+        uuid: String,
+        /// The profile.
+        profile: String,
+        /// The placement.
+        placement: Placement,
+        /// What failed.
+        detail: String,
+    },
+
+    /// No MIG instance with this UUID on the GPU.
+    #[error("GPU {uuid}: no MIG instance {mig_uuid:?}; it has {}", if known.is_empty() { "none".to_owned() } else { known.join(", ") })]
+    MigInstanceNotFound {
+        /// The GPU.
+        uuid: String,
+        /// The instance asked for.
+        mig_uuid: String,
+        /// The instances it has.
+        known: Vec<String>,
+    },
+
+    /// The fake's MIG state file is malformed.
+    #[error("{}: malformed MIG state file: {detail}", path.display())]
+    MigState {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+
+    /// The fake's MIG state file could not be read or written.
+    #[error("{}: cannot {action} the MIG state file", path.display())]
+    MigStateIo {
+        /// The file.
+        path: PathBuf,
+        /// `read` or `write`.
+        action: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// This build has no support for the requested backend.
     #[error("backend {0:?} is not compiled into this build (cargo feature {0:?} is off)")]
     NotCompiled(&'static str),
@@ -315,6 +441,35 @@ mod tests {
                 "{e}"
             ),
         }
+    }
+
+    #[test]
+    fn backends_without_mig_say_so() {
+        struct Plain;
+        impl DeviceBackend for Plain {
+            fn name(&self) -> &'static str {
+                "nvml"
+            }
+            fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
+                Ok(Vec::new())
+            }
+        }
+        let at = Placement { start: 0, size: 1 };
+        let e = Plain
+            .create_mig_instance("GPU-1", "1g.10gb", at)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the nvml backend does not support MIG instances (nvml-wrapper has no GPU instance calls yet)"
+        );
+        assert!(matches!(
+            Plain.list_mig_instances("GPU-1"),
+            Err(BackendError::MigUnsupported { backend: "nvml" })
+        ));
+        assert!(matches!(
+            Plain.destroy_mig_instance("GPU-1", "MIG-1"),
+            Err(BackendError::MigUnsupported { .. })
+        ));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! PCI bus id), capacity (memory, SMs), generation (compute capability and the
 //! [`Architecture`] it implies), topology (NUMA node, PCIe root), health, and the device
 //! nodes a container needs to reach it. A [`NodeInventory`] is the list of GPUs of one node.
+//! A [`GpuMode`] is how the admin runs a GPU (shares, MIG or whole).
 //!
 //! The model is plain data: backends (see [`crate::backend`]) fill it, the engine reads it,
 //! the kubelet plugin publishes it. Everything serialises to JSON with camelCase keys.
@@ -117,6 +118,53 @@ impl Gpu {
     /// The GPU's own device node (`/dev/nvidia<minor>`), if the backend listed one.
     pub fn primary_device_node(&self) -> Option<&DeviceNode> {
         self.device_nodes.first()
+    }
+}
+
+/// How the admin runs a GPU (per GPU: a node label or chart value on a real node, `mode:`
+/// in a fake profile). Switching needs the GPU to hold no claims.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    /// Quota shares (memory and cores) of one GPU, enforced by the shim.
+    #[default]
+    Shared,
+    /// Dynamic MIG: one instance per claim, sized to the request.
+    Mig,
+    /// Whole GPUs only.
+    Whole,
+}
+
+impl GpuMode {
+    /// The mode's name: `shared`, `mig` or `whole`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::Mig => "mig",
+            Self::Whole => "whole",
+        }
+    }
+}
+
+impl fmt::Display for GpuMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for GpuMode {
+    type Err = String;
+
+    /// Parses `shared`, `mig` or `whole`; the error says what is valid.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "shared" => Ok(Self::Shared),
+            "mig" => Ok(Self::Mig),
+            "whole" => Ok(Self::Whole),
+            other => Err(format!(
+                "{other:?} is not a GPU mode (shared, mig or whole)"
+            )),
+        }
     }
 }
 

@@ -9,6 +9,9 @@
 //! * [`grant`]: what an allocation result grants a claim.
 //! * [`health`]: device faults, the admin's health policy and the per-GPU health state
 //!   machine (unhealthy at once, healthy again after N clean checks).
+//! * [`mig`]: Multi-Instance GPU: NVIDIA's profile tables, a MIG-mode GPU's free
+//!   placements, the choice of profile and placement for a request, and the GPU as DRA
+//!   partitionable devices (counters and placement devices).
 //! * [`engine`]: fit and score a request against an inventory under a placement policy.
 //! * [`hami`]: HAMi's pod resources and annotations → engine requests and policy (the
 //!   extender and the DRA controller both read pods through it).
@@ -16,8 +19,8 @@
 //! * [`sim`]: the trace simulator that replays the Alibaba GPU trace through the engine,
 //!   and the reader of its allocation curves (`sim::curves`).
 //!
-//! Layering: `device` and `engine` use nothing above them; `backend`, `cdi` and `grant`
-//! use `device`; `backend` uses `health`, which uses nothing; `hami`, `ledger` and `sim`
+//! Layering: `device` and `engine` use nothing above them; `mig` uses `device`; `backend`
+//! uses `mig`; `backend`, `cdi` and `grant` use `device`; `backend` uses `health`, which uses nothing; `hami`, `ledger` and `sim`
 //! use `engine`.
 
 // No unsafe code but in the NVML backend's driver-limits module (DESIGN.md), which opts in.
@@ -32,4 +35,5 @@ pub mod grant;
 pub mod hami;
 pub mod health;
 pub mod ledger;
+pub mod mig;
 pub mod sim;

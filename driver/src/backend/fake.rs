@@ -20,6 +20,8 @@
 //!         pciBusID: "0000:1b:00.0"  # optional, unique per node; default 0000:<pos+1>:00.0
 //!         pcieRoot: pci0000:15  # optional
 //!         migCapable: true      # optional, default false
+//!         mode: mig             # optional: shared (default), mig or whole; mig needs
+//!                               # migCapable and a model with a MIG table (crate::mig)
 //!         index: 0              # optional, default: position in the list
 //!         minor: 0              # optional, default: index
 //!         unhealthy: "XID 79"   # optional; present = Unhealthy with this reason
@@ -32,7 +34,16 @@
 //! by `fgpu-kubelet-plugin fake-fault`): per GPU UUID a list of faults in the words of
 //! [`Fault::parse`](crate::health::Fault::parse) (`xid 79`, `ecc`, `lost`, `retired-pages`,
 //! `temperature 97`). Both files are re-read by every enumeration, so an injected fault is
-//! seen by the next health check, as a driver event would be on a real node.
+//! seen by the next health check, as a driver event would be on a real node. One word in a
+//! GPU's list is not a health fault: [`MIG_CREATE_FAILS`] makes the next MIG instance
+//! creations on that GPU fail (as a driver error would), until it is cleared.
+//!
+//! MIG instances of GPUs in `mode: mig` live in `<profile>.mig.json` ([`MigStateFile`],
+//! [`mig_state_path`]), written atomically at each change and re-read by each call, so a
+//! restarted plugin finds the instances that survived it, as on a real GPU. Creation
+//! refuses what the GPU would ([`crate::mig::MigLayout`]: overlap, no compute slices left,
+//! instance limits, a second `+me`). The instance UUIDs, GPU instance ids and
+//! capability-node minors are the fake's own numbering; a real node's come from the driver.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -42,9 +53,10 @@ use serde_json::Value;
 
 use super::{BackendError, DeviceBackend, ProfileError};
 use crate::device::{
-    Architecture, ComputeCapability, DeviceNode, Gpu, Health, NodeInventory,
-    ParseComputeCapabilityError,
+    Architecture, CONTAINER_DEV_DIR, ComputeCapability, DeviceNode, Gpu, GpuMode, Health,
+    NodeInventory, ParseComputeCapabilityError,
 };
+use crate::mig::{self, MigInstance, Placement};
 
 /// Driver version used when a profile names none.
 pub const DEFAULT_DRIVER_VERSION: &str = "550.54.15";
@@ -58,6 +70,8 @@ pub const DEFAULT_DEVICE_ROOT: &str = "/dev";
 pub struct FakeProfile {
     path: PathBuf,
     nodes: Vec<NodeInventory>,
+    /// Each GPU's mode, by UUID.
+    modes: BTreeMap<String, GpuMode>,
 }
 
 impl FakeProfile {
@@ -87,6 +101,11 @@ impl FakeProfile {
     /// All nodes, in file order.
     pub fn nodes(&self) -> &[NodeInventory] {
         &self.nodes
+    }
+
+    /// The mode of the GPU `uuid` (`shared` for one the profile does not list).
+    pub fn mode(&self, uuid: &str) -> GpuMode {
+        self.modes.get(uuid).copied().unwrap_or_default()
     }
 
     /// Node names, in file order.
@@ -189,6 +208,105 @@ impl DeviceBackend for FakeBackend {
         let uuids: Vec<String> = self.enumerate()?.into_iter().map(|g| g.uuid).collect();
         Ok(reader.usage_of(&uuids, since_us))
     }
+
+    fn create_mig_instance(
+        &self,
+        gpu_uuid: &str,
+        profile: &str,
+        placement: Placement,
+    ) -> Result<MigInstance, BackendError> {
+        let (gpu, table) = self.mig_gpu(gpu_uuid)?;
+        let refused = |source| BackendError::Mig {
+            uuid: gpu_uuid.to_owned(),
+            source,
+        };
+        let state_path = mig_state_path(&self.path);
+        let mut state = MigStateFile::load(&state_path)?;
+        let existing = state
+            .gpus
+            .get(gpu_uuid)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let mut layout = mig::layout_of(table, existing).map_err(|e| BackendError::MigState {
+            path: state_path.clone(),
+            detail: format!("GPU {gpu_uuid}: {e}"),
+        })?;
+        let wanted = layout.profile(profile).map_err(refused)?;
+        if placement.size != wanted.memory_slices {
+            return Err(refused(mig::MigError::NoSuchPlacement {
+                model: table.model,
+                profile: wanted.name,
+                start: placement.start,
+                valid: wanted.starts,
+            }));
+        }
+        let faults = FaultFile::load(&faults_path(&self.path))?;
+        if faults
+            .gpus
+            .get(gpu_uuid)
+            .is_some_and(|l| l.iter().any(|f| is_operation_fault(f)))
+        {
+            return Err(BackendError::MigCreateFailed {
+                uuid: gpu_uuid.to_owned(),
+                profile: profile.to_owned(),
+                placement,
+                detail: format!("injected fault {MIG_CREATE_FAILS:?}"),
+            });
+        }
+        layout.take(profile, placement.start).map_err(refused)?;
+        let gi_id = (1..)
+            .find(|id| !existing.iter().any(|i| i.gi_id == *id))
+            .unwrap_or(1);
+        state.serial += 1;
+        let mut device_nodes: Vec<DeviceNode> =
+            gpu.primary_device_node().cloned().into_iter().collect();
+        device_nodes.extend(fake_cap_nodes(&gpu, gi_id, 0));
+        let instance = MigInstance {
+            uuid: fake_mig_uuid(gpu_uuid, state.serial),
+            gpu_uuid: gpu_uuid.to_owned(),
+            profile: wanted.name.to_owned(),
+            placement,
+            gi_id,
+            ci_id: 0,
+            memory_bytes: wanted.memory_bytes(),
+            device_nodes,
+        };
+        state
+            .gpus
+            .entry(gpu_uuid.to_owned())
+            .or_default()
+            .push(instance.clone());
+        state.save(&state_path)?;
+        Ok(instance)
+    }
+
+    fn destroy_mig_instance(&self, gpu_uuid: &str, mig_uuid: &str) -> Result<(), BackendError> {
+        // Any mode: instances left from before the admin switched the GPU away from mig
+        // must still be removable.
+        self.node_gpu(gpu_uuid)?;
+        let state_path = mig_state_path(&self.path);
+        let mut state = MigStateFile::load(&state_path)?;
+        let list = state.gpus.entry(gpu_uuid.to_owned()).or_default();
+        let Some(pos) = list.iter().position(|i| i.uuid == mig_uuid) else {
+            return Err(BackendError::MigInstanceNotFound {
+                uuid: gpu_uuid.to_owned(),
+                mig_uuid: mig_uuid.to_owned(),
+                known: list.iter().map(|i| i.uuid.clone()).collect(),
+            });
+        };
+        list.remove(pos);
+        if list.is_empty() {
+            state.gpus.remove(gpu_uuid);
+        }
+        state.save(&state_path)
+    }
+
+    fn list_mig_instances(&self, gpu_uuid: &str) -> Result<Vec<MigInstance>, BackendError> {
+        // Any mode (a GPU switched away from mig may still hold instances).
+        self.node_gpu(gpu_uuid)?;
+        let mut state = MigStateFile::load(&mig_state_path(&self.path))?;
+        Ok(state.gpus.remove(gpu_uuid).unwrap_or_default())
+    }
 }
 
 /// Joins several faults in one `Health::Unhealthy` reason; the default
@@ -214,15 +332,12 @@ pub struct FaultFile {
 impl FaultFile {
     /// Reads the fault file at `path`; a missing file is no faults.
     pub fn load(path: &Path) -> Result<Self, BackendError> {
-        let text = match std::fs::read(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(source) => {
-                return Err(BackendError::ProfileRead {
-                    path: path.to_owned(),
-                    source,
-                });
-            }
+        let read = read_if_present(path).map_err(|source| BackendError::ProfileRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        let Some(text) = read else {
+            return Ok(Self::default());
         };
         serde_json::from_slice(&text).map_err(|e| {
             BackendError::Profile(ProfileError {
@@ -248,25 +363,196 @@ impl FaultFile {
     }
 }
 
+/// The bytes of the file at `path`, or `None` when there is no such file (the fault and
+/// MIG state files are optional).
+fn read_if_present(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Marks the GPUs of the profile at `profile` that have injected faults (its
 /// [`faults_path`]) unhealthy, the faults joined by [`FAULT_SEPARATOR`] after any
 /// `unhealthy:` reason of the profile.
 pub fn apply_faults(profile: &Path, gpus: &mut [Gpu]) -> Result<(), BackendError> {
     let faults = FaultFile::load(&faults_path(profile))?;
     for gpu in gpus {
-        let Some(list) = faults.gpus.get(&gpu.uuid).filter(|l| !l.is_empty()) else {
+        let list: Vec<&String> = faults
+            .gpus
+            .get(&gpu.uuid)
+            .into_iter()
+            .flatten()
+            .filter(|f| !is_operation_fault(f))
+            .collect();
+        if list.is_empty() {
             continue;
-        };
+        }
         let mut reasons: Vec<String> = match &gpu.health {
             Health::Unhealthy { reason } => vec![reason.clone()],
             Health::Healthy => Vec::new(),
         };
-        reasons.extend(list.iter().cloned());
+        reasons.extend(list.into_iter().cloned());
         gpu.health = Health::Unhealthy {
             reason: reasons.join(FAULT_SEPARATOR),
         };
     }
     Ok(())
+}
+
+/// The fault-file word that makes MIG instance creation fail on a GPU (until cleared).
+pub const MIG_CREATE_FAILS: &str = "mig-create-fails";
+
+/// Whether a fault-file entry makes an operation fail rather than the GPU unhealthy.
+fn is_operation_fault(entry: &str) -> bool {
+    entry.trim().eq_ignore_ascii_case(MIG_CREATE_FAILS)
+}
+
+/// Where the fake keeps the MIG instances of the profile at `profile`:
+/// `<profile>.mig.json`.
+pub fn mig_state_path(profile: &Path) -> PathBuf {
+    let mut name = profile.as_os_str().to_owned();
+    name.push(".mig.json");
+    PathBuf::from(name)
+}
+
+/// The fake's MIG instances, by GPU UUID
+/// (`{"serial": 3, "gpus": {"GPU-…": [{"uuid": "MIG-…", …}]}}`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigStateFile {
+    /// Instances created so far on the whole node; each new one takes the next number (it
+    /// seeds the instance's UUID, so a re-created instance gets a new one, as on a GPU).
+    #[serde(default)]
+    pub serial: u64,
+    /// Instances per GPU UUID, in creation order.
+    #[serde(default)]
+    pub gpus: BTreeMap<String, Vec<MigInstance>>,
+}
+
+impl MigStateFile {
+    /// Reads the state file at `path`; a missing file is no instances.
+    pub fn load(path: &Path) -> Result<Self, BackendError> {
+        let read = read_if_present(path).map_err(|source| BackendError::MigStateIo {
+            path: path.to_owned(),
+            action: "read",
+            source,
+        })?;
+        let Some(text) = read else {
+            return Ok(Self::default());
+        };
+        serde_json::from_slice(&text).map_err(|e| BackendError::MigState {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// Writes the file at `path` atomically and durably: a temporary file, synced, renamed
+    /// over it.
+    pub fn save(&self, path: &Path) -> Result<(), BackendError> {
+        let io = |source| BackendError::MigStateIo {
+            path: path.to_owned(),
+            action: "write",
+            source,
+        };
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let body = serde_json::to_vec_pretty(self).map_err(|e| io(std::io::Error::other(e)))?;
+        {
+            use std::io::Write as _;
+            let mut f = std::fs::File::create(&tmp).map_err(io)?;
+            f.write_all(&body).map_err(io)?;
+            f.sync_all().map_err(io)?;
+        }
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+}
+
+impl FakeBackend {
+    /// The GPU `uuid` of this node, the profile's mode for it and its MIG table; the GPU
+    /// must be in MIG mode.
+    fn mig_gpu(&self, uuid: &str) -> Result<(Gpu, &'static mig::MigTable), BackendError> {
+        let profile = FakeProfile::load(&self.path)?;
+        let gpu = profile
+            .node(&self.node)?
+            .gpu_by_uuid(uuid)
+            .cloned()
+            .ok_or_else(|| BackendError::GpuNotFound {
+                uuid: uuid.to_owned(),
+            })?;
+        let mode = profile.mode(uuid);
+        if mode != GpuMode::Mig {
+            return Err(BackendError::MigNotEnabled {
+                uuid: uuid.to_owned(),
+                mode,
+            });
+        }
+        let table = mig::table_for(&gpu.product_name, gpu.memory_bytes).map_err(|source| {
+            BackendError::MigUnknownModel {
+                uuid: uuid.to_owned(),
+                source,
+            }
+        })?;
+        Ok((gpu, table))
+    }
+
+    /// The GPU `uuid` of this node.
+    fn node_gpu(&self, uuid: &str) -> Result<Gpu, BackendError> {
+        self.enumerate()?
+            .into_iter()
+            .find(|g| g.uuid == uuid)
+            .ok_or_else(|| BackendError::GpuNotFound {
+                uuid: uuid.to_owned(),
+            })
+    }
+
+    /// The mode of the GPU `uuid` as the profile sets it now.
+    pub fn mode(&self, uuid: &str) -> Result<GpuMode, BackendError> {
+        Ok(FakeProfile::load(&self.path)?.mode(uuid))
+    }
+}
+
+/// A fake MIG UUID from the parent's UUID and the node's creation serial.
+fn fake_mig_uuid(gpu_uuid: &str, serial: u64) -> String {
+    // FNV-1a over the parent UUID, then the serial: stable, and distinct per creation.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in gpu_uuid.bytes().chain(serial.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let hex = format!("{h:016x}{serial:016x}");
+    format!(
+        "MIG-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// The capability device nodes of GPU instance `gi` / compute instance `ci` on the GPU with
+/// `minor`, under the GPU's device directory. The minors are the fake's own numbering
+/// (9 per GPU instance, 15 GPU instances per GPU, after the driver's `config` 1 and
+/// `monitor` 2); a real node lists them in `/proc/driver/nvidia-caps/mig-minors`.
+fn fake_cap_nodes(gpu: &Gpu, gi: u32, ci: u32) -> Vec<DeviceNode> {
+    let host_dir = gpu
+        .primary_device_node()
+        .and_then(|n| n.host_path.parent())
+        .map_or_else(|| PathBuf::from(DEFAULT_DEVICE_ROOT), Path::to_path_buf);
+    let gi_minor = 3 + gpu.minor * 135 + gi * 9;
+    [gi_minor, gi_minor + 1 + ci]
+        .into_iter()
+        .map(|minor| {
+            let name = format!("nvidia-caps/nvidia-cap{minor}");
+            DeviceNode {
+                path: Path::new(CONTAINER_DEV_DIR).join(&name),
+                host_path: host_dir.join(&name),
+            }
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -315,6 +601,7 @@ struct RawGpu {
     index: Option<u32>,
     minor: Option<u32>,
     unhealthy: Option<String>,
+    mode: Option<String>,
 }
 
 struct Parser<'a> {
@@ -382,8 +669,9 @@ impl Parser<'_> {
         }
         let mut nodes: Vec<NodeInventory> = Vec::with_capacity(raw.nodes.len());
         let mut uuids = UuidSeen::new();
+        let mut modes = BTreeMap::new();
         for (pos, value) in raw.nodes.into_iter().enumerate() {
-            let inv = self.node(pos, value, &raw.defaults, &mut uuids)?;
+            let inv = self.node(pos, value, &raw.defaults, &mut uuids, &mut modes)?;
             if nodes.iter().any(|n| n.node == inv.node) {
                 return Err(self.err(
                     Some(&inv.node),
@@ -396,6 +684,7 @@ impl Parser<'_> {
         Ok(FakeProfile {
             path: self.path.to_owned(),
             nodes,
+            modes,
         })
     }
 
@@ -405,6 +694,7 @@ impl Parser<'_> {
         value: Value,
         defaults: &RawDefaults,
         uuids: &mut UuidSeen,
+        modes: &mut BTreeMap<String, GpuMode>,
     ) -> Result<NodeInventory, ProfileError> {
         // Name the node in messages as early as possible; fall back to its position.
         let label = value
@@ -542,6 +832,24 @@ impl Parser<'_> {
                     ));
                 }
             }
+            let mode = match g.mode.as_deref() {
+                None => GpuMode::default(),
+                Some(text) => text
+                    .parse()
+                    .map_err(|why: String| self.err(Some(name), f("mode"), why))?,
+            };
+            if mode == GpuMode::Mig {
+                if !g.mig_capable {
+                    return Err(self.err(
+                        Some(name),
+                        f("mode"),
+                        "mig needs a MIG-capable GPU (set migCapable: true)",
+                    ));
+                }
+                mig::table_for(g.product_name.trim(), memory_bytes)
+                    .map_err(|why| self.err(Some(name), f("mode"), format!("mig: {why}")))?;
+            }
+            modes.insert(g.uuid.clone(), mode);
             uuids.insert(g.uuid.clone(), (name.to_owned(), i));
             gpus.push(Gpu {
                 index,
@@ -1081,6 +1389,220 @@ mod tests {
         // Cleared: back to the profile's own reason.
         FaultFile::default().save(&faults).unwrap();
         assert_eq!(b.check_health(&[]).unwrap()[0].faults, vec![Fault::Xid(92)]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    const H100: &str = "GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff";
+    const H100_SHARED: &str = "GPU-63367e56-cdb4-4537-be42-f7abdf387237";
+
+    /// A node with one H100 in MIG mode and one in the default mode, in a fresh directory.
+    fn mig_node(tag: &str) -> (PathBuf, FakeBackend) {
+        let dir = std::env::temp_dir().join(format!("fgpu-fake-mig-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.yaml");
+        let h100 = |uuid: &str, extra: &str| {
+            format!(
+                "      - uuid: {uuid}\n        productName: NVIDIA H100 80GB HBM3\n        memory: 81559Mi\n        smCount: 132\n        computeCapability: \"9.0\"\n        migCapable: true\n{extra}"
+            )
+        };
+        let text = format!(
+            "defaults:\n  deviceRoot: /tmp/fake-dev\nnodes:\n  - name: n\n    gpus:\n{}{}",
+            h100(H100, "        mode: mig\n"),
+            h100(H100_SHARED, "")
+        );
+        std::fs::write(&file, text).unwrap();
+        let backend = FakeBackend::open(&file, None).unwrap();
+        (dir, backend)
+    }
+
+    fn at(start: u8, size: u8) -> Placement {
+        Placement { start, size }
+    }
+
+    #[test]
+    fn mode_is_parsed_and_checked() {
+        let text = |extra: &str| format!("nodes:\n  - name: n\n    gpus:\n{}", gpu("GPU-1", extra));
+        let p =
+            FakeProfile::parse(&text("        migCapable: true\n        mode: mig\n"), P).unwrap();
+        assert_eq!(p.mode("GPU-1"), GpuMode::Mig);
+        let p = FakeProfile::parse(&text("        mode: whole\n"), P).unwrap();
+        assert_eq!(p.mode("GPU-1"), GpuMode::Whole);
+        assert_eq!(
+            FakeProfile::parse(&text(""), P).unwrap().mode("GPU-1"),
+            GpuMode::Shared
+        );
+        assert_eq!(
+            err(&text("        mode: mig\n")),
+            r#"deploy/fake/x.yaml: node "n" gpu[0].mode: mig needs a MIG-capable GPU (set migCapable: true)"#
+        );
+        assert_eq!(
+            err(&text("        mode: split\n")),
+            r#"deploy/fake/x.yaml: node "n" gpu[0].mode: "split" is not a GPU mode (shared, mig or whole)"#
+        );
+        // A MIG-capable GPU fgpu has no table for: named, not guessed.
+        let l40 = text("        migCapable: true\n        mode: mig\n")
+            .replace("NVIDIA A100-SXM4-80GB", "NVIDIA H100 NVL")
+            .replace("memory: 80Gi", "memory: 95830Mi");
+        let e = err(&l40);
+        assert!(
+            e.starts_with(r#"deploy/fake/x.yaml: node "n" gpu[0].mode: mig: no MIG profile table for "NVIDIA H100 NVL" with 93.6 GiB"#),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mig_instances_survive_a_reload_and_are_destroyed() {
+        let (dir, b) = mig_node("reload");
+        assert!(b.list_mig_instances(H100).unwrap().is_empty());
+        let a = b.create_mig_instance(H100, "3g.40gb", at(4, 4)).unwrap();
+        let c = b.create_mig_instance(H100, "1g.10gb", at(0, 1)).unwrap();
+        assert!(
+            a.uuid.starts_with("MIG-") && a.uuid.len() == 40,
+            "{}",
+            a.uuid
+        );
+        assert_ne!(a.uuid, c.uuid);
+        assert_eq!((a.gi_id, c.gi_id, a.ci_id), (1, 2, 0));
+        assert_eq!(a.memory_bytes, 40 * GIB);
+        assert_eq!(a.device_nodes[0].path, Path::new("/dev/nvidia0"));
+        assert_eq!(
+            a.device_nodes[1].host_path,
+            Path::new("/tmp/fake-dev/nvidia-caps/nvidia-cap12")
+        );
+        assert_eq!(
+            a.device_nodes[2].path,
+            Path::new("/dev/nvidia-caps/nvidia-cap13")
+        );
+
+        // A restarted plugin (a new backend on the same files) sees both.
+        let again = FakeBackend::open(b.path.clone(), None).unwrap();
+        assert_eq!(
+            again.list_mig_instances(H100).unwrap(),
+            vec![a.clone(), c.clone()]
+        );
+        again.destroy_mig_instance(H100, &a.uuid).unwrap();
+        assert_eq!(b.list_mig_instances(H100).unwrap(), vec![c.clone()]);
+        let e = b.destroy_mig_instance(H100, &a.uuid).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "GPU {H100}: no MIG instance {:?}; it has {}",
+                a.uuid, c.uuid
+            )
+        );
+        // The freed slices take a new instance, with a new UUID and the lowest free GI id.
+        let d = b.create_mig_instance(H100, "4g.40gb", at(0, 4));
+        assert!(
+            matches!(d, Err(BackendError::Mig { .. })),
+            "slice 0 is still c's"
+        );
+        let d = b.create_mig_instance(H100, "3g.40gb", at(4, 4)).unwrap();
+        assert_eq!(d.gi_id, 1);
+        assert_ne!(d.uuid, a.uuid);
+        assert!(b.list_mig_instances("GPU-ffff").is_err());
+        // The admin switches the GPU back to shared: no new instance, but the old ones are
+        // still listed and can be destroyed.
+        let text = std::fs::read_to_string(&b.path).unwrap();
+        std::fs::write(&b.path, text.replace("mode: mig", "mode: shared")).unwrap();
+        assert!(matches!(
+            b.create_mig_instance(H100, "1g.10gb", at(6, 1)),
+            Err(BackendError::MigNotEnabled { .. })
+        ));
+        assert_eq!(b.list_mig_instances(H100).unwrap().len(), 2);
+        b.destroy_mig_instance(H100, &d.uuid).unwrap();
+        b.destroy_mig_instance(H100, &c.uuid).unwrap();
+        assert!(b.list_mig_instances(H100).unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn mig_creation_refuses_what_the_gpu_would() {
+        let (dir, b) = mig_node("refuse");
+        b.create_mig_instance(H100, "2g.20gb", at(0, 2)).unwrap();
+        let e = b
+            .create_mig_instance(H100, "4g.40gb", at(0, 4))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "GPU {H100}: H100 80GB: MIG profile 4g.40gb at {{0}}:4 overlaps the instance 2g.20gb at {{0}}:2"
+            )
+        );
+        let e = b
+            .create_mig_instance(H100, "2g.20gb", at(1, 2))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("cannot start at memory slice 1"),
+            "{e}"
+        );
+        let e = b
+            .create_mig_instance(H100, "2g.20gb", at(2, 4))
+            .unwrap_err();
+        assert!(matches!(e, BackendError::Mig { .. }), "{e}");
+        let e = b
+            .create_mig_instance(H100, "9g.90gb", at(0, 8))
+            .unwrap_err();
+        assert!(e.to_string().contains("no MIG profile \"9g.90gb\""), "{e}");
+        // The instance limit: one +me, then compute slices run out.
+        b.create_mig_instance(H100, "1g.10gb+me", at(2, 1)).unwrap();
+        let e = b
+            .create_mig_instance(H100, "1g.10gb+me", at(3, 1))
+            .unwrap_err();
+        assert!(e.to_string().contains("maximum of 1 instances"), "{e}");
+        for s in [3, 4, 5, 6] {
+            b.create_mig_instance(H100, "1g.10gb", at(s, 1)).unwrap();
+        }
+        // 2 + 1 + 4 = 7 compute slices: slice 7 is free but nothing can use it.
+        let e = b
+            .create_mig_instance(H100, "1g.20gb", at(6, 2))
+            .unwrap_err();
+        assert!(matches!(e, BackendError::Mig { .. }), "{e}");
+        assert_eq!(b.list_mig_instances(H100).unwrap().len(), 6);
+        // A GPU not in MIG mode refuses, naming its mode.
+        let e = b
+            .create_mig_instance(H100_SHARED, "1g.10gb", at(0, 1))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("GPU {H100_SHARED}: its mode is shared, not mig; MIG instances need mode: mig")
+        );
+        assert!(matches!(
+            b.create_mig_instance("GPU-ffff", "1g.10gb", at(0, 1)),
+            Err(BackendError::GpuNotFound { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn injected_creation_failure_leaves_no_instance_and_the_gpu_healthy() {
+        let (dir, b) = mig_node("fault");
+        let faults = faults_path(&b.path);
+        let mut f = FaultFile::default();
+        f.gpus.insert(H100.into(), vec![MIG_CREATE_FAILS.into()]);
+        f.save(&faults).unwrap();
+        let e = b
+            .create_mig_instance(H100, "1g.10gb", at(6, 1))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "GPU {H100}: creating a MIG 1g.10gb instance at {{6}}:1 failed: injected fault \"mig-create-fails\""
+            )
+        );
+        assert!(b.list_mig_instances(H100).unwrap().is_empty());
+        // The word is not a health fault.
+        assert!(b.health(H100).unwrap().is_healthy());
+        // Cleared: creation works again.
+        FaultFile::default().save(&faults).unwrap();
+        b.create_mig_instance(H100, "1g.10gb", at(6, 1)).unwrap();
+        // A malformed state file is an error naming it, never silently empty.
+        std::fs::write(mig_state_path(&b.path), "{\"gpus\": 1}").unwrap();
+        let e = b.list_mig_instances(H100).unwrap_err().to_string();
+        assert!(
+            e.contains("p.yaml.mig.json: malformed MIG state file"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
