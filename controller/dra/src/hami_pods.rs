@@ -71,7 +71,8 @@ pub const MAX_ALTERNATIVES: usize = 8;
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "fgpu-controller");
 
 /// The HAMi annotations the translation does not carry over; the answer warns of each.
-pub const IGNORED_ANNOTATIONS: [&str; 2] = ["nvidia.com/vgpu-mode", "hami.io/device-scoring-weights"];
+pub const IGNORED_ANNOTATIONS: [&str; 2] =
+    ["nvidia.com/vgpu-mode", "hami.io/device-scoring-weights"];
 
 /// What the translation needs to know of the deployment.
 #[derive(Clone, Debug)]
@@ -112,7 +113,9 @@ pub struct Translation {
 impl Translation {
     /// The template's name.
     pub fn template_name(&self) -> &str {
-        self.template["metadata"]["name"].as_str().unwrap_or_default()
+        self.template["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
     }
 }
 
@@ -204,7 +207,10 @@ fn known_resources(names: &LegacyResourceNames) -> [&str; 5] {
 /// The domain of HAMi's resources (`nvidia.com/`): a name in it that the translation does
 /// not know is refused.
 fn resource_domain(names: &LegacyResourceNames) -> &str {
-    names.gpu.find('/').map_or("nvidia.com/", |i| &names.gpu[..=i])
+    names
+        .gpu
+        .find('/')
+        .map_or("nvidia.com/", |i| &names.gpu[..=i])
 }
 
 /// Refuses, in container `c` (`spec.<list>[index]`), a resource of HAMi's domain that the

@@ -241,7 +241,6 @@ pub fn guard(req: &Value, cfg: &WebhookConfig) -> Option<String> {
     ))
 }
 
-
 /// Whether `s` is a GPU or MIG UUID as NVML writes it: `GPU-` or `MIG-` and a hyphenated
 /// UUID (8-4-4-4-12 hex digits).
 pub fn valid_gpu_uuid(s: &str) -> bool {
