@@ -51,6 +51,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use fgpu_api::config::{CorePercent, GpuShareConfig, Priority};
 use fgpu_api::dra::ApiVersion;
+use fgpu_api::dra::slice::ResourceSlice;
 use fgpu_api::extender::{Container, Pod};
 use fgpu_api::names::{DriverName, LegacyResourceNames, attr, capacity, legacy};
 use fgpu_driver::engine::{GpuPolicy, GpuShare, NodePolicy, Policy, Topology};
@@ -131,6 +132,26 @@ pub fn needs_gpu_sizes(review: &Value, names: &LegacyResourceNames) -> bool {
                 .is_some_and(|p| p < 100)
         })
     })
+}
+
+/// The distinct memory sizes (bytes) of `driver`'s devices in `slices`, for
+/// [`translate`]'s percentages.
+pub fn gpu_sizes(slices: &[ResourceSlice], driver: &DriverName) -> Vec<u64> {
+    let sizes: BTreeSet<u64> = slices
+        .iter()
+        .filter(|s| s.spec.driver.as_deref() == Some(driver.as_str()))
+        .flat_map(ResourceSlice::devices)
+        .filter_map(|d| {
+            crate::inventory::capacity_u64(
+                d.body()
+                    .capacity
+                    .get(capacity::MEMORY)
+                    .and_then(|c| c.value.as_ref()),
+            )
+            .ok()
+        })
+        .collect();
+    sizes.into_iter().collect()
 }
 
 /// What the server does with a review of `/mutate-pods-dra`.

@@ -44,8 +44,8 @@
 //! `fgpu-plumbing`'s; reading a pod's HAMi annotations is `fgpu_driver::hami`.
 //!
 //! Layering (no module uses one above it): `explain`, `slim`, `mirror`, `metrics`,
-//! `admission`, `selector` → `hami_pods`, `inventory`, `usage`, `load`, `request`, `allocation` → `view` →
-//! `cache` → `reconcile` → `write`, `shared` → `server` → `daemon`.
+//! `admission`, `selector` → `inventory`, `usage`, `load`, `request`, `allocation` →
+//! `hami_pods`, `view` → `cache` → `reconcile` → `write`, `shared` → `server` → `daemon`.
 
 pub mod admission;
 pub mod allocation;
