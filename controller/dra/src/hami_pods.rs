@@ -13,10 +13,10 @@
 //! asks for GPUs, one request of the template, named after the container:
 //!
 //! * `count` ← `nvidia.com/gpu` (1 when only memory or cores are given);
-//! * `nvidia.com/gpumem` (MiB) → `capacity.requests.memory` and the request's
-//!   `GpuShareConfig.memory`; `nvidia.com/gpucores` → `cores` in both. Capacity is what
-//!   kube-scheduler reads where it allocates (consumable capacity); the opaque config is
-//!   what fgpu's controller reads where the API server dropped capacity (before 1.34);
+//! * `nvidia.com/gpumem` (MiB) → the request's `GpuShareConfig.memory` and, in capacity
+//!   mode, `capacity.requests.memory`; `nvidia.com/gpucores` → `cores` likewise. Capacity
+//!   is what kube-scheduler reads where it allocates; the opaque config is what fgpu's
+//!   controller reads (an API server without consumable capacity drops `capacity`);
 //! * `nvidia.com/gpumem-percentage` P < 100: the size of the GPU is not known before
 //!   placement, so the request becomes `firstAvailable` with one alternative per GPU
 //!   memory size this driver's slices publish (at most 8, Kubernetes' limit), each
@@ -44,8 +44,8 @@
 //! The template is named `hami-` and a hash of its spec ([`template_name`]), so identical
 //! pods share one template per namespace. A pod that cannot be translated whole (an
 //! unknown `nvidia.com/*` resource, `gpumem` and `gpumem-percentage` together, a value the
-//! reader refuses, a pod that already has a claim named [`POD_CLAIM`]) is refused with a
-//! message naming the pod, the container and the field.
+//! reader refuses, a preset `spec.nodeName`, a pod that already has a claim named
+//! [`POD_CLAIM`]) is refused with a message naming the pod, the container and the field.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -84,15 +84,22 @@ pub struct HamiConfig {
     /// The scheduling gate to add where fgpu's controller allocates; `None` where
     /// kube-scheduler does (capacity mode).
     pub gate: Option<String>,
+    /// Write `capacity.requests` (capacity mode: what kube-scheduler reads). Off, the
+    /// quota is in the opaque config alone, which the controller reads: an API server
+    /// without consumable capacity drops `capacity`, and the stored template would then
+    /// differ from the next identical pod's.
+    pub capacity: bool,
     /// HAMi's resource names (its defaults unless the deployment renamed them).
     pub names: LegacyResourceNames,
 }
 
 impl HamiConfig {
-    /// The defaults for `driver`: `resource.k8s.io/v1`, the controller's gate, HAMi's names.
+    /// The defaults for `driver`: `resource.k8s.io/v1`, controller mode (the gate, no
+    /// capacity requests), HAMi's names.
     pub fn new(driver: DriverName) -> Self {
         Self {
             gate: Some(driver.scheduling_gate()),
+            capacity: false,
             driver,
             api: ApiVersion::V1,
             names: LegacyResourceNames::default(),
@@ -126,9 +133,10 @@ pub fn needs_gpu_sizes(review: &Value, names: &LegacyResourceNames) -> bool {
     let containers = &review["request"]["object"]["spec"]["containers"];
     containers.as_array().into_iter().flatten().any(|c| {
         ["limits", "requests"].iter().any(|k| {
-            c["resources"][k][names.memory_percentage.as_str()]
-                .as_str()
+            let v = &c["resources"][k][names.memory_percentage.as_str()];
+            v.as_str()
                 .and_then(|v| fgpu_api::quantity::parse_u64(v).ok())
+                .or_else(|| v.as_u64())
                 .is_some_and(|p| p < 100)
         })
     })
@@ -175,7 +183,8 @@ pub fn refuse(review: &Value, message: &str) -> Value {
 }
 
 /// Answers an `AdmissionReview` of `/mutate-pods-dra` (any JSON with a `request.uid`):
-/// pods other than new ones, and pods that ask for no HAMi GPU, are admitted unchanged.
+/// pods other than new ones, and pods that ask for no HAMi GPU, are admitted unchanged; a
+/// dry run gets the patch without the template being created.
 /// `gpu_sizes`: the memory sizes (bytes) of this driver's GPUs, for memory percentages.
 pub fn review(review: &Value, cfg: &HamiConfig, gpu_sizes: &[u64]) -> Reviewed {
     let req = &review["request"];
@@ -195,6 +204,10 @@ pub fn review(review: &Value, cfg: &HamiConfig, gpu_sizes: &[u64]) -> Reviewed {
         Ok(Some(t)) => {
             let patch = Value::Array(t.patch.clone());
             let answer = response(review, true, None, Some(&patch), &t.warnings);
+            // The webhook is registered `sideEffects: NoneOnDryRun`.
+            if req["dryRun"].as_bool() == Some(true) {
+                return Reviewed::Answer(answer);
+            }
             Reviewed::Create {
                 namespace,
                 translation: t,
@@ -362,14 +375,16 @@ fn size_selector(bytes: u64, driver: &DriverName) -> String {
     )
 }
 
-/// One request's (or alternative's) device fields: class, count, selectors, capacity.
+/// One request's (or alternative's) device fields: class, count, selectors, and with
+/// `cfg.capacity` the capacity requests.
 fn exact(
-    class: &str,
+    cfg: &HamiConfig,
     count: u32,
     selectors: &[String],
     memory: Option<u64>,
     cores: Option<u32>,
 ) -> Value {
+    let class = cfg.driver.shared_class();
     let mut e = json!({
         "deviceClassName": class,
         "allocationMode": "ExactCount",
@@ -391,7 +406,7 @@ fn exact(
     if let Some(c) = cores {
         requests.insert(capacity::CORES.into(), c.to_string().into());
     }
-    if !requests.is_empty() {
+    if cfg.capacity && !requests.is_empty() {
         e["capacity"] = json!({"requests": requests});
     }
     e
@@ -450,14 +465,13 @@ fn build_request(
     cfg: &HamiConfig,
     gpu_sizes: &[u64],
 ) -> Result<Built, RequestError> {
-    let class = cfg.driver.shared_class();
     let name = cr.name.clone();
     let sel = selectors(cr, uuid_exclude, &cfg.driver);
     let prio = priority(key, cr.index, c)?;
     let r = &cr.request;
     match memory_of(r.share) {
         Ok(memory) => Ok(Built {
-            request: json!({"name": name, "exactly": exact(&class, r.gpus, &sel, memory, r.cores)}),
+            request: json!({"name": name, "exactly": exact(cfg, r.gpus, &sel, memory, r.cores)}),
             config: config_entry(&[name.clone()], memory, r.cores, prio, &cfg.driver)
                 .into_iter()
                 .collect(),
@@ -499,7 +513,7 @@ fn build_request(
                 let mut sel = sel.clone();
                 sel.push(size_selector(size, &cfg.driver));
                 let memory = Some(percent_of(size, percent));
-                let mut e = exact(&class, r.gpus, &sel, memory, r.cores);
+                let mut e = exact(cfg, r.gpus, &sel, memory, r.cores);
                 e["name"] = json!(sub);
                 subs.push(e);
                 config.extend(config_entry(
@@ -569,6 +583,17 @@ pub fn translate(
         typed.metadata.name = format!("{g}<generated>");
     }
     let key = hami::pod_key(&typed);
+    // The policy only to check the annotations: the controller reads them from the pod.
+    let any_policy = Policy {
+        node: NodePolicy::Binpack,
+        gpu: GpuPolicy::Spread,
+    };
+    let read = hami::pod_request(&typed, &cfg.names, any_policy)?;
+    if read.containers.is_empty() {
+        return Ok(None);
+    }
+    // Checked only once the pod asks for HAMi GPUs: a pod of another `nvidia.com/`
+    // device plugin is none of this webhook's business.
     for (list, containers) in [
         ("containers", &typed.spec.containers),
         ("initContainers", &typed.spec.init_containers),
@@ -577,14 +602,16 @@ pub fn translate(
             check_container(&key, list, i, c, &cfg.names)?;
         }
     }
-    // Only to check the policy annotations: the controller reads them from the pod.
-    let any_policy = Policy {
-        node: NodePolicy::Binpack,
-        gpu: GpuPolicy::Spread,
-    };
-    let read = hami::pod_request(&typed, &cfg.names, any_policy)?;
-    if read.containers.is_empty() {
-        return Ok(None);
+    if pod["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty())
+    {
+        return Err(pod_error(
+            &key,
+            "spec.nodeName".into(),
+            "preset; a pod that names its node skips the scheduler, and nothing would allocate its GPU claim"
+                .into(),
+        ));
     }
     if let Some(i) = pod["spec"]["resourceClaims"]
         .as_array()

@@ -220,6 +220,7 @@ pub(crate) async fn mutate_hami_pod(review: &Value, shared: &Shared) -> Value {
     cfg.api = shared.api;
     if shared.mode.get() == Mode::Capacity {
         cfg.gate = None;
+        cfg.capacity = true;
     }
     let sizes = if hami_pods::needs_gpu_sizes(review, &cfg.names) {
         match gpu_sizes(shared).await {
@@ -511,7 +512,7 @@ mod tests {
         assert_eq!(a["response"]["allowed"], true, "{a}");
         let t = template_of(&fake, &a).await;
         assert_eq!(
-            t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"],
+            t["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["memory"],
             "3000Mi"
         );
         let again = mutate_hami_pod(&r, &s).await;
@@ -549,9 +550,12 @@ mod tests {
         assert_eq!(a["response"]["allowed"], true, "{a}");
         let t = template_of(&fake, &a).await;
         assert_eq!(
-            t["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0]["capacity"]["requests"]
-                ["memory"],
+            t["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["memory"],
             "20Gi"
+        );
+        assert_eq!(
+            t["spec"]["spec"]["devices"]["config"][0]["requests"],
+            json!(["main/mem-81920mi"])
         );
     }
 

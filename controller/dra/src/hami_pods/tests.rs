@@ -12,6 +12,14 @@ fn cfg() -> HamiConfig {
     HamiConfig::new(DriverName::new(DRIVER).unwrap())
 }
 
+/// Capacity mode: kube-scheduler allocates.
+fn capacity_cfg() -> HamiConfig {
+    let mut c = cfg();
+    c.gate = None;
+    c.capacity = true;
+    c
+}
+
 fn pod(annotations: Value, containers: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "gpu-pod", "namespace": "team", "annotations": annotations},
@@ -24,7 +32,11 @@ fn ctr(name: &str, limits: Value) -> Value {
 }
 
 fn translated(p: &Value, sizes: &[u64]) -> Translation {
-    translate(p, "team", &cfg(), sizes)
+    translated_with(&cfg(), p, sizes)
+}
+
+fn translated_with(c: &HamiConfig, p: &Value, sizes: &[u64]) -> Translation {
+    translate(p, "team", c, sizes)
         .unwrap_or_else(|e| panic!("{e}"))
         .expect("a GPU pod")
 }
@@ -106,8 +118,7 @@ fn the_readme_pod_becomes_a_share_of_3000_mib_and_30_cores() {
                 "labels": {"app.kubernetes.io/managed-by": "fgpu-controller"}},
             "spec": {"spec": {"devices": {
                 "requests": [{"name": "ubuntu-container", "exactly": {
-                    "deviceClassName": "shared.gpu.fgpu.dev", "allocationMode": "ExactCount", "count": 1,
-                    "capacity": {"requests": {"memory": "3000Mi", "cores": "30"}}}}],
+                    "deviceClassName": "shared.gpu.fgpu.dev", "allocationMode": "ExactCount", "count": 1}}],
                 "config": [{"requests": ["ubuntu-container"], "opaque": {"driver": DRIVER, "parameters": {
                     "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": "3000Mi", "cores": 30}}}]
             }}}
@@ -131,6 +142,21 @@ fn the_readme_pod_becomes_a_share_of_3000_mib_and_30_cores() {
     let read = as_claim(&t, &BTreeMap::new());
     assert_eq!(read.len(), 1);
     assert_eq!(read[0].request.gpus, 1);
+    assert_eq!(
+        read[0].request.share,
+        GpuShare::Memory { bytes: 3000 << 20 }
+    );
+    assert_eq!(read[0].request.cores, Some(30));
+    // In capacity mode the quota is also in capacity (what kube-scheduler reads), and the
+    // controller reads the same from it.
+    let c = translated_with(&capacity_cfg(), &p, &[]);
+    assert_eq!(
+        devices(&c)["requests"][0]["exactly"]["capacity"],
+        json!({"requests": {"memory": "3000Mi", "cores": "30"}})
+    );
+    assert_ne!(c.template_name(), name);
+    assert!(patched(&p, &c)["spec"].get("schedulingGates").is_none());
+    let read = as_claim(&c, &BTreeMap::new());
     assert_eq!(
         read[0].request.share,
         GpuShare::Memory { bytes: 3000 << 20 }
@@ -191,7 +217,11 @@ fn hami_examples_table() {
         ),
     ];
     for (case, limits, gpus, memory, cores) in cases {
-        let t = translated(&pod(json!({}), json!([ctr("c", limits)])), &[]);
+        let t = translated_with(
+            &capacity_cfg(),
+            &pod(json!({}), json!([ctr("c", limits)])),
+            &[],
+        );
         let e = &devices(&t)["requests"][0]["exactly"];
         assert_eq!(e["count"], gpus, "{case}");
         assert_eq!(
@@ -215,8 +245,25 @@ fn a_percentage_becomes_one_alternative_per_gpu_size() {
         )]),
     );
     let review = json!({"request": {"object": p}});
-    assert!(needs_gpu_sizes(&review, &LegacyResourceNames::default()));
-    let t = translated(&p, &[80 * GIB, 40 * GIB, 80 * GIB, 0]);
+    let names = LegacyResourceNames::default();
+    assert!(needs_gpu_sizes(&review, &names));
+    let whole = pod(
+        json!({}),
+        json!([ctr("c", json!({"nvidia.com/gpumem-percentage": 100}))]),
+    );
+    assert!(!needs_gpu_sizes(
+        &json!({"request": {"object": whole}}),
+        &names
+    ));
+    let number = pod(
+        json!({}),
+        json!([ctr("c", json!({"nvidia.com/gpumem-percentage": 50}))]),
+    );
+    assert!(needs_gpu_sizes(
+        &json!({"request": {"object": number}}),
+        &names
+    ));
+    let t = translated_with(&capacity_cfg(), &p, &[80 * GIB, 40 * GIB, 80 * GIB, 0]);
     let r = &devices(&t)["requests"][0];
     assert_eq!(r["name"], "c");
     let subs = r["firstAvailable"].as_array().unwrap();
@@ -383,14 +430,19 @@ fn only_gpu_containers_change() {
     assert_eq!(out["spec"]["resourceClaims"][1]["name"], "fgpu-hami");
     let none = pod(json!({}), json!([ctr("c", json!({"cpu": "1"}))]));
     assert_eq!(translate(&none, "team", &cfg(), &[]), Ok(None));
+    // Another device plugin's `nvidia.com/` resource alone is not ours to refuse.
+    let mig = pod(
+        json!({}),
+        json!([ctr("c", json!({"nvidia.com/mig-1g.10gb": "1"}))]),
+    );
+    assert_eq!(translate(&mig, "team", &cfg(), &[]), Ok(None));
 }
 
 /// Where kube-scheduler allocates (no gate): no gate in the patch, and a warning for each
 /// policy annotation.
 #[test]
 fn capacity_mode_adds_no_gate_and_warns_of_policies() {
-    let mut c = cfg();
-    c.gate = None;
+    let c = capacity_cfg();
     let p = pod(
         json!({"hami.io/node-scheduler-policy": "binpack", "nvidia.com/vgpu-mode": "mig"}),
         json!([ctr("c", json!({"nvidia.com/gpu": "1"}))]),
@@ -412,7 +464,7 @@ fn capacity_mode_adds_no_gate_and_warns_of_policies() {
 
 #[test]
 fn v1beta1_templates_have_the_fields_in_the_request() {
-    let mut c = cfg();
+    let mut c = capacity_cfg();
     c.api = ApiVersion::V1beta1;
     let p = pod(
         json!({}),
@@ -504,6 +556,16 @@ fn refusals_table() {
             "pod team/gpu-pod: metadata.annotations[\"hami.io/gpu-scheduler-policy\"]: \"mutex\"",
         ),
         (
+            "node preset",
+            {
+                let mut p = one(json!({"nvidia.com/gpu": "1"}));
+                p["spec"]["nodeName"] = json!("node-a");
+                p
+            },
+            &[],
+            "pod team/gpu-pod: spec.nodeName: preset;",
+        ),
+        (
             "not a whole number",
             one(json!({"nvidia.com/gpucores": "1.5"})),
             &[],
@@ -580,6 +642,12 @@ fn reviews_create_admit_or_refuse() {
         }
         other => panic!("{other:?}"),
     }
+    let mut dry = review_of("CREATE", gpu.clone());
+    dry["request"]["dryRun"] = json!(true);
+    let Reviewed::Answer(a) = review(&dry, &cfg(), &[]) else {
+        panic!("a dry run creates nothing");
+    };
+    assert_eq!(a["response"]["patchType"], "JSONPatch", "{a}");
     let Reviewed::Answer(a) = review(&review_of("UPDATE", gpu), &cfg(), &[]) else {
         panic!("an update is answered at once");
     };
@@ -601,4 +669,18 @@ fn reviews_create_admit_or_refuse() {
         panic!("not a pod");
     };
     assert_eq!(a["response"]["allowed"], false, "{a}");
+}
+
+/// docs/controller.md's worked example, as the page shows it.
+#[test]
+fn the_worked_example_of_the_docs() {
+    let p = pod(
+        json!({"nvidia.com/use-gputype": "H100"}),
+        json!([ctr(
+            "ubuntu-container",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"})
+        )]),
+    );
+    let t = translated(&p, &[]);
+    assert_eq!(t.template_name(), "hami-9ef66a3aa4b4");
 }
