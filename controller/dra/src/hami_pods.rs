@@ -472,9 +472,15 @@ fn build_request(
     match memory_of(r.share) {
         Ok(memory) => Ok(Built {
             request: json!({"name": name, "exactly": exact(cfg, r.gpus, &sel, memory, r.cores)}),
-            config: config_entry(&[name.clone()], memory, r.cores, prio, &cfg.driver)
-                .into_iter()
-                .collect(),
+            config: config_entry(
+                std::slice::from_ref(&name),
+                memory,
+                r.cores,
+                prio,
+                &cfg.driver,
+            )
+            .into_iter()
+            .collect(),
         }),
         Err(percent) => {
             let path = format!(

@@ -178,8 +178,15 @@ fn the_readme_pod_becomes_a_share_of_3000_mib_and_30_cores() {
 /// request asks for.
 #[test]
 fn hami_examples_table() {
-    // (case, limits, gpus, memory request, cores request)
-    let cases: Vec<(&str, Value, u64, Option<&str>, Option<&str>)> = vec![
+    /// (case, limits, gpus, memory request, cores request)
+    type Case = (
+        &'static str,
+        Value,
+        u64,
+        Option<&'static str>,
+        Option<&'static str>,
+    );
+    let cases: Vec<Case> = vec![
         (
             "default_use: gpu, gpumem, gpucores",
             json!({"nvidia.com/gpu": 2, "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}),
