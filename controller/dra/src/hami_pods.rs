@@ -47,7 +47,7 @@
 //! reader refuses, a preset `spec.nodeName`, a pod that already has a claim named
 //! [`POD_CLAIM`]) is refused with a message naming the pod, the container and the field.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use fgpu_api::config::{CorePercent, GpuShareConfig, Priority};
 use fgpu_api::dra::ApiVersion;
@@ -310,17 +310,6 @@ fn priority(key: &str, index: usize, c: &Container) -> Result<Priority, RequestE
             ),
         )),
     }
-}
-
-/// The comma-separated list in annotation `name` (empty when absent).
-fn annotation_list(annotations: &BTreeMap<String, String>, name: &str) -> Vec<String> {
-    annotations.get(name).map_or_else(Vec::new, |v| {
-        v.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect()
-    })
 }
 
 /// `s` as a CEL string literal (JSON's escapes are CEL's).
@@ -631,7 +620,7 @@ pub fn translate(
             format!("{POD_CLAIM:?} is the name the HAMi translation gives its claim; rename it"),
         ));
     }
-    let uuid_exclude = annotation_list(
+    let uuid_exclude = hami::annotation_list(
         &typed.metadata.annotations,
         legacy::ANNOTATION_NOUSE_GPU_UUID,
     );

@@ -384,7 +384,12 @@ mod tests {
     const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
 
     fn shared(fake: &FakeApiServer) -> Arc<Shared> {
-        Arc::new(Shared {
+        Arc::new(shared_with(fake, true))
+    }
+
+    /// What the servers share over `fake`; `hami_pods`: `--hami-pods`.
+    fn shared_with(fake: &FakeApiServer, hami_pods: bool) -> Shared {
+        Shared {
             driver: DriverName::default(),
             api: ApiVersion::V1,
             client: fake.client(),
@@ -392,8 +397,8 @@ mod tests {
             metrics: Metrics::new(),
             hami: None,
             ready: AtomicBool::new(true),
-            hami_pods: true,
-        })
+            hami_pods,
+        }
     }
 
     fn claim(class: &str) -> Value {
@@ -563,16 +568,8 @@ mod tests {
     #[tokio::test]
     async fn the_hami_path_is_off_by_default() {
         let fake = FakeApiServer::new().group("resource.k8s.io", &["v1"]);
-        let mut off = Shared {
-            driver: DriverName::default(),
-            api: ApiVersion::V1,
-            client: fake.client(),
-            mode: ModeCell::default(),
-            metrics: Metrics::new(),
-            hami: None,
-            ready: AtomicBool::new(true),
-            hami_pods: true,
-        };
+        let on = shared_with(&fake, true);
+        let off = shared_with(&fake, false);
         let req = |body: &Value| {
             Request::builder()
                 .method(Method::POST)
@@ -581,8 +578,7 @@ mod tests {
                 .unwrap()
         };
         let r = hami_review(json!({"nvidia.com/gpu": "1"}));
-        assert_eq!(webhook(req(&r), &off).await.status(), StatusCode::OK);
-        off.hami_pods = false;
+        assert_eq!(webhook(req(&r), &on).await.status(), StatusCode::OK);
         assert_eq!(webhook(req(&r), &off).await.status(), StatusCode::NOT_FOUND);
     }
 
@@ -661,7 +657,7 @@ mod tests {
             metrics: Metrics::new(),
             hami: Some(hami),
             ready: AtomicBool::new(true),
-            hami_pods: true,
+            hami_pods: false,
         });
         let text = scrape(on).await;
         assert!(text.contains("fgpu_controller_gpus 0"), "{text}");

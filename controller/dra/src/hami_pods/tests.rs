@@ -2,6 +2,7 @@ use super::*;
 use crate::selector::{Attr, DeviceInfo, Quantity};
 use fgpu_api::dra::claim::ResourceClaim;
 use fgpu_api::dra::tolerant;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 const DRIVER: &str = "gpu.fgpu.dev";
