@@ -493,6 +493,9 @@ pub mod legacy {
     pub const RESOURCE_MEMORY_PERCENTAGE: &str = "nvidia.com/gpumem-percentage";
     /// Extended resource: percent of each GPU's SMs (0-100; 100 = exclusive).
     pub const RESOURCE_CORES: &str = "nvidia.com/gpucores";
+    /// Extended resource (HAMi): the container's task priority, `0` high, `1` low (HAMi's
+    /// default).
+    pub const RESOURCE_PRIORITY: &str = "nvidia.com/priority";
 
     /// Pod annotation: comma-separated GPU model substrings the pod may use.
     pub const ANNOTATION_USE_GPU_TYPE: &str = "nvidia.com/use-gputype";
@@ -500,6 +503,8 @@ pub mod legacy {
     pub const ANNOTATION_NOUSE_GPU_TYPE: &str = "nvidia.com/nouse-gputype";
     /// Pod annotation: comma-separated GPU UUIDs the pod may use.
     pub const ANNOTATION_USE_GPU_UUID: &str = "nvidia.com/use-gpuuuid";
+    /// Pod annotation: comma-separated GPU UUIDs the pod must not use.
+    pub const ANNOTATION_NOUSE_GPU_UUID: &str = "nvidia.com/nouse-gpuuuid";
     /// Pod annotation: node policy override, `binpack` or `spread`.
     pub const ANNOTATION_NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
     /// Pod annotation: GPU policy override, `binpack`, `spread`, `topology-aware`, ...

@@ -89,6 +89,18 @@ pub fn gpu_policy(v: &str) -> Option<GpuPolicy> {
     }
 }
 
+/// The comma-separated list in annotation `name`, items trimmed, empty ones dropped (empty
+/// when the annotation is absent).
+pub fn annotation_list(annotations: &BTreeMap<String, String>, name: &str) -> Vec<String> {
+    annotations.get(name).map_or_else(Vec::new, |v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
 /// Reads the placement annotations of the pod `pod_key`; `default_policy` applies where
 /// they say nothing. Errors name the annotation and say what is valid.
 pub fn pod_annotations(
@@ -101,15 +113,7 @@ pub fn pod_annotations(
         path: format!("metadata.annotations[{ann:?}]"),
         problem,
     };
-    let list = |ann: &str| -> Vec<String> {
-        annotations.get(ann).map_or_else(Vec::new, |v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-    };
+    let list = |ann: &str| annotation_list(annotations, ann);
     let mut policy = default_policy;
     if let Some(v) = annotations.get(legacy::ANNOTATION_NODE_SCHEDULER_POLICY) {
         let other = v.trim();

@@ -35,6 +35,12 @@ pub fn response(
     })
 }
 
+/// A JSON pointer token (RFC 6901) for a JSON patch path: `~` → `~0`, `/` → `~1` (a
+/// resource name such as `nvidia.com/gpu` is one token).
+pub fn pointer_token(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +60,11 @@ mod tests {
         let denied = response(&review, false, Some("no"), None, &[]);
         assert_eq!(denied["response"]["status"]["code"], 422);
         assert!(denied["response"].get("warnings").is_none());
+    }
+
+    #[test]
+    fn pointer_tokens_escape_tilde_then_slash() {
+        assert_eq!(pointer_token("nvidia.com/gpu"), "nvidia.com~1gpu");
+        assert_eq!(pointer_token("a~/b"), "a~0~1b");
     }
 }

@@ -8,7 +8,8 @@ asserts the shapes the security review asked for, each of which a wrong template
 break: the gate webhook sees only pods with resourceClaims; in controller mode the shared
 DeviceClass matches no device for kube-scheduler; the extender's /bind is on the pod's
 loopback beside the fgpu kube-scheduler; the legacy grant webhook is registered for CREATE
-and UPDATE; the VAPs bind the node daemons to their token's node; the controller has a PDB;
+and UPDATE; the HAMi pods webhook renders only when asked, with what it needs (flag, RBAC,
+caBundle) and never beside the legacy path; the VAPs bind the node daemons to their token's node; the controller has a PDB;
 production renders name no fake CUDA; the monitoring objects render only when asked, select
 the chart's Service and pods like deploy/monitoring's and carry the files/monitoring/ files
 unchanged; values the schema refuses are refused.
@@ -125,6 +126,34 @@ for v in ("1.32.0", "1.37.2"):
 check(render("1.35.0")[0] is not None and "--mode=controller" in containers(get(render("1.35.0"), "Deployment", "fgpu-controller"))[0]["args"],
       "1.35 auto = controller")
 check(get(render("1.35.0"), "MutatingWebhookConfiguration", "fgpu-allocation-gate") is not None, "1.35 auto: gate registered")
+
+# --- HAMi pods on DRA (controller.hamiPods)
+check(get(render("1.37.2"), "MutatingWebhookConfiguration", "fgpu-hami-pods") is None,
+      "HAMi pods webhook off by default")
+d = render("1.37.2", "controller.hamiPods.enabled=true")
+hp = get(d, "MutatingWebhookConfiguration", "fgpu-hami-pods")
+check(hp is not None, "hamiPods: webhook registered")
+w = hp["webhooks"][0]
+check(w["clientConfig"]["service"]["path"] == "/mutate-pods-dra" and w["failurePolicy"] == "Fail"
+      and w["sideEffects"] == "NoneOnDryRun" and w["rules"][0]["operations"] == ["CREATE"],
+      "hamiPods: Pod CREATE at the controller's /mutate-pods-dra, fails closed, no side effect on dry run")
+check("'nvidia.com/gpumem-percentage'" in w["matchConditions"][0]["expression"]
+      and w["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "fgpu-system"]
+      and w["objectSelector"]["matchExpressions"][0]["key"] == "gpu.fgpu.dev/webhook",
+      "hamiPods: narrowed to pods naming HAMi's resources, outside kube-system and the release, opt-out label")
+check("--hami-pods" in containers(get(d, "Deployment", "fgpu-controller"))[0]["args"],
+      "hamiPods: the controller runs with --hami-pods")
+job = [x for x in d if x["kind"] == "Job"][0]
+check("--mutating-webhook=fgpu-hami-pods" in containers({"spec": {"template": job["spec"]["template"]}})[0]["args"],
+      "hamiPods: certs Job sets its caBundle")
+rules = get(d, "ClusterRole", "fgpu-controller")["rules"]
+check(any("resourceclaimtemplates" in r["resources"] and "create" in r["verbs"] for r in rules),
+      "hamiPods: the controller may create ResourceClaimTemplates")
+check(not any("resourceclaimtemplates" in r["resources"] and "create" in r["verbs"]
+              for r in get(render("1.37.2"), "ClusterRole", "fgpu-controller")["rules"]),
+      "without hamiPods the controller may not create ResourceClaimTemplates")
+p = render("1.37.2", "controller.hamiPods.enabled=true", "legacy.enabled=true", ok=False)
+check(p.returncode != 0 and "choose one path" in p.stderr, "hamiPods and legacy together are refused")
 
 # --- legacy path
 d = render("1.31.0", "legacy.enabled=true", "kubeletPlugin.enabled=false", "controller.enabled=false")

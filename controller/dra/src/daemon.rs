@@ -100,6 +100,12 @@ pub struct RunArgs {
     /// "ratios" included), so that HAMi's dashboards work unchanged (docs/observability.md).
     #[arg(long, env = "FGPU_HAMI_METRICS")]
     pub hami_metrics: bool,
+    /// Serve `POST /mutate-pods-dra`: pods that ask for GPUs with HAMi's resources and
+    /// annotations are rewritten to use a ResourceClaimTemplate of the shared class, which
+    /// the webhook creates in the pod's namespace (docs/controller.md, "HAMi pods on DRA").
+    /// Off: the path answers 404.
+    #[arg(long, env = "FGPU_HAMI_PODS")]
+    pub hami_pods: bool,
     /// Seconds between passes when nothing changes. `--resync` is the older spelling.
     #[arg(long, alias = "resync", value_name = "SECONDS", default_value_t = 30)]
     pub resync_seconds: u64,
@@ -279,6 +285,7 @@ async fn connect(args: &RunArgs, driver: &DriverName) -> Result<Arc<Shared>> {
             .hami_metrics
             .then(crate::hami_metrics::HamiMetrics::new),
         ready: AtomicBool::new(false),
+        hami_pods: args.hami_pods,
     });
     if args.mode != Mode::Auto {
         shared.mode.set(args.mode);

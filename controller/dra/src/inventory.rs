@@ -228,7 +228,7 @@ fn device_info(device: &Device, names: &mut Interner) -> DeviceInfo {
 
 /// A capacity's `value` resolved to a whole number (as [`crate::quantity_u64`] resolves a
 /// JSON value, with the same errors).
-fn capacity_u64(v: Option<&QuantityValue>) -> Result<u64, QuantityError> {
+pub(crate) fn capacity_u64(v: Option<&QuantityValue>) -> Result<u64, QuantityError> {
     match v {
         Some(QuantityValue::String(s)) => Ok(fgpu_api::quantity::parse_u64(s)?),
         Some(QuantityValue::Number(n)) => n

@@ -19,6 +19,8 @@
 //! * [`explain`]: the Event messages for every outcome.
 //! * [`reconcile`]: one pass over a snapshot of claims, pods and slices → the writes.
 //! * [`admission`]: the webhooks' decisions on `AdmissionReview`s.
+//! * [`hami_pods`]: a pod with HAMi's GPU resources and annotations → a
+//!   ResourceClaimTemplate of the shared class and the pod's patch (`/mutate-pods-dra`).
 //! * [`objects`]: what a claim or a pod says (identity, classes, gate, node), read from
 //!   the typed claim and the pod's JSON; whether slices offer consumable capacity.
 //! * [`view`]: the small per-claim and per-pod records a pass reads ([`view::ClaimView`]
@@ -42,8 +44,8 @@
 //! `fgpu-plumbing`'s; reading a pod's HAMi annotations is `fgpu_driver::hami`.
 //!
 //! Layering (no module uses one above it): `explain`, `slim`, `mirror`, `metrics`,
-//! `admission`, `selector` → `inventory`, `usage`, `load`, `request`, `allocation` → `view` →
-//! `cache` → `reconcile` → `write`, `shared` → `server` → `daemon`.
+//! `admission`, `selector` → `inventory`, `usage`, `load`, `request`, `allocation` →
+//! `hami_pods`, `view` → `cache` → `reconcile` → `write`, `shared` → `server` → `daemon`.
 
 pub mod admission;
 pub mod allocation;
@@ -51,6 +53,7 @@ pub mod cache;
 pub mod daemon;
 pub mod explain;
 pub mod hami_metrics;
+pub mod hami_pods;
 pub mod inventory;
 pub mod load;
 pub mod metrics;

@@ -3,7 +3,10 @@
 //!
 //! * Webhooks over TLS (rustls, certificate and key from PEM files):
 //!   `POST /mutate-pods` (adds the scheduling gate, [`crate::admission::gate_patch`]) and
-//!   `POST /validate-claims` ([`crate::admission::validate`]). A review that cannot be
+//!   `POST /validate-claims` ([`crate::admission::validate`]); with `--hami-pods`,
+//!   `POST /mutate-pods-dra` ([`crate::hami_pods`]: creates the pod's ResourceClaimTemplate,
+//!   then answers the patch; the pod is refused when the template cannot be created, or
+//!   when one of that name holds another spec). A review that cannot be
 //!   read is answered 400. The pod gate fails closed: a claim or template that does not
 //!   exist yet, or whose lookup fails, gates the pod too (with a warning and a log line
 //!   saying why), and the reconcile pass lifts the gate once the claim exists and needs no
@@ -31,6 +34,7 @@ use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 
 use crate::admission::{self, ClaimSource};
+use crate::hami_pods::{self, Reviewed};
 use crate::objects::request_classes;
 use crate::shared::{Mode, Shared};
 
@@ -91,7 +95,8 @@ pub async fn spawn_plain(addr: SocketAddr, shared: Arc<Shared>) -> Result<()> {
     Ok(())
 }
 
-/// The webhook endpoints: `POST /mutate-pods`, `POST /validate-claims`.
+/// The webhook endpoints: `POST /mutate-pods`, `POST /validate-claims`, and with
+/// `--hami-pods` `POST /mutate-pods-dra`.
 pub fn webhooks(shared: Arc<Shared>) -> Router {
     Router::new()
         .fallback(
@@ -172,6 +177,7 @@ async fn webhook(req: Request, shared: &Shared) -> Response {
     }
     let answer = match path.as_str() {
         "/mutate-pods" => mutate_pod(&review, shared).await,
+        "/mutate-pods-dra" if shared.hami_pods => mutate_hami_pod(&review, shared).await,
         "/validate-claims" => {
             let (kind, object) = admission::review_object(&review);
             let classes = lookup_classes(
@@ -205,6 +211,85 @@ async fn lookup_classes(shared: &Shared, names: &[String]) -> admission::ClassPo
         out.insert(n.clone(), found);
     }
     out
+}
+
+/// A HAMi pod on DRA ([`hami_pods::review`]): the GPUs' memory sizes when the pod asks
+/// for a percentage, the template created (or found with the same spec), then the patch.
+pub(crate) async fn mutate_hami_pod(review: &Value, shared: &Shared) -> Value {
+    let mut cfg = hami_pods::HamiConfig::new(shared.driver.clone());
+    cfg.api = shared.api;
+    if shared.mode.get() == Mode::Capacity {
+        cfg.gate = None;
+        cfg.capacity = true;
+    }
+    let sizes = if hami_pods::needs_gpu_sizes(review, &cfg.names) {
+        match gpu_sizes(shared).await {
+            Ok(s) => s,
+            Err(e) => {
+                return hami_pods::refuse(
+                    review,
+                    &format!(
+                        "fgpu: listing the ResourceSlices of {} for the GPUs' memory sizes failed: {e}",
+                        shared.driver.as_str()
+                    ),
+                );
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    match hami_pods::review(review, &cfg, &sizes) {
+        Reviewed::Answer(a) => a,
+        Reviewed::Create {
+            namespace,
+            translation,
+            answer,
+        } => match ensure_template(shared, &namespace, &translation.template).await {
+            Ok(()) => answer,
+            Err(m) => hami_pods::refuse(review, &m),
+        },
+    }
+}
+
+/// The memory sizes of this driver's GPUs, from the ResourceSlices.
+async fn gpu_sizes(shared: &Shared) -> Result<Vec<u64>, kube::Error> {
+    let ar = fgpu_plumbing::discovery::slices(shared.api);
+    let api: Api<DynamicObject> = Api::all_with(shared.client.clone(), &ar);
+    let list = api.list(&kube::api::ListParams::default()).await?;
+    let slices: Vec<fgpu_api::dra::slice::ResourceSlice> = list
+        .items
+        .iter()
+        .map(|o| tolerant::from_value(&serde_json::to_value(o).unwrap_or(Value::Null)))
+        .collect();
+    Ok(hami_pods::gpu_sizes(&slices, &shared.driver))
+}
+
+/// Creates `template` in `ns`; one that exists already must hold the same spec. `Err` is
+/// the refusal's message.
+async fn ensure_template(shared: &Shared, ns: &str, template: &Value) -> Result<(), String> {
+    let ar = fgpu_plumbing::discovery::claim_templates(shared.api);
+    let api: Api<DynamicObject> = Api::namespaced_with(shared.client.clone(), ns, &ar);
+    let name = template["metadata"]["name"].as_str().unwrap_or_default();
+    let obj: DynamicObject = serde_json::from_value(template.clone())
+        .map_err(|e| format!("fgpu: ResourceClaimTemplate {ns}/{name}: {e}"))?;
+    match api.create(&kube::api::PostParams::default(), &obj).await {
+        Ok(_) => {
+            tracing::info!(template = %format!("{ns}/{name}"), "HAMi pod: template created");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => match api.get(name).await {
+            Ok(found) if found.data["spec"] == template["spec"] => Ok(()),
+            Ok(_) => Err(format!(
+                "fgpu: ResourceClaimTemplate {ns}/{name} exists with another spec than this pod's HAMi resources ask; delete it, fgpu recreates it"
+            )),
+            Err(e) => Err(format!(
+                "fgpu: reading ResourceClaimTemplate {ns}/{name} failed: {e}"
+            )),
+        },
+        Err(e) => Err(format!(
+            "fgpu: creating ResourceClaimTemplate {ns}/{name} failed: {e}"
+        )),
+    }
 }
 
 /// Whether the pod needs the gate: any referenced claim or template of the shared class.
@@ -299,7 +384,12 @@ mod tests {
     const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
 
     fn shared(fake: &FakeApiServer) -> Arc<Shared> {
-        Arc::new(Shared {
+        Arc::new(shared_with(fake, true))
+    }
+
+    /// What the servers share over `fake`; `hami_pods`: `--hami-pods`.
+    fn shared_with(fake: &FakeApiServer, hami_pods: bool) -> Shared {
+        Shared {
             driver: DriverName::default(),
             api: ApiVersion::V1,
             client: fake.client(),
@@ -307,7 +397,8 @@ mod tests {
             metrics: Metrics::new(),
             hami: None,
             ready: AtomicBool::new(true),
-        })
+            hami_pods,
+        }
     }
 
     fn claim(class: &str) -> Value {
@@ -382,6 +473,113 @@ mod tests {
                 .contains("team/c failed (ApiError: etcd is down"),
             "{a}"
         );
+    }
+
+    /// A HAMi pod review (`/mutate-pods-dra`) of a pod in `team` with these limits.
+    fn hami_review(limits: Value) -> Value {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "r1", "operation": "CREATE", "namespace": "team",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "object": {"metadata": {"name": "p", "namespace": "team"},
+                    "spec": {"containers": [{"name": "main", "image": "cuda",
+                        "resources": {"limits": limits}}]}}}})
+    }
+
+    /// The template of `answer`'s patch, read back from the fake API server.
+    async fn template_of(fake: &FakeApiServer, answer: &Value) -> Value {
+        use base64::Engine as _;
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(answer["response"]["patch"].as_str().expect("a patch"))
+            .unwrap();
+        let patch: Value = serde_json::from_slice(&raw).unwrap();
+        let op = patch
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["path"] == "/spec/resourceClaims")
+            .expect("the claim op");
+        let name = op["value"][0]["resourceClaimTemplateName"]
+            .as_str()
+            .unwrap();
+        let ar = fgpu_plumbing::discovery::claim_templates(ApiVersion::V1);
+        let api: Api<DynamicObject> = Api::namespaced_with(fake.client(), "team", &ar);
+        serde_json::to_value(api.get(name).await.unwrap()).unwrap()
+    }
+
+    /// The template is created, a second identical pod finds it, a template of that name
+    /// with another spec refuses the pod, and a percentage reads the slices' GPU sizes.
+    #[tokio::test]
+    async fn a_hami_pod_gets_its_template() {
+        let fake = FakeApiServer::new().group("resource.k8s.io", &["v1"]);
+        let s = shared(&fake);
+        let r = hami_review(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}));
+        let a = mutate_hami_pod(&r, &s).await;
+        assert_eq!(a["response"]["allowed"], true, "{a}");
+        let t = template_of(&fake, &a).await;
+        assert_eq!(
+            t["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["memory"],
+            "3000Mi"
+        );
+        let again = mutate_hami_pod(&r, &s).await;
+        assert_eq!(again["response"]["allowed"], true, "{again}");
+
+        let name = t["metadata"]["name"].as_str().unwrap().to_owned();
+        let mut other = t.clone();
+        other["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = json!(2);
+        fake.lock().unwrap().insert(
+            &format!("/apis/resource.k8s.io/v1/namespaces/team/resourceclaimtemplates/{name}"),
+            other,
+        );
+        let a = mutate_hami_pod(&r, &s).await;
+        assert_eq!(a["response"]["allowed"], false, "{a}");
+        assert!(
+            a["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!(
+                    "ResourceClaimTemplate team/{name} exists with another spec"
+                )),
+            "{a}"
+        );
+
+        fake.lock().unwrap().insert(
+            "/apis/resource.k8s.io/v1/resourceslices/node-a-gpu.fgpu.dev",
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": "node-a-gpu.fgpu.dev"},
+                "spec": {"driver": "gpu.fgpu.dev", "nodeName": "node-a",
+                    "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                    "devices": [{"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}}]}}),
+        );
+        let pct = hami_review(json!({"nvidia.com/gpumem-percentage": "25"}));
+        let a = mutate_hami_pod(&pct, &s).await;
+        assert_eq!(a["response"]["allowed"], true, "{a}");
+        let t = template_of(&fake, &a).await;
+        assert_eq!(
+            t["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["memory"],
+            "20Gi"
+        );
+        assert_eq!(
+            t["spec"]["spec"]["devices"]["config"][0]["requests"],
+            json!(["main/mem-81920mi"])
+        );
+    }
+
+    /// Off (`--hami-pods` not given), the path is not served.
+    #[tokio::test]
+    async fn the_hami_path_is_off_by_default() {
+        let fake = FakeApiServer::new().group("resource.k8s.io", &["v1"]);
+        let on = shared_with(&fake, true);
+        let off = shared_with(&fake, false);
+        let req = |body: &Value| {
+            Request::builder()
+                .method(Method::POST)
+                .uri("/mutate-pods-dra")
+                .body(axum::body::Body::from(body.to_string()))
+                .unwrap()
+        };
+        let r = hami_review(json!({"nvidia.com/gpu": "1"}));
+        assert_eq!(webhook(req(&r), &on).await.status(), StatusCode::OK);
+        assert_eq!(webhook(req(&r), &off).await.status(), StatusCode::NOT_FOUND);
     }
 
     /// The webhook server refuses a body over its ceiling (413) without reading it whole,
@@ -459,6 +657,7 @@ mod tests {
             metrics: Metrics::new(),
             hami: Some(hami),
             ready: AtomicBool::new(true),
+            hami_pods: false,
         });
         let text = scrape(on).await;
         assert!(text.contains("fgpu_controller_gpus 0"), "{text}");

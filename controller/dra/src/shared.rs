@@ -69,4 +69,6 @@ pub struct Shared {
     pub hami: Option<crate::hami_metrics::HamiMetrics>,
     /// All reflectors have listed once.
     pub ready: AtomicBool,
+    /// `--hami-pods`: serve `/mutate-pods-dra` ([`crate::hami_pods`]).
+    pub hami_pods: bool,
 }

@@ -48,14 +48,14 @@ use fgpu_driver::engine::Policy;
 use serde_json::{Map, Value, json};
 
 use fgpu_driver::hami::{ANNOTATION_NUMA_BIND, MAX_GPUS_PER_CONTAINER};
+use fgpu_plumbing::admission::pointer_token as token;
 
 pub use crate::state::DEFAULT_SCHEDULER_NAME;
 
 /// kube-scheduler's own profile name; pods naming it are moved to fgpu's scheduler.
 pub const KUBE_DEFAULT_SCHEDULER: &str = "default-scheduler";
 
-/// Pod annotation (HAMi): comma-separated GPU UUIDs the pod must not use.
-pub const ANNOTATION_NOUSE_GPU_UUID: &str = "nvidia.com/nouse-gpuuuid";
+pub use fgpu_api::names::legacy::ANNOTATION_NOUSE_GPU_UUID;
 
 /// Default user allowed to write the assignment annotation: the extender's service account
 /// in `deploy/extender/rbac.yaml`.
@@ -239,11 +239,6 @@ pub fn guard(req: &Value, cfg: &WebhookConfig) -> Option<String> {
         at_annotation(&ann),
         cfg.extender_user
     ))
-}
-
-/// A JSON pointer token (RFC 6901): `~` → `~0`, `/` → `~1`.
-fn token(s: &str) -> String {
-    s.replace('~', "~0").replace('/', "~1")
 }
 
 /// Whether `s` is a GPU or MIG UUID as NVML writes it: `GPU-` or `MIG-` and a hyphenated

@@ -260,8 +260,10 @@ pub fn extender_request(data: &[u8]) {
 }
 
 /// `AdmissionReview` bodies: the legacy webhook's handler (mutate or validate pods, by the
-/// variant), and the DRA controller's claim validation as its server runs it (decode, then
-/// `admission::answer_claim_review`). Property: no 500 from the legacy handler.
+/// variant), the DRA controller's claim validation as its server runs it (decode, then
+/// `admission::answer_claim_review`), and its HAMi pod translation (`hami_pods::review`).
+/// Properties: no 500 from the legacy handler; a translated pod's template is named by
+/// the hash of its spec.
 pub fn admission_review(data: &[u8]) {
     let (variant, body) = split(data);
     let path = ["/mutate-pods", "/validate-pods"][usize::from(variant % 2)];
@@ -288,6 +290,20 @@ pub fn admission_review(data: &[u8]) {
     let answer = admission::answer_claim_review(&review, &driver, &admission::ClassPolicy::new());
     let _ = answer.to_string();
     let _ = admission::gate_patch(object, "gpu.fgpu.dev/allocate");
+
+    use fgpu_dra_controller::hami_pods;
+    let cfg = hami_pods::HamiConfig::new(driver);
+    let _ = hami_pods::needs_gpu_sizes(&review, &cfg.names);
+    if let hami_pods::Reviewed::Create { translation, .. } =
+        hami_pods::review(&review, &cfg, &[80 << 30, 40 << 30])
+    {
+        let t = &translation.template;
+        assert_eq!(
+            hami_pods::template_name(t["apiVersion"].as_str().unwrap_or_default(), &t["spec"]),
+            translation.template_name(),
+            "the template's name is the hash of its spec"
+        );
+    }
 }
 
 /// The kubelet registration relay's `:authority` rewrite: the bytes as one HPACK header

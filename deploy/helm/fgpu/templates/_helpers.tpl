@@ -133,6 +133,9 @@ namespaceSelector:
 {{- if eq (include "fgpu.mode" .) "controller" }}
 - --mutating-webhook=fgpu-allocation-gate
 {{- end }}
+{{- if .Values.controller.hamiPods.enabled }}
+- --mutating-webhook=fgpu-hami-pods
+{{- end }}
 - --validating-webhook=fgpu-claim-config
 {{- end }}
 {{- if .Values.legacy.enabled }}
