@@ -281,12 +281,19 @@ kubectl apply -f "$root/deploy/deviceclasses.yaml" >/dev/null
 kwok_pid=$!
 sleep 2
 kill -0 "$kwok_pid" 2>/dev/null || { log "kwok exited: $(tail -3 "$dir/kwok.log")"; exit 1; }
+# A previous run's nodes are deleted without waiting: writing the inventory while they still
+# exist would keep some of them, then lose them to that deletion (never all Ready).
+t=$SECONDS
+while [ -n "$(kubectl get nodes -l bench.fgpu.dev/sim=true -o name | head -1)" ]; do
+  [ $((SECONDS - t)) -lt 180 ] || { log "a previous run's simulated nodes still exist after 180s"; exit 1; }
+  sleep 2
+done
 t=$SECONDS
 bench inventory "$nodes"
 log "inventory: $nodes nodes x 8 GPUs ($((nodes * 8)) devices) written in $((SECONDS - t))s"
 ready() { [ "$(kubectl get nodes -l bench.fgpu.dev/sim=true -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True)" -ge "$nodes" ]; }
 t=$SECONDS
-until ready; do [ $((SECONDS - t)) -lt 180 ] || { log "kwok: nodes not Ready in 180s"; exit 1; }; sleep 2; done
+until ready; do [ $((SECONDS - t)) -lt 300 ] || { log "kwok: nodes not Ready in 300s"; exit 1; }; sleep 2; done
 log "all $nodes simulated nodes Ready (kwok) after $((SECONDS - t))s"
 
 # --- phase 1: kube-scheduler
