@@ -127,6 +127,9 @@ pub struct Plugin<S> {
     /// it (NVML is not asked on every prepare) and read the backend again only for a device
     /// it does not list; [`Plugin::set_inventory`] refreshes it.
     inventory: Mutex<Option<Arc<NodeInventory>>>,
+    /// Claims the last stale-claim sweep saw gone or replaced, with their record as it was
+    /// then: the next sweep that sees the same unprepares them (`sweep`).
+    suspects: Mutex<HashMap<String, ClaimRecord>>,
 }
 
 fn unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -28,6 +28,11 @@ pub struct StartReport {
     pub migrated_from: Option<PathBuf>,
     /// Files removed that no checkpoint entry accounted for.
     pub removed_orphans: Vec<PathBuf>,
+    /// Claims' files kept although no loaded record accounts for them: a record of their
+    /// claim is in the checkpoint directory but was not loaded (it did not parse and was
+    /// moved aside, or the other front end wrote it after this one loaded the directory).
+    /// The claim may be running: its files stay until it is unprepared.
+    pub kept_unloaded: Vec<PathBuf>,
     /// Problems while removing leftovers (the plugin still starts).
     pub errors: Vec<String>,
 }
@@ -159,6 +164,7 @@ impl<S: ClaimSource> Plugin<S> {
             locks: Mutex::new(HashMap::new()),
             metrics,
             inventory: Mutex::new(None),
+            suspects: Mutex::new(HashMap::new()),
         };
         let mut report = StartReport {
             notes,
