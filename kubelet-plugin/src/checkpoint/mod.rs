@@ -28,8 +28,12 @@
 //!   boot is discarded on load (its claims are handed back so that their files can be
 //!   removed).
 //! * A record that does not parse is moved aside (`<uid>.json.corrupt-<n>`) and the plugin
-//!   starts without that claim; the caller reports it (an Event). Temporary files of
-//!   interrupted writes are removed on load.
+//!   starts without that claim; the caller reports it (an Event). The claim may be running:
+//!   the moved-aside file keeps its directory and CDI spec from the start-up sweep until the
+//!   kubelet unprepares (or prepares) it. Temporary files of interrupted writes are removed
+//!   on load.
+//! * Both front ends (DRA, device plugin) may share the directory; a record's
+//!   [`FrontEnd`] (by its name) says whose sweep may remove it.
 //! * Version 1 (plugins before the checkpoint directory) kept every claim in one file,
 //!   `checkpoint.json` ([`CheckpointFile`], same record per claim); it is read once on
 //!   start, its claims written as records, and removed (`Plugin::start`).
