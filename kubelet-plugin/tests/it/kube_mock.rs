@@ -73,6 +73,32 @@ fn server(versions: Vec<&'static str>, drop_consumable: bool) -> FakeApiServer {
     s
 }
 
+/// A fake profile of node `node-a` with one T4, and a boot id file, under `dir`.
+fn one_t4_node(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let profile = dir.join("profile.yaml");
+    std::fs::write(
+        &profile,
+        "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
+    )
+    .unwrap();
+    let boot_id = dir.join("boot_id");
+    std::fs::write(&boot_id, "boot-1\n").unwrap();
+    (profile, boot_id)
+}
+
+/// The files every claim gets in these tests: the shim under `dir`, nothing else.
+fn node_files(dir: &std::path::Path) -> fgpu_kubelet_plugin::edits::NodeFiles {
+    fgpu_kubelet_plugin::edits::NodeFiles {
+        shim_library: dir.join("libfgpu.so"),
+        driver_mounts: vec![],
+        driver_hooks: vec![],
+        fake_driver: false,
+        fake_state_dir: None,
+        context_overhead: 0,
+        memory_limits: None,
+    }
+}
+
 /// All ResourceClaims at v1 (the claim watch's list and watch).
 const CLAIMS_V1: &str = "/apis/resource.k8s.io/v1/resourceclaims";
 
@@ -178,7 +204,7 @@ async fn dropped_consumable_capacity_falls_back_to_plain_devices() {
 
 mod stale_sweep {
     use super::*;
-    use fgpu_kubelet_plugin::edits::{ClaimRef, NodeFiles};
+    use fgpu_kubelet_plugin::edits::ClaimRef;
     use fgpu_kubelet_plugin::prepare::{CLAIM_GET_TIMEOUT, Plugin, PluginConfig};
     use std::sync::Mutex;
 
@@ -202,12 +228,7 @@ mod stale_sweep {
         FakeApiServer,
         Arc<Mutex<Option<Answer>>>,
     ) {
-        let profile = dir.join("profile.yaml");
-        std::fs::write(
-            &profile,
-            "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
-        )
-        .unwrap();
+        let (profile, _) = one_t4_node(dir);
         let s = server(vec!["v1"], false);
         let answer: Arc<Mutex<Option<Answer>>> = Arc::default();
         {
@@ -228,15 +249,7 @@ mod stale_sweep {
             state_root: dir.join("state"),
             run_root: dir.join("run"),
             cdi_dir: dir.join("cdi"),
-            files: NodeFiles {
-                shim_library: dir.join("libfgpu.so"),
-                driver_mounts: vec![],
-                driver_hooks: vec![],
-                fake_driver: false,
-                fake_state_dir: None,
-                context_overhead: 0,
-                memory_limits: None,
-            },
+            files: node_files(dir),
             boot_id: "boot-1".into(),
             claim_get_timeout: CLAIM_GET_TIMEOUT,
             test_pause: None,
@@ -364,7 +377,6 @@ mod serve_loop {
     use super::*;
     use fgpu_api::proto::dra::v1;
     use fgpu_api::proto::pluginregistration as reg;
-    use fgpu_kubelet_plugin::edits::NodeFiles;
     use fgpu_kubelet_plugin::serve::{ServeConfig, ServeError, run};
     use hyper_util::rt::TokioIo;
     use std::path::Path;
@@ -382,15 +394,7 @@ mod serve_loop {
             cdi_dir: dir.join("cdi"),
             state_dir: dir.join("state"),
             run_dir: dir.join("run"),
-            files: NodeFiles {
-                shim_library: dir.join("libfgpu.so"),
-                driver_mounts: vec![],
-                driver_hooks: vec![],
-                fake_driver: false,
-                fake_state_dir: None,
-                context_overhead: 0,
-                memory_limits: None,
-            },
+            files: node_files(dir),
             boot_id_path: boot_id,
             consumable_capacity: true,
             resync,
@@ -402,19 +406,6 @@ mod serve_loop {
             health: Default::default(),
             taints: Default::default(),
         }
-    }
-
-    /// A fake profile of node `node-a` with one T4, and a boot id file, under `dir`.
-    fn one_t4_node(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-        let profile = dir.join("profile.yaml");
-        std::fs::write(
-            &profile,
-            "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
-        )
-        .unwrap();
-        let boot_id = dir.join("boot_id");
-        std::fs::write(&boot_id, "boot-1\n").unwrap();
-        (profile, boot_id)
     }
 
     async fn channel(path: &Path) -> Channel {
