@@ -46,12 +46,15 @@
 //! * `dir`: the checkpoint directory on disk, [`CheckpointDir`] (load, write, remove).
 //! * `version1`: the single file of version 1, [`CheckpointFile`], read to migrate it.
 //! * `files`: write-rename, durable removal, private directories.
+//! * `fault`: test-only fault injection at each of those file operations (off, and empty,
+//!   outside `cfg(test)`).
 //! * `boot`: the boot id.
 //! * `error`: [`CheckpointError`].
 
 mod boot;
 mod dir;
 mod error;
+pub(crate) mod fault;
 mod files;
 mod format;
 mod records;

@@ -17,6 +17,8 @@ use crate::claim::ResourceClaim;
 use crate::edits::tests::gpu;
 use crate::edits::{ClaimRef, FileMount, NodeFiles};
 
+mod crash;
+
 struct StaticBackend(Mutex<Vec<Gpu>>);
 
 impl DeviceBackend for StaticBackend {
