@@ -36,7 +36,9 @@
 //!   [`FrontEnd`] (by its name) says whose sweep may remove it.
 //! * Version 1 (plugins before the checkpoint directory) kept every claim in one file,
 //!   `checkpoint.json` ([`CheckpointFile`], same record per claim); it is read once on
-//!   start, its claims written as records, and removed (`Plugin::start`).
+//!   start, its claims written as records, and removed (`Plugin::start`). A corrupt one is
+//!   moved aside and not migrated; the files of claims nothing else names are then kept
+//!   by a marker, `<uid>.json.corrupt-v1`.
 //!
 //! The parts:
 //!

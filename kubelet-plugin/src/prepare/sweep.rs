@@ -8,7 +8,9 @@
 //! * At start, a file is an orphan only when no record of its claim is in the checkpoint
 //!   directory, loaded or not: a record that did not parse (moved aside as
 //!   `<uid>.json.corrupt-<n>`) keeps its claim's files, and so does a record that the
-//!   other front end (sharing the directory) wrote after this one loaded it.
+//!   other front end (sharing the directory) wrote after this one loaded it; after a
+//!   corrupt version-1 checkpoint, a marker (`<uid>.json.corrupt-v1`) keeps the files of
+//!   every claim nothing else names.
 //! * While running, a claim's state is removed only when two sweeps saw it gone (the API
 //!   server said that this object does not exist) or replaced (another UID under its
 //!   name), with its record unchanged in between. The rule, per recorded claim and sweep:
@@ -162,6 +164,39 @@ impl<S: ClaimSource> Plugin<S> {
             }
         }
         (orphans, kept)
+    }
+
+    /// Writes a marker (`<uid>.json.corrupt-v1`, empty) into the checkpoint directory for
+    /// each claim whose files are on the node and which nothing there names: after a
+    /// corrupt version-1 checkpoint, any of them may be running. The marker keeps its files
+    /// from this and every later start-up sweep (until the run directory goes, at reboot).
+    pub(super) fn mark_unrecorded(&self, report: &mut StartReport) {
+        let (orphans, _) = self.orphans(&self.claims());
+        let uids: BTreeSet<String> = orphans
+            .iter()
+            .filter_map(|(path, _)| {
+                let name = path.file_name()?.to_string_lossy().into_owned();
+                let spec_prefix = self.cfg.driver.cdi_spec_file_name("");
+                let spec_prefix = spec_prefix.trim_end_matches(".json");
+                match spec_owner(&name, spec_prefix) {
+                    Some((uid, false)) => Some(uid.to_owned()),
+                    Some((_, true)) => None,
+                    None => valid_uid(&name).then_some(name),
+                }
+            })
+            .collect();
+        for uid in uids {
+            let marker = self
+                .records
+                .dir()
+                .path()
+                .join(format!("{uid}.json.corrupt-v1"));
+            if let Err(e) = std::fs::write(&marker, b"") {
+                report
+                    .errors
+                    .push(format!("cannot write {}: {e}", marker.display()));
+            }
+        }
     }
 
     /// Removes claim directories and this driver's CDI specs that no record accounts for

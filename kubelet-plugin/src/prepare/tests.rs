@@ -1031,3 +1031,40 @@ async fn a_start_never_sweeps_what_the_other_front_end_recorded_since_it_loaded(
     device_plugin.unprepare(&container).await.unwrap();
     assert!(!env.claim_dir("pod-uid-1-main").exists());
 }
+
+#[tokio::test]
+async fn a_corrupt_version1_checkpoint_keeps_every_claims_files() {
+    let env = Env::new();
+    let c = env.add("c", "uid-1", "gpu-0");
+    let kept = env.add("d", "uid-2", "gpu-1");
+    {
+        let (plugin, _) = env.start("b1");
+        plugin.prepare(&c).await.unwrap();
+        plugin.prepare(&kept).await.unwrap();
+    }
+    // An older plugin ran last: it kept its claims in one file (now corrupt), not in the
+    // directory, where only uid-2's record is left from before.
+    std::fs::remove_file(env.record_path("uid-1")).unwrap();
+    std::fs::write(env.dir.path().join("run").join(CHECKPOINT_FILE), b"{torn").unwrap();
+    let (plugin, report) = env.start("b1");
+    assert!(
+        matches!(report.notes[..], [LoadNote::Corrupt { .. }]),
+        "{:?}",
+        report.notes
+    );
+    assert_eq!(report.removed_orphans, Vec::<PathBuf>::new());
+    assert_eq!(
+        report.kept_unloaded,
+        [env.claim_dir("uid-1"), env.spec_path("uid-1")]
+    );
+    assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-2"]);
+    assert!(!env.dir.path().join("run").join(CHECKPOINT_FILE).exists());
+    // And at every later start.
+    drop(plugin);
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.removed_orphans, Vec::<PathBuf>::new());
+    assert!(env.spec_path("uid-1").exists() && env.claim_dir("uid-1").join("limits").exists());
+    // The kubelet's unprepare removes them.
+    plugin.unprepare(&c).await.unwrap();
+    assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
+}
