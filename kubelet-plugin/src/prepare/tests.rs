@@ -69,7 +69,14 @@ impl Env {
         }
     }
     fn start(&self, boot: &str) -> (Plugin<Arc<MapClaimSource>>, StartReport) {
-        Plugin::start(self.cfg(boot), self.source.clone(), self.backend.clone()).unwrap()
+        self.start_result(boot).unwrap()
+    }
+    fn start_result(
+        &self,
+        boot: &str,
+    ) -> Result<(Plugin<Arc<MapClaimSource>>, StartReport), crate::checkpoint::CheckpointError>
+    {
+        Plugin::start(self.cfg(boot), self.source.clone(), self.backend.clone())
     }
     fn spec_path(&self, uid: &str) -> PathBuf {
         self.dir

@@ -218,3 +218,69 @@ async fn a_fault_at_any_step_of_unprepare_then_the_retry_converges() {
         }
     }
 }
+
+/// An older plugin's leftovers in a fresh `Env`: claims uid-1 and uid-2 prepared, their
+/// files, and one version-1 `checkpoint.json` (no checkpoint directory). Returns the env,
+/// the claims and their devices.
+async fn version1_node() -> (Env, [ClaimRef; 2], [Vec<PreparedDevice>; 2]) {
+    let env = Env::new();
+    let c1 = env.add("c1", "uid-1", "gpu-0");
+    let c2 = env.add("c2", "uid-2", "gpu-1");
+    let devices = {
+        let (plugin, _) = env.start("b1");
+        [
+            plugin.prepare(&c1).await.unwrap(),
+            plugin.prepare(&c2).await.unwrap(),
+        ]
+    };
+    let v1 = version1_checkpoint(&env, "b1", &["uid-1", "uid-2"]);
+    let run = env.dir.path().join("run");
+    std::fs::remove_dir_all(run.join(CHECKPOINT_DIR)).unwrap();
+    std::fs::write(run.join(CHECKPOINT_FILE), &v1).unwrap();
+    (env, [c1, c2], devices)
+}
+
+#[tokio::test]
+async fn a_fault_at_any_step_of_the_checkpoint_migration_then_a_restart_converges() {
+    let (env, _, devices) = version1_node().await;
+    let plan = Plan::new(env.dir.path(), None);
+    let (plugin, _) = env.start("b1");
+    let steps = plan.seen();
+    drop(plan);
+    drop(plugin);
+    let migrated = tree(env.dir.path());
+    let ops: Vec<String> = steps
+        .iter()
+        .map(|(op, p)| format!("{op:?} {}", p.display()))
+        .collect();
+    // The records are written (fsynced) before the file that was the state goes.
+    let last_record = ops
+        .iter()
+        .rposition(|s| s == "Write run/checkpoint/uid-2.json")
+        .unwrap_or_else(|| panic!("{ops:?}"));
+    let file_removed = ops
+        .iter()
+        .position(|s| s == "Remove run/checkpoint.json")
+        .unwrap_or_else(|| panic!("{ops:?}"));
+    assert!(last_record < file_removed, "{ops:?}");
+    for at in 0..steps.len() {
+        for fault in FAULTS {
+            let what = format!("{fault:?} at step {} ({})", at + 1, ops[at]);
+            let (env, claims, _) = version1_node().await;
+            let plan = Plan::new(env.dir.path(), Some((at, fault)));
+            // A start that fails makes the daemon exit; one that "succeeds" after a crash
+            // is a dead process all the same. Either way: a new start.
+            drop(env.start_result("b1"));
+            drop(plan);
+            let (plugin, report) = env.start("b1");
+            assert_eq!(report.errors, Vec::<String>::new(), "{what}");
+            assert_eq!(tree(env.dir.path()), migrated, "{what}: after the restart");
+            // Still prepared, answered from the records (the claims are no longer read).
+            env.source.remove("ns", "c1");
+            env.source.remove("ns", "c2");
+            for (c, d) in claims.iter().zip(&devices) {
+                assert_eq!(&plugin.prepare(c).await.unwrap(), d, "{what}");
+            }
+        }
+    }
+}
