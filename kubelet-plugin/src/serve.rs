@@ -320,6 +320,9 @@ async fn resync<S: crate::prepare::ClaimSource>(
     for c in &cleaned.removed {
         tracing::info!(claim = %c, "unprepared a claim that no longer exists (seen by two sweeps)");
     }
+    for path in &cleaned.removed_files {
+        tracing::info!(path = %path.display(), "removed a file that no claim's record names");
+    }
     for e in &cleaned.errors {
         tracing::warn!(error = %e, "stale-claim cleanup");
     }

@@ -25,6 +25,9 @@
 //!   its record (the sweep compares the record it suspected). Suspects are kept in memory: a
 //!   restart starts over. Only the DRA front end's claims are swept here; the device plugin
 //!   sweeps its own ([`crate::device_plugin::stale_claims`]).
+//! * Each sweep ends by removing the files of claims that nothing in the checkpoint
+//!   directory names (an unprepare that failed after removing the record leaves them), by
+//!   the start-up rule, under the claim's lock, never a temporary file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -43,6 +46,9 @@ pub struct CleanupReport {
     /// Claims seen gone or replaced for the first time, `namespace/name (uid): what was
     /// seen`: unprepared by the next sweep that sees the same.
     pub suspected: Vec<String>,
+    /// Files of claims that nothing in the checkpoint directory names any more (left by an
+    /// unprepare that failed after removing the record), removed.
+    pub removed_files: Vec<PathBuf>,
     /// Claims that could not be checked or removed, with the reason.
     pub errors: Vec<String>,
 }
@@ -119,22 +125,17 @@ impl<S: ClaimSource> Plugin<S> {
             .collect()
     }
 
-    /// The files and directories no record accounts for, `(path, is a directory)`, and the
-    /// ones kept although no loaded record in `known` accounts for them (a record on disk
-    /// does: corrupt, or the other front end's).
-    fn orphans(
-        &self,
-        known: &BTreeMap<String, ClaimRecord>,
-    ) -> (Vec<(PathBuf, bool)>, Vec<PathBuf>) {
+    /// Every claim's file in the claims directories and the CDI directory:
+    /// `(claim, path, is a directory, is a temporary file)`.
+    fn claim_files(&self) -> Vec<(String, PathBuf, bool, bool)> {
         let spec_prefix = self.cfg.driver.cdi_spec_file_name("");
         let spec_prefix = spec_prefix.trim_end_matches(".json");
-        // (claim, path, is a directory, is a temporary file)
-        let mut candidates = Vec::new();
+        let mut files = Vec::new();
         for claims_dir in self.claims_dirs() {
             if let Ok(entries) = std::fs::read_dir(&claims_dir) {
                 for e in entries.flatten() {
                     let uid = e.file_name().to_string_lossy().into_owned();
-                    candidates.push((uid, e.path(), true, false));
+                    files.push((uid, e.path(), true, false));
                 }
             }
         }
@@ -142,15 +143,26 @@ impl<S: ClaimSource> Plugin<S> {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if let Some((uid, tmp)) = spec_owner(&name, spec_prefix) {
-                    candidates.push((uid.to_owned(), e.path(), false, tmp));
+                    files.push((uid.to_owned(), e.path(), false, tmp));
                 }
             }
         }
+        files
+    }
+
+    /// The files and directories no record accounts for, `(path, is a directory)`, and the
+    /// ones kept although no loaded record in `known` accounts for them (a record on disk
+    /// does: corrupt, or the other front end's).
+    fn orphans(
+        &self,
+        known: &BTreeMap<String, ClaimRecord>,
+    ) -> (Vec<(PathBuf, bool)>, Vec<PathBuf>) {
+        let files = self.claim_files();
         // Read after the files were listed: a prepare writes its record before the claim's
         // files, so a file listed above whose claim has a record has it on disk by now.
         let on_disk = self.recorded_on_disk();
         let (mut orphans, mut kept) = (Vec::new(), Vec::new());
-        for (uid, path, dir, tmp) in candidates {
+        for (uid, path, dir, tmp) in files {
             let orphan = if known.contains_key(&uid) {
                 // This plugin's claim: its temporary files are of writes a crash interrupted.
                 tmp
@@ -166,24 +178,47 @@ impl<S: ClaimSource> Plugin<S> {
         (orphans, kept)
     }
 
+    /// While running: removes the files of claims that nothing in the checkpoint directory
+    /// names, as an unprepare that failed after removing the record leaves them (the
+    /// record goes first). Each under its claim's lock, checked again there; never a
+    /// temporary file (a prepare may be writing it now). Adds what it did to `report`.
+    async fn remove_leftovers(&self, report: &mut CleanupReport) {
+        let files = self.claim_files();
+        let on_disk = self.recorded_on_disk();
+        let leftovers = files
+            .into_iter()
+            .filter(|(uid, _, _, tmp)| !tmp && valid_uid(uid) && !on_disk.contains(uid));
+        for (uid, path, dir, _) in leftovers {
+            let lock = self.claim_lock(&uid);
+            let guard = lock.clone().lock_owned().await;
+            if !self.recorded_on_disk().contains(&uid) {
+                match remove_if_present(&path, dir) {
+                    Ok(true) => report.removed_files.push(path),
+                    Ok(false) => {}
+                    Err(e) => report
+                        .errors
+                        .push(format!("cannot remove {}: {e}", path.display())),
+                }
+            }
+            drop(guard);
+            self.release_lock(&uid, lock);
+        }
+    }
+
     /// Writes a marker (`<uid>.json.corrupt-v1`, empty) into the checkpoint directory for
     /// each claim whose files are on the node and which nothing there names: after a
     /// corrupt version-1 checkpoint, any of them may be running. The marker keeps its files
     /// from this and every later start-up sweep (until the run directory goes, at reboot).
     pub(super) fn mark_unrecorded(&self, report: &mut StartReport) {
-        let (orphans, _) = self.orphans(&self.claims());
-        let uids: BTreeSet<String> = orphans
-            .iter()
-            .filter_map(|(path, _)| {
-                let name = path.file_name()?.to_string_lossy().into_owned();
-                let spec_prefix = self.cfg.driver.cdi_spec_file_name("");
-                let spec_prefix = spec_prefix.trim_end_matches(".json");
-                match spec_owner(&name, spec_prefix) {
-                    Some((uid, false)) => Some(uid.to_owned()),
-                    Some((_, true)) => None,
-                    None => valid_uid(&name).then_some(name),
-                }
+        let known = self.claims();
+        let on_disk = self.recorded_on_disk();
+        let uids: BTreeSet<String> = self
+            .claim_files()
+            .into_iter()
+            .filter(|(uid, _, _, tmp)| {
+                !tmp && valid_uid(uid) && !known.contains_key(uid) && !on_disk.contains(uid)
             })
+            .map(|(uid, ..)| uid)
             .collect();
         for uid in uids {
             let marker = self
@@ -291,6 +326,7 @@ impl<S: ClaimSource> Plugin<S> {
                 Verdict::Clear | Verdict::Keep => {}
             }
         }
+        self.remove_leftovers(&mut report).await;
         report
     }
 

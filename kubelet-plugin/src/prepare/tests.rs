@@ -1075,3 +1075,36 @@ async fn a_corrupt_version1_checkpoint_keeps_every_claims_files() {
     plugin.unprepare(&c).await.unwrap();
     assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
 }
+
+#[tokio::test]
+async fn files_a_failed_unprepare_of_the_sweep_left_go_in_the_same_sweep() {
+    use crate::checkpoint::fault::{Fault, Plan};
+    let env = Env::new();
+    let (plugin, _) = scripted(&env);
+    let c = env.add("c", "uid-1", "gpu-0");
+    let live = env.add("live", "uid-2", "gpu-1");
+    plugin.prepare(&c).await.unwrap();
+    plugin.prepare(&live).await.unwrap();
+    env.source.remove("ns", "c");
+    plugin.cleanup_stale().await;
+    // The second sweep unprepares c, and the removal of its spec (the step after the
+    // record's) fails: the record is gone, the files are left; the same sweep then finds
+    // files that nothing names and removes them. The live claim's stay.
+    let plan = Plan::new(env.dir.path(), Some((1, Fault::Errno(5))));
+    let report = plugin.cleanup_stale().await;
+    drop(plan);
+    assert_eq!(report.removed, Vec::<String>::new());
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    assert!(
+        report.errors[0].contains("gpu.fgpu.dev-claim_uid-1.json"),
+        "{report:?}"
+    );
+    assert_eq!(
+        report.removed_files,
+        [env.claim_dir("uid-1"), env.spec_path("uid-1")]
+    );
+    assert!(!env.record_path("uid-1").exists());
+    assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
+    assert!(env.spec_path("uid-2").exists() && env.claim_dir("uid-2").exists());
+    assert_eq!(plugin.cleanup_stale().await, CleanupReport::default());
+}
