@@ -263,9 +263,9 @@ async fn a_fault_at_any_step_of_the_checkpoint_migration_then_a_restart_converge
         .position(|s| s == "Remove run/checkpoint.json")
         .unwrap_or_else(|| panic!("{ops:?}"));
     assert!(last_record < file_removed, "{ops:?}");
-    for at in 0..steps.len() {
+    for (at, step) in ops.iter().enumerate() {
         for fault in FAULTS {
-            let what = format!("{fault:?} at step {} ({})", at + 1, ops[at]);
+            let what = format!("{fault:?} at step {} ({step})", at + 1);
             let (env, claims, _) = version1_node().await;
             let plan = Plan::new(env.dir.path(), Some((at, fault)));
             // A start that fails makes the daemon exit; one that "succeeds" after a crash
