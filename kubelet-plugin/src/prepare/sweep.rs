@@ -112,6 +112,16 @@ fn record_owner(name: &str) -> Option<&str> {
     valid_uid(uid).then_some(uid)
 }
 
+/// Removes `path` (a directory tree with `dir`; absent is fine), noting it in `removed` if
+/// it was there, or the failure in `errors`.
+fn remove_noting(path: PathBuf, dir: bool, removed: &mut Vec<PathBuf>, errors: &mut Vec<String>) {
+    match remove_if_present(&path, dir) {
+        Ok(true) => removed.push(path),
+        Ok(false) => {}
+        Err(e) => errors.push(format!("cannot remove {}: {e}", path.display())),
+    }
+}
+
 impl<S: ClaimSource> Plugin<S> {
     /// The claims that have a file in the checkpoint directory now (a record, a record being
     /// written, a record moved aside as corrupt), loaded or not.
@@ -192,13 +202,7 @@ impl<S: ClaimSource> Plugin<S> {
             let lock = self.claim_lock(&uid);
             let guard = lock.clone().lock_owned().await;
             if !self.recorded_on_disk().contains(&uid) {
-                match remove_if_present(&path, dir) {
-                    Ok(true) => report.removed_files.push(path),
-                    Ok(false) => {}
-                    Err(e) => report
-                        .errors
-                        .push(format!("cannot remove {}: {e}", path.display())),
-                }
+                remove_noting(path, dir, &mut report.removed_files, &mut report.errors);
             }
             drop(guard);
             self.release_lock(&uid, lock);
@@ -241,13 +245,7 @@ impl<S: ClaimSource> Plugin<S> {
     pub(super) fn remove_orphans(&self, report: &mut StartReport) {
         let (orphans, kept) = self.orphans(&self.claims());
         for (path, dir) in orphans {
-            match remove_if_present(&path, dir) {
-                Ok(true) => report.removed_orphans.push(path),
-                Ok(false) => {}
-                Err(e) => report
-                    .errors
-                    .push(format!("cannot remove {}: {e}", path.display())),
-            }
+            remove_noting(path, dir, &mut report.removed_orphans, &mut report.errors);
         }
         report.kept_unloaded = kept;
     }
