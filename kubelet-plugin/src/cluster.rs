@@ -4,7 +4,8 @@
 //!   `v1`, else `v1beta2`, else `v1beta1` (1.32).
 //! * [`KubeClaimSource`] is the production [`ClaimSource`]: a GET of the claim at that
 //!   version, as JSON, read into [`ResourceClaim`] (the fields read have one shape in all
-//!   three versions).
+//!   three versions). Only a NotFound that names the claim means it is gone
+//!   ([`claim_not_found`]); any other 404 is an error.
 //! * [`watch_claims`] feeds the [`crate::claim_cache::ClaimCache`]: a watch on
 //!   ResourceClaims in all namespaces (kube-runtime's watcher: list, then watch from the
 //!   list's resourceVersion), started over with a fresh list whenever it fails.
@@ -92,13 +93,30 @@ impl ClaimSource for KubeClaimSource {
             .map_err(|e| SourceError(format!("ResourceClaim {namespace}/{name}: {e}")))?;
         match self.client.request::<ResourceClaim>(request).await {
             Ok(claim) => Ok(Some(claim)),
-            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+            Err(kube::Error::Api(status)) if claim_not_found(&status, name) => Ok(None),
             Err(e) => Err(SourceError(format!(
                 "GET {}/namespaces/{namespace}/resourceclaims/{name}: {e}",
                 self.api.api_version()
             ))),
         }
     }
+}
+
+/// Whether `status` says that the ResourceClaim `name` does not exist: reason `NotFound`,
+/// code 404, and `details` naming that object (`name`, resource `resourceclaims` of group
+/// `resource.k8s.io`), as the API server answers a GET of a missing object.
+///
+/// Any other 404 is not: a version the API server does not serve answers `NotFound` with no
+/// details ("the server could not find the requested resource"), a proxy or an aggregation
+/// layer may answer a plain "404 page not found". Those say nothing about the claim, and the
+/// stale-claim sweep must not take them for its deletion.
+pub fn claim_not_found(status: &kube::core::Status, name: &str) -> bool {
+    status.reason == "NotFound"
+        && status.code == 404
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.name == name && d.kind == "resourceclaims" && d.group == GROUP)
 }
 
 /// A ResourceClaim as the claim watch reads it: the metadata kube-runtime's watcher needs
@@ -449,6 +467,52 @@ pub async fn node_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_not_found_naming_the_claim_means_it_is_gone() {
+        use kube::core::Status;
+        use kube::core::response::StatusDetails;
+        let details = |name: &str, group: &str, kind: &str| StatusDetails {
+            name: name.into(),
+            group: group.into(),
+            kind: kind.into(),
+            uid: String::new(),
+            causes: vec![],
+            retry_after_seconds: 0,
+        };
+        let not_found = |d: Option<StatusDetails>| Status {
+            details: d,
+            ..Status::failure("resourceclaims.resource.k8s.io \"c\" not found", "NotFound")
+                .with_code(404)
+        };
+        let object = not_found(Some(details("c", "resource.k8s.io", "resourceclaims")));
+        assert!(claim_not_found(&object, "c"));
+        assert!(!claim_not_found(&object, "d"), "another object's NotFound");
+        for (why, status) in [
+            ("an unserved version: no details", not_found(None)),
+            (
+                "another resource",
+                not_found(Some(details("c", "resource.k8s.io", "resourceslices"))),
+            ),
+            (
+                "another group",
+                not_found(Some(details("c", "example.com", "resourceclaims"))),
+            ),
+            (
+                "a plain-text 404 page, as kube-client rebuilds it",
+                Status::failure("404 page not found", "Failed to parse error data").with_code(404),
+            ),
+            (
+                "a NotFound reason with another code",
+                Status {
+                    code: 503,
+                    ..object.clone()
+                },
+            ),
+        ] {
+            assert!(!claim_not_found(&status, "c"), "{why}");
+        }
+    }
 
     #[test]
     fn a_node_event_is_about_the_node_and_goes_to_default() {

@@ -169,6 +169,9 @@ pub async fn run(
     for path in &report.removed_orphans {
         tracing::info!(path = %path.display(), "removed a leftover file");
     }
+    for path in &report.kept_unloaded {
+        tracing::warn!(path = %path.display(), "kept a claim's file: its record is in the checkpoint directory but was not loaded (corrupt, or the device plugin's); removed when the claim is unprepared");
+    }
     for e in &report.errors {
         tracing::warn!(error = %e, "cleanup at start");
     }
@@ -311,8 +314,14 @@ async fn resync<S: crate::prepare::ClaimSource>(
         }
     }
     let cleaned = plugin.cleanup_stale().await;
+    for c in &cleaned.suspected {
+        tracing::info!(claim = %c, "a prepared claim looks stale; unprepared if the next sweep sees the same");
+    }
     for c in &cleaned.removed {
-        tracing::info!(claim = %c, "unprepared a claim that no longer exists");
+        tracing::info!(claim = %c, "unprepared a claim that no longer exists (seen by two sweeps)");
+    }
+    for path in &cleaned.removed_files {
+        tracing::info!(path = %path.display(), "removed a file that no claim's record names");
     }
     for e in &cleaned.errors {
         tracing::warn!(error = %e, "stale-claim cleanup");

@@ -8,6 +8,7 @@ use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 use super::error::{CheckpointError, io_error};
+use super::fault::{self, Op};
 use super::format::CHECKPOINT_FILE;
 
 /// Whether [`write_atomic`] waits for the disk.
@@ -38,6 +39,13 @@ pub fn write_atomic(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp"));
+    if let Err(fault) = fault::check(path, Op::Write) {
+        if fault.crash {
+            // Torn: the process died while writing the temporary file.
+            let _ = fs::write(&tmp, &bytes[..bytes.len() / 2]);
+        }
+        return Err(("write the temporary file", fault.error));
+    }
     let write = || -> io::Result<()> {
         let mut f = OpenOptions::new()
             .write(true)
@@ -84,6 +92,7 @@ pub(super) fn move_aside(path: &Path) -> Result<PathBuf, CheckpointError> {
 /// Creates `path` and its parents, `path` itself exactly 0700 whatever the umask or an
 /// earlier run left.
 pub(crate) fn create_private_dir(path: &Path) -> io::Result<()> {
+    fault::check(path, Op::CreateDir).map_err(|f| f.error)?;
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -94,6 +103,7 @@ pub(crate) fn create_private_dir(path: &Path) -> io::Result<()> {
 /// Removes the file `path` (or the directory tree, with `dir`); absent is fine. Says whether
 /// it was there.
 pub(crate) fn remove_if_present(path: &Path, dir: bool) -> io::Result<bool> {
+    fault::check(path, Op::Remove).map_err(|f| f.error)?;
     let r = if dir {
         fs::remove_dir_all(path)
     } else {

@@ -76,6 +76,30 @@ pub struct ClaimRecord {
     pub devices: Vec<PreparedDevice>,
 }
 
+/// Which front end prepared a claim: the one whose sweep may remove it. Both front ends
+/// (the DRA plugin, `serve`, and the legacy device plugin) may share one checkpoint
+/// directory on a node; neither sweeps the other's claims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrontEnd {
+    /// A ResourceClaim, prepared for the kubelet's DRA manager.
+    Dra,
+    /// A container of a pod, prepared for the kubelet's device manager (named
+    /// `<pod>/<container>`).
+    DevicePlugin,
+}
+
+impl ClaimRecord {
+    /// The front end that prepared this claim, by its name: the device plugin names its
+    /// claims `<pod>/<container>`, and no Kubernetes object's name has a `/`.
+    pub fn front_end(&self) -> FrontEnd {
+        if self.name.contains('/') {
+            FrontEnd::DevicePlugin
+        } else {
+            FrontEnd::Dra
+        }
+    }
+}
+
 /// One claim's record file in a [`CheckpointDir`](super::CheckpointDir).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]

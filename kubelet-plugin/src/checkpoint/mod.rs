@@ -28,11 +28,17 @@
 //!   boot is discarded on load (its claims are handed back so that their files can be
 //!   removed).
 //! * A record that does not parse is moved aside (`<uid>.json.corrupt-<n>`) and the plugin
-//!   starts without that claim; the caller reports it (an Event). Temporary files of
-//!   interrupted writes are removed on load.
+//!   starts without that claim; the caller reports it (an Event). The claim may be running:
+//!   the moved-aside file keeps its directory and CDI spec from the start-up sweep until the
+//!   kubelet unprepares (or prepares) it. Temporary files of interrupted writes are removed
+//!   on load.
+//! * Both front ends (DRA, device plugin) may share the directory; a record's
+//!   [`FrontEnd`] (by its name) says whose sweep may remove it.
 //! * Version 1 (plugins before the checkpoint directory) kept every claim in one file,
 //!   `checkpoint.json` ([`CheckpointFile`], same record per claim); it is read once on
-//!   start, its claims written as records, and removed (`Plugin::start`).
+//!   start, its claims written as records, and removed (`Plugin::start`). A corrupt one is
+//!   moved aside and not migrated; the files of claims nothing else names are then kept
+//!   by a marker, `<uid>.json.corrupt-v1`.
 //!
 //! The parts:
 //!
@@ -42,12 +48,15 @@
 //! * `dir`: the checkpoint directory on disk, [`CheckpointDir`] (load, write, remove).
 //! * `version1`: the single file of version 1, [`CheckpointFile`], read to migrate it.
 //! * `files`: write-rename, durable removal, private directories.
+//! * `fault`: test-only fault injection at each of those file operations (off, and empty,
+//!   outside `cfg(test)`).
 //! * `boot`: the boot id.
 //! * `error`: [`CheckpointError`].
 
 mod boot;
 mod dir;
 mod error;
+pub(crate) mod fault;
 mod files;
 mod format;
 mod records;
@@ -63,8 +72,8 @@ pub use error::CheckpointError;
 pub use files::{Durability, write_atomic};
 pub(crate) use files::{create_private_dir, remove_if_present};
 pub use format::{
-    CHECKPOINT_DIR, CHECKPOINT_FILE, CHECKPOINT_VERSION, ClaimRecord, PrepareState, PreparedDevice,
-    RecordFile, valid_uid,
+    CHECKPOINT_DIR, CHECKPOINT_FILE, CHECKPOINT_VERSION, ClaimRecord, FrontEnd, PrepareState,
+    PreparedDevice, RecordFile, valid_uid,
 };
 pub use records::{Applied, Change, Records};
 pub use state::{ClaimState, Transition, TransitionError, transition};

@@ -34,7 +34,7 @@ use fgpu_driver::backend::{BackendKind, DeviceBackend};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::checkpoint::ClaimRecord;
+use crate::checkpoint::{ClaimRecord, FrontEnd};
 use crate::edits::{ClaimRef, NodeFiles};
 use crate::prepare::{MapClaimSource, Plugin, PluginConfig};
 use annotations::{PodAssignment, render_node_inventory};
@@ -144,7 +144,7 @@ pub fn stale_claims(
     }
     records
         .iter()
-        .filter(|(uid, r)| r.name.contains('/') && !live.contains(*uid))
+        .filter(|(uid, r)| r.front_end() == FrontEnd::DevicePlugin && !live.contains(*uid))
         .map(|(uid, r)| ClaimRef {
             namespace: r.namespace.clone(),
             name: r.name.clone(),
@@ -169,6 +169,9 @@ pub async fn start<P: PodSource + Clone>(
         .context("cannot open the plugin state")?;
     for e in &report.errors {
         tracing::warn!(error = %e, "start");
+    }
+    for path in &report.kept_unloaded {
+        tracing::warn!(path = %path.display(), "kept a claim's file: its record is in the checkpoint directory but was not loaded (corrupt, or the DRA plugin's)");
     }
     let plugin = Arc::new(plugin);
     let inventory = backend

@@ -27,6 +27,8 @@ static PRIORITY_FILES: Mutex<()> = Mutex::new(());
 
 /// Creates `path` (and its parents) with exactly `mode`.
 fn create_dir_mode(path: &Path, mode: u32) -> io::Result<()> {
+    crate::checkpoint::fault::check(path, crate::checkpoint::fault::Op::CreateDir)
+        .map_err(|f| f.error)?;
     std::fs::create_dir_all(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }

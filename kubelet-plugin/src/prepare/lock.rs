@@ -14,14 +14,14 @@ use crate::metrics::Operation;
 pub(super) type ClaimGuard = tokio::sync::OwnedMutexGuard<()>;
 
 impl<S: ClaimSource> Plugin<S> {
-    fn claim_lock(&self, uid: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(super) fn claim_lock(&self, uid: &str) -> Arc<tokio::sync::Mutex<()>> {
         unpoisoned(&self.locks)
             .entry(uid.to_owned())
             .or_default()
             .clone()
     }
 
-    fn release_lock(&self, uid: &str, l: Arc<tokio::sync::Mutex<()>>) {
+    pub(super) fn release_lock(&self, uid: &str, l: Arc<tokio::sync::Mutex<()>>) {
         let mut locks = unpoisoned(&self.locks);
         // Ours plus the map's: nobody else waits for this claim, and no task of an earlier
         // operation still holds it.

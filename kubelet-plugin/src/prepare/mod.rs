@@ -31,9 +31,11 @@
 //! state root stay where they are until unprepared.
 //!
 //! [`Plugin::unprepare`] removes the claim's record (durably), then its spec and directory;
-//! it succeeds for a claim it does not know. [`Plugin::cleanup_stale`] unprepares claims
-//! that no longer exist or were replaced (another UID). [`Plugin::start`] discards state of
-//! a previous boot, moves a corrupt checkpoint aside and removes files no entry accounts for.
+//! it succeeds for a claim it does not know. [`Plugin::cleanup_stale`] unprepares DRA claims
+//! that two sweeps in a row saw deleted or replaced (another UID); an error, a timeout or a
+//! 404 that does not name the claim never counts. [`Plugin::start`] discards state of a
+//! previous boot, moves a corrupt record aside (its claim's files stay) and removes files
+//! that nothing in the checkpoint directory accounts for.
 //!
 //! The parts:
 //!
@@ -47,7 +49,7 @@
 //! * `lock`: one operation per claim at a time.
 //! * `start`: [`Plugin::start`]: the node's directories, the checkpoint loaded or migrated.
 //! * `sweep`: files no record accounts for (at start) and stale claims
-//!   ([`Plugin::cleanup_stale`]).
+//!   ([`Plugin::cleanup_stale`], two sightings, suspects kept in memory).
 //! * `error`: [`PrepareError`].
 
 use std::collections::HashMap;
@@ -127,6 +129,9 @@ pub struct Plugin<S> {
     /// it (NVML is not asked on every prepare) and read the backend again only for a device
     /// it does not list; [`Plugin::set_inventory`] refreshes it.
     inventory: Mutex<Option<Arc<NodeInventory>>>,
+    /// Claims the last stale-claim sweep saw gone or replaced, with their record as it was
+    /// then: the next sweep that sees the same unprepares them (`sweep`).
+    suspects: Mutex<HashMap<String, ClaimRecord>>,
 }
 
 fn unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::claim::{Built, check_uid};
 use super::files::ClaimFiles;
 use super::lock::ClaimGuard;
-use super::{ClaimSource, Plugin, PrepareError};
+use super::{ClaimSource, Plugin, PrepareError, unpoisoned};
 use crate::checkpoint::{Change, ClaimRecord, Durability, PrepareState, PreparedDevice, Records};
 use crate::edits::ClaimRef;
 use crate::metrics::{Metrics, Operation, Phase};
@@ -38,6 +38,8 @@ impl<S: ClaimSource> Plugin<S> {
         claim: &ClaimRef,
         guard: ClaimGuard,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        // The kubelet still wants the claim: whatever a stale-claim sweep saw, it starts over.
+        unpoisoned(&self.suspects).remove(&claim.uid);
         if let Some(devices) = self.completed_devices(&claim.uid) {
             return Ok(devices);
         }

@@ -12,8 +12,11 @@ use crate::metrics::ClaimRead;
 /// Where claims come from: the API server in production (through the claim cache, see
 /// [`crate::claim_cache`]), a map in tests.
 pub trait ClaimSource: Send + Sync + 'static {
-    /// The claim `namespace/name` as the API server has it now; `Ok(None)` if it does not
-    /// exist. The stale-claim cleanup uses this: it must see deletions.
+    /// The claim `namespace/name` as the API server has it now; `Ok(None)` only when the
+    /// source knows that this object does not exist (the API server's NotFound naming it).
+    /// Anything that does not say so — a 404 of a version or a path the API server does not
+    /// serve, a proxy's error page, a timeout, a 5xx — is an error, never `Ok(None)`: the
+    /// stale-claim sweep removes a claim's state on `Ok(None)` (seen twice).
     fn get(
         &self,
         namespace: &str,

@@ -28,6 +28,11 @@ pub struct StartReport {
     pub migrated_from: Option<PathBuf>,
     /// Files removed that no checkpoint entry accounted for.
     pub removed_orphans: Vec<PathBuf>,
+    /// Claims' files kept although no loaded record accounts for them: a record of their
+    /// claim is in the checkpoint directory but was not loaded (it did not parse and was
+    /// moved aside, or the other front end wrote it after this one loaded the directory).
+    /// The claim may be running: its files stay until it is unprepared.
+    pub kept_unloaded: Vec<PathBuf>,
     /// Problems while removing leftovers (the plugin still starts).
     pub errors: Vec<String>,
 }
@@ -37,6 +42,9 @@ struct Opened {
     claims: BTreeMap<String, ClaimRecord>,
     notes: Vec<LoadNote>,
     migrated_from: Option<PathBuf>,
+    /// A version-1 checkpoint to migrate did not parse: which claims it recorded is lost,
+    /// so every claim's files on the node may be a running claim's.
+    version1_corrupt: bool,
 }
 
 fn io_error(path: &Path, op: &'static str, source: io::Error) -> CheckpointError {
@@ -116,9 +124,27 @@ fn open_checkpoint(cfg: &PluginConfig, dir: &CheckpointDir) -> Result<Opened, Ch
             claims: loaded.claims,
             notes: loaded.notes,
             migrated_from: None,
+            version1_corrupt: false,
         });
     };
     let (mut checkpoint, note) = CheckpointFile::new(&path).load(&cfg.boot_id)?;
+    if let Some(corrupt @ LoadNote::Corrupt { .. }) = note {
+        // The file (moved aside by the load) was the state, and it is lost. The directory's
+        // records stay (they may be stale: the stale-claim sweep judges them); the caller
+        // keeps every other claim's files.
+        for f in &version1 {
+            f.remove()?;
+        }
+        let mut loaded = dir.load(&cfg.boot_id)?;
+        loaded.notes.retain(|n| *n != LoadNote::Missing);
+        loaded.notes.insert(0, corrupt);
+        return Ok(Opened {
+            claims: loaded.claims,
+            notes: loaded.notes,
+            migrated_from: Some(path),
+            version1_corrupt: true,
+        });
+    }
     // No prepare ever accepted a UID that cannot name a file.
     checkpoint.claims.retain(|uid, _| valid_uid(uid));
     dir.replace_all(&cfg.boot_id, &checkpoint.claims)?;
@@ -129,6 +155,7 @@ fn open_checkpoint(cfg: &PluginConfig, dir: &CheckpointDir) -> Result<Opened, Ch
         claims: checkpoint.claims,
         notes: note.into_iter().collect(),
         migrated_from: Some(path),
+        version1_corrupt: false,
     })
 }
 
@@ -148,6 +175,7 @@ impl<S: ClaimSource> Plugin<S> {
             claims,
             notes,
             migrated_from,
+            version1_corrupt,
         } = open_checkpoint(&cfg, &dir)?;
         let metrics = Metrics::new();
         metrics.set_claims(&claims);
@@ -159,6 +187,7 @@ impl<S: ClaimSource> Plugin<S> {
             locks: Mutex::new(HashMap::new()),
             metrics,
             inventory: Mutex::new(None),
+            suspects: Mutex::new(HashMap::new()),
         };
         let mut report = StartReport {
             notes,
@@ -166,6 +195,9 @@ impl<S: ClaimSource> Plugin<S> {
             removed_orphans: removed_from_gpu_dir,
             ..StartReport::default()
         };
+        if version1_corrupt {
+            plugin.mark_unrecorded(&mut report);
+        }
         plugin.remove_orphans(&mut report);
         Ok((plugin, report))
     }

@@ -17,6 +17,8 @@ use crate::claim::ResourceClaim;
 use crate::edits::tests::gpu;
 use crate::edits::{ClaimRef, FileMount, NodeFiles};
 
+mod crash;
+
 struct StaticBackend(Mutex<Vec<Gpu>>);
 
 impl DeviceBackend for StaticBackend {
@@ -67,7 +69,14 @@ impl Env {
         }
     }
     fn start(&self, boot: &str) -> (Plugin<Arc<MapClaimSource>>, StartReport) {
-        Plugin::start(self.cfg(boot), self.source.clone(), self.backend.clone()).unwrap()
+        self.start_result(boot).unwrap()
+    }
+    fn start_result(
+        &self,
+        boot: &str,
+    ) -> Result<(Plugin<Arc<MapClaimSource>>, StartReport), crate::checkpoint::CheckpointError>
+    {
+        Plugin::start(self.cfg(boot), self.source.clone(), self.backend.clone())
     }
     fn spec_path(&self, uid: &str) -> PathBuf {
         self.dir
@@ -344,12 +353,30 @@ async fn interrupted_prepare_is_redone_and_a_corrupt_record_loses_only_its_claim
         *moved_to,
         env.dir.path().join("run/checkpoint/uid-1.json.corrupt-1")
     );
-    // Files of the lost entry are orphans now and removed; the other claim is untouched.
-    assert!(!env.spec_path("uid-1").exists());
-    assert!(!env.claim_dir("uid-1").exists());
+    // The claim is no longer recorded, but it may be running: its files are kept (and
+    // reported), not swept as orphans; the other claim is untouched.
+    assert_eq!(report.removed_orphans, Vec::<PathBuf>::new());
+    assert_eq!(
+        report.kept_unloaded,
+        [env.claim_dir("uid-1"), env.spec_path("uid-1")]
+    );
+    assert!(env.spec_path("uid-1").exists());
+    assert!(env.claim_dir("uid-1").join("limits").exists());
     assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-2"]);
     assert!(env.spec_path("uid-2").exists());
+    // Not on the next start either: the moved-aside record still speaks for the claim.
+    drop(plugin);
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.removed_orphans, Vec::<PathBuf>::new());
+    assert!(env.spec_path("uid-1").exists() && env.claim_dir("uid-1").exists());
+    // The kubelet prepares it again (a new record), or unprepares it (its files go).
     plugin.prepare(&c).await.unwrap();
+    assert_eq!(
+        plugin.claims()["uid-1"].state,
+        PrepareState::PrepareCompleted
+    );
+    plugin.unprepare(&c).await.unwrap();
+    assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
 }
 
 /// The record of one claim in a version-1 checkpoint (one file), exactly as plugins
@@ -602,6 +629,19 @@ async fn stale_claims_are_cleaned_up() {
     }
     env.source.remove("ns", "gone");
     env.add("repl", "uid-r2", "gpu-1");
+    // The first sweep that sees them gone or replaced only suspects them.
+    let report = plugin.cleanup_stale().await;
+    assert_eq!(report.errors, Vec::<String>::new());
+    assert_eq!(report.removed, Vec::<String>::new());
+    assert_eq!(
+        report.suspected,
+        [
+            "ns/gone (uid-g): not found",
+            "ns/repl (uid-r): replaced by uid uid-r2"
+        ]
+    );
+    assert_eq!(plugin.claims().len(), 3);
+    assert!(env.claim_dir("uid-g").exists() && env.spec_path("uid-r").exists());
     let report = plugin.cleanup_stale().await;
     assert_eq!(report.errors, Vec::<String>::new());
     assert_eq!(report.removed, ["ns/gone (uid-g)", "ns/repl (uid-r)"]);
@@ -786,4 +826,285 @@ async fn high_priority_without_the_class_allowing_it_is_refused() {
         })
         .unwrap();
     assert_eq!(prio["options"][0], "rw");
+}
+
+/// A claim source whose every answer a test sets: a claim source as flaky as an API server
+/// can be.
+struct Scripted {
+    /// The claims while neither failing nor silent: `Env::source`.
+    claims: Arc<MapClaimSource>,
+    /// While set, every GET fails with this error (a 5xx, a 404 that names nothing).
+    failing: Mutex<Option<String>>,
+    /// While set, every GET hangs (an API server that stopped answering).
+    silent: std::sync::atomic::AtomicBool,
+}
+
+impl ClaimSource for Scripted {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, SourceError> {
+        if self.silent.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if let Some(e) = unpoisoned(&self.failing).clone() {
+            return Err(SourceError(e));
+        }
+        self.claims.get(namespace, name).await
+    }
+}
+
+/// A plugin over `env`'s directories reading `env`'s claims through a [`Scripted`] source,
+/// with a short claim timeout.
+fn scripted(env: &Env) -> (Plugin<Arc<Scripted>>, Arc<Scripted>) {
+    let source = Arc::new(Scripted {
+        claims: env.source.clone(),
+        failing: Mutex::new(None),
+        silent: std::sync::atomic::AtomicBool::new(false),
+    });
+    let cfg = PluginConfig {
+        claim_get_timeout: std::time::Duration::from_millis(20),
+        ..env.cfg("b1")
+    };
+    let (plugin, _) = Plugin::start(cfg, source.clone(), env.backend.clone()).unwrap();
+    (plugin, source)
+}
+
+/// Sweeps `n` times; returns the last report.
+async fn sweeps<S: ClaimSource>(plugin: &Plugin<S>, n: usize) -> CleanupReport {
+    let mut last = CleanupReport::default();
+    for _ in 0..n {
+        last = plugin.cleanup_stale().await;
+    }
+    last
+}
+
+#[tokio::test]
+async fn a_claim_seen_gone_once_keeps_its_state_and_twice_loses_it() {
+    let env = Env::new();
+    let (plugin, _) = scripted(&env);
+    let c = env.add("c", "uid-1", "gpu-0");
+    plugin.prepare(&c).await.unwrap();
+    env.source.remove("ns", "c");
+    let first = plugin.cleanup_stale().await;
+    assert_eq!(first.removed, Vec::<String>::new());
+    assert_eq!(first.suspected, ["ns/c (uid-1): not found"]);
+    assert!(plugin.claims().contains_key("uid-1"));
+    assert!(env.spec_path("uid-1").exists() && env.claim_dir("uid-1").exists());
+    let second = plugin.cleanup_stale().await;
+    assert_eq!(second.removed, ["ns/c (uid-1)"]);
+    assert!(plugin.claims().is_empty());
+    assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
+    assert!(!env.record_path("uid-1").exists());
+}
+
+#[tokio::test]
+async fn a_claim_replaced_twice_loses_its_state_and_reappearing_starts_over() {
+    let env = Env::new();
+    let (plugin, _) = scripted(&env);
+    let c = env.add("c", "uid-1", "gpu-0");
+    plugin.prepare(&c).await.unwrap();
+    // Replaced, then back with its own UID between two sweeps: no longer a suspect.
+    env.add("c", "uid-2", "gpu-0");
+    assert_eq!(
+        plugin.cleanup_stale().await.suspected,
+        ["ns/c (uid-1): replaced by uid uid-2"]
+    );
+    env.add("c", "uid-1", "gpu-0");
+    assert_eq!(plugin.cleanup_stale().await, CleanupReport::default());
+    env.add("c", "uid-2", "gpu-0");
+    let report = plugin.cleanup_stale().await;
+    assert_eq!(report.removed, Vec::<String>::new(), "one sighting since");
+    assert!(plugin.claims().contains_key("uid-1"));
+    // Gone, then prepared again by the kubelet: that too starts over.
+    env.source.remove("ns", "c");
+    plugin.cleanup_stale().await;
+    env.add("c", "uid-1", "gpu-0");
+    plugin.prepare(&c).await.unwrap();
+    env.add("c", "uid-2", "gpu-0");
+    let report = plugin.cleanup_stale().await;
+    assert_eq!(report.removed, Vec::<String>::new(), "prepared since");
+    assert!(env.spec_path("uid-1").exists());
+    // Two sightings in a row: removed.
+    let report = plugin.cleanup_stale().await;
+    assert_eq!(report.removed, ["ns/c (uid-1)"]);
+    assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
+}
+
+#[tokio::test]
+async fn errors_and_timeouts_keep_every_claims_state_however_many_sweeps() {
+    let env = Env::new();
+    let (plugin, source) = scripted(&env);
+    let claims = [
+        env.add("a", "uid-a", "gpu-0"),
+        env.add("b", "uid-b", "gpu-1"),
+    ];
+    for c in &claims {
+        plugin.prepare(c).await.unwrap();
+    }
+    let kept = |plugin: &Plugin<Arc<Scripted>>| {
+        plugin.claims().len() == 2
+            && claims
+                .iter()
+                .all(|c| env.spec_path(&c.uid).exists() && env.claim_dir(&c.uid).exists())
+    };
+    for error in [
+        "GET v1/namespaces/ns/resourceclaims/a: 404 page not found",
+        "GET v1/namespaces/ns/resourceclaims/a: the server could not find the requested resource",
+        "GET v1/namespaces/ns/resourceclaims/a: etcdserver: request timed out (500)",
+    ] {
+        *unpoisoned(&source.failing) = Some(error.to_owned());
+        let report = sweeps(&plugin, 10).await;
+        assert_eq!(report.errors.len(), 2, "{error}: {report:?}");
+        assert!(report.errors[0].contains(error), "{report:?}");
+        assert!(kept(&plugin), "{error}");
+    }
+    *unpoisoned(&source.failing) = None;
+    source
+        .silent
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // The outer limit only turns a hang into a failure; the sweep's own limit is 20 ms.
+    let report = tokio::time::timeout(std::time::Duration::from_secs(60), sweeps(&plugin, 5))
+        .await
+        .expect("the sweep gives up on a silent API server");
+    assert_eq!(
+        report.errors,
+        [
+            "claim ns/a (uid-a): cannot read it: no answer within 20ms; its state is kept",
+            "claim ns/b (uid-b): cannot read it: no answer within 20ms; its state is kept",
+        ]
+    );
+    assert!(kept(&plugin));
+}
+
+#[tokio::test]
+async fn an_error_between_two_sightings_neither_counts_nor_clears() {
+    let env = Env::new();
+    let (plugin, source) = scripted(&env);
+    let c = env.add("c", "uid-1", "gpu-0");
+    plugin.prepare(&c).await.unwrap();
+    env.source.remove("ns", "c");
+    plugin.cleanup_stale().await;
+    *unpoisoned(&source.failing) = Some("503".into());
+    let report = sweeps(&plugin, 3).await;
+    assert_eq!(report.removed, Vec::<String>::new());
+    assert!(env.spec_path("uid-1").exists());
+    *unpoisoned(&source.failing) = None;
+    assert_eq!(plugin.cleanup_stale().await.removed, ["ns/c (uid-1)"]);
+}
+
+#[tokio::test]
+async fn the_dra_sweep_leaves_the_device_plugins_claims_alone() {
+    let env = Env::new();
+    let (plugin, _) = scripted(&env);
+    // A device-plugin container's claim, named <pod>/<container>, in the same checkpoint.
+    let container = env.add("pod-1/main", "pod-uid-1-main", "gpu-0");
+    let dra = env.add("c", "uid-1", "gpu-1");
+    plugin.prepare(&container).await.unwrap();
+    plugin.prepare(&dra).await.unwrap();
+    // No ResourceClaim has either name now.
+    env.source.remove("ns", "pod-1/main");
+    env.source.remove("ns", "c");
+    let report = sweeps(&plugin, 5).await;
+    assert_eq!(report.errors, Vec::<String>::new());
+    assert_eq!(
+        plugin.claims().keys().collect::<Vec<_>>(),
+        ["pod-uid-1-main"]
+    );
+    assert!(env.spec_path("pod-uid-1-main").exists());
+    assert!(env.claim_dir("pod-uid-1-main").exists());
+    assert!(!env.spec_path("uid-1").exists());
+}
+
+#[tokio::test]
+async fn a_start_never_sweeps_what_the_other_front_end_recorded_since_it_loaded() {
+    let env = Env::new();
+    // Both front ends over the same directories: `dra` loads the checkpoint, then the
+    // device plugin prepares a container before `dra`'s start-up sweep runs.
+    let (dra, _) = env.start("b1");
+    let (device_plugin, _) = env.start("b1");
+    let container = env.add("pod-1/main", "pod-uid-1-main", "gpu-0");
+    device_plugin.prepare(&container).await.unwrap();
+    let mut report = StartReport::default();
+    dra.remove_orphans(&mut report);
+    assert_eq!(report.removed_orphans, Vec::<PathBuf>::new());
+    assert!(env.spec_path("pod-uid-1-main").exists());
+    assert!(env.claim_dir("pod-uid-1-main").join("limits").exists());
+    assert_eq!(
+        report.kept_unloaded,
+        [
+            env.claim_dir("pod-uid-1-main"),
+            env.spec_path("pod-uid-1-main")
+        ]
+    );
+    // Once the device plugin unprepared it, nothing is left to sweep.
+    device_plugin.unprepare(&container).await.unwrap();
+    assert!(!env.claim_dir("pod-uid-1-main").exists());
+}
+
+#[tokio::test]
+async fn a_corrupt_version1_checkpoint_keeps_every_claims_files() {
+    let env = Env::new();
+    let c = env.add("c", "uid-1", "gpu-0");
+    let kept = env.add("d", "uid-2", "gpu-1");
+    {
+        let (plugin, _) = env.start("b1");
+        plugin.prepare(&c).await.unwrap();
+        plugin.prepare(&kept).await.unwrap();
+    }
+    // An older plugin ran last: it kept its claims in one file (now corrupt), not in the
+    // directory, where only uid-2's record is left from before.
+    std::fs::remove_file(env.record_path("uid-1")).unwrap();
+    std::fs::write(env.dir.path().join("run").join(CHECKPOINT_FILE), b"{torn").unwrap();
+    let (plugin, report) = env.start("b1");
+    assert!(
+        matches!(report.notes[..], [LoadNote::Corrupt { .. }]),
+        "{:?}",
+        report.notes
+    );
+    assert_eq!(report.removed_orphans, Vec::<PathBuf>::new());
+    assert_eq!(
+        report.kept_unloaded,
+        [env.claim_dir("uid-1"), env.spec_path("uid-1")]
+    );
+    assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-2"]);
+    assert!(!env.dir.path().join("run").join(CHECKPOINT_FILE).exists());
+    // And at every later start.
+    drop(plugin);
+    let (plugin, report) = env.start("b1");
+    assert_eq!(report.removed_orphans, Vec::<PathBuf>::new());
+    assert!(env.spec_path("uid-1").exists() && env.claim_dir("uid-1").join("limits").exists());
+    // The kubelet's unprepare removes them.
+    plugin.unprepare(&c).await.unwrap();
+    assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
+}
+
+#[tokio::test]
+async fn files_a_failed_unprepare_of_the_sweep_left_go_in_the_same_sweep() {
+    use crate::checkpoint::fault::{Fault, Plan};
+    let env = Env::new();
+    let (plugin, _) = scripted(&env);
+    let c = env.add("c", "uid-1", "gpu-0");
+    let live = env.add("live", "uid-2", "gpu-1");
+    plugin.prepare(&c).await.unwrap();
+    plugin.prepare(&live).await.unwrap();
+    env.source.remove("ns", "c");
+    plugin.cleanup_stale().await;
+    // The second sweep unprepares c, and the removal of its spec (the step after the
+    // record's) fails: the record is gone, the files are left; the same sweep then finds
+    // files that nothing names and removes them. The live claim's stay.
+    let plan = Plan::new(env.dir.path(), Some((1, Fault::Errno(5))));
+    let report = plugin.cleanup_stale().await;
+    drop(plan);
+    assert_eq!(report.removed, Vec::<String>::new());
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    assert!(
+        report.errors[0].contains("gpu.fgpu.dev-claim_uid-1.json"),
+        "{report:?}"
+    );
+    assert_eq!(
+        report.removed_files,
+        [env.claim_dir("uid-1"), env.spec_path("uid-1")]
+    );
+    assert!(!env.record_path("uid-1").exists());
+    assert!(!env.spec_path("uid-1").exists() && !env.claim_dir("uid-1").exists());
+    assert!(env.spec_path("uid-2").exists() && env.claim_dir("uid-2").exists());
+    assert_eq!(plugin.cleanup_stale().await, CleanupReport::default());
 }

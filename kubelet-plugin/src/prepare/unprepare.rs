@@ -5,7 +5,7 @@ use std::io;
 
 use super::files::remove_claim_files;
 use super::lock::ClaimGuard;
-use super::{ClaimSource, Plugin, PrepareError};
+use super::{ClaimSource, Plugin, PrepareError, unpoisoned};
 use crate::checkpoint::Change;
 use crate::edits::ClaimRef;
 use crate::metrics::Operation;
@@ -20,7 +20,7 @@ impl<S: ClaimSource> Plugin<S> {
         .await
     }
 
-    async fn unprepare_locked(
+    pub(super) async fn unprepare_locked(
         &self,
         claim: &ClaimRef,
         guard: ClaimGuard,
@@ -28,6 +28,7 @@ impl<S: ClaimSource> Plugin<S> {
         // Before anything else (and under the claim's lock): whatever happens below, the
         // next prepare of this UID must not trust a cached allocation.
         self.source.unprepared(&claim.uid);
+        unpoisoned(&self.suspects).remove(&claim.uid);
         let paths = self.removable(&claim.uid);
         let key = claim.key();
         let records = self.records.clone();

@@ -73,6 +73,32 @@ fn server(versions: Vec<&'static str>, drop_consumable: bool) -> FakeApiServer {
     s
 }
 
+/// A fake profile of node `node-a` with one T4, and a boot id file, under `dir`.
+fn one_t4_node(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let profile = dir.join("profile.yaml");
+    std::fs::write(
+        &profile,
+        "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
+    )
+    .unwrap();
+    let boot_id = dir.join("boot_id");
+    std::fs::write(&boot_id, "boot-1\n").unwrap();
+    (profile, boot_id)
+}
+
+/// The files every claim gets in these tests: the shim under `dir`, nothing else.
+fn node_files(dir: &std::path::Path) -> fgpu_kubelet_plugin::edits::NodeFiles {
+    fgpu_kubelet_plugin::edits::NodeFiles {
+        shim_library: dir.join("libfgpu.so"),
+        driver_mounts: vec![],
+        driver_hooks: vec![],
+        fake_driver: false,
+        fake_state_dir: None,
+        context_overhead: 0,
+        memory_limits: None,
+    }
+}
+
 /// All ResourceClaims at v1 (the claim watch's list and watch).
 const CLAIMS_V1: &str = "/apis/resource.k8s.io/v1/resourceclaims";
 
@@ -174,13 +200,183 @@ async fn dropped_consumable_capacity_falls_back_to_plain_devices() {
 }
 
 // ---------------------------------------------------------------------------------------
+// The stale-claim sweep through the real client: what a 404 means.
+
+mod stale_sweep {
+    use super::*;
+    use fgpu_kubelet_plugin::edits::ClaimRef;
+    use fgpu_kubelet_plugin::prepare::{CLAIM_GET_TIMEOUT, Plugin, PluginConfig};
+    use std::sync::Mutex;
+
+    const CLAIM_A: &str = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/a";
+    const CLAIM_B: &str = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/b";
+
+    fn claim(name: &str, uid: &str, share: &str) -> Value {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+               "metadata": {"name": name, "namespace": "team", "uid": uid},
+               "status": {"allocation": {"devices": {"results": [
+                   {"request": "gpu", "driver": "gpu.fgpu.dev", "pool": "node-a", "device": "gpu-0",
+                    "shareID": share, "consumedCapacity": {"memory": "1Gi", "cores": "10"}}]}}}})
+    }
+
+    /// The plugin over `dir` with the fake API server's claims, and two claims (team/a,
+    /// team/b) prepared. `answer`: while set, every GET of a claim gets it instead.
+    async fn prepared(
+        dir: &std::path::Path,
+    ) -> (
+        Plugin<KubeClaimSource>,
+        FakeApiServer,
+        Arc<Mutex<Option<Answer>>>,
+    ) {
+        let (profile, _) = one_t4_node(dir);
+        let s = server(vec!["v1"], false);
+        let answer: Arc<Mutex<Option<Answer>>> = Arc::default();
+        {
+            let mut state = s.lock().unwrap();
+            state.insert(CLAIM_A, claim("a", "uid-a", "s1"));
+            state.insert(CLAIM_B, claim("b", "uid-b", "s2"));
+            let answer = answer.clone();
+            state.intercept(move |req| {
+                if !req.path.contains("/resourceclaims/") {
+                    return None;
+                }
+                answer.lock().unwrap().clone()
+            });
+        }
+        let cfg = PluginConfig {
+            driver: DriverName::default(),
+            node_name: "node-a".into(),
+            state_root: dir.join("state"),
+            run_root: dir.join("run"),
+            cdi_dir: dir.join("cdi"),
+            files: node_files(dir),
+            boot_id: "boot-1".into(),
+            claim_get_timeout: CLAIM_GET_TIMEOUT,
+            test_pause: None,
+        };
+        let backend = Arc::new(fgpu_driver::backend::FakeBackend::open(&profile, None).unwrap());
+        let source = KubeClaimSource::new(client(s.clone()), ApiVersion::V1);
+        let (plugin, _) = Plugin::start(cfg, source, backend).unwrap();
+        for (name, uid) in [("a", "uid-a"), ("b", "uid-b")] {
+            let c = ClaimRef {
+                namespace: "team".into(),
+                name: name.into(),
+                uid: uid.into(),
+            };
+            plugin.prepare(&c).await.unwrap();
+        }
+        (plugin, s, answer)
+    }
+
+    fn spec(dir: &std::path::Path, uid: &str) -> std::path::PathBuf {
+        dir.join(format!("cdi/gpu.fgpu.dev-claim_{uid}.json"))
+    }
+
+    /// Both claims still have their record, spec and directory.
+    fn intact(plugin: &Plugin<KubeClaimSource>, dir: &std::path::Path) -> bool {
+        plugin.claims().len() == 2
+            && ["uid-a", "uid-b"]
+                .iter()
+                .all(|uid| spec(dir, uid).exists() && dir.join("run/claims").join(uid).exists())
+    }
+
+    #[tokio::test]
+    async fn a_404_that_does_not_name_the_claim_and_server_errors_keep_every_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plugin, _s, answer) = prepared(dir.path()).await;
+        let unserved = "the server could not find the requested resource";
+        for (what, a) in [
+            // The API server does not serve resource.k8s.io/v1 (any more): a Status with
+            // reason NotFound and no details.
+            ("an unserved version", Answer::not_found(unserved)),
+            // A proxy or an aggregation layer: not a Status at all.
+            (
+                "a plain 404 page",
+                Answer::new(http::StatusCode::NOT_FOUND, json!("404 page not found")),
+            ),
+            (
+                "a NotFound about another object",
+                Answer::new(
+                    http::StatusCode::NOT_FOUND,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                           "reason": "NotFound", "code": 404, "message": "namespaces \"team\" not found",
+                           "details": {"name": "team", "kind": "namespaces"}}),
+                ),
+            ),
+            (
+                "an internal error",
+                Answer::status(
+                    http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    "etcdserver: request timed out",
+                ),
+            ),
+            (
+                "unavailable",
+                Answer::status(
+                    http::StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailable",
+                    "the server is currently unable to handle the request",
+                ),
+            ),
+        ] {
+            *answer.lock().unwrap() = Some(a);
+            for sweep in 0..10 {
+                let report = plugin.cleanup_stale().await;
+                assert_eq!(
+                    report.removed,
+                    Vec::<String>::new(),
+                    "{what}, sweep {sweep}"
+                );
+                assert_eq!(report.suspected, Vec::<String>::new(), "{what}");
+                assert_eq!(report.errors.len(), 2, "{what}: {report:?}");
+                assert!(report.errors[0].starts_with("claim team/a (uid-a): cannot read it: GET resource.k8s.io/v1/namespaces/team/resourceclaims/a:"), "{what}: {report:?}");
+                assert!(intact(&plugin, dir.path()), "{what}, sweep {sweep}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claim_the_api_server_says_is_gone_loses_its_state_at_the_second_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plugin, s, answer) = prepared(dir.path()).await;
+        // Deleted: the API server's NotFound names team/a.
+        s.lock().unwrap().remove(CLAIM_A);
+        let report = plugin.cleanup_stale().await;
+        assert_eq!(report.suspected, ["team/a (uid-a): not found"]);
+        assert!(intact(&plugin, dir.path()));
+        // An unserved version in between neither counts nor clears.
+        *answer.lock().unwrap() = Some(Answer::not_found(
+            "the server could not find the requested resource",
+        ));
+        assert_eq!(plugin.cleanup_stale().await.removed, Vec::<String>::new());
+        *answer.lock().unwrap() = None;
+        let report = plugin.cleanup_stale().await;
+        assert_eq!(report.removed, ["team/a (uid-a)"]);
+        assert_eq!(plugin.claims().keys().collect::<Vec<_>>(), ["uid-b"]);
+        assert!(!spec(dir.path(), "uid-a").exists());
+        assert!(!dir.path().join("run/claims/uid-a").exists());
+        // Recreated under the same name: a UID mismatch, twice.
+        s.lock()
+            .unwrap()
+            .insert(CLAIM_B, claim("b", "uid-b2", "s3"));
+        assert_eq!(
+            plugin.cleanup_stale().await.suspected,
+            ["team/b (uid-b): replaced by uid uid-b2"]
+        );
+        assert!(spec(dir.path(), "uid-b").exists());
+        assert_eq!(plugin.cleanup_stale().await.removed, ["team/b (uid-b)"]);
+        assert!(plugin.claims().is_empty());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // The whole `serve` loop: fake API server, fake GPUs, real sockets.
 
 mod serve_loop {
     use super::*;
     use fgpu_api::proto::dra::v1;
     use fgpu_api::proto::pluginregistration as reg;
-    use fgpu_kubelet_plugin::edits::NodeFiles;
     use fgpu_kubelet_plugin::serve::{ServeConfig, ServeError, run};
     use hyper_util::rt::TokioIo;
     use std::path::Path;
@@ -198,15 +394,7 @@ mod serve_loop {
             cdi_dir: dir.join("cdi"),
             state_dir: dir.join("state"),
             run_dir: dir.join("run"),
-            files: NodeFiles {
-                shim_library: dir.join("libfgpu.so"),
-                driver_mounts: vec![],
-                driver_hooks: vec![],
-                fake_driver: false,
-                fake_state_dir: None,
-                context_overhead: 0,
-                memory_limits: None,
-            },
+            files: node_files(dir),
             boot_id_path: boot_id,
             consumable_capacity: true,
             resync,
@@ -218,19 +406,6 @@ mod serve_loop {
             health: Default::default(),
             taints: Default::default(),
         }
-    }
-
-    /// A fake profile of node `node-a` with one T4, and a boot id file, under `dir`.
-    fn one_t4_node(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-        let profile = dir.join("profile.yaml");
-        std::fs::write(
-            &profile,
-            "nodes:\n  - name: node-a\n    gpus:\n      - uuid: GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff\n        productName: Tesla T4\n        memory: 15Gi\n        smCount: 40\n        computeCapability: \"7.5\"\n",
-        )
-        .unwrap();
-        let boot_id = dir.join("boot_id");
-        std::fs::write(&boot_id, "boot-1\n").unwrap();
-        (profile, boot_id)
     }
 
     async fn channel(path: &Path) -> Channel {
