@@ -7,7 +7,8 @@
 #
 #   FGPU_E2E_KEEP=1           leave the cluster up afterwards (tear down with make cluster-down)
 #   FGPU_E2E_REUSE=1          use an already running cluster (do not bring up / tear down)
-#   FGPU_E2E_TIMEOUT=300      seconds per scenario
+#   FGPU_E2E_TIMEOUT=300      seconds per scenario; a scenario whose test.sh has a line
+#                             `# e2e-timeout: N` gets N seconds instead (a longer one)
 # Exit status 0 only when every scenario passed (skipped ones count as passed).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -71,12 +72,14 @@ for dir in "$FGPU_ROOT"/tests/e2e/$GLOB/; do
   wait_for 30 "ServiceAccount default in $ns" kubectl -n "$ns" get serviceaccount default || true
   log "scenario $name (namespace $ns)"
   st=$SECONDS rc=0
-  E2E_NS="$ns" E2E_DIR="${dir%/}" timeout --kill-after=10 "$TIMEOUT" "$dir/test.sh" >"$E2E_LOGS/$name.log" 2>&1 || rc=$?
+  limit="$(sed -n 's/^# e2e-timeout: *\([0-9][0-9]*\)$/\1/p' "$dir/test.sh" | head -1)"
+  limit="${limit:-$TIMEOUT}"
+  E2E_NS="$ns" E2E_DIR="${dir%/}" timeout --kill-after=10 "$limit" "$dir/test.sh" >"$E2E_LOGS/$name.log" 2>&1 || rc=$?
   sed 's/^/  /' "$E2E_LOGS/$name.log" >&2
   case $rc in
     0) passed=$((passed + 1)); log "PASS $name ($((SECONDS - st))s)" ;;
     77) skipped=$((skipped + 1)); log "SKIP $name" ;;
-    124|137) failed=$((failed + 1)); failures+=("$name"); log "FAIL $name: timed out after ${TIMEOUT}s" ;;
+    124|137) failed=$((failed + 1)); failures+=("$name"); log "FAIL $name: timed out after ${limit}s" ;;
     *) failed=$((failed + 1)); failures+=("$name"); log "FAIL $name (exit $rc, $((SECONDS - st))s)" ;;
   esac
   if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then collect_diagnostics; cp -r "$CLUSTER_LOGS/diagnostics" "$E2E_LOGS/$name.diagnostics" 2>/dev/null || true; fi
