@@ -178,3 +178,41 @@ stop_pid() {
 
 kubectl_bin() { echo "$(k8s_bindir "$K8S_VERSION")/kubectl"; }
 kc() { "$(kubectl_bin)" --kubeconfig "$CLUSTER_STATE/pki/admin.kubeconfig" "$@"; }
+# restart_recorded NAME SECONDS [FLAG...]: stop the cluster's NAME (its recorded pid; SIGKILL
+# after 5 s: a crash more than a shutdown, a loaded API server takes over a minute to drain),
+# keep it down SECONDS, start it again with the command line cluster-up gave it plus FLAGs.
+# The first call keeps that command line in $CLUSTER_STATE/NAME.cmdline, so a later call
+# without FLAGs restores it. For the e2e chaos scenarios (tests/e2e/9*).
+restart_recorded() {
+  local name="$1" down="$2" saved="$CLUSTER_STATE/$1.cmdline" pid cmd=()
+  shift 2
+  if [ ! -s "$saved" ]; then
+    pid_alive "$name" || die "$name is not running"
+    pid="$(cut -d' ' -f1 "$(pidfile "$name")")"
+    cp "/proc/$pid/cmdline" "$saved"
+  fi
+  mapfile -d '' -t cmd <"$saved"
+  stop_pid "$name" 5
+  sleep "$down"
+  start_bg "$name" "${cmd[@]}" "$@"
+}
+# restart_apiserver [--down SECONDS] [FLAG...]: restart_recorded kube-apiserver (e.g. with
+# --runtime-config resource.k8s.io/v1=false), then wait until it serves (/livez) and, without
+# FLAGs, until it is ready (/readyz: with a DRA version switched off it never is, its own
+# ResourceSlice informer cannot start).
+restart_apiserver() {
+  local down=0
+  if [ "${1:-}" = --down ]; then down="$2"; shift 2; fi
+  restart_recorded kube-apiserver "$down" "$@"
+  wait_up kube-apiserver 120 "kube-apiserver /livez" kc get --raw /livez || return 1
+  [ $# -gt 0 ] || wait_up kube-apiserver 120 "kube-apiserver /readyz" kc get --raw /readyz
+}
+# restart_etcd [--down SECONDS]: restart_recorded etcd, then wait until it is healthy and the
+# API server ready again.
+restart_etcd() {
+  local down=0
+  if [ "${1:-}" = --down ]; then down="$2"; shift 2; fi
+  restart_recorded etcd "$down"
+  wait_up etcd 60 "etcd health" curl -fsS "http://127.0.0.1:$ETCD_CLIENT_PORT/health" || return 1
+  wait_up kube-apiserver 120 "kube-apiserver /readyz" kc get --raw /readyz
+}
