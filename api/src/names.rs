@@ -281,6 +281,25 @@ pub mod attr {
     /// beneath the shim) or `shim` (string). A claim can require `driver` with a CEL
     /// selector.
     pub const ENFORCEMENT: &str = "enforcement";
+    /// Value of [`TYPE`] for a MIG placement device (a MIG-mode GPU's profile at one
+    /// placement).
+    pub const TYPE_MIG: &str = "mig";
+    /// A MIG device's profile, e.g. `1g.10gb` (string).
+    pub const PROFILE: &str = "profile";
+    /// A MIG device's memory in bytes, the size in its profile's name read as GiB (int);
+    /// also its `memory` capacity.
+    pub const MEMORY: &str = "memory";
+    /// A MIG device's parent GPU's UUID (string).
+    pub const PARENT_UUID: &str = "parentUUID";
+}
+
+/// Node labels the kubelet plugin reads.
+pub mod label {
+    /// The mode of every GPU of the node: `shared`, `mig` or `whole`.
+    pub const GPU_MODE: &str = "fgpu.dev/gpu-mode";
+    /// Prefix of the mode of one GPU, by index: `fgpu.dev/gpu-mode-<index>` (wins over
+    /// [`GPU_MODE`]).
+    pub const GPU_MODE_PREFIX: &str = "fgpu.dev/gpu-mode-";
 }
 
 /// Device capacity names published in ResourceSlices and requested by claims.
