@@ -94,6 +94,11 @@ impl DriverName {
         self.0.clone()
     }
 
+    /// DeviceClass for MIG instances of GPUs in MIG mode: `mig.<driver>`.
+    pub fn mig_class(&self) -> String {
+        format!("mig.{}", self.0)
+    }
+
     /// Pod scheduling gate set by the webhook and lifted by the controller once it has
     /// allocated the pod's shared claims: `<driver>/allocate`.
     pub fn scheduling_gate(&self) -> String {
@@ -597,6 +602,7 @@ mod tests {
         assert_eq!(d.as_str(), "gpu.fgpu.dev");
         assert_eq!(d.shared_class(), "shared.gpu.fgpu.dev");
         assert_eq!(d.whole_class(), "gpu.fgpu.dev");
+        assert_eq!(d.mig_class(), "mig.gpu.fgpu.dev");
         assert_eq!(d.scheduling_gate(), "gpu.fgpu.dev/allocate");
         assert_eq!(d.finalizer(), "gpu.fgpu.dev/allocation");
         assert_eq!(d.cdi_kind(), "gpu.fgpu.dev/claim");
@@ -636,6 +642,7 @@ mod tests {
     fn renamed_driver() {
         let d: DriverName = "vgpu.example.com".parse().unwrap();
         assert_eq!(d.shared_class(), "shared.vgpu.example.com");
+        assert_eq!(d.mig_class(), "mig.vgpu.example.com");
         assert_eq!(d.scheduling_gate(), "vgpu.example.com/allocate");
         assert_eq!(d.cdi_kind(), "vgpu.example.com/claim");
     }
