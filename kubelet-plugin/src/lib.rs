@@ -12,6 +12,8 @@
 //!   discovery).
 //! * [`slices`]: the node's ResourceSlices (with or without consumable capacity, per API
 //!   version, per GPU mode).
+//! * [`device_attrs`]: the attributes a GPU's devices share (product, versions,
+//!   topology).
 //! * [`mig_slice`]: a MIG-mode GPU's devices: placements consuming a counter set
 //!   (partitionable devices), or the admin's fixed layout.
 //! * [`gpu_mode`]: each GPU's mode (`shared`, `mig`, `whole`) from node labels, flags and
@@ -50,6 +52,7 @@ pub mod checkpoint;
 pub mod claim;
 pub mod claim_cache;
 pub mod cluster;
+pub mod device_attrs;
 pub mod device_plugin;
 pub mod driver_files;
 #[cfg(feature = "nvml")]

@@ -25,8 +25,9 @@ use fgpu_driver::device::Gpu;
 use fgpu_driver::mig::{self, CounterSet, MigLayout, PlacementDevice};
 use serde_json::{Map, Value, json};
 
+use crate::device_attrs::{put, put_gpu_attributes};
 use crate::gpu_mode::FixedLayouts;
-use crate::slices::{ApiVersion, semver};
+use fgpu_api::dra::ApiVersion;
 
 /// A MIG-mode GPU's part of the slices.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -136,32 +137,16 @@ fn counter_set_json(set: &CounterSet) -> Value {
 /// A placement device; with `counters`, it consumes from its GPU's counter set.
 fn device_json(gpu: &Gpu, d: &PlacementDevice, api: ApiVersion, counters: bool) -> Value {
     let mut attributes = Map::new();
-    let mut put = |name: &str, kind: &str, value: Value| {
-        attributes.insert(name.to_owned(), json!({ kind: value }));
-    };
-    put(attr::TYPE, "string", json!(attr::TYPE_MIG));
-    put(attr::PROFILE, "string", json!(d.profile));
-    put(attr::MEMORY, "int", json!(d.memory_bytes));
-    put(attr::PARENT_UUID, "string", json!(d.parent_uuid));
-    put(attr::PRODUCT_NAME, "string", json!(gpu.product_name));
+    put(&mut attributes, attr::TYPE, "string", json!(attr::TYPE_MIG));
+    put(&mut attributes, attr::PROFILE, "string", json!(d.profile));
+    put(&mut attributes, attr::MEMORY, "int", json!(d.memory_bytes));
     put(
-        attr::ARCHITECTURE,
+        &mut attributes,
+        attr::PARENT_UUID,
         "string",
-        json!(gpu.architecture().as_str()),
+        json!(d.parent_uuid),
     );
-    if let Some(v) = semver(&gpu.compute_capability.to_string()) {
-        put(attr::CUDA_COMPUTE_CAPABILITY, "version", json!(v));
-    }
-    if let Some(v) = semver(&gpu.driver_version) {
-        put(attr::DRIVER_VERSION, "version", json!(v));
-    }
-    put(attr::INDEX, "int", json!(gpu.index));
-    if let Some(n) = gpu.numa_node {
-        put(attr::NUMA_NODE, "int", json!(n));
-    }
-    if let Some(root) = &gpu.pcie_root {
-        put(attr::PCIE_ROOT, "string", json!(root));
-    }
+    put_gpu_attributes(&mut attributes, gpu);
     let mut body = Map::new();
     body.insert("attributes".into(), Value::Object(attributes));
     body.insert(

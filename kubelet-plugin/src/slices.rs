@@ -35,6 +35,7 @@ use fgpu_api::quantity::format_u64;
 use fgpu_driver::device::{Gpu, GpuMode, NodeInventory};
 use serde_json::{Map, Value, json};
 
+use crate::device_attrs::{put, put_gpu_attributes};
 use crate::edits::device_name;
 use crate::gpu_mode::FixedLayouts;
 use crate::mig_slice::mig_part;
@@ -47,21 +48,7 @@ pub const MEMORY_STEP: u64 = 1 << 20;
 /// The `resource.k8s.io` versions the plugin speaks, newest first.
 pub use fgpu_api::dra::ApiVersion;
 
-/// Semantic version for a version attribute: `9.0` → `9.0.0`, `535.104.05` → `535.104.5`
-/// (leading zeros are not allowed in semver). `None` if the parts are not numbers.
-pub fn semver(text: &str) -> Option<String> {
-    let parts: Vec<u64> = text
-        .trim()
-        .split('.')
-        .map(|p| p.parse().ok())
-        .collect::<Option<_>>()?;
-    match parts.as_slice() {
-        [major] => Some(format!("{major}.0.0")),
-        [major, minor] => Some(format!("{major}.{minor}.0")),
-        [major, minor, patch] => Some(format!("{major}.{minor}.{patch}")),
-        _ => None,
-    }
-}
+pub use crate::device_attrs::semver;
 
 /// A taint on one device of the slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,32 +66,21 @@ pub struct DeviceTaint {
 
 fn device_json(gpu: &Gpu, api: ApiVersion, consumable: bool, taint: Option<&DeviceTaint>) -> Value {
     let mut attributes = Map::new();
-    let mut put = |name: &str, kind: &str, value: Value| {
-        attributes.insert(name.to_owned(), json!({ kind: value }));
-    };
-    put(attr::TYPE, "string", json!(attr::TYPE_GPU));
-    put(attr::UUID, "string", json!(gpu.uuid));
-    put(attr::PRODUCT_NAME, "string", json!(gpu.product_name));
+    put(&mut attributes, attr::TYPE, "string", json!(attr::TYPE_GPU));
+    put(&mut attributes, attr::UUID, "string", json!(gpu.uuid));
+    put_gpu_attributes(&mut attributes, gpu);
     put(
-        attr::ARCHITECTURE,
+        &mut attributes,
+        attr::PCI_BUS_ID,
         "string",
-        json!(gpu.architecture().as_str()),
+        json!(gpu.pci_bus_id),
     );
-    if let Some(v) = semver(&gpu.compute_capability.to_string()) {
-        put(attr::CUDA_COMPUTE_CAPABILITY, "version", json!(v));
-    }
-    if let Some(v) = semver(&gpu.driver_version) {
-        put(attr::DRIVER_VERSION, "version", json!(v));
-    }
-    put(attr::INDEX, "int", json!(gpu.index));
-    if let Some(n) = gpu.numa_node {
-        put(attr::NUMA_NODE, "int", json!(n));
-    }
-    if let Some(root) = &gpu.pcie_root {
-        put(attr::PCIE_ROOT, "string", json!(root));
-    }
-    put(attr::PCI_BUS_ID, "string", json!(gpu.pci_bus_id));
-    put(attr::ENFORCEMENT, "string", json!(gpu.enforcement.as_str()));
+    put(
+        &mut attributes,
+        attr::ENFORCEMENT,
+        "string",
+        json!(gpu.enforcement.as_str()),
+    );
 
     let memory = format_u64(gpu.memory_bytes);
     let cores = capacity::CORES_PER_GPU.to_string();
