@@ -584,19 +584,24 @@ mod tests {
         }
     }
 
+    /// The v1 slices of `inv` for node UID `u` and the default driver.
+    fn node_slices(inv: &NodeInventory, generation: i64, publish: &Publish<'_>) -> NodeSlices {
+        build_node_slices(
+            &DriverName::default(),
+            inv,
+            "u",
+            generation,
+            ApiVersion::V1,
+            publish,
+        )
+    }
+
     #[test]
     fn a_mig_gpu_is_partitionable_devices_and_a_counter_slice() {
         let d = DriverName::default();
         let (inv, modes) = mixed();
         let fixed = FixedLayouts::default();
-        let built = build_node_slices(
-            &d,
-            &inv,
-            "u",
-            4,
-            ApiVersion::V1,
-            &publish(&modes, true, &fixed),
-        );
+        let built = node_slices(&inv, 4, &publish(&modes, true, &fixed));
         assert!(built.errors.is_empty(), "{:?}", built.errors);
         let s = &built.slices;
         assert_eq!(s.len(), 2);
@@ -658,12 +663,9 @@ mod tests {
             modes.insert(g.uuid.clone(), GpuMode::Mig);
             many.push(g);
         }
-        let built = build_node_slices(
-            &d,
+        let built = node_slices(
             &NodeInventory::new("n", many),
-            "u",
             1,
-            ApiVersion::V1,
             &publish(&modes, true, &fixed),
         );
         let names: Vec<&str> = built
@@ -704,17 +706,9 @@ mod tests {
 
     #[test]
     fn without_partitionable_devices_the_fixed_layout_is_published_in_one_slice() {
-        let d = DriverName::default();
         let (inv, modes) = mixed();
         let fixed: FixedLayouts = "1=3g.40gb*2".parse().unwrap();
-        let built = build_node_slices(
-            &d,
-            &inv,
-            "u",
-            2,
-            ApiVersion::V1,
-            &publish(&modes, false, &fixed),
-        );
+        let built = node_slices(&inv, 2, &publish(&modes, false, &fixed));
         assert!(built.errors.is_empty(), "{:?}", built.errors);
         assert_eq!(built.slices.len(), 1);
         let s = &built.slices[0];
@@ -730,14 +724,7 @@ mod tests {
         assert_eq!(kept_counters(s, s), None);
         // No layout for the MIG GPU: the shared GPU alone, and an error naming the GPU.
         let none = FixedLayouts::default();
-        let built = build_node_slices(
-            &d,
-            &inv,
-            "u",
-            2,
-            ApiVersion::V1,
-            &publish(&modes, false, &none),
-        );
+        let built = node_slices(&inv, 2, &publish(&modes, false, &none));
         assert_eq!(
             built.slices[0]["spec"]["devices"].as_array().unwrap().len(),
             1
@@ -751,20 +738,12 @@ mod tests {
 
     #[test]
     fn a_whole_gpu_is_not_shareable_and_an_unknown_mig_model_publishes_nothing() {
-        let d = DriverName::default();
         let (mut inv, mut modes) = mixed();
         modes.insert(inv.gpus[0].uuid.clone(), GpuMode::Whole);
         inv.gpus[1].product_name = "NVIDIA H100 NVL".into();
         inv.gpus[1].memory_bytes = 94 << 30;
         let fixed = FixedLayouts::default();
-        let built = build_node_slices(
-            &d,
-            &inv,
-            "u",
-            1,
-            ApiVersion::V1,
-            &publish(&modes, true, &fixed),
-        );
+        let built = node_slices(&inv, 1, &publish(&modes, true, &fixed));
         assert_eq!(built.slices.len(), 1);
         let devices = built.slices[0]["spec"]["devices"].as_array().unwrap();
         assert_eq!(devices.len(), 1);
@@ -785,15 +764,7 @@ mod tests {
         let d = DriverName::default();
         let (inv, modes) = mixed();
         let fixed = FixedLayouts::default();
-        let before = build_node_slices(
-            &d,
-            &inv,
-            "u",
-            1,
-            ApiVersion::V1,
-            &publish(&modes, true, &fixed),
-        )
-        .slices;
+        let before = node_slices(&inv, 1, &publish(&modes, true, &fixed)).slices;
         // GPU 1 back to shared: one slice of devices, and the counters slice emptied.
         let mut after = build_slice_with_taints(&d, &inv, "u", 2, ApiVersion::V1, true, None);
         let mut want = vec![after.clone()];
