@@ -342,11 +342,7 @@ impl SlicePublisher {
         let node_uid = node.metadata.uid.unwrap_or_default();
         let modes = modes(&node.metadata.labels.unwrap_or_default());
         let name = slices::slice_name(node_name, &self.driver);
-        let mut existing = Vec::new();
-        if let Some(first) = self.get(&name).await? {
-            existing.push(first);
-        }
-        existing.extend(self.extra_slices(&name).await?);
+        let existing = self.read_existing(&name).await?;
         let generation = |v: &Value| v["spec"]["pool"]["generation"].as_i64().unwrap_or(0);
         let newest = |all: &[Value]| all.iter().map(generation).max().unwrap_or(0);
         let build = |this: &Self, generation: i64, old: &[Value]| {
@@ -380,7 +376,34 @@ impl SlicePublisher {
                 errors: want.errors,
             });
         }
-        let mut stored = self.write_all(&existing, &want.slices).await?;
+        let has_counters = want
+            .slices
+            .iter()
+            .any(|w| slices::kept_counters(w, &Value::Null).is_some());
+        let mut stored = match self.write_all(&existing, &want.slices).await {
+            // An API server that validates counters by the older rules (1.34's alpha shape:
+            // counter sets in the devices' own slice) refuses the slices: the fixed layouts.
+            Err(ClusterError::Kube {
+                source: kube::Error::Api(status),
+                ..
+            }) if self.try_counters && has_counters && status.is_invalid() => {
+                tracing::warn!(slice = %name, error = %status.message, "the API server refused the MIG counters; publishing the fixed MIG layouts (--mig-fixed-layout)");
+                self.try_counters = false;
+                // Some slices may have been written before the refusal: read them again.
+                let now = self.read_existing(&name).await?;
+                let again = build(self, newest(&now) + 1, &now);
+                let stored = self.write_all(&now, &again.slices).await?;
+                return Ok(Published {
+                    generation: newest(&stored),
+                    written: true,
+                    consumable: self.try_consumable,
+                    partitionable: false,
+                    slices: stored.len(),
+                    errors: again.errors,
+                });
+            }
+            other => other?,
+        };
         let mut errors = want.errors;
         let pairs = || want.slices.iter().zip(&stored);
         let mut fell_back = false;
@@ -420,6 +443,16 @@ impl SlicePublisher {
     /// dropped taints).
     pub fn taints_kept(&self) -> bool {
         self.try_taints
+    }
+
+    /// The node's slices as stored: `first` and those beyond it.
+    async fn read_existing(&mut self, first: &str) -> Result<Vec<Value>, ClusterError> {
+        let mut existing = Vec::new();
+        if let Some(s) = self.get(first).await? {
+            existing.push(s);
+        }
+        existing.extend(self.extra_slices(first).await?);
+        Ok(existing)
     }
 
     async fn get(&self, name: &str) -> Result<Option<Value>, ClusterError> {

@@ -311,6 +311,46 @@ async fn dropped_counters_fall_back_to_the_fixed_layout() {
     assert_eq!(server.objects[SLICE]["spec"]["pool"]["generation"], 2);
 }
 
+#[tokio::test]
+async fn refused_counters_fall_back_to_the_fixed_layout() {
+    let s = server(vec!["v1"], false);
+    // As 1.34 with the gate on: a device may consume only its own slice's counter sets.
+    s.lock().unwrap().intercept(|req| {
+        let body = req.body.as_ref()?;
+        let consumes = body["spec"]["devices"]
+            .as_array()?
+            .iter()
+            .any(|d| d.get("consumesCounters").is_some());
+        let has_sets = body["spec"].get("sharedCounters").is_some();
+        (consumes && !has_sets).then(|| {
+            Answer::status(
+                http::StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                "spec.devices[1].consumesCounters[0].counterSet: Invalid value: must reference a counter set in this slice",
+            )
+        })
+    });
+    let mut publisher = SlicePublisher::new(
+        client(s.clone()),
+        ApiVersion::V1,
+        DriverName::default(),
+        true,
+    )
+    .with_fixed_layouts("7g.80gb".parse().unwrap());
+    let (inv, modes) = mig_inventory();
+    let taints = Default::default();
+    let p = publisher
+        .publish_with_modes(&inv, &taints, |_| modes.clone())
+        .await
+        .unwrap();
+    assert_eq!((p.written, p.partitionable, p.slices), (true, false, 1));
+    let server = s.lock().unwrap();
+    let devices = server.objects[SLICE]["spec"]["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[1]["name"], "gpu-1-mig-7g80gb-0");
+    assert!(!server.objects.contains_key(COUNTERS));
+}
+
 // ---------------------------------------------------------------------------------------
 // The stale-claim sweep through the real client: what a 404 means.
 
