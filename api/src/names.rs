@@ -94,6 +94,11 @@ impl DriverName {
         self.0.clone()
     }
 
+    /// DeviceClass for MIG instances of GPUs in MIG mode: `mig.<driver>`.
+    pub fn mig_class(&self) -> String {
+        format!("mig.{}", self.0)
+    }
+
     /// Pod scheduling gate set by the webhook and lifted by the controller once it has
     /// allocated the pod's shared claims: `<driver>/allocate`.
     pub fn scheduling_gate(&self) -> String {
@@ -281,6 +286,25 @@ pub mod attr {
     /// beneath the shim) or `shim` (string). A claim can require `driver` with a CEL
     /// selector.
     pub const ENFORCEMENT: &str = "enforcement";
+    /// Value of [`TYPE`] for a MIG placement device (a MIG-mode GPU's profile at one
+    /// placement).
+    pub const TYPE_MIG: &str = "mig";
+    /// A MIG device's profile, e.g. `1g.10gb` (string).
+    pub const PROFILE: &str = "profile";
+    /// A MIG device's memory in bytes, the size in its profile's name read as GiB (int);
+    /// also its `memory` capacity.
+    pub const MEMORY: &str = "memory";
+    /// A MIG device's parent GPU's UUID (string).
+    pub const PARENT_UUID: &str = "parentUUID";
+}
+
+/// Node labels the kubelet plugin reads.
+pub mod label {
+    /// The mode of every GPU of the node: `shared`, `mig` or `whole`.
+    pub const GPU_MODE: &str = "fgpu.dev/gpu-mode";
+    /// Prefix of the mode of one GPU, by index: `fgpu.dev/gpu-mode-<index>` (wins over
+    /// [`GPU_MODE`]).
+    pub const GPU_MODE_PREFIX: &str = "fgpu.dev/gpu-mode-";
 }
 
 /// Device capacity names published in ResourceSlices and requested by claims.
@@ -578,6 +602,7 @@ mod tests {
         assert_eq!(d.as_str(), "gpu.fgpu.dev");
         assert_eq!(d.shared_class(), "shared.gpu.fgpu.dev");
         assert_eq!(d.whole_class(), "gpu.fgpu.dev");
+        assert_eq!(d.mig_class(), "mig.gpu.fgpu.dev");
         assert_eq!(d.scheduling_gate(), "gpu.fgpu.dev/allocate");
         assert_eq!(d.finalizer(), "gpu.fgpu.dev/allocation");
         assert_eq!(d.cdi_kind(), "gpu.fgpu.dev/claim");
@@ -617,6 +642,7 @@ mod tests {
     fn renamed_driver() {
         let d: DriverName = "vgpu.example.com".parse().unwrap();
         assert_eq!(d.shared_class(), "shared.vgpu.example.com");
+        assert_eq!(d.mig_class(), "mig.vgpu.example.com");
         assert_eq!(d.scheduling_gate(), "vgpu.example.com/allocate");
         assert_eq!(d.cdi_kind(), "vgpu.example.com/claim");
     }

@@ -119,6 +119,14 @@ pub trait DeviceBackend: Send + Sync {
             backend: self.name(),
         })
     }
+
+    /// The mode the backend itself sets for the GPU `gpu_uuid` (the fake profile's
+    /// `mode:`), beneath the admin's node label and plugin flag; `None`: the backend has
+    /// no say (the default, and NVML: a real GPU's mode is the admin's choice).
+    fn gpu_mode(&self, gpu_uuid: &str) -> Option<GpuMode> {
+        let _ = gpu_uuid;
+        None
+    }
 }
 
 /// What one health check found on one GPU.

@@ -19,7 +19,7 @@ pub mod profiles;
 
 use serde::{Deserialize, Serialize};
 
-pub use choose::{MigChoice, MigRequest, choose, choose_across};
+pub use choose::{MigChoice, MigRequest, choose, choose_across, place};
 pub use devices::{CounterSet, MigDevices, PlacementDevice, mig_devices};
 pub use layout::{FreeScore, MigError, MigLayout};
 pub use profiles::{MigProfile, MigTable, Placement, UnknownModel, table_for};

@@ -12,20 +12,24 @@
 //! * [`SlicePublisher`] writes the node's slice ([`crate::slices`]), owned by the Node,
 //!   bumping the pool generation when the devices change. Asked for consumable capacity, it
 //!   reads the stored slice back; if the API server dropped the gated fields it republishes
-//!   plain devices and remembers that (controller mode).
+//!   plain devices and remembers that (controller mode). The same for taints, and for
+//!   partitionable devices (MIG counters: without them, the fixed MIG layouts). A node with
+//!   MIG counters has several slices; one no longer needed is emptied, not deleted (the
+//!   plugin's role has no delete).
 //! * [`node_event`] tells something about the Node (a corrupt checkpoint, a GPU's health)
 //!   as an `events.k8s.io/v1` Event through the shared writer ([`fgpu_plumbing::events`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::Value;
 
 use fgpu_api::names::DriverName;
-use fgpu_driver::device::NodeInventory;
+use fgpu_driver::device::{GpuMode, NodeInventory};
 use fgpu_plumbing::events::{self, Regarding, Reporter, Said};
 
 use crate::claim::ResourceClaim;
+use crate::gpu_mode::FixedLayouts;
 use crate::prepare::{ClaimSource, SourceError};
 use crate::slices::{self, ApiVersion};
 
@@ -234,9 +238,16 @@ pub struct Published {
     pub written: bool,
     /// Whether the stored devices carry consumable capacity.
     pub consumable: bool,
+    /// Whether MIG-mode GPUs are published as partitionable devices (counters).
+    pub partitionable: bool,
+    /// How many slices the pool has.
+    pub slices: usize,
+    /// What could not be published (MIG-mode GPUs of unknown model, fixed-layout
+    /// profiles that do not fit), naming the GPU.
+    pub errors: Vec<String>,
 }
 
-/// Publishes the node's ResourceSlice.
+/// Publishes the node's ResourceSlices.
 pub struct SlicePublisher {
     client: kube::Client,
     api: ApiVersion,
@@ -245,10 +256,19 @@ pub struct SlicePublisher {
     try_consumable: bool,
     /// Device taints are still to be tried (cleared once the API server dropped them).
     try_taints: bool,
+    /// Partitionable devices are still to be tried (cleared once the API server dropped
+    /// them).
+    try_counters: bool,
+    /// The fixed MIG layouts, for MIG-mode GPUs without partitionable devices.
+    fixed: FixedLayouts,
+    /// Names of the node's slices beyond the first, once looked up: they are never deleted
+    /// (the plugin may not delete slices), only emptied.
+    extra: Option<BTreeSet<String>>,
 }
 
 impl SlicePublisher {
     /// A publisher at `api`; `consumable` asks for shareable devices (only tried on `v1`).
+    /// Partitionable devices are tried on `v1` only.
     pub fn new(
         client: kube::Client,
         api: ApiVersion,
@@ -262,7 +282,16 @@ impl SlicePublisher {
             try_consumable: consumable && api == ApiVersion::V1,
             // v1beta1 (1.32) has no taints; 1.33's v1beta1 has them behind the gate.
             try_taints: true,
+            try_counters: api == ApiVersion::V1,
+            fixed: FixedLayouts::default(),
+            extra: None,
         }
+    }
+
+    /// Sets the fixed MIG layouts (`--mig-fixed-layout`).
+    pub fn with_fixed_layouts(mut self, fixed: FixedLayouts) -> Self {
+        self.fixed = fixed;
+        self
     }
 
     fn slices(&self) -> Api<DynamicObject> {
@@ -286,6 +315,21 @@ impl SlicePublisher {
         inventory: &NodeInventory,
         taints: &BTreeMap<String, slices::DeviceTaint>,
     ) -> Result<Published, ClusterError> {
+        self.publish_with_modes(inventory, taints, |_| BTreeMap::new())
+            .await
+    }
+
+    /// [`publish_with_taints`](Self::publish_with_taints), with each GPU's mode:
+    /// `modes` is given the Node's labels and answers the modes by GPU UUID (see
+    /// [`crate::gpu_mode`]). MIG-mode GPUs are published as partitionable devices where the
+    /// API server keeps them (read back, as for consumable capacity), else by their fixed
+    /// layout.
+    pub async fn publish_with_modes(
+        &mut self,
+        inventory: &NodeInventory,
+        taints: &BTreeMap<String, slices::DeviceTaint>,
+        modes: impl FnOnce(&BTreeMap<String, String>) -> BTreeMap<String, GpuMode>,
+    ) -> Result<Published, ClusterError> {
         let node_name = &inventory.node;
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let node = nodes
@@ -296,61 +340,102 @@ impl SlicePublisher {
                 source,
             })?;
         let node_uid = node.metadata.uid.unwrap_or_default();
+        let modes = modes(&node.metadata.labels.unwrap_or_default());
         let name = slices::slice_name(node_name, &self.driver);
-        let existing = self
-            .slices()
-            .get_opt(&name)
-            .await
-            .map_err(|source| ClusterError::Kube {
-                what: format!("ResourceSlice {name}: get"),
-                source,
-            })?
-            .map(|o| to_json(&name, o))
-            .transpose()?;
+        let existing = self.read_existing(&name).await?;
         let generation = |v: &Value| v["spec"]["pool"]["generation"].as_i64().unwrap_or(0);
-        let build = |this: &Self, generation: i64| {
-            slices::build_slice_with_taints(
+        let newest = |all: &[Value]| all.iter().map(generation).max().unwrap_or(0);
+        let build = |this: &Self, generation: i64, old: &[Value]| {
+            let mut built = slices::build_node_slices(
                 &this.driver,
                 inventory,
                 &node_uid,
                 generation,
                 this.api,
-                this.try_consumable,
-                this.try_taints.then_some(taints),
-            )
+                &slices::Publish {
+                    consumable: this.try_consumable,
+                    taints: this.try_taints.then_some(taints),
+                    modes: &modes,
+                    partitionable: this.try_counters,
+                    fixed: &this.fixed,
+                },
+            );
+            slices::keep_names(&mut built.slices, old);
+            built
         };
 
-        let old_generation = existing.as_ref().map_or(0, generation);
-        let want = build(self, old_generation + 1);
-        if let Some(old) = &existing
-            && !slices::devices_changed(old, &want)
-        {
+        let old_generation = newest(&existing);
+        let want = build(self, old_generation + 1, &existing);
+        if !existing.is_empty() && !slices::slices_changed(&existing, &want.slices) {
             return Ok(Published {
                 generation: old_generation,
                 written: false,
-                consumable: slices::kept_consumable_capacity(old).unwrap_or(self.try_consumable),
+                consumable: self.try_consumable,
+                partitionable: self.try_counters,
+                slices: existing.len(),
+                errors: want.errors,
             });
         }
-        let mut stored = self.write(&name, existing.as_ref(), want.clone()).await?;
+        let has_counters = want
+            .slices
+            .iter()
+            .any(|w| slices::kept_counters(w, &Value::Null).is_some());
+        let mut stored = match self.write_all(&existing, &want.slices).await {
+            // An API server that validates counters by the older rules (1.34's alpha shape:
+            // counter sets in the devices' own slice) refuses the slices: the fixed layouts.
+            Err(ClusterError::Kube {
+                source: kube::Error::Api(status),
+                ..
+            }) if self.try_counters && has_counters && status.is_invalid() => {
+                tracing::warn!(slice = %name, error = %status.message, "the API server refused the MIG counters; publishing the fixed MIG layouts (--mig-fixed-layout)");
+                self.try_counters = false;
+                // Some slices may have been written before the refusal: read them again.
+                let now = self.read_existing(&name).await?;
+                let again = build(self, newest(&now) + 1, &now);
+                let stored = self.write_all(&now, &again.slices).await?;
+                return Ok(Published {
+                    generation: newest(&stored),
+                    written: true,
+                    consumable: self.try_consumable,
+                    partitionable: false,
+                    slices: stored.len(),
+                    errors: again.errors,
+                });
+            }
+            other => other?,
+        };
+        let mut errors = want.errors;
+        let pairs = || want.slices.iter().zip(&stored);
         let mut fell_back = false;
-        if self.try_consumable && slices::kept_consumable_capacity(&stored) == Some(false) {
+        if self.try_consumable
+            && pairs().any(|(w, s)| slices::kept_consumable_in(w, s) == Some(false))
+        {
             tracing::warn!(slice = %name, "the API server dropped allowMultipleAllocations (DRAConsumableCapacity is off); publishing plain devices");
             self.try_consumable = false;
             fell_back = true;
         }
-        if self.try_taints && slices::kept_taints(&want, &stored) == Some(false) {
+        if self.try_taints && pairs().any(|(w, s)| slices::kept_taints(w, s) == Some(false)) {
             tracing::warn!(slice = %name, "the API server dropped the device taints (DRADeviceTaints is off); leaving unhealthy GPUs out of the slice");
             self.try_taints = false;
             fell_back = true;
         }
+        if self.try_counters && pairs().any(|(w, s)| slices::kept_counters(w, s) == Some(false)) {
+            tracing::warn!(slice = %name, "the API server dropped sharedCounters/consumesCounters (DRAPartitionableDevices is off); publishing the fixed MIG layouts (--mig-fixed-layout)");
+            self.try_counters = false;
+            fell_back = true;
+        }
         if fell_back {
-            let again = build(self, generation(&stored) + 1);
-            stored = self.write(&name, Some(&stored), again).await?;
+            let again = build(self, newest(&stored) + 1, &stored);
+            stored = self.write_all(&stored, &again.slices).await?;
+            errors = again.errors;
         }
         Ok(Published {
-            generation: generation(&stored),
+            generation: newest(&stored),
             written: true,
             consumable: self.try_consumable,
+            partitionable: self.try_counters,
+            slices: stored.len(),
+            errors,
         })
     }
 
@@ -358,6 +443,78 @@ impl SlicePublisher {
     /// dropped taints).
     pub fn taints_kept(&self) -> bool {
         self.try_taints
+    }
+
+    /// The node's slices as stored: `first` and those beyond it.
+    async fn read_existing(&mut self, first: &str) -> Result<Vec<Value>, ClusterError> {
+        let mut existing = Vec::new();
+        if let Some(s) = self.get(first).await? {
+            existing.push(s);
+        }
+        existing.extend(self.extra_slices(first).await?);
+        Ok(existing)
+    }
+
+    async fn get(&self, name: &str) -> Result<Option<Value>, ClusterError> {
+        self.slices()
+            .get_opt(name)
+            .await
+            .map_err(|source| ClusterError::Kube {
+                what: format!("ResourceSlice {name}: get"),
+                source,
+            })?
+            .map(|o| to_json(name, o))
+            .transpose()
+    }
+
+    /// The node's slices beyond `first`: looked up once (`<first>-1`, `-2` … and
+    /// `<first>-counters-0`, `-1` … until one is missing), then remembered.
+    async fn extra_slices(&mut self, first: &str) -> Result<Vec<Value>, ClusterError> {
+        if self.extra.is_none() {
+            let mut found = BTreeSet::new();
+            for prefix in [format!("{first}-"), format!("{first}-counters-")] {
+                let from = usize::from(!prefix.ends_with("counters-"));
+                for i in from.. {
+                    let name = format!("{prefix}{i}");
+                    if self.get(&name).await?.is_none() {
+                        break;
+                    }
+                    found.insert(name);
+                }
+            }
+            self.extra = Some(found);
+        }
+        let mut out = Vec::new();
+        for name in self.extra.clone().unwrap_or_default() {
+            if let Some(s) = self.get(&name).await? {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes each slice of `want` over its namesake in `existing` (or creates it); returns
+    /// what the API server stored, in `want`'s order.
+    async fn write_all(
+        &mut self,
+        existing: &[Value],
+        want: &[Value],
+    ) -> Result<Vec<Value>, ClusterError> {
+        let mut stored = Vec::with_capacity(want.len());
+        for (i, w) in want.iter().enumerate() {
+            let name = w["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let old = existing
+                .iter()
+                .find(|e| e["metadata"]["name"] == w["metadata"]["name"]);
+            stored.push(self.write(&name, old, w.clone()).await?);
+            if i > 0 {
+                self.extra.get_or_insert_with(BTreeSet::new).insert(name);
+            }
+        }
+        Ok(stored)
     }
 
     /// Creates the slice, or replaces `existing` (optimistic concurrency on its
@@ -409,6 +566,9 @@ fn from_json(name: &str, v: Value) -> Result<DynamicObject, ClusterError> {
 
 /// Reason of the Event for a checkpoint that did not parse.
 pub const REASON_CHECKPOINT_CORRUPTED: &str = "CheckpointCorrupted";
+
+/// Reason of the Event for a GPU mode change refused while the GPU holds prepared claims.
+pub const REASON_GPU_MODE_CHANGE_REFUSED: &str = "GpuModeChangeRefused";
 
 /// The `reportingController` of every Event the plugin writes (its `reportingInstance` is
 /// the node).

@@ -10,8 +10,14 @@
 //! * [`edits`]: a claim's container edits and CDI spec, device ordinals in container order.
 //! * [`driver_files`]: the NVIDIA user-space files for containers (toolkit spec or
 //!   discovery).
-//! * [`slices`]: the node's ResourceSlice (with or without consumable capacity, per API
-//!   version).
+//! * [`slices`]: the node's ResourceSlices (with or without consumable capacity, per API
+//!   version, per GPU mode).
+//! * [`device_attrs`]: the attributes a GPU's devices share (product, versions,
+//!   topology).
+//! * [`mig_slice`]: a MIG-mode GPU's devices: placements consuming a counter set
+//!   (partitionable devices), or the admin's fixed layout.
+//! * [`gpu_mode`]: each GPU's mode (`shared`, `mig`, `whole`) from node labels, flags and
+//!   the backend, and the refusal of a change while the GPU holds claims.
 //! * [`metrics`]: the Prometheus metrics.
 //!
 //! State and side effects:
@@ -46,15 +52,18 @@ pub mod checkpoint;
 pub mod claim;
 pub mod claim_cache;
 pub mod cluster;
+pub mod device_attrs;
 pub mod device_plugin;
 pub mod driver_files;
 #[cfg(feature = "nvml")]
 pub mod driver_limits;
 pub mod edits;
+pub mod gpu_mode;
 pub mod grant;
 pub mod grpc;
 pub mod health;
 pub mod metrics;
+pub mod mig_slice;
 pub mod monitor;
 pub mod podresources;
 pub mod prepare;

@@ -9,7 +9,10 @@
 //! 5. Checks GPU health every `--health-seconds` ([`crate::health`]) and publishes the
 //!    node's ResourceSlice at once when a GPU's condition changes (unhealthy GPUs tainted),
 //!    and again every `resync` (a kubelet that wiped the node's slices) together with the
-//!    stale-claim cleanup; serves the kubelet's device health stream.
+//!    stale-claim cleanup; serves the kubelet's device health stream. Each publish reads
+//!    the GPUs' wanted modes (node labels, `--gpu-mode`, the backend) and takes a change
+//!    only for a GPU without prepared claims ([`crate::gpu_mode`]); a refused change is
+//!    logged and told in a Warning Event on the Node (`GpuModeChangeRefused`).
 //! 6. Stops on `shutdown`, or with an error when the kubelet refuses the registration (the
 //!    container restarts and registers again).
 
@@ -26,10 +29,11 @@ use fgpu_plumbing::events::{EventType, Said};
 use crate::checkpoint::{CheckpointError, LoadNote, read_boot_id};
 use crate::claim_cache::{CachedClaimSource, ClaimCache};
 use crate::cluster::{
-    ClusterError, KubeClaimSource, REASON_CHECKPOINT_CORRUPTED, SlicePublisher, negotiate,
-    node_event, watch_claims,
+    ClusterError, KubeClaimSource, REASON_CHECKPOINT_CORRUPTED, REASON_GPU_MODE_CHANGE_REFUSED,
+    SlicePublisher, negotiate, node_event, watch_claims,
 };
 use crate::edits::NodeFiles;
+use crate::gpu_mode::{MODES_FILE, ModeFlag, ModeKeeper, wanted_modes};
 use crate::grpc::{GrpcError, PluginServer, RegistrationState, Sockets};
 use crate::health::{
     DeviceHealthList, HealthMonitor, HealthService, HealthView, NodeSink, TaintArgs,
@@ -78,6 +82,8 @@ pub struct ServeConfig {
     pub health: crate::health::HealthArgs,
     /// Effects of the device taints on unhealthy GPUs.
     pub taints: crate::health::TaintArgs,
+    /// The GPUs' modes and the fixed MIG layouts ([`crate::gpu_mode`]).
+    pub modes: crate::gpu_mode::ModeArgs,
 }
 
 /// Why serving stopped.
@@ -243,11 +249,25 @@ pub async fn run(
     let server =
         PluginServer::start_with_health(plugin.clone(), sockets, Some(health_service)).await?;
     let mut registration = server.registration();
+    let (modes, note) = ModeKeeper::load(cfg.state_dir.join(MODES_FILE));
+    if let Some(note) = note {
+        tracing::warn!("{note}");
+    }
     let mut slice = SliceState {
-        publisher: SlicePublisher::new(client, api, cfg.driver.clone(), cfg.consumable_capacity),
+        publisher: SlicePublisher::new(
+            client.clone(),
+            api,
+            cfg.driver.clone(),
+            cfg.consumable_capacity,
+        )
+        .with_fixed_layouts(cfg.modes.mig_fixed_layout.clone()),
         taints: cfg.taints.clone(),
         last_inventory: None,
         device_health,
+        modes,
+        mode_flag: cfg.modes.gpu_mode.clone(),
+        client,
+        notes: Default::default(),
     };
 
     let mut tick = tokio::time::interval(cfg.resync);
@@ -338,6 +358,14 @@ struct SliceState {
     last_inventory: Option<NodeInventory>,
     /// What the kubelet's health stream sends.
     device_health: tokio::sync::watch::Sender<DeviceHealthList>,
+    /// The GPU modes in force.
+    modes: ModeKeeper,
+    /// `--gpu-mode`.
+    mode_flag: ModeFlag,
+    /// For the Node Events of refused mode changes.
+    client: kube::Client,
+    /// The messages logged at the last publish (each is logged once while it holds).
+    notes: std::collections::BTreeSet<String>,
 }
 
 impl SliceState {
@@ -375,30 +403,84 @@ impl SliceState {
             changed
         });
         let taints = health.taints(&self.taints);
-        match self
+        let busy = claims_by_gpu(&plugin.claims());
+        let mut notes = Vec::new();
+        let mut refusals = Vec::new();
+        let (modes, flag) = (&mut self.modes, &self.mode_flag);
+        let gpus = &inventory.gpus;
+        let decide = |labels: &std::collections::BTreeMap<String, String>| {
+            let (wanted, errors) = wanted_modes(gpus, labels, flag, |uuid| backend.gpu_mode(uuid));
+            notes.extend(errors);
+            let (refused, error) = modes.settle(&wanted, &busy);
+            notes.extend(error);
+            refusals = refused;
+            modes.modes().clone()
+        };
+        let published = self
             .publisher
-            .publish_with_taints(&inventory, &taints)
-            .await
-        {
-            Ok(p) if p.written => {
-                tracing::info!(
-                    generation = p.generation,
-                    consumable = p.consumable,
-                    devices = inventory.gpus.len(),
-                    tainted = if self.publisher.taints_kept() {
-                        taints.len()
-                    } else {
-                        0
-                    },
-                    "published the ResourceSlice"
-                );
+            .publish_with_modes(&inventory, &taints, decide)
+            .await;
+        for r in &refusals {
+            let message = format!("fgpu kubelet plugin: {r}");
+            tracing::warn!(gpu = %r.gpu_uuid, from = %r.from, to = %r.to.mode, "{message}");
+            let said = Said {
+                type_: EventType::Warning,
+                reason: REASON_GPU_MODE_CHANGE_REFUSED,
+                action: "PublishResourceSlice",
+                note: &message,
+            };
+            if let Err(e) = node_event(&self.client, node, said).await {
+                tracing::warn!(error = %e, "cannot record the event");
             }
-            Ok(_) => {}
+        }
+        match published {
+            Ok(p) => {
+                notes.extend(p.errors.iter().cloned());
+                if p.written {
+                    tracing::info!(
+                        generation = p.generation,
+                        consumable = p.consumable,
+                        partitionable = p.partitionable,
+                        slices = p.slices,
+                        devices = inventory.gpus.len(),
+                        tainted = if self.publisher.taints_kept() {
+                            taints.len()
+                        } else {
+                            0
+                        },
+                        "published the ResourceSlice"
+                    );
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot publish the ResourceSlice; retrying later")
             }
         }
+        // Each message once while it holds (not at every resync).
+        let now: std::collections::BTreeSet<String> = notes.into_iter().collect();
+        for n in now.difference(&self.notes) {
+            tracing::error!("{n}");
+        }
+        self.notes = now;
     }
+}
+
+/// The prepared claims (`namespace/name`) on each GPU, by UUID: a GPU with any cannot
+/// change its mode.
+fn claims_by_gpu(
+    claims: &std::collections::BTreeMap<String, crate::checkpoint::ClaimRecord>,
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for c in claims.values() {
+        for d in &c.devices {
+            let list = out.entry(d.gpu_uuid.clone()).or_default();
+            let name = format!("{}/{}", c.namespace, c.name);
+            if !list.contains(&name) {
+                list.push(name);
+            }
+        }
+    }
+    out
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -40,6 +40,9 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     taints: fgpu_kubelet_plugin::health::TaintArgs,
 
+    #[command(flatten)]
+    modes: fgpu_kubelet_plugin::gpu_mode::ModeArgs,
+
     /// The kubelet's plugin registry directory (registration socket).
     #[arg(long, value_name = "DIR", default_value = kubelet::REGISTRY_DIR, env = "KUBELET_REGISTRAR_DIRECTORY_PATH")]
     kubelet_registrar_directory_path: PathBuf,
@@ -273,6 +276,7 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         monitor,
         health: args.health,
         taints: args.taints,
+        modes: args.modes,
     };
     let runtime = fgpu_kubelet_plugin::serve::runtime(args.worker_threads)
         .context("cannot start the async runtime")?;

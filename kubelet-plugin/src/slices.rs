@@ -19,16 +19,26 @@
 //! request without capacity (the whole-GPU class) thus takes all memory and leaves no room
 //! for shares; quota requests share the card. The API server silently drops fields of a
 //! disabled gate, so whether it kept them is read back from the stored slice
-//! ([`kept_consumable_capacity`]).
+//! ([`kept_consumable_capacity`], [`kept_consumable_in`]).
+//!
+//! Per GPU mode ([`crate::gpu_mode`]): a `shared` GPU is the device above; a `whole` GPU
+//! the same device without consumable capacity (only whole allocations); a `mig` GPU
+//! placement devices of type `mig`, with a counter set where the API server keeps
+//! partitionable devices ([`kept_counters`]), else the admin's fixed layout
+//! ([`crate::mig_slice`]). A node with MIG counters has several slices in one pool
+//! ([`build_node_slices`]); one without has one, as before.
 
 use std::collections::BTreeMap;
 
 use fgpu_api::names::{DriverName, attr, capacity};
 use fgpu_api::quantity::format_u64;
-use fgpu_driver::device::{Gpu, NodeInventory};
+use fgpu_driver::device::{Gpu, GpuMode, NodeInventory};
 use serde_json::{Map, Value, json};
 
+use crate::device_attrs::{put, put_gpu_attributes};
 use crate::edits::device_name;
+use crate::gpu_mode::FixedLayouts;
+use crate::mig_slice::mig_part;
 
 /// Smallest memory share a request can get.
 pub const MIN_MEMORY_SHARE: u64 = 256 << 20;
@@ -38,21 +48,7 @@ pub const MEMORY_STEP: u64 = 1 << 20;
 /// The `resource.k8s.io` versions the plugin speaks, newest first.
 pub use fgpu_api::dra::ApiVersion;
 
-/// Semantic version for a version attribute: `9.0` → `9.0.0`, `535.104.05` → `535.104.5`
-/// (leading zeros are not allowed in semver). `None` if the parts are not numbers.
-pub fn semver(text: &str) -> Option<String> {
-    let parts: Vec<u64> = text
-        .trim()
-        .split('.')
-        .map(|p| p.parse().ok())
-        .collect::<Option<_>>()?;
-    match parts.as_slice() {
-        [major] => Some(format!("{major}.0.0")),
-        [major, minor] => Some(format!("{major}.{minor}.0")),
-        [major, minor, patch] => Some(format!("{major}.{minor}.{patch}")),
-        _ => None,
-    }
-}
+pub use crate::device_attrs::semver;
 
 /// A taint on one device of the slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,32 +66,21 @@ pub struct DeviceTaint {
 
 fn device_json(gpu: &Gpu, api: ApiVersion, consumable: bool, taint: Option<&DeviceTaint>) -> Value {
     let mut attributes = Map::new();
-    let mut put = |name: &str, kind: &str, value: Value| {
-        attributes.insert(name.to_owned(), json!({ kind: value }));
-    };
-    put(attr::TYPE, "string", json!(attr::TYPE_GPU));
-    put(attr::UUID, "string", json!(gpu.uuid));
-    put(attr::PRODUCT_NAME, "string", json!(gpu.product_name));
+    put(&mut attributes, attr::TYPE, "string", json!(attr::TYPE_GPU));
+    put(&mut attributes, attr::UUID, "string", json!(gpu.uuid));
+    put_gpu_attributes(&mut attributes, gpu);
     put(
-        attr::ARCHITECTURE,
+        &mut attributes,
+        attr::PCI_BUS_ID,
         "string",
-        json!(gpu.architecture().as_str()),
+        json!(gpu.pci_bus_id),
     );
-    if let Some(v) = semver(&gpu.compute_capability.to_string()) {
-        put(attr::CUDA_COMPUTE_CAPABILITY, "version", json!(v));
-    }
-    if let Some(v) = semver(&gpu.driver_version) {
-        put(attr::DRIVER_VERSION, "version", json!(v));
-    }
-    put(attr::INDEX, "int", json!(gpu.index));
-    if let Some(n) = gpu.numa_node {
-        put(attr::NUMA_NODE, "int", json!(n));
-    }
-    if let Some(root) = &gpu.pcie_root {
-        put(attr::PCIE_ROOT, "string", json!(root));
-    }
-    put(attr::PCI_BUS_ID, "string", json!(gpu.pci_bus_id));
-    put(attr::ENFORCEMENT, "string", json!(gpu.enforcement.as_str()));
+    put(
+        &mut attributes,
+        attr::ENFORCEMENT,
+        "string",
+        json!(gpu.enforcement.as_str()),
+    );
 
     let memory = format_u64(gpu.memory_bytes);
     let cores = capacity::CORES_PER_GPU.to_string();
@@ -168,34 +153,221 @@ pub fn build_slice_with_taints(
     consumable: bool,
     taints: Option<&BTreeMap<String, DeviceTaint>>,
 ) -> Value {
-    let devices: Vec<Value> = inventory
-        .gpus
-        .iter()
-        .filter_map(|g| {
-            if g.is_healthy() {
-                return Some(device_json(g, api, consumable, None));
+    let modes = BTreeMap::new();
+    let fixed = FixedLayouts::default();
+    let publish = Publish {
+        consumable,
+        taints,
+        modes: &modes,
+        partitionable: false,
+        fixed: &fixed,
+    };
+    let mut built = build_node_slices(driver, inventory, node_uid, generation, api, &publish);
+    built.slices.swap_remove(0)
+}
+
+/// Most devices in one slice.
+pub const MAX_DEVICES: usize = 128;
+/// Most devices in one slice when one of them has taints or consumes counters.
+pub const MAX_DEVICES_WITH_COUNTERS: usize = 64;
+/// Most counter sets in one slice.
+pub const MAX_COUNTER_SETS: usize = 8;
+
+/// How the node's GPUs are published.
+#[derive(Clone, Copy, Debug)]
+pub struct Publish<'a> {
+    /// Shared-mode GPUs are shareable (consumable capacity).
+    pub consumable: bool,
+    /// Taints of unhealthy GPUs by UUID; `None`: unhealthy GPUs are left out.
+    pub taints: Option<&'a BTreeMap<String, DeviceTaint>>,
+    /// Each GPU's mode by UUID; a GPU not in it is `shared`.
+    pub modes: &'a BTreeMap<String, GpuMode>,
+    /// MIG-mode GPUs as partitionable devices (counters); else their fixed layout.
+    pub partitionable: bool,
+    /// The fixed MIG layouts (`--mig-fixed-layout`).
+    pub fixed: &'a FixedLayouts,
+}
+
+/// The node's slices and what could not be published.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeSlices {
+    /// The slices, the first named [`slice_name`]; all of one pool generation.
+    pub slices: Vec<Value>,
+    /// What could not be published (a MIG-mode GPU of unknown model, a fixed-layout
+    /// profile that does not fit), naming the GPU.
+    pub errors: Vec<String>,
+}
+
+/// The node's slices: shared-mode GPUs as today's devices, whole-mode GPUs as devices
+/// without consumable capacity, MIG-mode GPUs by [`crate::mig_slice`]. Without MIG counters
+/// and with at most [`MAX_DEVICES`] devices, one slice ([`build_slice_with_taints`]'s).
+/// Otherwise the devices are split over slices `<node>-<driver>`, `<node>-<driver>-<n>`
+/// (at most [`MAX_DEVICES_WITH_COUNTERS`] each when counters or taints are used), and
+/// the counter sets go to slices `<node>-<driver>-counters-<n>` of their own (since 1.35 a
+/// slice holds devices or counter sets, not both; at most [`MAX_COUNTER_SETS`] each).
+pub fn build_node_slices(
+    driver: &DriverName,
+    inventory: &NodeInventory,
+    node_uid: &str,
+    generation: i64,
+    api: ApiVersion,
+    publish: &Publish<'_>,
+) -> NodeSlices {
+    let mut devices = Vec::new();
+    let mut counter_sets = Vec::new();
+    let mut errors = Vec::new();
+    for g in &inventory.gpus {
+        let mode = publish.modes.get(&g.uuid).copied().unwrap_or_default();
+        let consumable = publish.consumable && mode == GpuMode::Shared;
+        match mode {
+            GpuMode::Shared | GpuMode::Whole => {
+                if g.is_healthy() {
+                    devices.push(device_json(g, api, consumable, None));
+                } else if let Some(taint) = publish.taints.and_then(|t| t.get(&g.uuid)) {
+                    devices.push(device_json(g, api, consumable, Some(taint)));
+                }
             }
-            let taint = taints?.get(&g.uuid)?;
-            Some(device_json(g, api, consumable, Some(taint)))
+            GpuMode::Mig => {
+                let part = mig_part(g, api, publish.partitionable, publish.fixed);
+                devices.extend(part.devices);
+                counter_sets.extend(part.counter_sets);
+                errors.extend(part.errors);
+            }
+        }
+    }
+    let heavy = !counter_sets.is_empty()
+        || devices.iter().any(|d| {
+            d.get("taints").is_some()
+                || d.get("consumesCounters").is_some()
+                || d["basic"].get("consumesCounters").is_some()
+        });
+    let limit = if heavy {
+        MAX_DEVICES_WITH_COUNTERS
+    } else {
+        MAX_DEVICES
+    };
+    let mut device_chunks: Vec<Vec<Value>> = devices.chunks(limit).map(<[Value]>::to_vec).collect();
+    if device_chunks.is_empty() {
+        device_chunks.push(Vec::new());
+    }
+    let counter_chunks: Vec<Vec<Value>> = counter_sets
+        .chunks(MAX_COUNTER_SETS)
+        .map(<[Value]>::to_vec)
+        .collect();
+    let count = (device_chunks.len() + counter_chunks.len()) as i64;
+    let base = slice_name(&inventory.node, driver);
+    let head = |name: String, field: &str, items: Vec<Value>| {
+        json!({
+            "apiVersion": api.api_version(),
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": name,
+                "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Node", "name": inventory.node, "uid": node_uid,
+                    "controller": true,
+                }],
+            },
+            "spec": {
+                "driver": driver.as_str(),
+                "nodeName": inventory.node,
+                "pool": {"name": inventory.node, "generation": generation, "resourceSliceCount": count},
+                field: items,
+            }
+        })
+    };
+    let mut slices: Vec<Value> = device_chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, chunk)| {
+            let name = if i == 0 {
+                base.clone()
+            } else {
+                format!("{base}-{i}")
+            };
+            head(name, "devices", chunk)
         })
         .collect();
-    json!({
-        "apiVersion": api.api_version(),
-        "kind": "ResourceSlice",
-        "metadata": {
-            "name": slice_name(&inventory.node, driver),
-            "ownerReferences": [{
-                "apiVersion": "v1", "kind": "Node", "name": inventory.node, "uid": node_uid,
-                "controller": true,
-            }],
-        },
-        "spec": {
-            "driver": driver.as_str(),
-            "nodeName": inventory.node,
-            "pool": {"name": inventory.node, "generation": generation, "resourceSliceCount": 1},
-            "devices": devices,
-        }
+    slices.extend(
+        counter_chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, chunk)| head(format!("{base}-counters-{i}"), "sharedCounters", chunk)),
+    );
+    NodeSlices { slices, errors }
+}
+
+/// Whether the node's slices differ in what consumers see: their names, devices, counter
+/// sets or count (ignoring the pool generation).
+pub fn slices_changed(old: &[Value], new: &[Value]) -> bool {
+    let key = |s: &Value| s["metadata"]["name"].as_str().map(str::to_owned);
+    let mut old: Vec<&Value> = old.iter().collect();
+    let mut new: Vec<&Value> = new.iter().collect();
+    old.sort_by_key(|s| key(s));
+    new.sort_by_key(|s| key(s));
+    old.len() != new.len()
+        || old.iter().zip(&new).any(|(a, b)| {
+            key(a) != key(b)
+                || devices_changed(a, b)
+                || a["spec"]["sharedCounters"] != b["spec"]["sharedCounters"]
+                || a["spec"]["pool"]["resourceSliceCount"]
+                    != b["spec"]["pool"]["resourceSliceCount"]
+        })
+}
+
+/// How many devices of `slice` satisfy `has` (checked directly and under `basic`).
+fn count_devices(slice: &Value, has: impl Fn(&Value) -> bool) -> usize {
+    slice["spec"]["devices"].as_array().map_or(0, |ds| {
+        ds.iter().filter(|d| has(d) || has(&d["basic"])).count()
     })
+}
+
+/// Whether the API server kept the partitionable-device fields of a slice written with
+/// some: the counter sets and every device's `consumesCounters`. `None` if `written` has
+/// neither. The fields are dropped where DRAPartitionableDevices is off (alpha before 1.36).
+pub fn kept_counters(written: &Value, stored: &Value) -> Option<bool> {
+    let has = |d: &Value| {
+        d["consumesCounters"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+    };
+    let sets = |s: &Value| s["spec"]["sharedCounters"].as_array().map_or(0, Vec::len);
+    let want = (count_devices(written, has), sets(written));
+    (want != (0, 0)).then(|| (count_devices(stored, has), sets(stored)) == want)
+}
+
+/// Whether the API server kept `allowMultipleAllocations` on the devices of a slice
+/// written with some (whole-mode and MIG devices never carry it). `None` if `written` has
+/// none.
+pub fn kept_consumable_in(written: &Value, stored: &Value) -> Option<bool> {
+    let has = |d: &Value| d["allowMultipleAllocations"] == json!(true);
+    let want = count_devices(written, has);
+    (want > 0).then(|| count_devices(stored, has) == want)
+}
+
+/// Adds to `want` an empty slice (no devices) for each slice of `old` it does not name, and
+/// counts them all in `resourceSliceCount`: the plugin may not delete slices, so one no
+/// longer needed (a GPU left MIG mode) is emptied, in the same pool generation.
+pub fn keep_names(want: &mut Vec<Value>, old: &[Value]) {
+    let Some(first) = want.first().cloned() else {
+        return;
+    };
+    for o in old {
+        let name = &o["metadata"]["name"];
+        if want.iter().any(|w| w["metadata"]["name"] == *name) {
+            continue;
+        }
+        let mut empty = first.clone();
+        empty["metadata"]["name"] = name.clone();
+        empty["spec"]["devices"] = json!([]);
+        if let Some(spec) = empty["spec"].as_object_mut() {
+            spec.remove("sharedCounters");
+        }
+        want.push(empty);
+    }
+    let count = want.len();
+    for w in want.iter_mut() {
+        w["spec"]["pool"]["resourceSliceCount"] = json!(count);
+    }
 }
 
 /// Whether the spec of two slices differs in what consumers see (devices), ignoring the
@@ -387,6 +559,232 @@ mod tests {
         }
         let empty = build_slice(&d, &none, "u", 1, ApiVersion::V1, true);
         assert_eq!(kept_consumable_capacity(&empty), None);
+    }
+
+    /// A node with a shared GPU 0 and a MIG-mode H100 as GPU 1.
+    fn mixed() -> (NodeInventory, BTreeMap<String, GpuMode>) {
+        let g0 = gpu(0, "0000:1b:00.0");
+        let mut g1 = gpu(1, "0000:2b:00.0");
+        g1.mig_capable = true;
+        let modes = BTreeMap::from([(g1.uuid.clone(), GpuMode::Mig)]);
+        (NodeInventory::new("node-a", vec![g0, g1]), modes)
+    }
+
+    fn publish<'a>(
+        modes: &'a BTreeMap<String, GpuMode>,
+        partitionable: bool,
+        fixed: &'a FixedLayouts,
+    ) -> Publish<'a> {
+        Publish {
+            consumable: true,
+            taints: None,
+            modes,
+            partitionable,
+            fixed,
+        }
+    }
+
+    /// The v1 slices of `inv` for node UID `u` and the default driver.
+    fn node_slices(inv: &NodeInventory, generation: i64, publish: &Publish<'_>) -> NodeSlices {
+        build_node_slices(
+            &DriverName::default(),
+            inv,
+            "u",
+            generation,
+            ApiVersion::V1,
+            publish,
+        )
+    }
+
+    #[test]
+    fn a_mig_gpu_is_partitionable_devices_and_a_counter_slice() {
+        let d = DriverName::default();
+        let (inv, modes) = mixed();
+        let fixed = FixedLayouts::default();
+        let built = node_slices(&inv, 4, &publish(&modes, true, &fixed));
+        assert!(built.errors.is_empty(), "{:?}", built.errors);
+        let s = &built.slices;
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0]["metadata"]["name"], "node-a-gpu.fgpu.dev");
+        assert_eq!(s[1]["metadata"]["name"], "node-a-gpu.fgpu.dev-counters-0");
+        for x in s {
+            assert_eq!(
+                x["spec"]["pool"],
+                json!({"name": "node-a", "generation": 4, "resourceSliceCount": 2})
+            );
+            assert_eq!(x["metadata"]["ownerReferences"][0]["uid"], "u");
+        }
+        // Devices and counter sets in different slices (1.35+).
+        assert!(s[0]["spec"].get("sharedCounters").is_none());
+        assert!(s[1]["spec"].get("devices").is_none());
+        assert_eq!(s[1]["spec"]["sharedCounters"][0]["name"], "gpu-1-counters");
+        let devices = s[0]["spec"]["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 1 + 25);
+        // The shared GPU's device is today's, byte for byte.
+        let today = build_slice(
+            &d,
+            &NodeInventory::new("node-a", vec![inv.gpus[0].clone()]),
+            "u",
+            4,
+            ApiVersion::V1,
+            true,
+        );
+        assert_eq!(devices[0], today["spec"]["devices"][0]);
+        assert!(
+            devices[1..]
+                .iter()
+                .all(|x| x["attributes"]["type"] == json!({"string": "mig"})
+                    && x["consumesCounters"][0]["counterSet"] == "gpu-1-counters")
+        );
+        assert_eq!(kept_counters(&s[0], &s[0]), Some(true));
+        assert_eq!(kept_counters(&s[1], &s[1]), Some(true));
+        // The API server dropping the fields is seen, on either slice.
+        let mut stored = s[0].clone();
+        for x in stored["spec"]["devices"].as_array_mut().unwrap() {
+            x.as_object_mut().unwrap().remove("consumesCounters");
+        }
+        assert_eq!(kept_counters(&s[0], &stored), Some(false));
+        let mut stored = s[1].clone();
+        stored["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("sharedCounters");
+        assert_eq!(kept_counters(&s[1], &stored), Some(false));
+        // A node without MIG tells nothing; consumable capacity is judged on the shared
+        // device alone (MIG devices never carry it).
+        assert_eq!(kept_counters(&today, &today), None);
+        assert_eq!(kept_consumable_in(&s[0], &s[0]), Some(true));
+        // Nine MIG-mode H100s: 64 devices a slice, 8 counter sets a slice.
+        let mut many = Vec::new();
+        let mut modes = BTreeMap::new();
+        for i in 0..9 {
+            let mut g = gpu(i, "0000:1b:00.0");
+            g.mig_capable = true;
+            modes.insert(g.uuid.clone(), GpuMode::Mig);
+            many.push(g);
+        }
+        let built = node_slices(
+            &NodeInventory::new("n", many),
+            1,
+            &publish(&modes, true, &fixed),
+        );
+        let names: Vec<&str> = built
+            .slices
+            .iter()
+            .map(|x| x["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "n-gpu.fgpu.dev",
+                "n-gpu.fgpu.dev-1",
+                "n-gpu.fgpu.dev-2",
+                "n-gpu.fgpu.dev-3",
+                "n-gpu.fgpu.dev-counters-0",
+                "n-gpu.fgpu.dev-counters-1"
+            ]
+        );
+        let sizes: Vec<usize> = built
+            .slices
+            .iter()
+            .map(|x| {
+                x["spec"]["devices"]
+                    .as_array()
+                    .or(x["spec"]["sharedCounters"].as_array())
+                    .unwrap()
+                    .len()
+            })
+            .collect();
+        assert_eq!(sizes, [64, 64, 64, 33, 8, 1]);
+        assert!(
+            built
+                .slices
+                .iter()
+                .all(|x| x["spec"]["pool"]["resourceSliceCount"] == 6)
+        );
+    }
+
+    #[test]
+    fn without_partitionable_devices_the_fixed_layout_is_published_in_one_slice() {
+        let (inv, modes) = mixed();
+        let fixed: FixedLayouts = "1=3g.40gb*2".parse().unwrap();
+        let built = node_slices(&inv, 2, &publish(&modes, false, &fixed));
+        assert!(built.errors.is_empty(), "{:?}", built.errors);
+        assert_eq!(built.slices.len(), 1);
+        let s = &built.slices[0];
+        assert_eq!(s["spec"]["pool"]["resourceSliceCount"], 1);
+        let names: Vec<&str> = s["spec"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["gpu-0", "gpu-1-mig-3g40gb-4", "gpu-1-mig-3g40gb-0"]);
+        assert!(s["spec"]["devices"][1].get("consumesCounters").is_none());
+        assert_eq!(kept_counters(s, s), None);
+        // No layout for the MIG GPU: the shared GPU alone, and an error naming the GPU.
+        let none = FixedLayouts::default();
+        let built = node_slices(&inv, 2, &publish(&modes, false, &none));
+        assert_eq!(
+            built.slices[0]["spec"]["devices"].as_array().unwrap().len(),
+            1
+        );
+        assert!(
+            built.errors[0].starts_with("GPU 1 (GPU-00000001-"),
+            "{:?}",
+            built.errors
+        );
+    }
+
+    #[test]
+    fn a_whole_gpu_is_not_shareable_and_an_unknown_mig_model_publishes_nothing() {
+        let (mut inv, mut modes) = mixed();
+        modes.insert(inv.gpus[0].uuid.clone(), GpuMode::Whole);
+        inv.gpus[1].product_name = "NVIDIA H100 NVL".into();
+        inv.gpus[1].memory_bytes = 94 << 30;
+        let fixed = FixedLayouts::default();
+        let built = node_slices(&inv, 1, &publish(&modes, true, &fixed));
+        assert_eq!(built.slices.len(), 1);
+        let devices = built.slices[0]["spec"]["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0]["name"], "gpu-0");
+        assert!(devices[0].get("allowMultipleAllocations").is_none());
+        assert_eq!(devices[0]["capacity"]["memory"], json!({"value": "80Gi"}));
+        assert_eq!(built.errors.len(), 1);
+        assert!(
+            built.errors[0].contains("no MIG profile table for \"NVIDIA H100 NVL\""),
+            "{}",
+            built.errors[0]
+        );
+        assert_eq!(kept_consumable_in(&built.slices[0], &built.slices[0]), None);
+    }
+
+    #[test]
+    fn slices_no_longer_needed_are_emptied_and_counted() {
+        let d = DriverName::default();
+        let (inv, modes) = mixed();
+        let fixed = FixedLayouts::default();
+        let before = node_slices(&inv, 1, &publish(&modes, true, &fixed)).slices;
+        // GPU 1 back to shared: one slice of devices, and the counters slice emptied.
+        let mut after = build_slice_with_taints(&d, &inv, "u", 2, ApiVersion::V1, true, None);
+        let mut want = vec![after.clone()];
+        keep_names(&mut want, &before);
+        assert_eq!(want.len(), 2);
+        assert_eq!(
+            want[1]["metadata"]["name"],
+            "node-a-gpu.fgpu.dev-counters-0"
+        );
+        assert_eq!(want[1]["spec"]["devices"], json!([]));
+        assert!(want[1]["spec"].get("sharedCounters").is_none());
+        assert!(want.iter().all(|x| x["spec"]["pool"]
+            == json!({"name": "node-a", "generation": 2, "resourceSliceCount": 2})));
+        assert!(slices_changed(&before, &want));
+        assert!(!slices_changed(&want, &want.clone()));
+        // Nothing to keep: unchanged.
+        after["spec"]["pool"]["resourceSliceCount"] = json!(1);
+        let mut alone = vec![after.clone()];
+        keep_names(&mut alone, std::slice::from_ref(&after));
+        assert_eq!(alone, vec![after]);
     }
 
     #[test]

@@ -113,6 +113,12 @@ for v in ("1.32.0", "1.37.2"):
           f"{v} controller mode: the shared class matches no device for kube-scheduler")
     whole = get(d, "DeviceClass", "gpu.fgpu.dev")
     check('type == "gpu"' in whole["spec"]["selectors"][0]["cel"]["expression"], f"{v}: the whole-GPU class still selects GPUs")
+    mig = get(d, "DeviceClass", "mig.gpu.fgpu.dev")
+    check(mig is not None and 'type == "mig"' in mig["spec"]["selectors"][0]["cel"]["expression"],
+          f"{v}: the MIG class selects MIG placements")
+    check('"mig"' not in whole["spec"]["selectors"][0]["cel"]["expression"]
+          and '"mig"' not in shared["spec"]["selectors"][0]["cel"]["expression"],
+          f"{v}: the whole and shared classes do not select MIG placements")
     gate = get(d, "MutatingWebhookConfiguration", "fgpu-allocation-gate")
     check(gate is not None, f"{v} controller mode: gate webhook registered")
     w = gate["webhooks"][0]
@@ -351,6 +357,12 @@ check("--usage-aware-weight=1" in containers(get(d, "Deployment", "fgpu-controll
       and "--claim-status-refresh-seconds=150" in plugin_args(d),
       "usage-aware term on: the plugins refresh claim status at half the controller's freshness")
 
+# --- GPU modes: the flags only when set
+check(not any(a.startswith(("--gpu-mode", "--mig-fixed-layout")) for a in plugin_args(render("1.37.2"))),
+      "GPU modes unset: no --gpu-mode, no --mig-fixed-layout")
+a = plugin_args(render("1.37.2", "kubeletPlugin.gpuMode=mig", "kubeletPlugin.migFixedLayout=1g.10gb*7"))
+check("--gpu-mode=mig" in a and "--mig-fixed-layout=1g.10gb*7" in a, "GPU modes: gpuMode and migFixedLayout passed")
+
 # --- the schema refuses
 for s, why in (("mode=bogus", "mode"), ("driverName=Bad_Name", "driverName"), ("certs.mode=openssl", "certs.mode"),
                ("legacy.splitCount=0", "splitCount"), ("image.pullPolicy=Sometimes", "pullPolicy"),
@@ -359,6 +371,7 @@ for s, why in (("mode=bogus", "mode"), ("driverName=Bad_Name", "driverName"), ("
                ("kubeletPlugin.monitor.periodMs=10", "periodMs"),
                ("kubeletPlugin.health.taintFatal=Evict", "a taint effect"),
                ("kubeletPlugin.health.fatalXids=79;48", "an XID list"),
+               ("kubeletPlugin.gpuMode=partitioned", "a GPU mode"),
                ("monitoring.serviceMonitor.interval=often", "a scrape interval that is no duration"),
                ("monitoring.dashboard.enable=true", "an unknown monitoring key")):
     p = render("1.37.2", s, ok=False)

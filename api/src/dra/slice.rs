@@ -4,6 +4,8 @@
 //!
 //! One model for `v1`, `v1beta2` and `v1beta1`: a `v1beta1` device wraps its fields in
 //! `basic`, the newer ones carry them directly; [`Device::body`] gives them either way.
+//! Partitionable devices (a MIG-mode GPU's placements) add the slice's `sharedCounters`
+//! ([`CounterSet`]) and each device's `consumesCounters` ([`CounterConsumption`]).
 //!
 //! Tolerant: unknown fields are ignored, missing ones read as absent or empty, and a field
 //! of the wrong JSON type never fails the object ([`super::tolerant`]). Where a reader reports such a field
@@ -97,6 +99,63 @@ pub struct SliceSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub devices: Option<Checked<Vec<Device>>>,
+    /// `spec.sharedCounters` (partitionable devices, 1.36+ or DRAPartitionableDevices):
+    /// counter sets the pool's devices consume from. Since 1.35 a slice holds either these
+    /// or devices, not both. Empty when missing or not a list.
+    #[serde(
+        default,
+        deserialize_with = "tolerant::list",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub shared_counters: Vec<CounterSet>,
+}
+
+/// One entry of `spec.sharedCounters`: a named set of counters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CounterSet {
+    /// `name`, unique in the pool (fgpu's: `gpu-<index>-counters`).
+    #[serde(
+        default,
+        deserialize_with = "tolerant::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub name: Option<String>,
+    /// `counters` by name.
+    #[serde(
+        default,
+        deserialize_with = "tolerant::map",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub counters: BTreeMap<String, Counter>,
+}
+
+/// A counter's amount: in a counter set, what there is; in a device's consumption, what
+/// the device takes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counter {
+    /// `value`; `None` when missing or null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<QuantityValue>,
+}
+
+/// One entry of a device's `consumesCounters`: what it takes from one counter set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CounterConsumption {
+    /// `counterSet`: the name of a set in the pool's `sharedCounters`.
+    #[serde(
+        default,
+        deserialize_with = "tolerant::opt_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub counter_set: Option<String>,
+    /// `counters` by name.
+    #[serde(
+        default,
+        deserialize_with = "tolerant::map",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub counters: BTreeMap<String, Counter>,
 }
 
 /// `spec.pool`: the pool the slice belongs to, and which generation of it.
@@ -195,6 +254,13 @@ pub struct DeviceBody {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub taints: Vec<Taint>,
+    /// `consumesCounters` (partitionable devices): empty when missing or not a list.
+    #[serde(
+        default,
+        deserialize_with = "tolerant::list",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub consumes_counters: Vec<CounterConsumption>,
 }
 
 /// A device attribute: one of the four scalar kinds, or [`Attribute::Other`] (a kind this
@@ -624,6 +690,69 @@ mod tests {
                                         "timeAdded": "2026-12-02T00:00:00Z"}]
                          }]}
             })
+        );
+    }
+
+    #[test]
+    fn counters_are_read_on_the_slice_and_the_devices() {
+        let s = read(json!({
+            "spec": {"driver": "gpu.fgpu.dev",
+                     "sharedCounters": [
+                        {"name": "gpu-0-counters",
+                         "counters": {"memory-slice-0": {"value": "1"},
+                                      "compute-slices": {"value": 7}}},
+                        "not an object"
+                     ],
+                     "devices": [
+                        {"name": "gpu-0-mig-1g10gb-0",
+                         "consumesCounters": [{"counterSet": "gpu-0-counters",
+                            "counters": {"memory-slice-0": {"value": "1"},
+                                         "compute-slices": {"value": "1"}}}]},
+                        {"name": "old", "basic": {"consumesCounters": [{"counterSet": "s"}]}},
+                        {"name": "odd", "consumesCounters": {"counterSet": "s"}}
+                     ]}
+        }));
+        let sets = &s.spec.shared_counters;
+        assert_eq!(
+            sets.len(),
+            2,
+            "an entry that is not an object keeps its place"
+        );
+        assert_eq!(sets[0].name.as_deref(), Some("gpu-0-counters"));
+        assert_eq!(
+            sets[0].counters["memory-slice-0"].value,
+            Some(QuantityValue::String("1".into()))
+        );
+        assert_eq!(
+            sets[0].counters["compute-slices"].value,
+            Some(QuantityValue::Number(7.into()))
+        );
+        assert_eq!(sets[1], CounterSet::default());
+        let d = s.devices();
+        let c = &d[0].body().consumes_counters;
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].counter_set.as_deref(), Some("gpu-0-counters"));
+        assert_eq!(
+            c[0].counters.keys().collect::<Vec<_>>(),
+            ["compute-slices", "memory-slice-0"]
+        );
+        assert_eq!(
+            d[1].body().consumes_counters[0].counter_set.as_deref(),
+            Some("s")
+        );
+        assert!(d[2].body().consumes_counters.is_empty());
+        // Written back, the counters read the same.
+        let back: ResourceSlice =
+            serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            v["spec"]["sharedCounters"][0]["counters"]["compute-slices"],
+            json!({"value": 7})
+        );
+        assert_eq!(
+            v["spec"]["devices"][0]["consumesCounters"][0]["counterSet"],
+            "gpu-0-counters"
         );
     }
 

@@ -8,7 +8,9 @@
 //! an int), `numaNode`, `resource.kubernetes.io/pcieRoot`, and the capacities `memory`
 //! (bytes) and `cores` (percent, 100 when absent). `v1` and `v1beta2` devices carry these
 //! directly, `v1beta1` devices under `basic` ([`Device::body`]). Slices of other drivers
-//! are ignored; of a pool published in several generations only the newest counts. A
+//! are ignored; of a pool published in several generations only the newest counts (a pool
+//! may span several slices of one generation). Devices whose `type` is not `gpu` (MIG
+//! placements, `mig`) are left out: they are kube-scheduler's, never a share's. A
 //! device's `taints` are carried to the engine, which keeps a request off a device with a
 //! `NoSchedule` or `NoExecute` taint it does not tolerate (the plugin taints unhealthy
 //! GPUs); so are the taints of the admins' DeviceTaintRules
@@ -263,9 +265,20 @@ fn read_slice(
     let gpus = devices
         .iter()
         .enumerate()
+        .filter(|(_, d)| is_gpu(d))
         .map(|(i, d)| read_device(i, d, names))
         .collect::<Result<_, _>>()?;
     Ok((pool, generation, gpus))
+}
+
+/// Whether a device is a GPU the engine may share: its `type` is `gpu`, or it has none
+/// (slices of older plugins). MIG placements (`type` `mig`) are kube-scheduler's: a share
+/// must never land on one.
+fn is_gpu(d: &Device) -> bool {
+    d.body()
+        .attributes
+        .get(attr::TYPE)
+        .is_none_or(|t| t.as_string() == Some(attr::TYPE_GPU))
 }
 
 /// The node a slice's devices are on: its pool's name, or its `nodeName` where the pool
@@ -519,6 +532,35 @@ mod tests {
         assert_eq!(t4.attributes.len(), 2);
         assert_eq!(t4.capacity.len(), 2);
         assert!(!t4.multi);
+    }
+
+    #[test]
+    fn mig_placements_are_not_gpus_of_the_engine() {
+        let mig = json!({
+            "name": "gpu-1-mig-1g10gb-6",
+            "attributes": {"type": {"string": "mig"}, "profile": {"string": "1g.10gb"},
+                           "parentUUID": {"string": "GPU-1"}},
+            "capacity": {"memory": {"value": "10Gi"}},
+            "consumesCounters": [{"counterSet": "gpu-1-counters",
+                                  "counters": {"memory-slice-6": {"value": "1"}}}]
+        });
+        let counters = json!({
+            "metadata": {"name": "node-a-gpu.fgpu.dev-counters-0"},
+            "spec": {"driver": DRIVER, "nodeName": "node-a",
+                     "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 2},
+                     "sharedCounters": [{"name": "gpu-1-counters",
+                                         "counters": {"memory-slice-6": {"value": "1"}}}]}
+        });
+        let out = from_slices(
+            DRIVER,
+            typed([v1_slice("node-a", 1, json!([h100(0), mig])), counters]),
+        );
+        assert_eq!(out.errors, vec![]);
+        let gpus = &out.inventory.nodes[0].gpus;
+        assert_eq!(
+            gpus.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
+            ["gpu-0"]
+        );
     }
 
     #[test]

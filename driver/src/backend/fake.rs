@@ -307,6 +307,12 @@ impl DeviceBackend for FakeBackend {
         let mut state = MigStateFile::load(&mig_state_path(&self.path))?;
         Ok(state.gpus.remove(gpu_uuid).unwrap_or_default())
     }
+
+    /// The profile's `mode:` for the GPU, re-read (`None` when the profile cannot be read:
+    /// the enumeration fails then too).
+    fn gpu_mode(&self, gpu_uuid: &str) -> Option<GpuMode> {
+        self.mode(gpu_uuid).ok()
+    }
 }
 
 /// Joins several faults in one `Health::Unhealthy` reason; the default
@@ -1418,6 +1424,15 @@ mod tests {
 
     fn at(start: u8, size: u8) -> Placement {
         Placement { start, size }
+    }
+
+    #[test]
+    fn the_backend_reports_the_profile_mode() {
+        let (dir, b) = mig_node("mode");
+        let b: &dyn DeviceBackend = &b;
+        assert_eq!(b.gpu_mode(H100), Some(GpuMode::Mig));
+        assert_eq!(b.gpu_mode(H100_SHARED), Some(GpuMode::Shared));
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

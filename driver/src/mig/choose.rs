@@ -93,26 +93,7 @@ pub fn candidates(
 pub fn choose(layout: &MigLayout, request: &MigRequest) -> Result<MigChoice, MigError> {
     let profiles = candidates(layout.table(), request)?;
     for &profile in &profiles {
-        let best = profile
-            .starts
-            .iter()
-            .filter_map(|&start| {
-                let placement = layout.check(profile, start).ok()?;
-                let mut next = layout.clone();
-                next.take(profile.name, start).ok()?;
-                Some(MigChoice {
-                    profile,
-                    placement,
-                    after: next.free_score(),
-                    largest_after: next.largest_placeable(),
-                })
-            })
-            .max_by(|a, b| {
-                a.after
-                    .cmp(&b.after)
-                    .then(a.placement.start.cmp(&b.placement.start))
-            });
-        if let Some(best) = best {
+        if let Some(best) = place(layout, profile) {
             return Ok(best);
         }
     }
@@ -121,6 +102,30 @@ pub fn choose(layout: &MigLayout, request: &MigRequest) -> Result<MigChoice, Mig
         request: request.to_string(),
         tried: profiles.iter().map(|p| p.name).collect(),
     })
+}
+
+/// The best free placement of `profile` on the GPU `layout` (rule 2), `None` when it has
+/// none. Also places the profiles of an admin's fixed layout, named rather than chosen.
+pub fn place(layout: &MigLayout, profile: &'static MigProfile) -> Option<MigChoice> {
+    profile
+        .starts
+        .iter()
+        .filter_map(|&start| {
+            let placement = layout.check(profile, start).ok()?;
+            let mut next = layout.clone();
+            next.take(profile.name, start).ok()?;
+            Some(MigChoice {
+                profile,
+                placement,
+                after: next.free_score(),
+                largest_after: next.largest_placeable(),
+            })
+        })
+        .max_by(|a, b| {
+            a.after
+                .cmp(&b.after)
+                .then(a.placement.start.cmp(&b.placement.start))
+        })
 }
 
 /// The GPU (its position in `gpus`) and the choice on it for `request` (rule 3). When no

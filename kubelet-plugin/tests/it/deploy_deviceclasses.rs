@@ -1,5 +1,6 @@
 //! `deploy/deviceclasses.yaml` names the classes `fgpu_api` derives and selects this
-//! driver's devices.
+//! driver's devices: GPUs for the whole and shared classes, MIG placements for the MIG
+//! class.
 
 use fgpu_api::names::{DriverName, attr};
 
@@ -13,8 +14,21 @@ fn device_classes_match_the_driver_names() {
         .iter()
         .map(|d| d["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, [driver.whole_class(), driver.shared_class()]);
+    assert_eq!(
+        names,
+        [
+            driver.whole_class(),
+            driver.shared_class(),
+            driver.mig_class()
+        ]
+    );
     for d in &docs {
+        // The whole and shared classes select GPUs; the MIG class MIG placements only.
+        let kind = if d["metadata"]["name"] == driver.mig_class().as_str() {
+            attr::TYPE_MIG
+        } else {
+            attr::TYPE_GPU
+        };
         assert_eq!(d["apiVersion"].as_str(), Some("resource.k8s.io/v1"));
         assert_eq!(d["kind"].as_str(), Some("DeviceClass"));
         let cel = d["spec"]["selectors"][0]["cel"]["expression"]
@@ -28,7 +42,7 @@ fn device_classes_match_the_driver_names() {
             cel.contains(&format!(
                 "device.attributes[\"{driver}\"].{} == \"{}\"",
                 attr::TYPE,
-                attr::TYPE_GPU
+                kind
             )),
             "{cel}"
         );

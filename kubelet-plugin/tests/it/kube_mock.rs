@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use fgpu_api::names::DriverName;
-use fgpu_driver::device::{ComputeCapability, DeviceNode, Gpu, Health, NodeInventory};
+use fgpu_driver::device::{ComputeCapability, DeviceNode, Gpu, GpuMode, Health, NodeInventory};
 use fgpu_kubelet_plugin::cluster::{KubeClaimSource, SlicePublisher, negotiate};
 use fgpu_kubelet_plugin::prepare::ClaimSource as _;
 use fgpu_kubelet_plugin::slices::ApiVersion;
@@ -197,6 +197,158 @@ async fn dropped_consumable_capacity_falls_back_to_plain_devices() {
             .is_none()
     );
     assert_eq!(stored["spec"]["pool"]["generation"], 2);
+}
+
+/// `inventory(true)` with GPU 1 a MIG-capable H100, and the modes that put it in MIG mode.
+fn mig_inventory() -> (NodeInventory, std::collections::BTreeMap<String, GpuMode>) {
+    let mut inv = inventory(true);
+    inv.gpus[1].mig_capable = true;
+    inv.gpus[1].product_name = "NVIDIA H100 80GB HBM3".into();
+    inv.gpus[1].memory_bytes = 80 << 30;
+    let modes = [(inv.gpus[1].uuid.clone(), GpuMode::Mig)].into();
+    (inv, modes)
+}
+
+const COUNTERS: &str = "/apis/resource.k8s.io/v1/resourceslices/node-a-gpu.fgpu.dev-counters-0";
+
+#[tokio::test]
+async fn a_mig_gpu_is_published_with_counters_in_a_second_slice() {
+    let s = server(vec!["v1"], false);
+    let mut publisher = SlicePublisher::new(
+        client(s.clone()),
+        ApiVersion::V1,
+        DriverName::default(),
+        true,
+    );
+    let (inv, modes) = mig_inventory();
+    let taints = Default::default();
+    let p = publisher
+        .publish_with_modes(&inv, &taints, |_| modes.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        (p.generation, p.written, p.partitionable, p.slices),
+        (1, true, true, 2)
+    );
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let p = publisher
+        .publish_with_modes(&inv, &taints, |_| modes.clone())
+        .await
+        .unwrap();
+    assert!(!p.written, "unchanged");
+    // Back to shared: the counters slice is emptied, not deleted, and still counted.
+    let p = publisher.publish(&inv).await.unwrap();
+    assert_eq!((p.generation, p.written, p.slices), (2, true, 2));
+    let server = s.lock().unwrap();
+    assert_eq!(
+        server.writes,
+        [
+            format!("create {SLICE}"),
+            format!("create {COUNTERS}"),
+            format!("replace {SLICE}"),
+            format!("replace {COUNTERS}")
+        ]
+    );
+    let counters = &server.objects[COUNTERS];
+    assert_eq!(counters["spec"]["devices"], json!([]));
+    assert_eq!(counters["spec"]["pool"]["resourceSliceCount"], 2);
+    assert_eq!(
+        server.objects[SLICE]["spec"]["devices"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn dropped_counters_fall_back_to_the_fixed_layout() {
+    let s = server(vec!["v1"], false);
+    s.lock().unwrap().on_write(|key, obj| {
+        if !key.contains("/resourceslices/") {
+            return;
+        }
+        let spec = obj["spec"].as_object_mut().unwrap();
+        spec.remove("sharedCounters");
+        for d in spec
+            .get_mut("devices")
+            .and_then(|d| d.as_array_mut())
+            .into_iter()
+            .flatten()
+        {
+            d.as_object_mut().unwrap().remove("consumesCounters");
+        }
+    });
+    let mut publisher = SlicePublisher::new(
+        client(s.clone()),
+        ApiVersion::V1,
+        DriverName::default(),
+        true,
+    )
+    .with_fixed_layouts("1=3g.40gb*2".parse().unwrap());
+    let (inv, modes) = mig_inventory();
+    let taints = Default::default();
+    let p = publisher
+        .publish_with_modes(&inv, &taints, |_| modes.clone())
+        .await
+        .unwrap();
+    assert!(!p.partitionable);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    let server = s.lock().unwrap();
+    let names: Vec<&str> = server.objects[SLICE]["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["gpu-0", "gpu-1-mig-3g40gb-4", "gpu-1-mig-3g40gb-0"]);
+    // The counters slice written first is kept, emptied, in the count.
+    assert_eq!(server.objects[COUNTERS]["spec"]["devices"], json!([]));
+    assert_eq!(
+        server.objects[SLICE]["spec"]["pool"]["resourceSliceCount"],
+        2
+    );
+    assert_eq!(server.objects[SLICE]["spec"]["pool"]["generation"], 2);
+}
+
+#[tokio::test]
+async fn refused_counters_fall_back_to_the_fixed_layout() {
+    let s = server(vec!["v1"], false);
+    // As 1.34 with the gate on: a device may consume only its own slice's counter sets.
+    s.lock().unwrap().intercept(|req| {
+        let body = req.body.as_ref()?;
+        let consumes = body["spec"]["devices"]
+            .as_array()?
+            .iter()
+            .any(|d| d.get("consumesCounters").is_some());
+        let has_sets = body["spec"].get("sharedCounters").is_some();
+        (consumes && !has_sets).then(|| {
+            Answer::status(
+                http::StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                "spec.devices[1].consumesCounters[0].counterSet: Invalid value: must reference a counter set in this slice",
+            )
+        })
+    });
+    let mut publisher = SlicePublisher::new(
+        client(s.clone()),
+        ApiVersion::V1,
+        DriverName::default(),
+        true,
+    )
+    .with_fixed_layouts("7g.80gb".parse().unwrap());
+    let (inv, modes) = mig_inventory();
+    let taints = Default::default();
+    let p = publisher
+        .publish_with_modes(&inv, &taints, |_| modes.clone())
+        .await
+        .unwrap();
+    assert_eq!((p.written, p.partitionable, p.slices), (true, false, 1));
+    let server = s.lock().unwrap();
+    let devices = server.objects[SLICE]["spec"]["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[1]["name"], "gpu-1-mig-7g80gb-0");
+    assert!(!server.objects.contains_key(COUNTERS));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -405,6 +557,7 @@ mod serve_loop {
             monitor: None,
             health: Default::default(),
             taints: Default::default(),
+            modes: Default::default(),
         }
     }
 
