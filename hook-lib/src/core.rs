@@ -710,17 +710,19 @@ fn register_pid(e: &Entry, dev: &Dev, me: u32, seen: u64) {
     dev.overflow.store(!took, Ordering::Relaxed);
     if !took {
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if SAID.swap(true, Ordering::Relaxed) {
-            crate::debug!(
-                "core: no free slot among {PIDS} registered processes on this GPU; counted as unidentified"
-            );
-        } else {
-            crate::log::always(format_args!(
+        let said = crate::log::always_once(
+            &SAID,
+            format_args!(
                 "core: more than {PIDS} processes of this claim use this GPU, the most the \
                  claim's core file registers; this process counts as unidentified, so the \
                  claim's time on the GPU is bounded by every process's on it (throttled \
                  more, never less) until a slot frees"
-            ));
+            ),
+        );
+        if !said {
+            crate::debug!(
+                "core: no free slot among {PIDS} registered processes on this GPU; counted as unidentified"
+            );
         }
     }
     dev.registered_gen.store(seen, Ordering::Relaxed);

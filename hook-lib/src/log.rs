@@ -1,6 +1,6 @@
 //! Logging: off unless `FGPU_LOG=debug`; then one line per event on stderr.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 static LEVEL: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 off, 2 debug
 
@@ -28,6 +28,17 @@ pub fn always(args: std::fmt::Arguments<'_>) {
     write(args);
 }
 
+/// [`always`], the first time in this process that `said` is seen unset (it is set then);
+/// false, writing nothing, every later time. For a refusal the workload must see once, not
+/// at every call.
+pub fn always_once(said: &AtomicBool, args: std::fmt::Arguments<'_>) -> bool {
+    let first = !said.swap(true, Ordering::Relaxed);
+    if first {
+        write(args);
+    }
+    first
+}
+
 /// `debug!("...", args)`: formats only when logging is on.
 #[macro_export]
 macro_rules! debug {
@@ -36,4 +47,17 @@ macro_rules! debug {
             $crate::log::write(format_args!($($t)*));
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn always_once_writes_the_first_time_only() {
+        let said = AtomicBool::new(false);
+        assert!(always_once(&said, format_args!("test: first")));
+        assert!(!always_once(&said, format_args!("test: second")));
+        assert!(said.load(Ordering::Relaxed));
+    }
 }

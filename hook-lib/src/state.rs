@@ -859,13 +859,15 @@ fn sat_sub(a: &AtomicU64, v: u64) {
 #[cold]
 fn say_no_slot() {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        crate::log::always(format_args!(
+    let said = crate::log::always_once(
+        &SAID,
+        format_args!(
             "refusing device allocations: all {SLOT_COUNT} process slots of the claim's account \
              are held by live processes (the most one claim may have at once); this process \
              gets none until one of them exits"
-        ));
-    } else {
+        ),
+    );
+    if !said {
         crate::debug!("no free slot in the accounting file; refusing");
     }
 }
