@@ -24,6 +24,12 @@
 #                       (root) or a workload (uid 1000) opens it
 #   alloc_patch <dev>   the status patch of a 512Mi share allocated on <dev> of this node's
 #                       pool (GpuShareConfig from the claim), as if a scheduler had written it
+#   shared_claim_pods <prefix> <n>
+#                       apply template share-1gi (shared class, 1Gi) and n pods <prefix>-1..n
+#                       (label app=<prefix>, uid 1000, sleeping) each with a claim from it
+#   checkpoint_uids, cdi_spec_uids, claim_dir_uids
+#                       the claim UIDs of the plugin's records, CDI specs and claim
+#                       directories, sorted, one a line (what the node's books hold)
 #   allocated_claim <name> <dev>
 #                       create shared-class claim <name> in $E2E_NS, write that allocation on
 #                       <dev>; prints its UID (the bench and the upgrade check prepare it
@@ -123,3 +129,42 @@ YAML
   kubectl -n "$E2E_NS" patch resourceclaim "$1" --subresource=status --type=merge -p "$(alloc_patch "$2")" >/dev/null
   kubectl -n "$E2E_NS" get resourceclaim "$1" -o jsonpath='{.metadata.uid}'
 }
+shared_claim_pods() {
+  local prefix="$1" n="$2" i
+  {
+    cat <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: share-1gi, namespace: $E2E_NS}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: shared.gpu.fgpu.dev
+          capacity: {requests: {memory: 1Gi}}
+YAML
+    for i in $(seq 1 "$n"); do
+      cat <<YAML
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $prefix-$i, namespace: $E2E_NS, labels: {app: $prefix}}
+spec:
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: share-1gi}]
+  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
+  containers:
+  - name: c
+    image: $FGPU_WORKLOAD_IMAGE
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "exec sleep 3600"]
+    resources: {claims: [{name: gpu}]}
+YAML
+    done
+  } | kubectl apply -f - >/dev/null
+}
+checkpoint_uids() { find "$run_dir/checkpoint" -maxdepth 1 -name '*.json' -printf '%f\n' 2>/dev/null | sed 's/\.json$//' | sort; }
+cdi_spec_uids() { find "$CDI_SPEC_DIR" -maxdepth 1 -name "$PLUGIN_DRIVER-claim_*.json" -printf '%f\n' | sed "s/^$PLUGIN_DRIVER-claim_//; s/\.json\$//" | sort; }
+claim_dir_uids() { find "$run_dir/claims" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort; }

@@ -32,9 +32,6 @@ plugin_setup 90
 plugin_up
 
 checkpoint="$run_dir/checkpoint"
-records() { find "$checkpoint" -maxdepth 1 -name '*.json' -printf '%f\n' 2>/dev/null | sed 's/\.json$//' | sort; }
-specs() { find "$CDI_SPEC_DIR" -maxdepth 1 -name "$PLUGIN_DRIVER-claim_*.json" -printf '%f\n' | sed "s/^$PLUGIN_DRIVER-claim_//; s/\.json\$//" | sort; }
-dirs() { find "$run_dir/claims" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort; }
 
 # kill_loop <n>: n times, after a random 0.05-1.0 s, kill -9 the plugin and start it again.
 killed=0
@@ -50,39 +47,7 @@ kill_loop() {
   done
 }
 
-{
-  cat <<YAML
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: share-1gi, namespace: $E2E_NS}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: shared.gpu.fgpu.dev
-          capacity: {requests: {memory: 1Gi}}
-YAML
-  for i in $(seq 1 "$pods"); do
-    cat <<YAML
----
-apiVersion: v1
-kind: Pod
-metadata: {name: chaos-$i, namespace: $E2E_NS, labels: {app: chaos}}
-spec:
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimTemplateName: share-1gi}]
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
-  containers:
-  - name: c
-    image: $FGPU_WORKLOAD_IMAGE
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "exec sleep 3600"]
-    resources: {claims: [{name: gpu}]}
-YAML
-  done
-} | kubectl apply -f - >/dev/null
+shared_claim_pods chaos "$pods"
 say "created $pods pods with 1Gi shared claims; killing the plugin $((kills * 3 / 4)) times during the burst"
 t0=$SECONDS
 kill_loop $((kills * 3 / 4))
@@ -110,9 +75,9 @@ assert_eq "distinct (device, shareID) among the claims" "$left" "$(echo "$shares
 
 # The node's books settle with the last resync (every 5 s) after the last kill.
 wait_until 60 "checkpoint records = the running pods' claims" sh -c "[ \"\$(find $checkpoint -maxdepth 1 -name '*.json' | wc -l)\" -eq $left ]"
-assert_eq "checkpoint records (claim UIDs)" "$uids" "$(records)"
-assert_eq "CDI specs (claim UIDs)" "$uids" "$(specs)"
-assert_eq "claim directories (claim UIDs)" "$uids" "$(dirs)"
+assert_eq "checkpoint records (claim UIDs)" "$uids" "$(checkpoint_uids)"
+assert_eq "CDI specs (claim UIDs)" "$uids" "$(cdi_spec_uids)"
+assert_eq "claim directories (claim UIDs)" "$uids" "$(claim_dir_uids)"
 not_done="$(grep -L '"state":"PrepareCompleted"' "$checkpoint"/*.json || true)"
 assert_eq "records not PrepareCompleted" "" "$not_done"
 say "ok: after $killed kills, $left claims prepared once each, nothing of the $removed unprepared left"
@@ -120,5 +85,5 @@ say "ok: after $killed kills, $left claims prepared once each, nothing of the $r
 kubectl -n "$E2E_NS" delete pods -l app=chaos --wait=true --timeout=180s >/dev/null
 wait_until 60 "every CDI spec, claim directory and record removed" sh -c \
   "[ -z \"\$(find $checkpoint -maxdepth 1 -name '*.json')\" ] && [ -z \"\$(ls $run_dir/claims 2>/dev/null)\" ]"
-assert_eq "leftover CDI specs" "" "$(specs)"
+assert_eq "leftover CDI specs" "" "$(cdi_spec_uids)"
 say "ok: no leak after the last unprepare"

@@ -40,54 +40,19 @@ plugin_setup 93
 plugin_up
 
 checkpoint="$run_dir/checkpoint"
-records() { find "$checkpoint" -maxdepth 1 -name '*.json' -printf '%f\n' 2>/dev/null | sed 's/\.json$//' | sort; }
-specs() { find "$CDI_SPEC_DIR" -maxdepth 1 -name "$PLUGIN_DRIVER-claim_*.json" -printf '%f\n' | sed "s/^$PLUGIN_DRIVER-claim_//; s/\.json\$//" | sort; }
-dirs() { find "$run_dir/claims" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort; }
 
-{
-  cat <<YAML
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: share-1gi, namespace: $E2E_NS}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: shared.gpu.fgpu.dev
-          capacity: {requests: {memory: 1Gi}}
-YAML
-  for i in 1 2 3; do
-    cat <<YAML
----
-apiVersion: v1
-kind: Pod
-metadata: {name: live-$i, namespace: $E2E_NS, labels: {app: live}}
-spec:
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimTemplateName: share-1gi}]
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
-  containers:
-  - name: c
-    image: $FGPU_WORKLOAD_IMAGE
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "exec sleep 3600"]
-    resources: {claims: [{name: gpu}]}
-YAML
-  done
-} | kubectl apply -f - >/dev/null
+shared_claim_pods live 3
 running() { kubectl -n "$E2E_NS" get pods -l app=live --field-selector=status.phase=Running -o name | wc -l; }
 wait_until 120 "the three pods Running" sh -c "[ \"\$(kubectl -n $E2E_NS get pods -l app=live --field-selector=status.phase=Running -o name | wc -l)\" -eq 3 ]"
 uids="$(for p in live-1 live-2 live-3; do
   c="$(jp "pod/$p" '{.status.resourceClaimStatuses[0].resourceClaimName}')"
   jp "resourceclaims.$api.resource.k8s.io/$c" '{.metadata.uid}'; echo
 done | sort)"
-assert_eq "claims prepared (records)" "$uids" "$(records)"
+assert_eq "claims prepared (records)" "$uids" "$(checkpoint_uids)"
 books() { # books <after what>
-  assert_eq "checkpoint records after $1" "$uids" "$(records)"
-  assert_eq "CDI specs after $1" "$uids" "$(specs)"
-  assert_eq "claim directories after $1" "$uids" "$(dirs)"
+  assert_eq "checkpoint records after $1" "$uids" "$(checkpoint_uids)"
+  assert_eq "CDI specs after $1" "$uids" "$(cdi_spec_uids)"
+  assert_eq "claim directories after $1" "$uids" "$(claim_dir_uids)"
 }
 
 say "1. kube-apiserver stopped (SIGSTOP) for 40 s"
