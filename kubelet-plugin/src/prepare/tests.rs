@@ -18,6 +18,8 @@ use crate::edits::tests::gpu;
 use crate::edits::{ClaimRef, FileMount, NodeFiles};
 
 mod crash;
+mod soak;
+mod sweep_crash;
 
 struct StaticBackend(Mutex<Vec<Gpu>>);
 

@@ -13,10 +13,10 @@ use crate::checkpoint::fault::{Fault, Op, Plan};
 /// ENOSPC and EIO (Linux numbers).
 const ENOSPC: i32 = 28;
 const EIO: i32 = 5;
-const FAULTS: [Fault; 3] = [Fault::Crash, Fault::Errno(ENOSPC), Fault::Errno(EIO)];
+pub(super) const FAULTS: [Fault; 3] = [Fault::Crash, Fault::Errno(ENOSPC), Fault::Errno(EIO)];
 
 /// Every file and directory under `root`, relative.
-fn tree(root: &Path) -> BTreeSet<PathBuf> {
+pub(super) fn tree(root: &Path) -> BTreeSet<PathBuf> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
@@ -69,7 +69,10 @@ async fn baseline() -> Baseline {
 /// `plugin` restarted over `env`'s directories (a crashed process does nothing more); checks
 /// what the restart found: every claim recorded `PrepareCompleted` has its CDI spec and its
 /// directory (a later prepare returns it as prepared without writing them again).
-fn restart(env: &Env, plugin: Plugin<Arc<MapClaimSource>>) -> Plugin<Arc<MapClaimSource>> {
+pub(super) fn restart(
+    env: &Env,
+    plugin: Plugin<Arc<MapClaimSource>>,
+) -> Plugin<Arc<MapClaimSource>> {
     drop(plugin);
     let plugin = env.start("b1").0;
     for (uid, rec) in plugin.claims() {
