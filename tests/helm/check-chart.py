@@ -152,6 +152,27 @@ check("--hami-pods" in containers(get(d, "Deployment", "fgpu-controller"))[0]["a
 job = [x for x in d if x["kind"] == "Job"][0]
 check("--mutating-webhook=fgpu-hami-pods" in containers({"spec": {"template": job["spec"]["template"]}})[0]["args"],
       "hamiPods: certs Job sets its caBundle")
+
+def certs_job_may_update_its_webhooks(d, what):
+    """Every webhook configuration the certs Job is told to update is one its ClusterRole
+    names (a missing name fails the Job with 403 at install, seen in e2e 82)."""
+    job = [x for x in d if x["kind"] == "Job"][0]
+    args = containers({"spec": {"template": job["spec"]["template"]}})[0]["args"]
+    allowed = {}
+    for r in get(d, "ClusterRole", "fgpu-certs")["rules"]:
+        if "update" in r["verbs"]:
+            for res in r["resources"]:
+                allowed.setdefault(res, set()).update(r.get("resourceNames", []))
+    for a in args:
+        for flag, res in (("--mutating-webhook=", "mutatingwebhookconfigurations"),
+                          ("--validating-webhook=", "validatingwebhookconfigurations")):
+            if a.startswith(flag):
+                name = a[len(flag):]
+                check(name in allowed.get(res, set()), f"{what}: certs ClusterRole may update {res}/{name}")
+
+
+certs_job_may_update_its_webhooks(d, "hamiPods")
+certs_job_may_update_its_webhooks(render("1.37.2", "mode=controller", "controller.hamiPods.enabled=true"), "hamiPods + controller mode")
 rules = get(d, "ClusterRole", "fgpu-controller")["rules"]
 check(any("resourceclaimtemplates" in r["resources"] and "create" in r["verbs"] for r in rules),
       "hamiPods: the controller may create ResourceClaimTemplates")
