@@ -54,6 +54,7 @@ use fgpu_api::dra::ApiVersion;
 use fgpu_api::dra::slice::ResourceSlice;
 use fgpu_api::extender::{Container, Pod};
 use fgpu_api::names::{DriverName, LegacyResourceNames, attr, capacity, legacy};
+use fgpu_api::quantity;
 use fgpu_driver::engine::{GpuPolicy, GpuShare, NodePolicy, Policy, Topology};
 use fgpu_driver::hami::{self, ContainerRequest, RequestError};
 use fgpu_plumbing::admission::{pointer_token, response};
@@ -541,6 +542,32 @@ pub fn template_name(api_version: &str, spec: &Value) -> String {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     format!("{TEMPLATE_PREFIX}{:012x}", h >> 16)
+}
+
+/// Whether `stored` (a template's spec as the API server returns it) holds what `written`
+/// (the spec this translation creates) says: every field written has the same value there;
+/// fields the API server added (its defaults) do not matter; arrays keep their length and
+/// order; two strings that are equal quantities are the same (the API server writes typed
+/// quantities, such as capacity requests, in its canonical form: `3072Mi` comes back as
+/// `3Gi`). A field written and missing (dropped by an API server without the feature) or
+/// changed (the template edited, or another made under the name) is a difference.
+pub fn holds_spec(stored: &Value, written: &Value) -> bool {
+    match (stored, written) {
+        (Value::Object(s), Value::Object(w)) => w
+            .iter()
+            .all(|(k, v)| s.get(k).is_some_and(|sv| holds_spec(sv, v))),
+        (Value::Array(s), Value::Array(w)) => {
+            s.len() == w.len() && s.iter().zip(w).all(|(sv, wv)| holds_spec(sv, wv))
+        }
+        (Value::String(s), Value::String(w)) => {
+            s == w
+                || matches!(
+                    (quantity::parse_u64(s), quantity::parse_u64(w)),
+                    (Ok(a), Ok(b)) if a == b
+                )
+        }
+        _ => stored == written,
+    }
 }
 
 /// Writes `exactly`'s fields into the request itself, as `resource.k8s.io/v1beta1` has

@@ -264,8 +264,9 @@ async fn gpu_sizes(shared: &Shared) -> Result<Vec<u64>, kube::Error> {
     Ok(hami_pods::gpu_sizes(&slices, &shared.driver))
 }
 
-/// Creates `template` in `ns`; one that exists already must hold the same spec. `Err` is
-/// the refusal's message.
+/// Creates `template` in `ns`; one that exists already must hold the same spec
+/// ([`hami_pods::holds_spec`]: the API server's defaults aside). `Err` is the refusal's
+/// message.
 async fn ensure_template(shared: &Shared, ns: &str, template: &Value) -> Result<(), String> {
     let ar = fgpu_plumbing::discovery::claim_templates(shared.api);
     let api: Api<DynamicObject> = Api::namespaced_with(shared.client.clone(), ns, &ar);
@@ -278,7 +279,7 @@ async fn ensure_template(shared: &Shared, ns: &str, template: &Value) -> Result<
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 409 => match api.get(name).await {
-            Ok(found) if found.data["spec"] == template["spec"] => Ok(()),
+            Ok(found) if hami_pods::holds_spec(&found.data["spec"], &template["spec"]) => Ok(()),
             Ok(_) => Err(format!(
                 "fgpu: ResourceClaimTemplate {ns}/{name} exists with another spec than this pod's HAMi resources ask; delete it, fgpu recreates it"
             )),

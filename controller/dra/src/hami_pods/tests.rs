@@ -692,3 +692,41 @@ fn the_worked_example_of_the_docs() {
     let t = translated(&p, &[]);
     assert_eq!(t.template_name(), "hami-9ef66a3aa4b4");
 }
+
+/// A template read back from the API server holds what was written when only the server's
+/// defaults and canonical quantities differ; a dropped, changed or extra array element
+/// field does not.
+#[test]
+fn a_stored_template_holds_the_written_spec_despite_defaults() {
+    let written = json!({"spec": {"devices": {
+        "requests": [{"name": "main", "exactly": {"deviceClassName": "shared.gpu.fgpu.dev",
+            "count": 1, "capacity": {"requests": {"memory": "3072Mi", "cores": "30"}}}}],
+        "config": [{"requests": ["main"], "opaque": {"driver": "gpu.fgpu.dev",
+            "parameters": {"memory": "3000Mi"}}}]}}});
+    let mut stored = written.clone();
+    stored["spec"]["devices"]["requests"][0]["exactly"]["allocationMode"] = json!("ExactCount");
+    stored["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] =
+        json!("3Gi");
+    stored["metadata"] = json!({});
+    assert!(holds_spec(&stored, &written));
+
+    let mut changed = stored.clone();
+    changed["spec"]["devices"]["requests"][0]["exactly"]["count"] = json!(2);
+    assert!(!holds_spec(&changed, &written), "count changed");
+    let mut dropped = stored.clone();
+    dropped["spec"]["devices"]["requests"][0]["exactly"]
+        .as_object_mut()
+        .unwrap()
+        .remove("capacity");
+    assert!(!holds_spec(&dropped, &written), "capacity dropped");
+    let mut more = stored.clone();
+    more["spec"]["devices"]["config"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"requests": ["main"]}));
+    assert!(!holds_spec(&more, &written), "another config entry");
+    let mut other_memory = stored;
+    other_memory["spec"]["devices"]["config"][0]["opaque"]["parameters"]["memory"] =
+        json!("3001Mi");
+    assert!(!holds_spec(&other_memory, &written), "another quota");
+}
