@@ -274,7 +274,7 @@ impl<S: ClaimSource> v1::dra_plugin_server::DraPlugin for DraService<S> {
                         devices: devices
                             .into_iter()
                             .map(|d| v1::Device {
-                                request_names: d.request_names,
+                                request_names: kubelet_request_names(d.request_names),
                                 pool_name: d.pool_name,
                                 device_name: d.device_name,
                                 cdi_device_ids: d.cdi_device_ids,
@@ -340,7 +340,7 @@ impl<S: ClaimSource> v1beta1::dra_plugin_server::DraPlugin for DraService<S> {
                         devices: devices
                             .into_iter()
                             .map(|d| v1beta1::Device {
-                                request_names: d.request_names,
+                                request_names: kubelet_request_names(d.request_names),
                                 pool_name: d.pool_name,
                                 device_name: d.device_name,
                                 cdi_device_ids: d.cdi_device_ids,
@@ -534,5 +534,41 @@ impl PluginServer {
         }
         let _ = std::fs::remove_file(&self.sockets.dra);
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// The request names the kubelet matches a container's claim reference against: the
+/// claim's requests, without the `/<subrequest>` of a `firstAvailable` alternative (the
+/// kubelet compares them with the container's `resources.claims[].request`, which names
+/// the request; a result of `gpu/large` must answer as `gpu`, or the container gets none of
+/// the claim's CDI devices), each once.
+fn kubelet_request_names(names: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(names.len());
+    for name in names {
+        let base = match name.split_once('/') {
+            Some((base, _)) => base.to_owned(),
+            None => name,
+        };
+        if !out.contains(&base) {
+            out.push(base);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kubelet_request_names;
+
+    #[test]
+    fn the_kubelet_gets_request_names_without_subrequests() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(kubelet_request_names(v(&["gpu"])), ["gpu"]);
+        assert_eq!(kubelet_request_names(v(&["gpu/mem-81559mi"])), ["gpu"]);
+        assert_eq!(
+            kubelet_request_names(v(&["a/x", "a/y", "b", "a"])),
+            ["a", "b"]
+        );
+        assert!(kubelet_request_names(Vec::new()).is_empty());
     }
 }

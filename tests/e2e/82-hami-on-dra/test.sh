@@ -99,6 +99,7 @@ say "ok: grant $grant"
 # --- gpumem-percentage 50 of an 81559 MiB card
 hami_pod pct-pod 'nvidia.com/gpu: 1, nvidia.com/gpumem-percentage: 50' "" "" "--step-mib 4096 --max-gib 48" | kubectl apply -f - >&2
 probed pct-pod
+say "pct-pod: claim results $(jp "$(claim_of pct-pod)" '{.status.allocation.devices.results}') config $(jp "$(claim_of pct-pod)" '{.status.allocation.devices.config}')"
 assert_eq "pct-pod: cuMemGetInfo total (MiB)" 40779 "$(field pct-pod cuda_total_mib)"
 assert_eq "pct-pod: template alternatives (firstAvailable)" 1 \
   "$(jp "resourceclaimtemplates.$api.resource.k8s.io/$(template_of pct-pod)" '{.spec.spec.devices.requests[0].firstAvailable[*].name}' | wc -w)"
@@ -141,8 +142,11 @@ probed whole
 assert_eq "whole: limits kept (not rewritten)" 1 "$(jp pod/whole '{.spec.containers[0].resources.limits.nvidia\.com/gpu}')"
 ext="$(jp pod/whole '{.status.extendedResourceClaimStatus.resourceClaimName}')"
 [ -n "$ext" ] || fail "whole: no status.extendedResourceClaimStatus (kube-scheduler did not use extendedResourceName)"
-assert_eq "whole: the claim's device is a whole GPU (no share)" "" \
-  "$(jp "resourceclaims.$api.resource.k8s.io/$ext" '{.status.allocation.devices.results[0].shareID}')"
+assert_eq "whole: the claim's class" "$DRIVER" \
+  "$(jp "resourceclaims.$api.resource.k8s.io/$ext" '{.spec.devices.requests[0].exactly.deviceClassName}')"
+# a share of a multi-allocatable device, as kube-scheduler gives every one, holding all of it
+assert_eq "whole: memory consumed (the card's whole memory, the class's default)" 81559Mi \
+  "$(jp "resourceclaims.$api.resource.k8s.io/$ext" '{.status.allocation.devices.results[0].consumedCapacity.memory}')"
 assert_eq "whole: cuMemGetInfo total (MiB)" 81559 "$(field whole cuda_total_mib)"
 kubectl -n "$E2E_NS" delete pod whole --wait=true --timeout=60s >&2
 
