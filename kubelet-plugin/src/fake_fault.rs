@@ -1,11 +1,12 @@
 //! `fake-fault`: injects or clears a fault on a GPU of a fake profile, for tests and demos.
 //! Writes `<profile>.faults.json` (atomically), which the fake backend reads at each health
-//! check; the profile itself is not touched.
+//! check (and at each MIG instance creation: `mig-create-fails`); the profile itself is not
+//! touched.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use fgpu_driver::backend::fake::{FakeProfile, FaultFile, faults_path};
+use fgpu_driver::backend::fake::{FakeProfile, FaultFile, MIG_CREATE_FAILS, faults_path};
 use fgpu_driver::health::Fault;
 
 use crate::BadInput;
@@ -13,7 +14,7 @@ use crate::BadInput;
 /// Flags of `fake-fault`.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 xid 79\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 --clear"
+    after_help = "Examples:\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 xid 79\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 0 mig-create-fails\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 --clear"
 )]
 pub(crate) struct FakeFaultArgs {
     /// The fake profile whose GPU gets the fault.
@@ -28,8 +29,9 @@ pub(crate) struct FakeFaultArgs {
     /// Remove every injected fault of the GPU instead.
     #[arg(long, conflicts_with = "fault")]
     clear: bool,
-    /// The fault: `xid N`, `ecc`, `lost`, `retired-pages` or `temperature C`. Added to the
-    /// GPU's faults (each stays until cleared).
+    /// The fault: `xid N`, `ecc`, `lost`, `retired-pages` or `temperature C` (health
+    /// faults), or `mig-create-fails` (every MIG instance creation on the GPU fails; the GPU
+    /// stays healthy). Added to the GPU's faults (each stays until cleared).
     #[arg(value_name = "FAULT", num_args = 1.., required_unless_present = "clear")]
     fault: Vec<String>,
 }
@@ -65,10 +67,13 @@ pub(crate) fn run(args: &FakeFaultArgs) -> anyhow::Result<()> {
             gpu.uuid
         );
     } else {
-        let text = args.fault.join(" ");
-        if let Fault::Probe(_) = Fault::parse(&text) {
+        let mut text = args.fault.join(" ");
+        if text.trim().eq_ignore_ascii_case(MIG_CREATE_FAILS) {
+            // The fake backend's operation fault, in the spelling it writes.
+            text = MIG_CREATE_FAILS.to_owned();
+        } else if let Fault::Probe(_) = Fault::parse(&text) {
             return Err(BadInput(format!(
-                "fault {text:?}: expected `xid N`, `ecc`, `lost`, `retired-pages` or `temperature C`"
+                "fault {text:?}: expected `xid N`, `ecc`, `lost`, `retired-pages`, `temperature C` or `{MIG_CREATE_FAILS}`"
             ))
             .into());
         }
