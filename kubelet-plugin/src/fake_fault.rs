@@ -91,3 +91,42 @@ pub(crate) fn run(args: &FakeFaultArgs) -> anyhow::Result<()> {
     file.save(&path)
         .with_context(|| format!("cannot write {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(profile: &std::path::Path, fault: &[&str], clear: bool) -> FakeFaultArgs {
+        FakeFaultArgs {
+            fake_gpus: profile.to_owned(),
+            node: None,
+            gpu: "0".into(),
+            clear,
+            fault: fault.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn mig_create_fails_is_accepted_beside_the_health_faults() {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = dir.path().join("node.yaml");
+        std::fs::write(
+            &profile,
+            "nodes:\n  - name: n\n    gpus:\n      - uuid: GPU-1\n        productName: NVIDIA H100 80GB HBM3\n        memory: 81559Mi\n        smCount: 132\n        computeCapability: \"9.0\"\n",
+        )
+        .unwrap();
+        run(&args(&profile, &["MIG-create-fails"], false)).unwrap();
+        run(&args(&profile, &["xid", "79"], false)).unwrap();
+        let file = FaultFile::load(&faults_path(&profile)).unwrap();
+        assert_eq!(file.gpus["GPU-1"], [MIG_CREATE_FAILS, "xid 79"]);
+        let e = run(&args(&profile, &["mig-create"], false)).unwrap_err();
+        assert!(e.to_string().contains("mig-create-fails"), "{e}");
+        run(&args(&profile, &[], true)).unwrap();
+        assert!(
+            FaultFile::load(&faults_path(&profile))
+                .unwrap()
+                .gpus
+                .is_empty()
+        );
+    }
+}
