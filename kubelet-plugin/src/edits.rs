@@ -682,17 +682,7 @@ pub fn build(
     let limits = limits_content(claim, &gpus, priority, files.context_overhead);
     let common = common_edits(claim, devices, &gpus, priority, files, paths);
 
-    let mut builder = SpecBuilder::new(driver.cdi_kind()).common_edits(common);
-    let mut prepared = Vec::with_capacity(devices.len());
-    for d in devices {
-        let name = names::cdi_device_name(&claim.uid, &d.device, d.share_id.as_deref());
-        builder = builder.device(&name, device_edits(d));
-        prepared.push(prepared_device(driver, &name, d, files));
-    }
-    let spec = builder.build().map_err(|source| EditsError::Cdi {
-        claim: claim.key(),
-        source,
-    })?;
+    let (spec, prepared) = spec_and_devices(driver, claim, devices, common, files, device_edits)?;
     Ok(ClaimEdits {
         spec,
         devices: prepared,
@@ -755,26 +745,20 @@ fn build_mig(
     for h in &files.driver_hooks {
         common = common.hook(h.clone());
     }
-    let mut builder = SpecBuilder::new(driver.cdi_kind()).common_edits(common);
-    let mut prepared = Vec::with_capacity(devices.len());
-    for (d, instance) in devices.iter().zip(&instances) {
-        let name = names::cdi_device_name(&claim.uid, &d.device, d.share_id.as_deref());
+    // The parent's own node is in the common edits (two instances of one GPU share it).
+    let own = |d: &PlannedDevice| {
         let mut own = ContainerEdits::default();
-        // The parent's own node is in the common edits (two instances of one GPU share it).
-        for node in instance
-            .device_nodes
-            .iter()
+        let nodes = d.mig.as_ref().and_then(|m| m.instance.as_ref());
+        for node in nodes
+            .into_iter()
+            .flat_map(|i| &i.device_nodes)
             .filter(|n| !d.gpu.device_nodes.iter().any(|g| g.path == n.path))
         {
             own = own.device_node(DeviceNodeEdit::from(node));
         }
-        builder = builder.device(&name, own);
-        prepared.push(prepared_device(driver, &name, d, files));
-    }
-    let spec = builder.build().map_err(|source| EditsError::Cdi {
-        claim: claim.key(),
-        source,
-    })?;
+        own
+    };
+    let (spec, prepared) = spec_and_devices(driver, claim, devices, common, files, own)?;
     Ok(ClaimEdits {
         spec,
         devices: prepared,
@@ -812,6 +796,30 @@ pub fn mig_env(instances: &[&MigInstance], files: &NodeFiles) -> Vec<(String, St
         }
     }
     vars
+}
+
+/// The claim's spec (`common` edits, and one device per planned device with `own(d)`) and
+/// the kubelet's devices.
+fn spec_and_devices(
+    driver: &DriverName,
+    claim: &ClaimRef,
+    devices: &[PlannedDevice],
+    common: ContainerEdits,
+    files: &NodeFiles,
+    own: impl Fn(&PlannedDevice) -> ContainerEdits,
+) -> Result<(CdiSpec, Vec<PreparedDevice>), EditsError> {
+    let mut builder = SpecBuilder::new(driver.cdi_kind()).common_edits(common);
+    let mut prepared = Vec::with_capacity(devices.len());
+    for d in devices {
+        let name = names::cdi_device_name(&claim.uid, &d.device, d.share_id.as_deref());
+        builder = builder.device(&name, own(d));
+        prepared.push(prepared_device(driver, &name, d, files));
+    }
+    let spec = builder.build().map_err(|source| EditsError::Cdi {
+        claim: claim.key(),
+        source,
+    })?;
+    Ok((spec, prepared))
 }
 
 /// The claim's priority: the highest any of its devices asks (`normal` for none).

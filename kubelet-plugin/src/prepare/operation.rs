@@ -59,14 +59,14 @@ impl<S: ClaimSource> Plugin<S> {
         } = self.build(claim, &object)?;
         clock.lap(Phase::Build);
         let content = match (files, mig) {
-            (Some(files), _) => Content::Files(files),
-            (None, planned) => Content::Mig {
+            (Some(files), _) => Content::Files(Box::new(files)),
+            (None, planned) => Content::Mig(Box::new(MigContent {
                 planned: planned.unwrap_or_default(),
                 inputs: self.file_inputs(claim),
                 steps: MigSteps {
                     backend: self.backend.clone(),
                 },
-            },
+            })),
         };
         let laps = self.write_claim(claim, started, content, guard).await;
         // The gauges follow the records even when a step failed (`PrepareStarted` may be on
@@ -141,17 +141,21 @@ impl<'a> PhaseClock<'a> {
 
 /// What a prepare writes besides its records.
 enum Content {
-    /// The claim's files, built.
-    Files(ClaimFiles),
+    /// The claim's files, built (boxed, as the other variant: the enum is moved to the
+    /// blocking pool).
+    Files(Box<ClaimFiles>),
     /// A claim of MIG instances: they are found or created first, then its files built.
-    Mig {
-        /// The claim's devices.
-        planned: Vec<PlannedDevice>,
-        /// What its files are built from.
-        inputs: FileInputs,
-        /// The backend's steps.
-        steps: MigSteps,
-    },
+    Mig(Box<MigContent>),
+}
+
+/// What a claim of MIG instances writes, built once they exist.
+struct MigContent {
+    /// The claim's devices.
+    planned: Vec<PlannedDevice>,
+    /// What its files are built from.
+    inputs: FileInputs,
+    /// The backend's steps.
+    steps: MigSteps,
 }
 
 /// The side effects of one prepare with its records, run on the blocking pool.
@@ -201,12 +205,13 @@ impl PrepareWork {
             .map_err(checkpoint)?;
         let started_at = std::time::Instant::now();
         let (files, created) = match content {
-            Content::Files(files) => (files, None),
-            Content::Mig {
-                mut planned,
-                inputs,
-                steps,
-            } => {
+            Content::Files(files) => (*files, None),
+            Content::Mig(mig) => {
+                let MigContent {
+                    mut planned,
+                    inputs,
+                    steps,
+                } = *mig;
                 steps.ensure(&records, &claim, &uid, &started, &mut planned)?;
                 let (files, devices) = inputs.build(&planned)?;
                 started.devices = devices.clone();

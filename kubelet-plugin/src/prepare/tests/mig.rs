@@ -365,25 +365,45 @@ fn consistent(m: &MigEnv, plugin: &Plugin<Arc<MapClaimSource>>, what: &str) {
     assert_eq!(MigEnv::recorded(plugin), live, "{what}");
 }
 
+/// A fresh node with the plugin started and claim `c` on `gpu-0-mig-1g10gb-6`, prepared
+/// when `prepared`.
+async fn fresh(prepared: bool) -> (MigEnv, Plugin<Arc<MapClaimSource>>, ClaimRef) {
+    let m = MigEnv::new();
+    let (plugin, _) = m.start();
+    let c = m.add("c", "uid-1", "gpu-0-mig-1g10gb-6");
+    if prepared {
+        plugin.prepare(&c).await.unwrap();
+    }
+    (m, plugin, c)
+}
+
+/// After a `fault`: the plugin restarted (with the reconcile) when it was a crash, else
+/// the same process.
+fn after(
+    fault: Fault,
+    m: &MigEnv,
+    plugin: Plugin<Arc<MapClaimSource>>,
+) -> Plugin<Arc<MapClaimSource>> {
+    match fault {
+        Fault::Crash => {
+            drop(plugin);
+            m.start().0
+        }
+        Fault::Errno(_) => plugin,
+    }
+}
+
 #[tokio::test]
 async fn a_fault_at_any_step_of_a_mig_prepare_or_unprepare_leaks_no_instance() {
     let (prep, unprep) = baseline().await;
-    for at in 0..prep.len() {
+    for (at, step) in prep.iter().enumerate() {
         for fault in FAULTS {
-            let what = format!("prepare: {fault:?} at step {} ({})", at + 1, prep[at]);
-            let m = MigEnv::new();
-            let (plugin, _) = m.start();
-            let c = m.add("c", "uid-1", "gpu-0-mig-1g10gb-6");
+            let what = format!("prepare: {fault:?} at step {} ({step})", at + 1);
+            let (m, plugin, c) = fresh(false).await;
             let plan = Plan::new(m.env.dir.path(), Some((at, fault)));
             assert!(plugin.prepare(&c).await.is_err(), "{what}: did not fail");
             drop(plan);
-            let plugin = match fault {
-                Fault::Crash => {
-                    drop(plugin);
-                    m.start().0
-                }
-                Fault::Errno(_) => plugin,
-            };
+            let plugin = after(fault, &m, plugin);
             let devices = plugin.prepare(&c).await.unwrap();
             assert_eq!(m.instances().len(), 1, "{what}");
             consistent(&m, &plugin, &what);
@@ -396,43 +416,28 @@ async fn a_fault_at_any_step_of_a_mig_prepare_or_unprepare_leaks_no_instance() {
             assert!(m.instances().is_empty(), "{what}: after unprepare");
 
             // The kubelet unprepares instead (the pod was deleted meanwhile).
-            let m = MigEnv::new();
-            let (plugin, _) = m.start();
-            let c = m.add("c", "uid-1", "gpu-0-mig-1g10gb-6");
+            let (m, plugin, c) = fresh(false).await;
             let plan = Plan::new(m.env.dir.path(), Some((at, fault)));
             let _ = plugin.prepare(&c).await;
             drop(plan);
-            let plugin = match fault {
-                Fault::Crash => {
-                    drop(plugin);
-                    m.start().0
-                }
-                Fault::Errno(_) => plugin,
-            };
+            let plugin = after(fault, &m, plugin);
             plugin.unprepare(&c).await.unwrap();
             assert!(m.instances().is_empty(), "{what}: unprepared instead");
             assert!(plugin.claims().is_empty(), "{what}");
         }
     }
-    for at in 0..unprep.len() {
+    for (at, step) in unprep.iter().enumerate() {
         for fault in FAULTS {
-            let what = format!("unprepare: {fault:?} at step {} ({})", at + 1, unprep[at]);
-            let m = MigEnv::new();
-            let (plugin, _) = m.start();
-            let c = m.add("c", "uid-1", "gpu-0-mig-1g10gb-6");
-            plugin.prepare(&c).await.unwrap();
+            let what = format!("unprepare: {fault:?} at step {} ({step})", at + 1);
+            let (m, plugin, c) = fresh(true).await;
             let plan = Plan::new(m.env.dir.path(), Some((at, fault)));
             assert!(plugin.unprepare(&c).await.is_err(), "{what}: did not fail");
             drop(plan);
-            let plugin = match fault {
-                Fault::Crash => {
-                    drop(plugin);
-                    let (p, _) = m.start();
-                    consistent(&m, &p, &what);
-                    p
-                }
-                Fault::Errno(_) => plugin,
-            };
+            let plugin = after(fault, &m, plugin);
+            if fault == Fault::Crash {
+                // The restart keeps (or creates again) exactly what the record names.
+                consistent(&m, &plugin, &what);
+            }
             plugin.unprepare(&c).await.unwrap();
             assert!(m.instances().is_empty(), "{what}: after the retry");
             assert!(plugin.claims().is_empty(), "{what}");
