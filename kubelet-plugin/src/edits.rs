@@ -488,27 +488,34 @@ pub fn plan(
     let mut out: Vec<PlannedDevice> = Vec::with_capacity(resolved.len());
     let mut granted: BTreeMap<&str, u64> = BTreeMap::new();
     for r in resolved {
+        let planned = |gpu: &Gpu, memory_bytes| PlannedDevice {
+            request: r.result.request.clone(),
+            pool: r.result.pool.clone(),
+            device: r.result.device.clone(),
+            share_id: r.result.share_id.clone(),
+            gpu: gpu.clone(),
+            memory_bytes,
+            cores: r.grant.cores,
+            priority: r.grant.priority,
+            oversubscribe: r.grant.oversubscribe,
+            mig: None,
+        };
         if let Some(found) = mig_placement(inventory, &r.result.pool, &r.result.device) {
             let (gpu, placement) = found.map_err(|detail| EditsError::UnknownDevice {
                 claim: claim.key(),
                 index: r.index,
                 detail,
             })?;
+            // The instance is the grant: its memory, its compute; nothing to throttle.
             out.push(PlannedDevice {
-                request: r.result.request.clone(),
-                pool: r.result.pool.clone(),
-                device: r.result.device.clone(),
-                share_id: r.result.share_id.clone(),
-                gpu: gpu.clone(),
-                memory_bytes: placement.memory_bytes,
                 cores: CorePercent::ZERO,
-                priority: r.grant.priority,
                 oversubscribe: false,
                 mig: Some(PlannedMig {
                     profile: placement.profile,
                     placement: placement.placement,
                     instance: None,
                 }),
+                ..planned(gpu, placement.memory_bytes)
             });
             continue;
         }
@@ -546,18 +553,7 @@ pub fn plan(
                 total: gpu.memory_bytes,
             });
         }
-        out.push(PlannedDevice {
-            request: r.result.request.clone(),
-            pool: r.result.pool.clone(),
-            device: r.result.device.clone(),
-            share_id: r.result.share_id.clone(),
-            gpu: gpu.clone(),
-            memory_bytes,
-            cores: r.grant.cores,
-            priority: r.grant.priority,
-            oversubscribe: r.grant.oversubscribe,
-            mig: None,
-        });
+        out.push(planned(gpu, memory_bytes));
     }
     let is_mig = |d: &PlannedDevice| d.mig.is_some();
     if let (Some(m), Some(other)) = (out.iter().position(is_mig), out.iter().find(|d| !is_mig(d))) {

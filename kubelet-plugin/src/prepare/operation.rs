@@ -196,13 +196,16 @@ impl PrepareWork {
         // PrepareStarted is read only by a restart of the plugin in this boot, which sees the
         // file without an fsync (the kernel keeps it); after a reboot the boot id discards
         // every record. So it is written atomically but not durably: one fsync per prepare.
-        records
-            .apply(Change::Put {
-                uid: uid.clone(),
-                record: started.clone(),
-                durability: Durability::Atomic,
-            })
-            .map_err(checkpoint)?;
+        let record_started = |record: &ClaimRecord| {
+            records
+                .apply(Change::Put {
+                    uid: uid.clone(),
+                    record: record.clone(),
+                    durability: Durability::Atomic,
+                })
+                .map_err(checkpoint)
+        };
+        record_started(&started)?;
         let started_at = std::time::Instant::now();
         let (files, created) = match content {
             Content::Files(files) => (*files, None),
@@ -215,13 +218,7 @@ impl PrepareWork {
                 steps.ensure(&records, &claim, &uid, &started, &mut planned)?;
                 let (files, devices) = inputs.build(&planned)?;
                 started.devices = devices.clone();
-                records
-                    .apply(Change::Put {
-                        uid: uid.clone(),
-                        record: started.clone(),
-                        durability: Durability::Atomic,
-                    })
-                    .map_err(checkpoint)?;
+                record_started(&started)?;
                 (files, Some(devices))
             }
         };
