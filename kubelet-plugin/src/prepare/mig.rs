@@ -78,7 +78,7 @@ impl<S: ClaimSource> Plugin<S> {
 
     /// Unprepare's first step for a claim with MIG devices: destroys each instance its
     /// record names (by UUID, or by placement when only intended). An instance already
-    /// gone is success.
+    /// gone, or on a GPU no longer on the node, is success.
     pub(super) fn destroy_instances(
         backend: &dyn DeviceBackend,
         records: &Records,
@@ -93,18 +93,20 @@ impl<S: ClaimSource> Plugin<S> {
             let err = |op, e: BackendError| mig_error(claim, d, op, e);
             let uuid = match &m.uuid {
                 Some(u) => Some(u.clone()),
-                None => {
-                    let listed = backend
-                        .list_mig_instances(&d.gpu_uuid)
-                        .map_err(|e| err("list the GPU's MIG instances", e))?;
-                    records
+                None => match backend.list_mig_instances(&d.gpu_uuid) {
+                    Ok(listed) => records
                         .read(|c| adoptable(&listed, d, m, uid, c))
-                        .map(|i| i.uuid.clone())
-                }
+                        .map(|i| i.uuid.clone()),
+                    Err(BackendError::GpuNotFound { .. }) => None,
+                    Err(e) => return Err(err("list the GPU's MIG instances", e)),
+                },
             };
             let Some(uuid) = uuid else { continue };
             match backend.destroy_mig_instance(&d.gpu_uuid, &uuid) {
-                Ok(()) | Err(BackendError::MigInstanceNotFound { .. }) => {
+                Ok(())
+                | Err(
+                    BackendError::MigInstanceNotFound { .. } | BackendError::GpuNotFound { .. },
+                ) => {
                     tracing::info!(%claim, device = %d.device_name, mig = %uuid,
                         "MIG instance destroyed");
                 }
