@@ -254,6 +254,34 @@ async fn a_placement_of_a_gpu_not_in_mig_mode_or_not_in_the_table_is_refused() {
 }
 
 #[tokio::test]
+async fn a_claim_mixing_a_mig_placement_with_a_gpu_is_refused_before_anything_is_made() {
+    let m = MigEnv::new();
+    let (plugin, _) = m.start();
+    m.env.source.insert(
+        serde_json::from_value(json!({
+            "metadata": {"name": "mixed", "namespace": "ns", "uid": "uid-9"},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "a", "driver": "gpu.fgpu.dev", "pool": "n1", "device": "gpu-1"},
+                {"request": "b", "driver": "gpu.fgpu.dev", "pool": "n1",
+                 "device": "gpu-0-mig-1g10gb-6"}]}}}
+        }))
+        .unwrap(),
+    );
+    let c = ClaimRef {
+        namespace: "ns".into(),
+        name: "mixed".into(),
+        uid: "uid-9".into(),
+    };
+    let e = plugin.prepare(&c).await.unwrap_err().to_string();
+    assert!(
+        e.starts_with("claim ns/mixed: status.allocation.devices.results[1].device: gpu-0-mig-1g10gb-6 is a MIG placement, and gpu-1 is not"),
+        "{e}"
+    );
+    assert!(m.instances().is_empty());
+    assert!(plugin.claims().is_empty());
+}
+
+#[tokio::test]
 async fn reconcile_destroys_unrecorded_instances_and_recreates_or_marks_lost_vanished_ones() {
     let m = MigEnv::new();
     let (plugin, _) = m.start();
