@@ -32,6 +32,10 @@ cleanup() {
   delete_tmpl "$E2E_DIR/workload.yaml"
   kubectl delete -f "$ROOT/deploy/deviceclasses.yaml" --ignore-not-found >/dev/null 2>&1 || true
   plugin_cleanup $rc
+  # The pool's other slices (<node>-<driver>-<n>, -counters-<n>: the MIG GPU's devices and
+  # counter sets), once the plugin is gone.
+  kubectl get resourceslices -o name 2>/dev/null | grep "/$PLUGIN_SLICE-" \
+    | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
   exit $rc
 }
 trap cleanup EXIT
@@ -99,11 +103,13 @@ kubectl apply -f "$ROOT/deploy/deviceclasses.yaml" >&2
 start_plugin
 wait_registered 1
 wait_until 30 "ResourceSlices published" sh -c "kubectl get resourceslices -o name | grep -q ."
-devices="$(kubectl get resourceslices -o "jsonpath={range .items[?(@.spec.nodeName==\"$NODE_NAME\")]}{.spec.devices[*].name} {end}")"
+# Every slice of the node's pool (devices and counter sets are in slices of their own).
+pool="{range .items[?(@.spec.pool.name==\"$NODE_NAME\")]}"
+devices="$(kubectl get resourceslices -o "jsonpath=$pool{.spec.devices[*].name} {end}")"
 grep -qw gpu-0-mig-3g40gb-0 <<<"$devices" || fail "no MIG placement gpu-0-mig-3g40gb-0 published: $devices"
 grep -qw gpu-0-mig-1g10gb-6 <<<"$devices" || fail "no MIG placement gpu-0-mig-1g10gb-6 published: $devices"
 grep -qw gpu-1 <<<"$devices" || fail "GPU 1 (shared mode) not published: $devices"
-sets="$(kubectl get resourceslices -o "jsonpath={range .items[?(@.spec.nodeName==\"$NODE_NAME\")]}{.spec.sharedCounters[*].name} {end}")"
+sets="$(kubectl get resourceslices -o "jsonpath=$pool{.spec.sharedCounters[*].name} {end}")"
 grep -qw gpu-0-counters <<<"$sets" || skip "the API server dropped sharedCounters (partitionable devices off): $sets"
 say "ok: GPU 0 published as $(wc -w <<<"$devices") devices with its counter set"
 
