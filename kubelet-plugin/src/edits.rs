@@ -24,6 +24,13 @@
 //!   - the environment (`FGPU_*` and HAMi-core's names): informational for tools and for
 //!     older shims; the version-2 shim takes its limits only from the files.
 //!
+//! A claim of MIG placement devices (`gpu-<index>-mig-<profile>-<start>`, see
+//! `docs/mig.md`) gets no shim: each device's own edits are its instance's capability
+//! nodes, the common edits the parent GPU's node and the control nodes, the driver's files
+//! and `NVIDIA_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES` naming the instances. The hardware
+//! holds the instance's memory and compute; the driver reports the instance's memory as
+//! the device's total. A claim that mixes MIG devices with GPUs or shares is refused.
+//!
 //! Device ordinals: the distinct GPUs of the claim sorted by PCI bus id, the order CUDA uses
 //! with `CUDA_DEVICE_ORDER=PCI_BUS_ID` (set here) and NVML always uses. Several shares of
 //! one GPU in a claim are one device to the container: their memory and cores add up. The
@@ -40,8 +47,9 @@ use fgpu_driver::cdi::{
     CdiError, CdiSpec, ContainerEdits, DeviceNodeEdit, HookEdit, HookName, MountEdit, SpecBuilder,
 };
 use fgpu_driver::device::{Enforcement, Gpu, NodeInventory};
+use fgpu_driver::mig::{self, MigInstance, Placement};
 
-use crate::checkpoint::PreparedDevice;
+use crate::checkpoint::{MigIntent, PreparedDevice};
 use crate::grant::ResolvedResult;
 
 /// Where `libfgpu.so` appears in containers.
@@ -354,6 +362,21 @@ pub struct PlannedDevice {
     pub priority: Priority,
     /// Whether memory may be oversubscribed.
     pub oversubscribe: bool,
+    /// For a MIG placement device: the instance it stands for. `None` for a GPU or a
+    /// share of one.
+    pub mig: Option<PlannedMig>,
+}
+
+/// The MIG instance of a placement device: its profile and placement, and the instance
+/// once the backend created (or found) it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedMig {
+    /// The profile, e.g. `1g.10gb`.
+    pub profile: &'static str,
+    /// Where on the parent GPU.
+    pub placement: Placement,
+    /// The instance; `None` until it exists.
+    pub instance: Option<MigInstance>,
 }
 
 /// The limits of one GPU as a container of the whole claim sees it.
@@ -415,6 +438,30 @@ pub enum EditsError {
         /// Its memory.
         total: u64,
     },
+    /// A claim mixes MIG placement devices with GPUs or shares of them.
+    #[error(
+        "claim {claim}: status.allocation.devices.results[{index}].device: {device} is a MIG placement, and {other} is not; a claim gets MIG instances or GPUs and shares, not both (the shim cannot account for a MIG instance)"
+    )]
+    MixedMig {
+        /// `namespace/name`.
+        claim: String,
+        /// Result index of the MIG device.
+        index: usize,
+        /// The MIG device.
+        device: String,
+        /// A device of the claim that is not a MIG placement.
+        other: String,
+    },
+    /// A MIG device reached the spec before its instance existed (a bug in the caller).
+    #[error("claim {claim}: device {device}: its MIG instance ({profile}) was not created")]
+    MigNotCreated {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+        /// The profile.
+        profile: String,
+    },
     /// The CDI spec does not validate.
     #[error("claim {claim}: {source}")]
     Cdi {
@@ -441,6 +488,37 @@ pub fn plan(
     let mut out: Vec<PlannedDevice> = Vec::with_capacity(resolved.len());
     let mut granted: BTreeMap<&str, u64> = BTreeMap::new();
     for r in resolved {
+        let planned = |gpu: &Gpu, memory_bytes| PlannedDevice {
+            request: r.result.request.clone(),
+            pool: r.result.pool.clone(),
+            device: r.result.device.clone(),
+            share_id: r.result.share_id.clone(),
+            gpu: gpu.clone(),
+            memory_bytes,
+            cores: r.grant.cores,
+            priority: r.grant.priority,
+            oversubscribe: r.grant.oversubscribe,
+            mig: None,
+        };
+        if let Some(found) = mig_placement(inventory, &r.result.pool, &r.result.device) {
+            let (gpu, placement) = found.map_err(|detail| EditsError::UnknownDevice {
+                claim: claim.key(),
+                index: r.index,
+                detail,
+            })?;
+            // The instance is the grant: its memory, its compute; nothing to throttle.
+            out.push(PlannedDevice {
+                cores: CorePercent::ZERO,
+                oversubscribe: false,
+                mig: Some(PlannedMig {
+                    profile: placement.profile,
+                    placement: placement.placement,
+                    instance: None,
+                }),
+                ..planned(gpu, placement.memory_bytes)
+            });
+            continue;
+        }
         let gpu = (r.result.pool == inventory.node)
             .then(|| {
                 inventory
@@ -475,19 +553,65 @@ pub fn plan(
                 total: gpu.memory_bytes,
             });
         }
-        out.push(PlannedDevice {
-            request: r.result.request.clone(),
-            pool: r.result.pool.clone(),
-            device: r.result.device.clone(),
-            share_id: r.result.share_id.clone(),
-            gpu: gpu.clone(),
-            memory_bytes,
-            cores: r.grant.cores,
-            priority: r.grant.priority,
-            oversubscribe: r.grant.oversubscribe,
+        out.push(planned(gpu, memory_bytes));
+    }
+    let is_mig = |d: &PlannedDevice| d.mig.is_some();
+    if let (Some(m), Some(other)) = (out.iter().position(is_mig), out.iter().find(|d| !is_mig(d))) {
+        return Err(EditsError::MixedMig {
+            claim: claim.key(),
+            index: resolved[m].index,
+            device: out[m].device.clone(),
+            other: other.device.clone(),
         });
     }
     Ok(out)
+}
+
+/// The GPU and placement that `device` of `pool` names, when it is named as a MIG
+/// placement device of this node (`gpu-<index>-mig-…`): `None` for any other name; an
+/// error (naming the device and what is wrong) when the GPU is not this node's, has no
+/// profile table, or has no such placement.
+pub fn mig_placement<'a>(
+    inventory: &'a NodeInventory,
+    pool: &str,
+    device: &str,
+) -> Option<Result<(&'a Gpu, mig::PlacementDevice), String>> {
+    let index: u32 = device
+        .strip_prefix(DEVICE_PREFIX)?
+        .split_once("-mig-")?
+        .0
+        .parse()
+        .ok()?;
+    let gpu = inventory
+        .gpus
+        .iter()
+        .find(|g| g.index == index && pool == inventory.node);
+    let Some(gpu) = gpu else {
+        return Some(Err(format!(
+            "{device:?} in pool {pool:?} is a MIG placement of GPU {index}, which node {} does not have",
+            inventory.node
+        )));
+    };
+    let table = match mig::table_for(&gpu.product_name, gpu.memory_bytes) {
+        Ok(t) => t,
+        Err(e) => return Some(Err(format!("{device:?}: GPU {index} ({}): {e}", gpu.uuid))),
+    };
+    let devices = mig::mig_devices(gpu, table);
+    Some(
+        devices
+            .devices
+            .into_iter()
+            .find(|d| d.name == device)
+            .map(|d| (gpu, d))
+            .ok_or_else(|| {
+                format!(
+                    "{device:?} is not a MIG placement of GPU {index} ({}, {}); its profiles: {}",
+                    gpu.uuid,
+                    table.model,
+                    table.profile_names().join(", ")
+                )
+            }),
+    )
 }
 
 /// A GPU's UUID in the contract's form, NVML's: `GPU-` and lower-case hex.
@@ -546,22 +670,15 @@ pub fn build(
     files: &NodeFiles,
     paths: &ClaimPaths,
 ) -> Result<ClaimEdits, EditsError> {
+    if devices.iter().any(|d| d.mig.is_some()) {
+        return build_mig(driver, claim, devices, files);
+    }
     let gpus = gpu_limits(devices);
     let priority = claim_priority(devices);
     let limits = limits_content(claim, &gpus, priority, files.context_overhead);
     let common = common_edits(claim, devices, &gpus, priority, files, paths);
 
-    let mut builder = SpecBuilder::new(driver.cdi_kind()).common_edits(common);
-    let mut prepared = Vec::with_capacity(devices.len());
-    for d in devices {
-        let name = names::cdi_device_name(&claim.uid, &d.device, d.share_id.as_deref());
-        builder = builder.device(&name, device_edits(d));
-        prepared.push(prepared_device(driver, &name, d, files));
-    }
-    let spec = builder.build().map_err(|source| EditsError::Cdi {
-        claim: claim.key(),
-        source,
-    })?;
+    let (spec, prepared) = spec_and_devices(driver, claim, devices, common, files, device_edits)?;
     Ok(ClaimEdits {
         spec,
         devices: prepared,
@@ -570,6 +687,135 @@ pub fn build(
         gpus,
         priority,
     })
+}
+
+/// The instance of each of `devices` (MIG placements, created): an error for one without.
+fn instances<'a>(
+    claim: &ClaimRef,
+    devices: &'a [PlannedDevice],
+) -> Result<Vec<&'a MigInstance>, EditsError> {
+    devices
+        .iter()
+        .map(|d| {
+            d.mig
+                .as_ref()
+                .and_then(|m| m.instance.as_ref())
+                .ok_or_else(|| EditsError::MigNotCreated {
+                    claim: claim.key(),
+                    device: d.device.clone(),
+                    profile: d.mig.as_ref().map_or("", |m| m.profile).to_owned(),
+                })
+        })
+        .collect()
+}
+
+/// The spec of a claim of MIG instances: no shim (the hardware isolates), each device
+/// its instance's capability nodes, the common edits the parent GPUs' nodes, the control
+/// nodes, the driver's files and hooks and [`mig_env`]. The limits file is written (the
+/// claim's directory is the same for every claim) but not mounted: it lists no GPU.
+fn build_mig(
+    driver: &DriverName,
+    claim: &ClaimRef,
+    devices: &[PlannedDevice],
+    files: &NodeFiles,
+) -> Result<ClaimEdits, EditsError> {
+    let instances = instances(claim, devices)?;
+    let priority = claim_priority(devices);
+    let mut common = ContainerEdits {
+        env: mig_env(&instances, files),
+        ..ContainerEdits::default()
+    };
+    if files.fake_driver
+        && let Some(dir) = &files.fake_state_dir
+    {
+        common = common.mount(MountEdit::bind(dir, FAKE_STATE_CONTAINER, &STATE_RW));
+    }
+    for m in &files.driver_mounts {
+        common = common.mount(MountEdit::bind(&m.host_path, &m.container_path, &RO));
+    }
+    for d in devices {
+        for node in &d.gpu.device_nodes {
+            common = common.device_node(DeviceNodeEdit::from(node));
+        }
+    }
+    for h in &files.driver_hooks {
+        common = common.hook(h.clone());
+    }
+    // The parent's own node is in the common edits (two instances of one GPU share it).
+    let own = |d: &PlannedDevice| {
+        let mut own = ContainerEdits::default();
+        let nodes = d.mig.as_ref().and_then(|m| m.instance.as_ref());
+        for node in nodes
+            .into_iter()
+            .flat_map(|i| &i.device_nodes)
+            .filter(|n| !d.gpu.device_nodes.iter().any(|g| g.path == n.path))
+        {
+            own = own.device_node(DeviceNodeEdit::from(node));
+        }
+        own
+    };
+    let (spec, prepared) = spec_and_devices(driver, claim, devices, common, files, own)?;
+    Ok(ClaimEdits {
+        spec,
+        devices: prepared,
+        limits: limits_content(claim, &[], priority, files.context_overhead),
+        preload: preload_content(),
+        gpus: Vec::new(),
+        priority,
+    })
+}
+
+/// The environment of a claim of MIG instances: `NVIDIA_VISIBLE_DEVICES` and
+/// `CUDA_VISIBLE_DEVICES` naming them (in allocation order), and on a fake node the fake
+/// driver's view of them (`FAKE_CUDA_UUIDS`, each one's memory as its device's total in
+/// `FAKE_CUDA_MEMORY_<i>`, the shared state).
+pub fn mig_env(instances: &[&MigInstance], files: &NodeFiles) -> Vec<(String, String)> {
+    let uuids: Vec<&str> = instances.iter().map(|i| i.uuid.as_str()).collect();
+    let list = uuids.join(",");
+    let mut vars = vec![
+        ("NVIDIA_VISIBLE_DEVICES".to_owned(), list.clone()),
+        ("CUDA_VISIBLE_DEVICES".to_owned(), list.clone()),
+    ];
+    if files.fake_driver {
+        vars.push(("FAKE_CUDA_UUIDS".into(), list));
+        for (i, inst) in instances.iter().enumerate() {
+            vars.push((
+                format!("FAKE_CUDA_MEMORY_{i}"),
+                inst.memory_bytes.to_string(),
+            ));
+        }
+        if files.fake_state_dir.is_some() {
+            vars.push((
+                "FAKE_CUDA_STATE".into(),
+                format!("{FAKE_STATE_CONTAINER}/{FAKE_STATE_FILE}"),
+            ));
+        }
+    }
+    vars
+}
+
+/// The claim's spec (`common` edits, and one device per planned device with `own(d)`) and
+/// the kubelet's devices.
+fn spec_and_devices(
+    driver: &DriverName,
+    claim: &ClaimRef,
+    devices: &[PlannedDevice],
+    common: ContainerEdits,
+    files: &NodeFiles,
+    own: impl Fn(&PlannedDevice) -> ContainerEdits,
+) -> Result<(CdiSpec, Vec<PreparedDevice>), EditsError> {
+    let mut builder = SpecBuilder::new(driver.cdi_kind()).common_edits(common);
+    let mut prepared = Vec::with_capacity(devices.len());
+    for d in devices {
+        let name = names::cdi_device_name(&claim.uid, &d.device, d.share_id.as_deref());
+        builder = builder.device(&name, own(d));
+        prepared.push(prepared_device(driver, &name, d, files));
+    }
+    let spec = builder.build().map_err(|source| EditsError::Cdi {
+        claim: claim.key(),
+        source,
+    })?;
+    Ok((spec, prepared))
 }
 
 /// The claim's priority: the highest any of its devices asks (`normal` for none).
@@ -811,11 +1057,18 @@ pub fn prepared_device(
         gpu_uuid: d.gpu.uuid.clone(),
         memory_bytes: d.memory_bytes,
         cores: d.cores.get(),
-        enforcement: if files.memory_limits.is_some() {
+        enforcement: if files.memory_limits.is_some() && d.mig.is_none() {
             d.gpu.enforcement
         } else {
             Enforcement::Shim
         },
+        mig: d.mig.as_ref().map(|m| MigIntent {
+            profile: m.profile.to_owned(),
+            start: m.placement.start,
+            size: m.placement.size,
+            uuid: m.instance.as_ref().map(|i| i.uuid.clone()),
+            lost: None,
+        }),
     }
 }
 
@@ -900,6 +1153,7 @@ pub(crate) mod tests {
             cores: CorePercent::new(cores).unwrap(),
             priority: Priority::Normal,
             oversubscribe: false,
+            mig: None,
         }
     }
 

@@ -1,11 +1,12 @@
 //! `fake-fault`: injects or clears a fault on a GPU of a fake profile, for tests and demos.
 //! Writes `<profile>.faults.json` (atomically), which the fake backend reads at each health
-//! check; the profile itself is not touched.
+//! check (and at each MIG instance creation: `mig-create-fails`); the profile itself is not
+//! touched.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use fgpu_driver::backend::fake::{FakeProfile, FaultFile, faults_path};
+use fgpu_driver::backend::fake::{FakeProfile, FaultFile, MIG_CREATE_FAILS, faults_path};
 use fgpu_driver::health::Fault;
 
 use crate::BadInput;
@@ -13,7 +14,7 @@ use crate::BadInput;
 /// Flags of `fake-fault`.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 xid 79\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 --clear"
+    after_help = "Examples:\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 xid 79\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 0 mig-create-fails\n  fgpu-kubelet-plugin fake-fault --fake-gpus node.yaml --gpu 1 --clear"
 )]
 pub(crate) struct FakeFaultArgs {
     /// The fake profile whose GPU gets the fault.
@@ -28,8 +29,9 @@ pub(crate) struct FakeFaultArgs {
     /// Remove every injected fault of the GPU instead.
     #[arg(long, conflicts_with = "fault")]
     clear: bool,
-    /// The fault: `xid N`, `ecc`, `lost`, `retired-pages` or `temperature C`. Added to the
-    /// GPU's faults (each stays until cleared).
+    /// The fault: `xid N`, `ecc`, `lost`, `retired-pages` or `temperature C` (health
+    /// faults), or `mig-create-fails` (every MIG instance creation on the GPU fails; the GPU
+    /// stays healthy). Added to the GPU's faults (each stays until cleared).
     #[arg(value_name = "FAULT", num_args = 1.., required_unless_present = "clear")]
     fault: Vec<String>,
 }
@@ -65,10 +67,13 @@ pub(crate) fn run(args: &FakeFaultArgs) -> anyhow::Result<()> {
             gpu.uuid
         );
     } else {
-        let text = args.fault.join(" ");
-        if let Fault::Probe(_) = Fault::parse(&text) {
+        let mut text = args.fault.join(" ");
+        if text.trim().eq_ignore_ascii_case(MIG_CREATE_FAILS) {
+            // The fake backend's operation fault, in the spelling it writes.
+            text = MIG_CREATE_FAILS.to_owned();
+        } else if let Fault::Probe(_) = Fault::parse(&text) {
             return Err(BadInput(format!(
-                "fault {text:?}: expected `xid N`, `ecc`, `lost`, `retired-pages` or `temperature C`"
+                "fault {text:?}: expected `xid N`, `ecc`, `lost`, `retired-pages`, `temperature C` or `{MIG_CREATE_FAILS}`"
             ))
             .into());
         }
@@ -85,4 +90,43 @@ pub(crate) fn run(args: &FakeFaultArgs) -> anyhow::Result<()> {
     }
     file.save(&path)
         .with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(profile: &std::path::Path, fault: &[&str], clear: bool) -> FakeFaultArgs {
+        FakeFaultArgs {
+            fake_gpus: profile.to_owned(),
+            node: None,
+            gpu: "0".into(),
+            clear,
+            fault: fault.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn mig_create_fails_is_accepted_beside_the_health_faults() {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = dir.path().join("node.yaml");
+        std::fs::write(
+            &profile,
+            "nodes:\n  - name: n\n    gpus:\n      - uuid: GPU-1\n        productName: NVIDIA H100 80GB HBM3\n        memory: 81559Mi\n        smCount: 132\n        computeCapability: \"9.0\"\n",
+        )
+        .unwrap();
+        run(&args(&profile, &["MIG-create-fails"], false)).unwrap();
+        run(&args(&profile, &["xid", "79"], false)).unwrap();
+        let file = FaultFile::load(&faults_path(&profile)).unwrap();
+        assert_eq!(file.gpus["GPU-1"], [MIG_CREATE_FAILS, "xid 79"]);
+        let e = run(&args(&profile, &["mig-create"], false)).unwrap_err();
+        assert!(e.to_string().contains("mig-create-fails"), "{e}");
+        run(&args(&profile, &[], true)).unwrap();
+        assert!(
+            FaultFile::load(&faults_path(&profile))
+                .unwrap()
+                .gpus
+                .is_empty()
+        );
+    }
 }

@@ -7,7 +7,8 @@
 //! * [`claim`]: the ResourceClaim model (`fgpu_api::dra::claim`: tolerant serde structs).
 //! * [`grant`]: what each allocated device grants (consumedCapacity, opaque config, whole
 //!   device), with errors naming the claim and the field.
-//! * [`edits`]: a claim's container edits and CDI spec, device ordinals in container order.
+//! * [`edits`]: a claim's container edits and CDI spec, device ordinals in container order;
+//!   a MIG claim's spec (its instances' nodes and identity, no shim).
 //! * [`driver_files`]: the NVIDIA user-space files for containers (toolkit spec or
 //!   discovery).
 //! * [`slices`]: the node's ResourceSlices (with or without consumable capacity, per API
@@ -24,7 +25,8 @@
 //!
 //! * [`checkpoint`]: the versioned, tolerant, atomically written record of prepared claims.
 //! * [`prepare`]: prepare/unprepare orchestration against a [`prepare::ClaimSource`], with
-//!   per-claim locking, idempotence and stale-claim cleanup.
+//!   per-claim locking, idempotence and stale-claim cleanup; MIG instances created,
+//!   destroyed and reconciled at start through the backend.
 //! * [`authority`]: relays the kubelet's connections, fixing the `:authority` that
 //!   tonic's HTTP/2 layer would refuse.
 //! * [`grpc`]: the kubelet-facing gRPC servers (registration, DRA `v1` and `v1beta1`) on

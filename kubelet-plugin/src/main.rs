@@ -47,7 +47,7 @@ enum Command {
     /// same CDI spec and claim files as the DRA path.
     DevicePlugin(Box<fgpu_kubelet_plugin::device_plugin::DevicePluginArgs>),
     /// Inject or clear a fault on a GPU of a fake profile (`--backend fake`): the plugin's
-    /// next health check sees it.
+    /// next health check sees it (`mig-create-fails`: its next MIG instance creation).
     FakeFault(fake_fault::FakeFaultArgs),
     /// Hooks the container runtime runs from a claim's CDI spec (not for people).
     #[command(subcommand, hide = true)]

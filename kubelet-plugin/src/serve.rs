@@ -141,6 +141,20 @@ pub async fn run(
         source,
         backend.clone(),
     )?;
+    // The DRA front end alone creates MIG instances, so it alone reconciles them with its
+    // records (docs/mig.md, Start-up reconcile).
+    let mig = plugin.reconcile_mig();
+    if !mig.destroyed.is_empty() || !mig.recreated.is_empty() || !mig.lost.is_empty() {
+        tracing::warn!(
+            destroyed = mig.destroyed.len(),
+            recreated = mig.recreated.len(),
+            lost = mig.lost.len(),
+            "MIG instances reconciled with the checkpoint"
+        );
+    }
+    for e in &mig.errors {
+        tracing::error!("{e}");
+    }
     if let Some(from) = &report.migrated_from {
         tracing::info!(from = %from.display(), claims = plugin.claims().len(),
             "version-1 checkpoint migrated to the checkpoint directory");
@@ -420,6 +434,7 @@ impl SliceState {
             .publisher
             .publish_with_modes(&inventory, &taints, decide)
             .await;
+        plugin.set_gpu_modes(self.modes.modes().clone());
         for r in &refusals {
             let message = format!("fgpu kubelet plugin: {r}");
             tracing::warn!(gpu = %r.gpu_uuid, from = %r.from, to = %r.to.mode, "{message}");

@@ -18,6 +18,10 @@ pub(crate) enum Op {
     CreateDir,
     /// A file or directory removed.
     Remove,
+    /// A change on the device through the backend (a MIG instance created or destroyed),
+    /// counted by the tests' backend.
+    #[cfg(test)]
+    Device,
 }
 
 /// A fault injected at one operation.

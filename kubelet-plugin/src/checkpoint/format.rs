@@ -52,6 +52,31 @@ pub struct PreparedDevice {
     /// per-cgroup limit (written only then: `shim` is absent, as in earlier versions).
     #[serde(skip_serializing_if = "is_shim")]
     pub enforcement: fgpu_driver::device::Enforcement,
+    /// For a MIG placement device (`gpu-<index>-mig-<profile>-<start>`): the instance the
+    /// claim gets on the GPU `gpu_uuid`, recorded before it is created. Absent for a GPU
+    /// or a share of one (and in records of earlier versions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigIntent>,
+}
+
+/// The MIG instance of a prepared device: what the plugin means to create (the profile
+/// at a placement of the parent GPU), then the instance it created.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MigIntent {
+    /// The profile, e.g. `1g.10gb`.
+    pub profile: String,
+    /// The first memory slice of the placement.
+    pub start: u8,
+    /// The placement's memory slices.
+    pub size: u8,
+    /// The instance's UUID (`MIG-…`) once created; absent while only intended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Why the instance is gone for good: it vanished and could not be created again at
+    /// its placement (start-up reconcile). A prepare of the claim fails with this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost: Option<String>,
 }
 
 fn is_shim(e: &fgpu_driver::device::Enforcement) -> bool {
@@ -203,6 +228,30 @@ mod tests {
             decode_record("u2", &bytes).unwrap_err().to_string(),
             "uid \"u1\" does not match the file name"
         );
+        // A record of an earlier version (no `mig`) loads with none.
+        let old = br#"{"version": 2, "claim": {"devices": [{"deviceName": "gpu-0", "gpuUuid": "GPU-1"}]}}"#;
+        let back = decode_record("u1", old).unwrap();
+        assert_eq!(back.claim.devices[0].mig, None);
+        assert_eq!(back.claim.devices[0].device_name, "gpu-0");
+        // And one with an intent keeps it, the UUID absent until the instance exists.
+        let mut with = record.clone();
+        with.devices = vec![PreparedDevice {
+            device_name: "gpu-0-mig-1g10gb-6".into(),
+            mig: Some(MigIntent {
+                profile: "1g.10gb".into(),
+                start: 6,
+                size: 1,
+                ..MigIntent::default()
+            }),
+            ..PreparedDevice::default()
+        }];
+        let bytes = encode_record("b", "u1", &with).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            text.contains(r#""mig":{"profile":"1g.10gb","start":6,"size":1}"#),
+            "{text}"
+        );
+        assert_eq!(decode_record("u1", &bytes).unwrap().claim, with);
         // A record without a UID (the field is optional) belongs to its file.
         assert_eq!(decode_record("u2", br#"{"bootId": "b"}"#).unwrap().uid, "");
         assert!(matches!(

@@ -72,8 +72,8 @@ pub use error::CheckpointError;
 pub use files::{Durability, write_atomic};
 pub(crate) use files::{create_private_dir, remove_if_present};
 pub use format::{
-    CHECKPOINT_DIR, CHECKPOINT_FILE, CHECKPOINT_VERSION, ClaimRecord, FrontEnd, PrepareState,
-    PreparedDevice, RecordFile, valid_uid,
+    CHECKPOINT_DIR, CHECKPOINT_FILE, CHECKPOINT_VERSION, ClaimRecord, FrontEnd, MigIntent,
+    PrepareState, PreparedDevice, RecordFile, valid_uid,
 };
 pub use records::{Applied, Change, Records};
 pub use state::{ClaimState, Transition, TransitionError, transition};

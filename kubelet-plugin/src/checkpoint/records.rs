@@ -283,12 +283,13 @@ mod tests {
             durability: Durability::Atomic,
         };
         assert_eq!(records.apply(repeat).unwrap(), Applied::Unchanged);
-        // The same with a wait for the disk is a change, and a refused one.
-        assert!(
+        // The same with a wait for the disk is a change: an amendment, written.
+        assert_eq!(
             records
                 .apply(put("u1", PrepareState::PrepareCompleted))
-                .is_err()
+                .unwrap(),
+            Applied::Written(Transition::Amend)
         );
-        assert_eq!(records.writes(), 2);
+        assert_eq!(records.writes(), 3);
     }
 }

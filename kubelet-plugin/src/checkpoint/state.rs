@@ -9,11 +9,12 @@
 //! | `PrepareStarted` | `PrepareCompleted` | [`Transition::Complete`]: its files are in place |
 //! | `PrepareStarted` or `PrepareCompleted` | no record | [`Transition::Forget`]: unprepare |
 //! | no record | no record | [`Transition::AlreadyAbsent`]: unprepare of an unknown claim |
+//! | `PrepareCompleted` | `PrepareCompleted` | [`Transition::Amend`]: the start-up reconcile re-created a lost MIG instance, or marked it lost |
 //!
 //! Refused: recording a claim `PrepareCompleted` that was never `PrepareStarted` (its files
-//! may not exist), and any change to a `PrepareCompleted` record other than its removal (a
-//! prepare returns a completed claim as recorded; demoting it would make the plugin redo
-//! the files of a claim that containers may already use).
+//! may not exist), and demoting a `PrepareCompleted` record (a prepare returns a completed
+//! claim as recorded; demoting it would make the plugin redo the files of a claim that
+//! containers may already use).
 
 use std::fmt;
 
@@ -70,6 +71,10 @@ pub enum Transition {
     Forget,
     /// `Absent -> Absent`: an unprepare of a claim that is not recorded (idempotent).
     AlreadyAbsent,
+    /// `Completed -> Completed`: the start-up reconcile changed a prepared claim's MIG
+    /// instance (created again after it vanished, with its new UUID and spec, or marked
+    /// lost). Nothing else rewrites a completed record.
+    Amend,
 }
 
 /// A move between states that the plugin never makes.
@@ -87,7 +92,7 @@ fn why(from: ClaimState, to: ClaimState) -> &'static str {
         (ClaimState::Absent, ClaimState::Completed) => {
             "a claim is recorded PrepareStarted before its files are written"
         }
-        _ => "a prepared claim is returned as recorded, and changes only by its removal",
+        _ => "a prepared claim is returned as recorded, and is never demoted",
     }
 }
 
@@ -101,7 +106,8 @@ pub fn transition(from: ClaimState, to: ClaimState) -> Result<Transition, Transi
         (Started, Completed) => Ok(Transition::Complete),
         (Started | Completed, Absent) => Ok(Transition::Forget),
         (Absent, Absent) => Ok(Transition::AlreadyAbsent),
-        (Absent, Completed) | (Completed, Started | Completed) => Err(TransitionError { from, to }),
+        (Completed, Completed) => Ok(Transition::Amend),
+        (Absent, Completed) | (Completed, Started) => Err(TransitionError { from, to }),
     }
 }
 
@@ -118,15 +124,12 @@ mod tests {
         assert_eq!(transition(Started, Absent), Ok(Transition::Forget));
         assert_eq!(transition(Completed, Absent), Ok(Transition::Forget));
         assert_eq!(transition(Absent, Absent), Ok(Transition::AlreadyAbsent));
+        assert_eq!(transition(Completed, Completed), Ok(Transition::Amend));
     }
 
     #[test]
-    fn completing_without_starting_and_changing_a_completed_claim_are_refused() {
-        for (from, to) in [
-            (Absent, Completed),
-            (Completed, Started),
-            (Completed, Completed),
-        ] {
+    fn completing_without_starting_and_demoting_a_completed_claim_are_refused() {
+        for (from, to) in [(Absent, Completed), (Completed, Started)] {
             assert_eq!(transition(from, to), Err(TransitionError { from, to }));
         }
         assert_eq!(
@@ -137,20 +140,20 @@ mod tests {
         assert_eq!(
             transition(Completed, Started).unwrap_err().to_string(),
             "cannot go from PrepareCompleted to PrepareStarted: a prepared claim is returned \
-             as recorded, and changes only by its removal"
+             as recorded, and is never demoted"
         );
     }
 
     #[test]
     fn every_pair_of_states_is_decided() {
-        // Exactly three of the nine pairs are refused.
+        // Exactly two of the nine pairs are refused.
         let all = [Absent, Started, Completed];
         let refused = all
             .iter()
             .flat_map(|&from| all.iter().map(move |&to| (from, to)))
             .filter(|&(from, to)| transition(from, to).is_err())
             .count();
-        assert_eq!(refused, 3);
+        assert_eq!(refused, 2);
     }
 
     #[test]

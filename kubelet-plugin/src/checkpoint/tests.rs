@@ -30,6 +30,7 @@ fn record(state: PrepareState) -> ClaimRecord {
             memory_bytes: 1 << 30,
             cores: 30,
             enforcement: Default::default(),
+            mig: None,
         }],
     }
 }

@@ -4,23 +4,63 @@
 
 use std::sync::Arc;
 
+use fgpu_api::names::{self, DriverName};
 use fgpu_driver::device::NodeInventory;
 
 use super::files::ClaimFiles;
 use super::{ClaimSource, Plugin, PrepareError, SourceError, unpoisoned};
 use crate::checkpoint::{ClaimRecord, PrepareState, PreparedDevice};
 use crate::claim::ResourceClaim;
-use crate::edits::{self, ClaimRef, EditsError, PlannedDevice};
+use crate::edits::{self, ClaimPaths, ClaimRef, EditsError, NodeFiles, PlannedDevice};
 use crate::grant;
 
 /// What a prepare writes for a claim, built before anything is written.
 pub(super) struct Built {
     /// The claim's `PrepareStarted` record (with the devices).
     pub(super) started: ClaimRecord,
-    /// Its files.
-    pub(super) files: ClaimFiles,
-    /// The devices returned to the kubelet.
+    /// Its files (`None` for a claim of MIG instances: its spec names them, so it is built
+    /// once they exist).
+    pub(super) files: Option<ClaimFiles>,
+    /// The devices returned to the kubelet (for MIG: as intended, without instances).
     pub(super) devices: Vec<PreparedDevice>,
+    /// A claim of MIG instances: its devices, each to be given its instance.
+    pub(super) mig: Option<Vec<PlannedDevice>>,
+}
+
+/// What a claim's files are built from.
+#[derive(Clone)]
+pub(super) struct FileInputs {
+    /// The driver name.
+    pub(super) driver: DriverName,
+    /// The claim.
+    pub(super) claim: ClaimRef,
+    /// Files every claim gets.
+    pub(super) node: NodeFiles,
+    /// Where the claim's files go.
+    pub(super) paths: ClaimPaths,
+}
+
+impl FileInputs {
+    /// The claim's files and its devices for the kubelet, from its placed devices.
+    pub(super) fn build(
+        &self,
+        planned: &[PlannedDevice],
+    ) -> Result<(ClaimFiles, Vec<PreparedDevice>), PrepareError> {
+        let claim = &self.claim;
+        let built = edits::build(&self.driver, claim, planned, &self.node, &self.paths)?;
+        let spec = built.spec.to_json().map_err(|source| EditsError::Cdi {
+            claim: claim.key(),
+            source,
+        })?;
+        let files = ClaimFiles {
+            claim: claim.key(),
+            paths: self.paths.clone(),
+            limits: built.limits,
+            gpu_uuids: built.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            spec,
+        };
+        Ok((files, built.devices))
+    }
 }
 
 /// Refuses a claim that is not the one the kubelet asked for (deleted and recreated under
@@ -97,38 +137,60 @@ impl<S: ClaimSource> Plugin<S> {
         }
     }
 
-    /// Everything a prepare of `claim` (read as `object`) writes, built in memory.
+    /// Everything a prepare of `claim` (read as `object`) writes, built in memory; for a
+    /// claim of MIG instances, what its record says before they exist.
     pub(super) fn build(
         &self,
         claim: &ClaimRef,
         object: &ResourceClaim,
     ) -> Result<Built, PrepareError> {
         let planned = self.plan(claim, object)?;
-        let paths = self.paths(&claim.uid);
-        let built = edits::build(&self.cfg.driver, claim, &planned, &self.cfg.files, &paths)?;
-        let spec = built.spec.to_json().map_err(|source| EditsError::Cdi {
-            claim: claim.key(),
-            source,
-        })?;
-        let started = ClaimRecord {
+        self.check_mig_modes(claim, &planned)?;
+        let inputs = self.file_inputs(claim);
+        let mut started = ClaimRecord {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             state: PrepareState::PrepareStarted,
-            spec_file: paths.spec_file.clone(),
-            claim_dir: paths.claim_dir.clone(),
-            devices: built.devices.clone(),
+            spec_file: inputs.paths.spec_file.clone(),
+            claim_dir: inputs.paths.claim_dir.clone(),
+            devices: Vec::new(),
         };
+        if planned.iter().any(|d| d.mig.is_some()) {
+            let mut devices: Vec<PreparedDevice> = planned
+                .iter()
+                .map(|d| {
+                    let name = names::cdi_device_name(&claim.uid, &d.device, d.share_id.as_deref());
+                    edits::prepared_device(&self.cfg.driver, &name, d, &self.cfg.files)
+                })
+                .collect();
+            let previous = self.records.read(|c| c.get(&claim.uid).cloned());
+            super::mig::intents(&mut devices, previous.as_ref());
+            started.devices = devices.clone();
+            return Ok(Built {
+                started,
+                files: None,
+                devices,
+                mig: Some(planned),
+            });
+        }
+        let (files, devices) = inputs.build(&planned)?;
+        started.devices = devices.clone();
         Ok(Built {
             started,
-            files: ClaimFiles {
-                claim: claim.key(),
-                paths,
-                limits: built.limits,
-                gpu_uuids: built.gpus.iter().map(|g| g.uuid.clone()).collect(),
-                spec,
-            },
-            devices: built.devices,
+            files: Some(files),
+            devices,
+            mig: None,
         })
+    }
+
+    /// What `claim`'s files are built from.
+    pub(super) fn file_inputs(&self, claim: &ClaimRef) -> FileInputs {
+        FileInputs {
+            driver: self.cfg.driver.clone(),
+            claim: claim.clone(),
+            node: self.cfg.files.clone(),
+            paths: self.paths(&claim.uid),
+        }
     }
 }
 

@@ -60,6 +60,48 @@ pub enum PrepareError {
         /// The backend's error.
         detail: String,
     },
+    /// A MIG placement device's GPU is not in `mig` mode on this node.
+    #[error(
+        "claim {claim}: device {device}: GPU {gpu} is in mode {mode}, not mig; its MIG placements cannot be prepared (see docs/mig.md, GPU mode)"
+    )]
+    MigMode {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+        /// The GPU's UUID.
+        gpu: String,
+        /// Its mode.
+        mode: fgpu_driver::device::GpuMode,
+    },
+    /// A MIG instance could not be created, found or destroyed.
+    #[error("claim {claim}: device {device} (MIG profile {profile}): cannot {op}: {detail}")]
+    Mig {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+        /// The profile.
+        profile: String,
+        /// What was being done.
+        op: &'static str,
+        /// The backend's error.
+        detail: String,
+    },
+    /// The claim's MIG instance vanished and could not be created again.
+    #[error(
+        "claim {claim}: device {device} (MIG profile {profile}): its instance is lost: {reason}; delete the pod and the claim to get a new allocation"
+    )]
+    MigLost {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+        /// The profile.
+        profile: String,
+        /// Why (from the start-up reconcile).
+        reason: String,
+    },
     /// A file operation failed.
     #[error("claim {claim}: cannot {op} {}: {source}", path.display())]
     Io {
@@ -98,6 +140,9 @@ impl PrepareError {
             Self::Edits(EditsError::UnknownDevice { .. }) => "unknown_device",
             Self::Edits(_) => "invalid_allocation",
             Self::Backend { .. } => "backend",
+            Self::MigMode { .. } => "mig_mode",
+            Self::Mig { .. } => "mig",
+            Self::MigLost { .. } => "mig_lost",
             // A bug, not the disk: the state machine refused the change.
             Self::Checkpoint {
                 source: CheckpointError::Refused { .. },

@@ -30,7 +30,12 @@
 //! records in the checkpoint directory and the file is removed; claims' directories in the
 //! state root stay where they are until unprepared.
 //!
-//! [`Plugin::unprepare`] removes the claim's record (durably), then its spec and directory;
+//! A claim of MIG placement devices adds steps (`mig`): after `PrepareStarted` names each
+//! instance it means to create, the instances are found or created and the record names
+//! them by UUID; then the files (the CDI spec names the instances) and `PrepareCompleted`.
+//!
+//! [`Plugin::unprepare`] destroys a claim's MIG instances, then removes the claim's record
+//! (durably), then its spec and directory;
 //! it succeeds for a claim it does not know. [`Plugin::cleanup_stale`] unprepares DRA claims
 //! that two sweeps in a row saw deleted or replaced (another UID); an error, a timeout or a
 //! 404 that does not name the claim never counts. [`Plugin::start`] discards state of a
@@ -47,6 +52,9 @@
 //! * `files`: the files a claim gets, written and removed.
 //! * `unprepare`: [`Plugin::unprepare`].
 //! * `lock`: one operation per claim at a time.
+//! * `mig`: MIG instances: found or created at prepare (recorded first as an intent,
+//!   then by UUID), destroyed at unprepare, reconciled at start
+//!   ([`Plugin::reconcile_mig`]).
 //! * `start`: [`Plugin::start`]: the node's directories, the checkpoint loaded or migrated.
 //! * `sweep`: files no record accounts for (at start) and stale claims
 //!   ([`Plugin::cleanup_stale`], two sightings, suspects kept in memory).
@@ -68,6 +76,7 @@ mod claim;
 mod error;
 mod files;
 mod lock;
+mod mig;
 mod operation;
 mod source;
 mod start;
@@ -78,6 +87,7 @@ mod unprepare;
 mod tests;
 
 pub use error::PrepareError;
+pub use mig::MigReconcile;
 pub use source::{ClaimSource, MapClaimSource, SourceError};
 pub use start::StartReport;
 pub use sweep::CleanupReport;
@@ -132,6 +142,9 @@ pub struct Plugin<S> {
     /// Claims the last stale-claim sweep saw gone or replaced, with their record as it was
     /// then: the next sweep that sees the same unprepares them (`sweep`).
     suspects: Mutex<HashMap<String, ClaimRecord>>,
+    /// The GPU modes in force by UUID, as the publisher settled them (`None` until it
+    /// does: the backend's modes are taken).
+    gpu_modes: Mutex<Option<std::collections::BTreeMap<String, fgpu_driver::device::GpuMode>>>,
 }
 
 fn unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -6,12 +6,13 @@
 use std::io;
 use std::sync::Arc;
 
-use super::claim::{Built, check_uid};
+use super::claim::{Built, FileInputs, check_uid};
 use super::files::ClaimFiles;
 use super::lock::ClaimGuard;
+use super::mig::MigSteps;
 use super::{ClaimSource, Plugin, PrepareError, unpoisoned};
 use crate::checkpoint::{Change, ClaimRecord, Durability, PrepareState, PreparedDevice, Records};
-use crate::edits::ClaimRef;
+use crate::edits::{ClaimRef, PlannedDevice};
 use crate::metrics::{Metrics, Operation, Phase};
 
 impl<S: ClaimSource> Plugin<S> {
@@ -41,6 +42,9 @@ impl<S: ClaimSource> Plugin<S> {
         // The kubelet still wants the claim: whatever a stale-claim sweep saw, it starts over.
         unpoisoned(&self.suspects).remove(&claim.uid);
         if let Some(devices) = self.completed_devices(&claim.uid) {
+            if let Some(lost) = super::mig::lost(&claim.key(), &devices) {
+                return Err(lost);
+            }
             return Ok(devices);
         }
         let mut clock = PhaseClock::new(&self.metrics);
@@ -51,13 +55,25 @@ impl<S: ClaimSource> Plugin<S> {
             started,
             files,
             devices,
+            mig,
         } = self.build(claim, &object)?;
         clock.lap(Phase::Build);
-        let laps = self.write_claim(claim, started, files, guard).await;
+        let content = match (files, mig) {
+            (Some(files), _) => Content::Files(Box::new(files)),
+            (None, planned) => Content::Mig(Box::new(MigContent {
+                planned: planned.unwrap_or_default(),
+                inputs: self.file_inputs(claim),
+                steps: MigSteps {
+                    backend: self.backend.clone(),
+                },
+            })),
+        };
+        let laps = self.write_claim(claim, started, content, guard).await;
         // The gauges follow the records even when a step failed (`PrepareStarted` may be on
         // record).
         self.refresh_claim_metrics();
-        let laps = laps?;
+        let (laps, created) = laps?;
+        let devices = created.unwrap_or(devices);
         // RecordStarted includes the wait for a blocking thread.
         clock.lap_at(Phase::RecordStarted, laps.started);
         clock.lap_at(Phase::Files, laps.files);
@@ -71,15 +87,15 @@ impl<S: ClaimSource> Plugin<S> {
         &self,
         claim: &ClaimRef,
         started: ClaimRecord,
-        files: ClaimFiles,
+        content: Content,
         guard: ClaimGuard,
-    ) -> Result<Laps, PrepareError> {
-        let claim_dir = files.paths.claim_dir.clone();
+    ) -> Result<(Laps, Option<Vec<PreparedDevice>>), PrepareError> {
+        let claim_dir = started.claim_dir.clone();
         let work = PrepareWork {
             records: self.records.clone(),
             uid: claim.uid.clone(),
             started,
-            files,
+            content,
             test_pause: self.cfg.test_pause,
         };
         tokio::task::spawn_blocking(move || {
@@ -123,12 +139,31 @@ impl<'a> PhaseClock<'a> {
     }
 }
 
-/// The side effects of one prepare with its two records, run on the blocking pool.
+/// What a prepare writes besides its records.
+enum Content {
+    /// The claim's files, built (boxed, as the other variant: the enum is moved to the
+    /// blocking pool).
+    Files(Box<ClaimFiles>),
+    /// A claim of MIG instances: they are found or created first, then its files built.
+    Mig(Box<MigContent>),
+}
+
+/// What a claim of MIG instances writes, built once they exist.
+struct MigContent {
+    /// The claim's devices.
+    planned: Vec<PlannedDevice>,
+    /// What its files are built from.
+    inputs: FileInputs,
+    /// The backend's steps.
+    steps: MigSteps,
+}
+
+/// The side effects of one prepare with its records, run on the blocking pool.
 struct PrepareWork {
     records: Arc<Records>,
     uid: String,
     started: ClaimRecord,
-    files: ClaimFiles,
+    content: Content,
     test_pause: Option<std::time::Duration>,
 }
 
@@ -142,16 +177,18 @@ impl PrepareWork {
     /// Records `PrepareStarted` (atomically), writes the claim's files, records
     /// `PrepareCompleted` (durably). Stops at the first step that fails: a record of
     /// `PrepareStarted` that stays behind makes a repeated prepare redo the files and an
-    /// unprepare remove them.
-    fn run(self) -> Result<Laps, PrepareError> {
+    /// unprepare remove them. For a claim of MIG instances, between the first record and
+    /// the files: the instances found or created (`mig`), then `PrepareStarted` again
+    /// naming them; the devices it returns then name them too.
+    fn run(self) -> Result<(Laps, Option<Vec<PreparedDevice>>), PrepareError> {
         let Self {
             records,
             uid,
-            started,
-            files,
+            mut started,
+            content,
             test_pause,
         } = self;
-        let claim = files.claim.clone();
+        let claim = format!("{}/{}", started.namespace, started.name);
         let checkpoint = |source| PrepareError::Checkpoint {
             claim: claim.clone(),
             source,
@@ -159,18 +196,36 @@ impl PrepareWork {
         // PrepareStarted is read only by a restart of the plugin in this boot, which sees the
         // file without an fsync (the kernel keeps it); after a reboot the boot id discards
         // every record. So it is written atomically but not durably: one fsync per prepare.
+        let record_started = |record: &ClaimRecord| {
+            records
+                .apply(Change::Put {
+                    uid: uid.clone(),
+                    record: record.clone(),
+                    durability: Durability::Atomic,
+                })
+                .map_err(checkpoint)
+        };
+        record_started(&started)?;
+        let started_at = std::time::Instant::now();
+        let (files, created) = match content {
+            Content::Files(files) => (*files, None),
+            Content::Mig(mig) => {
+                let MigContent {
+                    mut planned,
+                    inputs,
+                    steps,
+                } = *mig;
+                steps.ensure(&records, &claim, &uid, &started, &mut planned)?;
+                let (files, devices) = inputs.build(&planned)?;
+                started.devices = devices.clone();
+                record_started(&started)?;
+                (files, Some(devices))
+            }
+        };
         let completed = ClaimRecord {
             state: PrepareState::PrepareCompleted,
-            ..started.clone()
+            ..started
         };
-        records
-            .apply(Change::Put {
-                uid: uid.clone(),
-                record: started,
-                durability: Durability::Atomic,
-            })
-            .map_err(checkpoint)?;
-        let started_at = std::time::Instant::now();
         files.write()?;
         let files_at = std::time::Instant::now();
         if let Some(pause) = test_pause {
@@ -185,9 +240,12 @@ impl PrepareWork {
                 durability: Durability::Fsync,
             })
             .map_err(checkpoint)?;
-        Ok(Laps {
-            started: started_at,
-            files: files_at,
-        })
+        Ok((
+            Laps {
+                started: started_at,
+                files: files_at,
+            },
+            created,
+        ))
     }
 }

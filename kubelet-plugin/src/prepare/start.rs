@@ -188,6 +188,7 @@ impl<S: ClaimSource> Plugin<S> {
             metrics,
             inventory: Mutex::new(None),
             suspects: Mutex::new(HashMap::new()),
+            gpu_modes: Mutex::new(None),
         };
         let mut report = StartReport {
             notes,

@@ -18,6 +18,7 @@ use crate::edits::tests::gpu;
 use crate::edits::{ClaimRef, FileMount, NodeFiles};
 
 mod crash;
+mod mig;
 mod soak;
 mod sweep_crash;
 

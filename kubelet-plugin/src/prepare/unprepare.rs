@@ -1,4 +1,5 @@
-//! The unprepare operation ([`Plugin::unprepare`]): the claim's record is removed first
+//! The unprepare operation ([`Plugin::unprepare`]): the claim's MIG instances are
+//! destroyed first (while its record still names them), then the record is removed
 //! (durably), then its files; it succeeds for a claim that is not (or no longer) prepared.
 
 use std::io;
@@ -34,12 +35,17 @@ impl<S: ClaimSource> Plugin<S> {
         let records = self.records.clone();
         let uid = claim.uid.clone();
         let limits = self.cfg.files.memory_limits.clone();
+        let backend = self.backend.clone();
         // The record first (durably), then the files: a crash in between leaves files no
         // record accounts for, which the start-up sweep removes (and the kubelet's retry of
         // the unprepare too). The other order would leave a `PrepareCompleted` record whose
         // CDI spec is gone, which a later prepare of the claim would return as prepared.
         let removed = tokio::task::spawn_blocking(move || {
             let _guard = guard;
+            // The instances before the record: a failure leaves the record naming them for
+            // the retry; a crash after it leaves a record of instances already gone, which
+            // the retry (destroying what is gone is success) and the reconcile handle.
+            Self::destroy_instances(backend.as_ref(), &records, &key, &uid)?;
             records
                 .apply(Change::Remove { uid: uid.clone() })
                 .map_err(|source| PrepareError::Checkpoint {

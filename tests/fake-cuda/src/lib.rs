@@ -5,7 +5,12 @@
 //! and puts that directory on `LD_LIBRARY_PATH`. See `README.md`.
 //!
 //! Simulated GPUs: `FAKE_CUDA_GPUS` (default 1), each with `FAKE_CUDA_MEMORY_<i>` or
-//! `FAKE_CUDA_MEMORY` bytes (suffixes `Ki Mi Gi Ti`, `K M G T`; default `80Gi`).
+//! `FAKE_CUDA_MEMORY` bytes (suffixes `Ki Mi Gi Ti`, `K M G T`; default `80Gi`). A device
+//! named by a `MIG-` UUID in `FAKE_CUDA_UUIDS` is a MIG instance: NVML gives its UUID in
+//! that form, `CUDA_VISIBLE_DEVICES` selects it by it, and its memory is the instance's
+//! (`FAKE_CUDA_MEMORY_<i>`, else the `memoryBytes` the fake backend's MIG state file at
+//! `FAKE_CUDA_MIG_STATE` records for it), as a real driver reports an instance's memory
+//! as the device's total.
 //! Memory is accounted per process: allocations past a device's size fail with
 //! `CUDA_ERROR_OUT_OF_MEMORY`. No memory is really taken: device pointers are addresses
 //! from a per-device bump allocator.
@@ -94,6 +99,8 @@ struct Config {
     sizes: Vec<u64>,
     /// `FAKE_CUDA_UUIDS`: the devices' UUIDs, in order (absent: [`default_uuid`]).
     uuids: Vec<[u8; 16]>,
+    /// Which of `uuids` were given as `MIG-…`: MIG instances.
+    mig: Vec<bool>,
     internal_proc: bool,
     reenter: bool,
     /// Simulated duration of one thread block of a kernel (ns); 0 = launches take no time.
@@ -116,15 +123,17 @@ fn config() -> &'static Config {
     CFG.get_or_init(|| {
         // `FAKE_CUDA_UUIDS=GPU-…,GPU-…` names the devices (as a node's plugin tells the fake
         // in a container which GPUs the claim holds); a malformed entry ends the list.
-        let uuids: Vec<[u8; 16]> = std::env::var("FAKE_CUDA_UUIDS")
+        let named: Vec<([u8; 16], bool)> = std::env::var("FAKE_CUDA_UUIDS")
             .ok()
             .map(|v| {
                 v.split(',')
-                    .map_while(|u| parse_uuid(u.trim()))
+                    .map_while(|u| parse_device_uuid(u.trim()))
                     .take(MAX_GPUS)
                     .collect()
             })
             .unwrap_or_default();
+        let (uuids, mig): (Vec<[u8; 16]>, Vec<bool>) = named.into_iter().unzip();
+        let mig_memory = mig_state_memory(std::env::var_os("FAKE_CUDA_MIG_STATE"));
         let n = std::env::var("FAKE_CUDA_GPUS")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
@@ -136,9 +145,14 @@ fn config() -> &'static Config {
             .unwrap_or(80 << 30);
         let sizes = (0..n)
             .map(|i| {
+                let instance = || {
+                    let u = uuids.get(i).filter(|_| mig.get(i) == Some(&true))?;
+                    mig_memory.get(&uuid_string(u)[4..]).copied()
+                };
                 std::env::var(format!("FAKE_CUDA_MEMORY_{i}"))
                     .ok()
                     .and_then(|v| parse_bytes(&v))
+                    .or_else(instance)
                     .unwrap_or(default)
             })
             .collect();
@@ -147,6 +161,7 @@ fn config() -> &'static Config {
         Config {
             sizes,
             uuids,
+            mig,
             internal_proc,
             reenter,
             block_ns: env_u64("FAKE_CUDA_BLOCK_NS", 0),
@@ -166,6 +181,42 @@ pub fn device_uuid(i: usize) -> [u8; 16] {
         .unwrap_or_else(|| default_uuid(i))
 }
 
+/// The NVML UUID string of simulated device `i`: `MIG-…` for a MIG instance, else `GPU-…`.
+pub fn device_uuid_string(i: usize) -> String {
+    let s = uuid_string(&device_uuid(i));
+    if config().mig.get(i) == Some(&true) {
+        format!("MIG-{}", &s[4..])
+    } else {
+        s
+    }
+}
+
+/// The instances' memory in the fake backend's MIG state file at `path`
+/// (`{"gpus": {"GPU-…": [{"uuid": "MIG-…", "memoryBytes": N, …}]}}`), by the UUID's hex
+/// part in lower case; nothing when unset or unreadable.
+fn mig_state_memory(path: Option<std::ffi::OsString>) -> HashMap<String, u64> {
+    let Some(text) = path.and_then(|p| std::fs::read(p).ok()) else {
+        return HashMap::new();
+    };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return HashMap::new();
+    };
+    v["gpus"]
+        .as_object()
+        .into_iter()
+        .flat_map(|g| g.values())
+        .filter_map(|l| l.as_array())
+        .flatten()
+        .filter_map(|i| {
+            let uuid = i["uuid"]
+                .as_str()?
+                .strip_prefix("MIG-")?
+                .to_ascii_lowercase();
+            Some((uuid, i["memoryBytes"].as_u64()?))
+        })
+        .collect()
+}
+
 /// `GPU-fa4ec0da-0000-0000-8000-0000000000<i>`.
 fn default_uuid(i: usize) -> [u8; 16] {
     let mut u = [0u8; 16];
@@ -173,6 +224,16 @@ fn default_uuid(i: usize) -> [u8; 16] {
     u[15] = i as u8;
     u[8] = 0x80;
     u
+}
+
+/// `GPU-…` or `MIG-…` (32 hex digits with dashes, either case) → its 16 bytes, and
+/// whether it names a MIG instance.
+fn parse_device_uuid(s: &str) -> Option<([u8; 16], bool)> {
+    let (rest, mig) = match s.strip_prefix("MIG-") {
+        Some(r) => (r, true),
+        None => (s.strip_prefix("GPU-")?, false),
+    };
+    Some((parse_uuid(&format!("GPU-{rest}"))?, mig))
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (either case) → its 16 bytes.
@@ -425,7 +486,7 @@ fn current_device() -> Result<usize, CUresult> {
 }
 
 fn visible() -> &'static [usize] {
-    procs::visible(config().sizes.len(), |i| uuid_string(&device_uuid(i)))
+    procs::visible(config().sizes.len(), device_uuid_string)
 }
 
 fn check_dev(dev: CUdevice) -> Result<usize, CUresult> {
@@ -1447,7 +1508,7 @@ nvml_exports! {
     fn nvmlDeviceGetUUID(h: *const u8, buf: *mut c_char, len: c_uint) {
         tri!(nvml_ready());
         let Some(d) = nvml_device(h) else { return NVML_ERROR_INVALID_ARGUMENT };
-        let s = uuid_string(&device_uuid(d));
+        let s = device_uuid_string(d);
         if buf.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
@@ -1504,7 +1565,7 @@ nvml_exports! {
         }
         // SAFETY: a NUL-terminated string (caller contract), checked non-null.
         let want = unsafe { CStr::from_ptr(uuid) }.to_str().unwrap_or("");
-        match (0..config().sizes.len()).find(|&i| uuid_string(&device_uuid(i)) == want) {
+        match (0..config().sizes.len()).find(|&i| device_uuid_string(i).eq_ignore_ascii_case(want)) {
             Some(i) => {
                 put(h, NVML_DEVICES[i..].as_ptr());
                 NVML_SUCCESS
@@ -1674,7 +1735,7 @@ pub struct NvmlEventData {
 /// `NVML_ERROR_UNKNOWN` (reported once on stderr per process).
 fn injected(d: usize) -> Result<faults::GpuFaults, c_int> {
     match faults::current() {
-        Ok(i) => Ok(i.of(&uuid_string(&device_uuid(d)))),
+        Ok(i) => Ok(i.of(&device_uuid_string(d))),
         Err(e) => {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
@@ -1875,6 +1936,11 @@ mod tests {
             Some("GPU-e2e00000-0000-4000-8000-000000000001".to_owned())
         );
         assert_eq!(parse_uuid("GPU-e2e0"), None);
+        assert_eq!(
+            parse_device_uuid("MIG-E2E00000-0000-4000-8000-000000000001"),
+            parse_uuid("GPU-e2e00000-0000-4000-8000-000000000001").map(|u| (u, true))
+        );
+        assert_eq!(parse_device_uuid("GPU-e2e0"), None);
         assert_eq!(parse_uuid("e2e00000-0000-4000-8000-000000000001"), None);
     }
 

@@ -311,7 +311,7 @@ pub fn reported(dev: usize) -> Vec<(u32, u64)> {
 }
 
 /// CUDA ordinal → simulated device, from `CUDA_VISIBLE_DEVICES` as the real driver
-/// reads it (indices or `GPU-` UUID prefixes; the list stops at the first entry that
+/// reads it (indices or `GPU-` / `MIG-` UUID prefixes; the list stops at the first entry that
 /// matches nothing). `n` = simulated devices; `uuid(i)` = device i's NVML UUID.
 /// NVML is not affected (as on a real node).
 pub fn visible(n: usize, uuid: impl Fn(usize) -> String) -> &'static [usize] {
