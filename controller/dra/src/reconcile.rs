@@ -1444,10 +1444,30 @@ impl<'p> Search<'_, 'p, '_> {
             let paths: Vec<&str> = self.ask.cross.iter().map(|c| c.path.as_str()).collect();
             format!(" under {}", paths.join(", "))
         };
+        let whole_mode = if p.request.share == GpuShare::Whole {
+            0
+        } else {
+            self.cand
+                .nodes
+                .iter()
+                .flat_map(|n| n.gpus.iter().map(move |g| (n, g)))
+                .filter(|(n, g)| {
+                    self.ask
+                        .devices
+                        .get(&n.name)
+                        .and_then(|d| d.get(&g.id))
+                        .is_some_and(inventory::is_whole_mode)
+                })
+                .count()
+        };
+        let whole_mode = match whole_mode {
+            0 => String::new(),
+            k => format!(" ({k} GPUs in whole mode take whole-GPU claims only)"),
+        };
         NotPlaced::Pending(
             reason,
             format!(
-                "{which}{}{constrained}{alternatives}{tail}",
+                "{which}{}{whole_mode}{constrained}{alternatives}{tail}",
                 explain::pending(&inv, &p.request)
             ),
         )

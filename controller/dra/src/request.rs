@@ -1,5 +1,7 @@
 //! A pending claim of the shared class, with its pod's annotations → the engine's
-//! [`Request`] and [`Policy`].
+//! [`Request`] and [`Policy`]. A claim of the MIG class is read the same way
+//! ([`requests_of_class`]): its memory and cores become the MIG placement's request
+//! ([`crate::mig`]).
 //!
 //! The controller allocates claims whose device requests (one or more; [`requests_in_class`]
 //! gives one [`PendingClaim`] per request, and per alternative of a `firstAvailable`

@@ -430,7 +430,11 @@ fn a_whole_mode_gpu_takes_whole_gpu_claims_only() {
     );
     let out = outcomes(&p);
     assert_eq!(out.len(), 1);
-    assert!(out[0].starts_with("s waits (never_fits)"), "{out:?}");
+    assert!(
+        out[0].starts_with("s waits (never_fits)")
+            && out[0].ends_with("(1 GPUs in whole mode take whole-GPU claims only)"),
+        "{out:?}"
+    );
     // A whole-GPU claim of the shared class (no memory) still gets it.
     let whole = claim("w", "shared.gpu.fgpu.dev", None);
     let p = run(
