@@ -400,15 +400,9 @@ fn read_mig_device(
     d: &Device,
     names: &mut Interner,
 ) -> Result<SliceMigDevice, FieldError> {
-    let at = |field: &str| format!("spec.devices[{i}].{field}");
-    let name = d
-        .name
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| (at("name"), "missing or not a string".to_owned()))?;
+    let name = named(i, d)?;
     let body = d.body();
-    let prefix = if d.basic.is_some() { "basic." } else { "" };
-    let field = |f: &str| at(&format!("{prefix}{f}"));
+    let field = |f: &str| body_field(i, d, f);
     let string = |n: &str| {
         body.attributes
             .get(n)
@@ -511,21 +505,31 @@ fn generation(spec: &SliceSpec) -> Result<i64, FieldError> {
     }
 }
 
+/// The name of the `i`th device of a slice; it must be there.
+fn named(i: usize, d: &Device) -> Result<&str, FieldError> {
+    d.name.as_deref().filter(|n| !n.is_empty()).ok_or_else(|| {
+        (
+            format!("spec.devices[{i}].name"),
+            "missing or not a string".to_owned(),
+        )
+    })
+}
+
+/// The path of field `f` of the `i`th device's body (under `basic` in `v1beta1`).
+fn body_field(i: usize, d: &Device, f: &str) -> String {
+    let prefix = if d.basic.is_some() { "basic." } else { "" };
+    format!("spec.devices[{i}].{prefix}{f}")
+}
+
 /// The `i`th device of a slice as a GPU, and what selectors see of it.
 fn read_device(
     i: usize,
     d: &Device,
     names: &mut Interner,
 ) -> Result<(Gpu, DeviceInfo), FieldError> {
-    let at = |field: &str| format!("spec.devices[{i}].{field}");
-    let name = d
-        .name
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| (at("name"), "missing or not a string".to_owned()))?;
+    let name = named(i, d)?;
     let body = d.body();
-    let prefix = if d.basic.is_some() { "basic." } else { "" };
-    let field = |f: &str| at(&format!("{prefix}{f}"));
+    let field = |f: &str| body_field(i, d, f);
     let attrs = &body.attributes;
     let string_attr = |n: &str| -> Result<Option<String>, FieldError> {
         match attrs.get(n) {

@@ -947,23 +947,7 @@ fn place_mig<'p>(
         let mut accepted: BTreeSet<(String, String)> = BTreeSet::new();
         for n in &mig.nodes {
             for d in n.gpus.iter().flat_map(|g| &g.devices) {
-                let mut all = true;
-                for s in &p.selectors {
-                    match evaluator.matches(&s.compiled, driver, &d.info) {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            all = false;
-                            break;
-                        }
-                        Err(e) => {
-                            return Err(NotPlaced::Rejected(format!(
-                                "not allocated: claim {}: {}: on device {}/{}: {e}",
-                                p.key, s.path, n.name, d.name
-                            )));
-                        }
-                    }
-                }
-                if all {
+                if selectors_accept(&evaluator, p, driver, &d.info, &n.name, &d.name)? {
                     accepted.insert((n.name.clone(), d.name.clone()));
                 }
             }
@@ -1136,28 +1120,37 @@ fn allowed_devices(
                 .get(&n.name)
                 .and_then(|d| d.get(&g.id))
                 .unwrap_or(&empty);
-            let mut all = true;
-            for s in &p.selectors {
-                match evaluator.matches(&s.compiled, driver, info) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        all = false;
-                        break;
-                    }
-                    Err(e) => {
-                        return Err(NotPlaced::Rejected(format!(
-                            "not allocated: claim {}: {}: on device {}/{}: {e}",
-                            p.key, s.path, n.name, g.id
-                        )));
-                    }
-                }
-            }
-            if all {
+            if selectors_accept(&evaluator, p, driver, info, &n.name, &g.id)? {
                 out.insert((n.name.clone(), g.id.clone()));
             }
         }
     }
     Ok(Some(out))
+}
+
+/// Whether every selector of `p` accepts the device `node`/`device` (what selectors see of
+/// it: `info`); an evaluation error refuses the claim, as in Kubernetes.
+fn selectors_accept(
+    evaluator: &crate::selector::Evaluator,
+    p: &request::PendingClaim,
+    driver: &str,
+    info: &DeviceInfo,
+    node: &str,
+    device: &str,
+) -> Result<bool, NotPlaced> {
+    for s in &p.selectors {
+        match evaluator.matches(&s.compiled, driver, info) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => {
+                return Err(NotPlaced::Rejected(format!(
+                    "not allocated: claim {}: {}: on device {node}/{device}: {e}",
+                    p.key, s.path
+                )));
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// The indices of `pendings` per claim request (its alternatives, in order).
@@ -1577,7 +1570,7 @@ mod tests {
     const GATE: &str = "gpu.fgpu.dev/allocate";
     const FIN: &str = "gpu.fgpu.dev/allocation";
 
-    fn settings() -> Settings {
+    pub(super) fn settings() -> Settings {
         Settings {
             driver: DriverName::default(),
             default_policy: Policy::BINPACK,
@@ -1651,7 +1644,7 @@ mod tests {
         p
     }
 
-    fn run(claims: &[Value], pods: &[Value], slices: &[Value]) -> Plan {
+    pub(super) fn run(claims: &[Value], pods: &[Value], slices: &[Value]) -> Plan {
         plan(
             Snapshot {
                 claims,

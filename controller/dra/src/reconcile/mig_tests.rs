@@ -1,5 +1,6 @@
 //! Passes over claims of the MIG class and over GPUs in `whole` mode.
 
+use super::tests::run;
 use super::*;
 use fgpu_driver::device::GIB;
 use fgpu_driver::mig::{MigTable, table_for};
@@ -9,15 +10,6 @@ use serde_json::json;
 const GATE: &str = "gpu.fgpu.dev/allocate";
 const FIN: &str = "gpu.fgpu.dev/allocation";
 const H100: &str = "NVIDIA H100 80GB HBM3";
-
-fn settings() -> Settings {
-    Settings {
-        driver: DriverName::default(),
-        default_policy: Policy::BINPACK,
-        workload_half_life: std::time::Duration::from_secs(3600),
-        usage_aware: UsageAware::default(),
-    }
-}
 
 fn h100() -> &'static MigTable {
     table_for(H100, 80 * GIB).unwrap()
@@ -110,21 +102,6 @@ fn pod(name: &str, created: &str, claim: &str) -> Value {
         "spec": {"resourceClaims": [{"name": "g", "resourceClaimName": claim}],
                  "schedulingGates": [{"name": GATE}]},
         "status": {"phase": "Pending"}})
-}
-
-fn run(claims: &[Value], pods: &[Value], slices: &[Value]) -> Plan {
-    plan(
-        Snapshot {
-            claims,
-            pods,
-            slices,
-            avoid: &BTreeMap::new(),
-            unsettled: &BTreeSet::new(),
-            class: None,
-        },
-        &settings(),
-        true,
-    )
 }
 
 /// Per action: `claim → node/device` for an allocation, `claim waits (reason): message`
