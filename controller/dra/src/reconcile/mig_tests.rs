@@ -518,3 +518,39 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn memory_from_the_claims_config_as_for_a_share() {
+    // Without consumable capacity the API server drops capacity.requests: the memory
+    // comes from this driver's GpuShareConfig, as for a share; the config is copied.
+    let slices = mig_slices("node-a", &[(0, "GPU-a")], None);
+    let c = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c", "resourceVersion": "7"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.gpu.fgpu.dev"}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.fgpu.dev", "parameters": {
+                "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": "20Gi"}}}]}}});
+    let p = run(&[c], &[pod("p", "t", "c")], &slices);
+    assert_eq!(outcomes(&p), ["c → node-a/gpu-0-mig-2g20gb-4"]);
+    let Action::Allocate { allocation, .. } = &p.actions[0] else {
+        panic!("{:?}", p.actions);
+    };
+    let config = &allocation.allocation["devices"]["config"];
+    assert_eq!(config.as_array().unwrap().len(), 1, "{config}");
+    assert_eq!(config[0]["source"], "FromClaim");
+    assert_eq!(config[0]["opaque"]["parameters"]["memory"], "20Gi");
+    // A bad config is refused, naming the field.
+    let mut bad = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "b", "namespace": "ns", "uid": "uid-b", "resourceVersion": "7"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.gpu.fgpu.dev"}}],
+            "config": [{"opaque": {"driver": "gpu.fgpu.dev", "parameters": {
+                "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig", "memory": "lots"}}}]}}});
+    bad["spec"]["devices"]["requests"][0]["exactly"]["count"] = json!(1);
+    let out = outcomes(&run(&[bad], &[pod("p", "t", "b")], &slices));
+    assert!(
+        out[0].starts_with("b rejected: ")
+            && out[0].contains("spec.devices.config[0].opaque.parameters.memory"),
+        "{out:?}"
+    );
+}
