@@ -24,6 +24,7 @@
 //! shares; MIG-mode GPUs publish no `gpu` device, so no share lands on them.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use fgpu_driver::device::GIB;
 use fgpu_driver::mig::{self, MigError, MigLayout, MigProfile, MigRequest, MigTable};
@@ -87,8 +88,8 @@ pub struct MigGpu {
     pub counter_set: Option<String>,
     /// What is left of each counter (empty for a fixed layout).
     pub counters: BTreeMap<String, u64>,
-    /// Its placement devices, as published.
-    pub devices: Vec<MigDevice>,
+    /// Its placement devices, as published (shared between the copies a pass makes).
+    pub devices: Arc<Vec<MigDevice>>,
     /// The instances allocated claims hold.
     pub layout: MigLayout,
     /// Names of the devices allocated claims hold.
@@ -332,7 +333,7 @@ fn build_gpu(
         table,
         counter_set,
         counters,
-        devices: out,
+        devices: Arc::new(out),
         layout: MigLayout::new(table),
         taken: BTreeSet::new(),
     })
@@ -386,6 +387,29 @@ impl MigInventory {
         }
     }
 
+    /// Gives back device `device` of node `node`, taken by [`MigInventory::take`] without
+    /// an error (a placement planned for a claim whose other placements did not fit).
+    pub fn release(&mut self, node: &str, device: &str) {
+        let Some(gpu) = self
+            .nodes
+            .iter_mut()
+            .filter(|n| n.name == node)
+            .flat_map(|n| n.gpus.iter_mut())
+            .find(|g| g.taken.contains(device))
+        else {
+            return;
+        };
+        gpu.taken.remove(device);
+        if let Some(d) = gpu.devices.iter().find(|d| d.name == device) {
+            for (c, n) in &d.consumes {
+                if let Some(have) = gpu.counters.get_mut(c) {
+                    *have += n;
+                }
+            }
+            gpu.layout.release(d.profile.name, d.start);
+        }
+    }
+
     /// The placement for `ask`: on node `node` alone when given (the pod's other claims are
     /// there), else on any node away from `avoid` (any node when that leaves none).
     pub fn choose(
@@ -411,7 +435,7 @@ impl MigInventory {
             let e = MigError::NoGpus {
                 request: String::new(),
             };
-            return Err(self.unplaced(ask, &nodes, &e, node));
+            return Err(self.unplaced(ask, &nodes, &e));
         }
         let layouts: Vec<&MigLayout> = gpus.iter().map(|(_, g)| &g.layout).collect();
         let request = |i: usize| ask.request(gpus[i].1.table);
@@ -433,28 +457,19 @@ impl MigInventory {
                     parent_uuid: g.parent_uuid.clone(),
                 })
             }
-            Err(e) => Err(self.unplaced(ask, &nodes, &e, node)),
+            Err(e) => Err(self.unplaced(ask, &nodes, &e)),
         }
     }
 
     /// Why `ask` has no placement on `nodes`: no MIG-mode GPU, no profile large enough, or
     /// the largest free profile per node.
-    fn unplaced(
-        &self,
-        ask: &MigAsk<'_>,
-        nodes: &[&MigNode],
-        e: &MigError,
-        node: Option<&str>,
-    ) -> Unplaced {
-        let tail = node
-            .map(|n| format!(" (the pod's other claims are on node {n})"))
-            .unwrap_or_default();
+    fn unplaced(&self, ask: &MigAsk<'_>, nodes: &[&MigNode], e: &MigError) -> Unplaced {
         let need = format!("{:.1} GiB", ask.memory_bytes as f64 / GIB as f64);
         let count: usize = nodes.iter().map(|n| n.gpus.len()).sum();
         if count == 0 {
             return Unplaced {
                 never: true,
-                message: format!("no MIG-mode GPU publishes placements{tail}"),
+                message: "no MIG-mode GPU publishes placements".to_owned(),
             };
         }
         if matches!(e, MigError::TooLarge { .. }) {
@@ -471,7 +486,7 @@ impl MigInventory {
             return Unplaced {
                 never: true,
                 message: format!(
-                    "no MIG profile of the {count} MIG-mode GPUs holds {e_req}; the largest: {}{tail}",
+                    "no MIG profile of the {count} MIG-mode GPUs holds {e_req}; the largest: {}",
                     largest.join(", "),
                     e_req = describe(ask, &need),
                 ),
@@ -494,7 +509,7 @@ impl MigInventory {
         Unplaced {
             never: false,
             message: format!(
-                "no free MIG placement holds {}; largest free profile per node: {}{tail}",
+                "no free MIG placement holds {}; largest free profile per node: {}",
                 describe(ask, &need),
                 per_node.join(", ")
             ),

@@ -839,11 +839,9 @@ impl<'v> Placer<'v, '_> {
         }
         drop(whole);
         let avoid = snap.avoid.get(&claim.id.uid);
-        let mut mig = self.mig.clone();
         Some(
-            match place_mig(&mut mig, &pendings, node, avoid, driver.as_str()) {
+            match place_mig(&mut self.mig, &pendings, node, avoid, driver.as_str()) {
                 Ok(parts) => {
-                    self.mig = mig;
                     let allocation = allocation::mig(driver.as_str(), &parts);
                     let grant = Grant {
                         id: claim.grant_id(),
@@ -923,7 +921,8 @@ impl<'v> Placer<'v, '_> {
 /// Places every request of a claim of the MIG class (`pendings`, one per request; `count`
 /// placements each) on MIG placements of `mig`, all on one node: `node` when the pod's
 /// other claims are there, else the node of the first placement, chosen away from `avoid`
-/// where possible. Each placement is taken in `mig` as it is chosen. A request's memory
+/// where possible. Each placement is taken in `mig` as it is chosen, and given back when
+/// a later one does not fit (on failure `mig` is as before). A request's memory
 /// and cores are read as for a share ([`crate::request`]); its CEL selectors must accept
 /// the placement device. `firstAvailable` is refused, naming the request.
 fn place_mig<'p>(
@@ -939,14 +938,32 @@ fn place_mig<'p>(
             p.key, p.request_index
         )));
     }
+    let mut parts = Vec::new();
+    let placed = choose_mig(mig, pendings, node, avoid, driver, &mut parts);
+    if placed.is_err() {
+        for (_, c) in &parts {
+            mig.release(&c.node, &c.device);
+        }
+    }
+    placed.map(|()| parts)
+}
+
+/// [`place_mig`]'s choices, pushed onto `parts` (and taken in `mig`) as they are made.
+fn choose_mig<'p>(
+    mig: &mut MigInventory,
+    pendings: &'p [request::PendingClaim],
+    node: Option<&str>,
+    avoid: Option<&BTreeSet<String>>,
+    driver: &str,
+    parts: &mut Vec<allocation::MigPart<'p>>,
+) -> Result<(), NotPlaced> {
     let evaluator = crate::selector::Evaluator::new().map_err(NotPlaced::Rejected)?;
     let mut at = node.map(str::to_owned);
-    let mut parts = Vec::new();
     for p in pendings {
         // Selectors are evaluated once per device; an evaluation error refuses the claim.
         let mut accepted: BTreeSet<(String, String)> = BTreeSet::new();
         for n in &mig.nodes {
-            for d in n.gpus.iter().flat_map(|g| &g.devices) {
+            for d in n.gpus.iter().flat_map(|g| g.devices.iter()) {
                 if selectors_accept(&evaluator, p, driver, &d.info, &n.name, &d.name)? {
                     accepted.insert((n.name.clone(), d.name.clone()));
                 }
@@ -971,7 +988,8 @@ fn place_mig<'p>(
                 } else {
                     String::new()
                 };
-                NotPlaced::Pending(reason, format!("{which}{}", u.message))
+                let tail = where_others_are(at.as_deref(), parts.is_empty());
+                NotPlaced::Pending(reason, format!("{which}{}{tail}", u.message))
             })?;
             mig.take(&chosen.node, &chosen.device).map_err(|e| {
                 NotPlaced::Pending(
@@ -988,7 +1006,7 @@ fn place_mig<'p>(
             "not allocated: the claim requests no device".into(),
         ));
     }
-    Ok(parts)
+    Ok(())
 }
 
 /// Why [`place_claim`] placed nothing.

@@ -554,3 +554,30 @@ fn memory_from_the_claims_config_as_for_a_share() {
         "{out:?}"
     );
 }
+
+#[test]
+fn a_claim_whose_later_request_does_not_fit_gives_its_placements_back() {
+    let slices = mig_slices("node-a", &[(0, "GPU-a")], None);
+    // x asks 40 GiB and 80 GiB: the 40 fits, the 80 then does not; y's 40 GiB gets the
+    // placement x would have held.
+    let mut x = mig_claim("x", 40);
+    x["spec"]["devices"]["requests"]
+        .as_array_mut()
+        .unwrap()
+        .push(
+            json!({"name": "big", "exactly": {"deviceClassName": "mig.gpu.fgpu.dev",
+                      "capacity": {"requests": {"memory": "80Gi"}}}}),
+        );
+    let pods = [
+        pod("px", "2026-01-01T00:00:01Z", "x"),
+        pod("py", "2026-01-01T00:00:02Z", "y"),
+    ];
+    let p = run(&[x, mig_claim("y", 40)], &pods, &slices);
+    assert_eq!(
+        outcomes(&p),
+        [
+            "x waits (no_fit): request big: no free MIG placement holds memory 80.0 GiB; largest free profile per node: node-a: 4g.40gb (GPU GPU-a) (the claim's other requests are on node node-a)",
+            "y → node-a/gpu-0-mig-3g40gb-4",
+        ]
+    );
+}
