@@ -156,7 +156,7 @@ impl MigAsk<'_> {
     pub fn request(&self, table: &MigTable) -> MigRequest {
         let compute_slices = self.cores.filter(|&c| c > 0).map(|c| {
             let total = u32::from(table.compute_slices);
-            u8::try_from((c * total).div_ceil(100).min(total)).unwrap_or(u8::MAX)
+            u8::try_from(c.saturating_mul(total).div_ceil(100).min(total)).unwrap_or(u8::MAX)
         });
         MigRequest {
             memory_bytes: self.memory_bytes,

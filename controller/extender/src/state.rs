@@ -1316,7 +1316,7 @@ fn place_mig(node: &Node, r: &Request) -> Option<Vec<usize>> {
             memory_bytes: bytes,
             compute_slices: r.cores.filter(|&c| c > 0).map(|c| {
                 let total = u32::from(gpus[k].0.compute_slices);
-                u8::try_from((c * total).div_ceil(100).min(total)).unwrap_or(u8::MAX)
+                u8::try_from(c.saturating_mul(total).div_ceil(100).min(total)).unwrap_or(u8::MAX)
             }),
         };
         let device = |k: usize, p: &MigProfile, start: u8| {
