@@ -7,8 +7,15 @@
 //!
 //!   ```json
 //!   [{"id": "gpu-0", "uuid": "GPU-6c8e...", "model": "NVIDIA A100-SXM4-80GB",
-//!     "memoryBytes": 85899345920, "cores": 100, "numa": 0, "healthy": true}]
+//!     "memoryBytes": 85899345920, "cores": 100, "numa": 0, "healthy": true},
+//!    {"id": "gpu-1", "uuid": "GPU-9a1f...", "model": "NVIDIA H100 80GB HBM3",
+//!     "memoryBytes": 85520809984, "mode": "mig"}]
 //!   ```
+//!
+//!   `mode` (`shared` when absent, `mig`, `whole`) is the GPU's mode. A container placed
+//!   on a MIG-mode GPU is assigned the placement device `gpu-<index>-mig-<profile
+//!   label>-<start>` (`fgpu_driver::mig::parse_device_name` takes it apart) with the
+//!   parent's UUID and the profile's memory; the device plugin creates that instance.
 //!
 //! * Pod, written by the extender at bind, read by the device plugin's `Allocate`:
 //!   [`DriverName::pod_assignment_annotation`] (`gpu.fgpu.dev/assigned-devices`), a
@@ -51,6 +58,32 @@ pub struct NodeGpu {
     /// Health; true when absent.
     #[serde(default = "yes")]
     pub healthy: bool,
+    /// The GPU's mode: `shared` (quota shares; the default, and what an annotation without
+    /// the field means), `mig` (one MIG instance per container, sized to its memory) or
+    /// `whole` (whole-GPU requests only). Left out when `shared`, so annotations without
+    /// MIG read as before.
+    #[serde(default, skip_serializing_if = "NodeGpuMode::is_shared")]
+    pub mode: NodeGpuMode,
+}
+
+/// A GPU's mode in the node inventory annotation ([`NodeGpu::mode`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeGpuMode {
+    /// Quota shares.
+    #[default]
+    Shared,
+    /// Dynamic MIG: the extender picks a profile and placement per container.
+    Mig,
+    /// Whole GPUs only.
+    Whole,
+}
+
+impl NodeGpuMode {
+    /// Whether this is [`NodeGpuMode::Shared`] (the default).
+    pub fn is_shared(&self) -> bool {
+        *self == Self::Shared
+    }
 }
 
 fn hundred() -> u32 {
@@ -86,7 +119,7 @@ pub fn parse_node_gpus(
     };
     let gpus: Vec<NodeGpu> = serde_json::from_str(value).map_err(|e| {
         err(format!(
-            "{e}; expected a JSON array of {{id, uuid, model, memoryBytes, cores, numa, healthy}}"
+            "{e}; expected a JSON array of {{id, uuid, model, memoryBytes, cores, numa, healthy, mode}}"
         ))
     })?;
     for (i, g) in gpus.iter().enumerate() {

@@ -296,6 +296,14 @@ pub mod attr {
     pub const MEMORY: &str = "memory";
     /// A MIG device's parent GPU's UUID (string).
     pub const PARENT_UUID: &str = "parentUUID";
+    /// A GPU device's mode (string): [`MODE_SHARED`] or [`MODE_WHOLE`]. A MIG-mode GPU
+    /// publishes placement devices instead. Absent on slices of older plugins, which read
+    /// as `shared`.
+    pub const MODE: &str = "mode";
+    /// Value of [`MODE`] for a GPU that takes quota shares.
+    pub const MODE_SHARED: &str = "shared";
+    /// Value of [`MODE`] for a GPU that takes only whole-GPU claims (never a share).
+    pub const MODE_WHOLE: &str = "whole";
 }
 
 /// Node labels the kubelet plugin reads.

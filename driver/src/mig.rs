@@ -6,8 +6,10 @@
 //!   from NVIDIA's MIG user guide, and the lookup of a GPU's table by product and memory.
 //! * [`layout`]: which placements of a GPU are taken, and whether another fits.
 //! * [`choose`](mod@choose): the smallest fitting profile and the placement that keeps the large
-//!   profiles possible, on one GPU or across several.
-//! * [`devices`]: the counter set and placement devices a MIG-mode GPU is published as.
+//!   profiles possible, on one GPU or across several, optionally among allowed
+//!   placements; the legacy path's mapping of a request in MiB to a profile.
+//! * [`devices`]: the counter set and placement devices a MIG-mode GPU is published as, and
+//!   their names (made and taken apart).
 //!
 //! [`MigInstance`] is what a backend reports of an instance it created. The rules and the
 //! sources are in `docs/mig.md`.
@@ -19,10 +21,18 @@ pub mod profiles;
 
 use serde::{Deserialize, Serialize};
 
-pub use choose::{MigChoice, MigRequest, choose, choose_across, place};
-pub use devices::{CounterSet, MigDevices, PlacementDevice, mig_devices};
+pub use choose::{
+    MigChoice, MigRequest, choose, choose_across, choose_across_where, choose_where, place,
+    place_where, profile_for_mib,
+};
+pub use devices::{
+    CounterSet, DeviceName, MigDevices, PlacementDevice, device_name, mig_devices,
+    parse_device_name,
+};
 pub use layout::{FreeScore, MigError, MigLayout};
-pub use profiles::{MigProfile, MigTable, Placement, UnknownModel, table_for};
+pub use profiles::{
+    MigProfile, MigTable, Placement, UnknownModel, table_for, tables_with_profiles,
+};
 
 use crate::device::DeviceNode;
 

@@ -22,7 +22,9 @@
 //! ([`kept_consumable_capacity`], [`kept_consumable_in`]).
 //!
 //! Per GPU mode ([`crate::gpu_mode`]): a `shared` GPU is the device above; a `whole` GPU
-//! the same device without consumable capacity (only whole allocations); a `mig` GPU
+//! the same device without consumable capacity (only whole allocations); both carry the
+//! attribute `mode` (`shared` or `whole`), by which the controller keeps shares off a
+//! `whole` GPU where no GPU has consumable capacity; a `mig` GPU
 //! placement devices of type `mig`, with a counter set where the API server keeps
 //! partitionable devices ([`kept_counters`]), else the admin's fixed layout
 //! ([`crate::mig_slice`]). A node with MIG counters has several slices in one pool
@@ -64,9 +66,20 @@ pub struct DeviceTaint {
     pub time_added: String,
 }
 
-fn device_json(gpu: &Gpu, api: ApiVersion, consumable: bool, taint: Option<&DeviceTaint>) -> Value {
+fn device_json(
+    gpu: &Gpu,
+    mode: GpuMode,
+    api: ApiVersion,
+    consumable: bool,
+    taint: Option<&DeviceTaint>,
+) -> Value {
     let mut attributes = Map::new();
     put(&mut attributes, attr::TYPE, "string", json!(attr::TYPE_GPU));
+    let mode = match mode {
+        GpuMode::Whole => attr::MODE_WHOLE,
+        GpuMode::Shared | GpuMode::Mig => attr::MODE_SHARED,
+    };
+    put(&mut attributes, attr::MODE, "string", json!(mode));
     put(&mut attributes, attr::UUID, "string", json!(gpu.uuid));
     put_gpu_attributes(&mut attributes, gpu);
     put(
@@ -222,9 +235,9 @@ pub fn build_node_slices(
         match mode {
             GpuMode::Shared | GpuMode::Whole => {
                 if g.is_healthy() {
-                    devices.push(device_json(g, api, consumable, None));
+                    devices.push(device_json(g, mode, api, consumable, None));
                 } else if let Some(taint) = publish.taints.and_then(|t| t.get(&g.uuid)) {
-                    devices.push(device_json(g, api, consumable, Some(taint)));
+                    devices.push(device_json(g, mode, api, consumable, Some(taint)));
                 }
             }
             GpuMode::Mig => {
@@ -473,6 +486,7 @@ mod tests {
         assert_eq!(d0["allowMultipleAllocations"], true);
         let a = &d0["attributes"];
         assert_eq!(a["type"], json!({"string": "gpu"}));
+        assert_eq!(a["mode"], json!({"string": "shared"}));
         assert_eq!(
             a["uuid"]["string"],
             "GPU-00000000-0000-0000-0000-000000000000"
@@ -749,6 +763,11 @@ mod tests {
         assert_eq!(devices.len(), 1);
         assert_eq!(devices[0]["name"], "gpu-0");
         assert!(devices[0].get("allowMultipleAllocations").is_none());
+        assert_eq!(
+            devices[0]["attributes"]["mode"],
+            json!({"string": "whole"}),
+            "the controller keeps shares off a whole-mode GPU by this attribute"
+        );
         assert_eq!(devices[0]["capacity"]["memory"], json!({"value": "80Gi"}));
         assert_eq!(built.errors.len(), 1);
         assert!(

@@ -1,5 +1,5 @@
 //! A chosen [`Placement`] → the `status.allocation` to write, and the ledger [`Grant`] it
-//! stands for.
+//! stands for; a claim's chosen MIG placements → its `status.allocation` ([`mig`]).
 //!
 //! What kube-scheduler would write (reference `dra.md` §4): one result per chosen GPU
 //! (`request`, `driver`, `pool` = node, `device`), the class's `spec.config` copied with
@@ -91,30 +91,8 @@ pub fn assemble(
             devices.push(d.clone());
         }
     }
-    let copy = |opaque: Option<&OpaqueConfig>, source: &str, requests: Value| {
-        let mut c = json!({"source": source, "requests": requests});
-        if let Some(o) = opaque {
-            c["opaque"] = json!(o);
-        }
-        c
-    };
-    let mut config: Vec<Value> = Vec::new();
-    for (pending, _) in parts {
-        config.extend(pending.class_config.iter().map(|e| {
-            copy(
-                e.opaque.as_ref(),
-                "FromClass",
-                json!([pending.request_name]),
-            )
-        }));
-    }
-    let claim_config = parts.first().map(|(p, _)| p.claim_config.as_slice());
-    config.extend(
-        claim_config
-            .unwrap_or_default()
-            .iter()
-            .map(|e| copy(e.opaque.as_ref(), "FromClaim", json!(e.requests))),
-    );
+    let pendings: Vec<&PendingClaim> = parts.iter().map(|(p, _)| *p).collect();
+    let mut config = copied_config(&pendings);
     // Every device of one request gets the same share (the engine places `count` equal
     // shares), so one entry per request carries it. Whole GPUs may differ in size: their
     // entry leaves memory unset, which reads as "all of the device's memory".
@@ -138,10 +116,79 @@ pub fn assemble(
     }
     let allocation = json!({
         "devices": {"results": results, "config": config},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        "nodeSelector": node_selector(&node),
     });
     (allocation, devices)
+}
+
+/// The configuration every allocation copies: each request's class entries
+/// (`FromClass`), then the claim's entries once (`FromClaim`).
+fn copied_config(pendings: &[&PendingClaim]) -> Vec<Value> {
+    let copy = |opaque: Option<&OpaqueConfig>, source: &str, requests: Value| {
+        let mut c = json!({"source": source, "requests": requests});
+        if let Some(o) = opaque {
+            c["opaque"] = json!(o);
+        }
+        c
+    };
+    let mut config: Vec<Value> = Vec::new();
+    for pending in pendings {
+        config.extend(pending.class_config.iter().map(|e| {
+            copy(
+                e.opaque.as_ref(),
+                "FromClass",
+                json!([pending.request_name]),
+            )
+        }));
+    }
+    let claim_config = pendings.first().map(|p| p.claim_config.as_slice());
+    config.extend(
+        claim_config
+            .unwrap_or_default()
+            .iter()
+            .map(|e| copy(e.opaque.as_ref(), "FromClaim", json!(e.requests))),
+    );
+    config
+}
+
+/// `nodeSelector` for an allocation on `node`.
+fn node_selector(node: &str) -> Value {
+    json!({"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [node]}]}]})
+}
+
+/// One MIG placement of a claim's request: the request, the node and the placement
+/// device ([`crate::mig::Chosen`]).
+pub type MigPart<'p> = (&'p PendingClaim, crate::mig::Chosen);
+
+/// The allocation of a claim of the MIG class placed as `parts` (each request's
+/// placements, in the claim's order, all on one node): one result per placement device,
+/// the configuration copied as for a share, the node selector. No granted entry and no
+/// `consumedCapacity`: a placement is allocated whole, and the instance's memory is its
+/// profile's. `parts` must not be empty.
+pub fn mig(driver: &str, parts: &[MigPart<'_>]) -> Value {
+    let node = parts.first().map(|(_, c)| c.node.as_str()).unwrap_or("");
+    let results: Vec<Value> = parts
+        .iter()
+        .map(|(p, c)| {
+            json!({
+                "request": p.request_name,
+                "driver": driver,
+                "pool": c.node,
+                "device": c.device,
+            })
+        })
+        .collect();
+    let mut pendings: Vec<&PendingClaim> = Vec::new();
+    for (p, _) in parts {
+        if !pendings.iter().any(|q| q.request_name == p.request_name) {
+            pendings.push(p);
+        }
+    }
+    json!({
+        "devices": {"results": results, "config": copied_config(&pendings)},
+        "nodeSelector": node_selector(node),
+    })
 }
 
 #[cfg(test)]

@@ -9,8 +9,10 @@
 //! (bytes) and `cores` (percent, 100 when absent). `v1` and `v1beta2` devices carry these
 //! directly, `v1beta1` devices under `basic` ([`Device::body`]). Slices of other drivers
 //! are ignored; of a pool published in several generations only the newest counts (a pool
-//! may span several slices of one generation). Devices whose `type` is not `gpu` (MIG
-//! placements, `mig`) are left out: they are kube-scheduler's, never a share's. A
+//! may span several slices of one generation). Devices whose `type` is `mig` (MIG
+//! placements) are never a share's: they go, with the pool's `sharedCounters`, into
+//! [`SliceInventory::mig`] ([`crate::mig`]); other types are left out. A GPU published
+//! with the attribute `mode` = `whole` takes only whole-GPU claims ([`is_whole_mode`]). A
 //! device's `taints` are carried to the engine, which keeps a request off a device with a
 //! `NoSchedule` or `NoExecute` taint it does not tolerate (the plugin taints unhealthy
 //! GPUs); so are the taints of the admins' DeviceTaintRules
@@ -34,6 +36,7 @@ use fgpu_api::names::{attr, capacity};
 use fgpu_driver::engine::{Gpu, Inventory, Node, Taint};
 
 use crate::QuantityError;
+use crate::mig::{MigInventory, MigNode, SliceMigDevice};
 use crate::selector::{Attr, DeviceInfo, Quantity};
 
 /// A slice that could not be read.
@@ -72,6 +75,8 @@ pub struct SliceInventory {
     pub errors: Vec<SliceError>,
     /// One error per DeviceTaintRule left out.
     pub rule_errors: Vec<RuleError>,
+    /// The MIG-mode GPUs: their placement devices and counters ([`crate::mig`]).
+    pub mig: MigInventory,
 }
 
 /// A string field that is set and not empty.
@@ -135,8 +140,8 @@ pub fn from_slices<S: Borrow<ResourceSlice>>(
     driver: &str,
     slices: impl IntoIterator<Item = S>,
 ) -> SliceInventory {
-    // pool → (generation, node name, GPUs of the slices of that generation)
-    let mut pools: BTreeMap<String, (i64, String, SliceGpus)> = BTreeMap::new();
+    // pool → (generation, node name, what the slices of that generation hold)
+    let mut pools: BTreeMap<String, (i64, String, SliceParts)> = BTreeMap::new();
     let mut errors = Vec::new();
     let mut names = Interner::default();
     for slice in slices {
@@ -144,33 +149,53 @@ pub fn from_slices<S: Borrow<ResourceSlice>>(
         if slice.spec.driver.as_deref() != Some(driver) {
             continue;
         }
-        match read_slice(&slice.spec, &mut names) {
-            Ok((pool, generation, gpus)) => {
+        let slice_name = slice.metadata.name.as_deref().unwrap_or(UNNAMED);
+        match read_slice(slice_name, &slice.spec, &mut names) {
+            Ok((pool, generation, parts)) => {
                 let entry = pools
                     .entry(pool.clone())
-                    .or_insert_with(|| (generation, pool.clone(), Vec::new()));
+                    .or_insert_with(|| (generation, pool.clone(), SliceParts::default()));
                 if generation > entry.0 {
-                    *entry = (generation, pool, gpus);
+                    *entry = (generation, pool, parts);
                 } else if generation == entry.0 {
-                    entry.2.extend(gpus);
+                    entry.2.extend(parts);
                 }
             }
             Err((field, problem)) => errors.push(SliceError {
-                slice: slice.metadata.name.as_deref().unwrap_or(UNNAMED).to_owned(),
+                slice: slice_name.to_owned(),
                 field,
                 problem,
             }),
         }
     }
     let mut devices = BTreeMap::new();
+    let mut mig = MigInventory::default();
     let nodes = pools
         .into_values()
-        .map(|(_, name, gpus)| {
-            let (gpus, infos): (Vec<Gpu>, Vec<DeviceInfo>) = gpus.into_iter().unzip();
+        .map(|(_, name, parts)| {
+            let (gpus, infos): (Vec<Gpu>, Vec<DeviceInfo>) = parts.gpus.into_iter().unzip();
             devices.insert(
                 name.clone(),
                 gpus.iter().map(|g| g.id.clone()).zip(infos).collect(),
             );
+            errors.extend(parts.mig_errors);
+            if !parts.mig.is_empty() {
+                let uuids = gpus.iter().map(|g| g.uuid.clone()).collect();
+                let (node, problems) =
+                    MigNode::build(&name, parts.mig, &parts.counter_sets, &uuids);
+                errors.extend(
+                    problems
+                        .into_iter()
+                        .map(|(slice, field, problem)| SliceError {
+                            slice,
+                            field,
+                            problem,
+                        }),
+                );
+                if !node.gpus.is_empty() {
+                    mig.nodes.push(node);
+                }
+            }
             Node::new(name, gpus)
         })
         .collect();
@@ -179,6 +204,28 @@ pub fn from_slices<S: Borrow<ResourceSlice>>(
         devices,
         errors,
         rule_errors: Vec::new(),
+        mig,
+    }
+}
+
+/// What the slices of one pool generation hold: GPUs, MIG placement devices and counter
+/// sets.
+#[derive(Default)]
+struct SliceParts {
+    gpus: SliceGpus,
+    mig: Vec<SliceMigDevice>,
+    /// `spec.sharedCounters`: set name → counter → value.
+    counter_sets: BTreeMap<String, BTreeMap<String, u64>>,
+    /// MIG devices left out.
+    mig_errors: Vec<SliceError>,
+}
+
+impl SliceParts {
+    fn extend(&mut self, other: SliceParts) {
+        self.gpus.extend(other.gpus);
+        self.mig.extend(other.mig);
+        self.counter_sets.extend(other.counter_sets);
+        self.mig_errors.extend(other.mig_errors);
     }
 }
 
@@ -250,15 +297,23 @@ fn bad(field: &str, problem: &str) -> FieldError {
     (format!("spec.{field}"), problem.to_owned())
 }
 
-/// The pool, the generation and the GPUs of one slice of this driver.
+/// The pool, the generation and what one slice (`name`) of this driver holds.
 fn read_slice(
+    name: &str,
     spec: &SliceSpec,
     names: &mut Interner,
-) -> Result<(String, i64, SliceGpus), FieldError> {
+) -> Result<(String, i64, SliceParts), FieldError> {
     let pool = pool_name(spec)?;
     let generation = generation(spec)?;
+    let counter_sets = read_counter_sets(spec)?;
     let devices = match &spec.devices {
-        None => return Ok((pool, generation, Vec::new())),
+        None => {
+            let parts = SliceParts {
+                counter_sets,
+                ..SliceParts::default()
+            };
+            return Ok((pool, generation, parts));
+        }
         Some(Checked::Valid(d)) => d,
         Some(Checked::Invalid(_)) => return Err(bad("devices", "not a list")),
     };
@@ -268,17 +323,153 @@ fn read_slice(
         .filter(|(_, d)| is_gpu(d))
         .map(|(i, d)| read_device(i, d, names))
         .collect::<Result<_, _>>()?;
-    Ok((pool, generation, gpus))
+    // A bad MIG device is left out alone: the slice's GPUs stay.
+    let mut mig = Vec::new();
+    let mut mig_errors = Vec::new();
+    for (i, d) in devices.iter().enumerate().filter(|(_, d)| is_mig(d)) {
+        match read_mig_device(name, i, d, names) {
+            Ok(m) => mig.push(m),
+            Err((field, problem)) => mig_errors.push(SliceError {
+                slice: name.to_owned(),
+                field,
+                problem: format!("{problem}; the MIG placement is left out"),
+            }),
+        }
+    }
+    let parts = SliceParts {
+        gpus,
+        mig,
+        counter_sets,
+        mig_errors,
+    };
+    Ok((pool, generation, parts))
 }
 
 /// Whether a device is a GPU the engine may share: its `type` is `gpu`, or it has none
-/// (slices of older plugins). MIG placements (`type` `mig`) are kube-scheduler's: a share
-/// must never land on one.
+/// (slices of older plugins). MIG placements (`type` `mig`) are read apart
+/// ([`read_mig_device`]): a share must never land on one.
 fn is_gpu(d: &Device) -> bool {
     d.body()
         .attributes
         .get(attr::TYPE)
         .is_none_or(|t| t.as_string() == Some(attr::TYPE_GPU))
+}
+
+/// Whether a device is a MIG placement (`type` `mig`).
+fn is_mig(d: &Device) -> bool {
+    d.body()
+        .attributes
+        .get(attr::TYPE)
+        .is_some_and(|t| t.as_string() == Some(attr::TYPE_MIG))
+}
+
+/// Whether a GPU is published in `whole` mode (attribute `mode` = `whole`): it takes only
+/// whole-GPU claims, never a share. A GPU without the attribute (older plugins) is
+/// `shared`.
+pub fn is_whole_mode(info: &DeviceInfo) -> bool {
+    info.attributes
+        .iter()
+        .any(|(k, v)| &**k == attr::MODE && matches!(v, Attr::Str(s) if &**s == attr::MODE_WHOLE))
+}
+
+/// `spec.sharedCounters`: set name → counter → value.
+fn read_counter_sets(
+    spec: &SliceSpec,
+) -> Result<BTreeMap<String, BTreeMap<String, u64>>, FieldError> {
+    let mut out = BTreeMap::new();
+    for (i, set) in spec.shared_counters.iter().enumerate() {
+        let at = |f: &str| format!("spec.sharedCounters[{i}].{f}");
+        let name = non_empty(&set.name).ok_or_else(|| (at("name"), "missing".to_owned()))?;
+        let mut counters = BTreeMap::new();
+        for (c, v) in &set.counters {
+            let n = capacity_u64(v.value.as_ref())
+                .map_err(|p| (at(&format!("counters.{c}.value")), p.to_string()))?;
+            counters.insert(c.clone(), n);
+        }
+        out.insert(name.to_owned(), counters);
+    }
+    Ok(out)
+}
+
+/// The `i`th device of slice `slice` as a MIG placement device: it needs a name and the
+/// attributes `profile`, `memory` and `parentUUID`; its `consumesCounters` names at most
+/// one counter set.
+fn read_mig_device(
+    slice: &str,
+    i: usize,
+    d: &Device,
+    names: &mut Interner,
+) -> Result<SliceMigDevice, FieldError> {
+    let name = named(i, d)?;
+    let body = d.body();
+    let field = |f: &str| body_field(i, d, f);
+    let string = |n: &str| {
+        body.attributes
+            .get(n)
+            .and_then(Attribute::as_string)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                (
+                    field(&format!("attributes[{n:?}]")),
+                    "missing or not a string attribute".to_owned(),
+                )
+            })
+    };
+    let memory = body
+        .attributes
+        .get(attr::MEMORY)
+        .and_then(Attribute::as_int)
+        .and_then(|m| u64::try_from(m).ok())
+        .ok_or_else(|| {
+            (
+                field("attributes[\"memory\"]"),
+                "missing or not a non-negative int attribute".to_owned(),
+            )
+        })?;
+    let (counter_set, consumes) = match body.consumes_counters.as_slice() {
+        [] => (None, BTreeMap::new()),
+        [c] => {
+            let set = non_empty(&c.counter_set).ok_or_else(|| {
+                (
+                    field("consumesCounters[0].counterSet"),
+                    "missing".to_owned(),
+                )
+            })?;
+            let mut consumes = BTreeMap::new();
+            for (n, v) in &c.counters {
+                let value = capacity_u64(v.value.as_ref()).map_err(|p| {
+                    (
+                        field(&format!("consumesCounters[0].counters.{n}.value")),
+                        p.to_string(),
+                    )
+                })?;
+                consumes.insert(n.clone(), value);
+            }
+            (Some(set.to_owned()), consumes)
+        }
+        more => {
+            return Err((
+                field("consumesCounters"),
+                format!(
+                    "{} counter sets; a MIG placement consumes from its GPU's one",
+                    more.len()
+                ),
+            ));
+        }
+    };
+    Ok(SliceMigDevice {
+        slice: slice.to_owned(),
+        path: format!("spec.devices[{i}]"),
+        name: name.to_owned(),
+        profile: string(attr::PROFILE)?,
+        memory,
+        parent_uuid: string(attr::PARENT_UUID)?,
+        product: string(attr::PRODUCT_NAME)?,
+        counter_set,
+        consumes,
+        info: device_info(d, names),
+    })
 }
 
 /// The node a slice's devices are on: its pool's name, or its `nodeName` where the pool
@@ -314,21 +505,31 @@ fn generation(spec: &SliceSpec) -> Result<i64, FieldError> {
     }
 }
 
+/// The name of the `i`th device of a slice; it must be there.
+fn named(i: usize, d: &Device) -> Result<&str, FieldError> {
+    d.name.as_deref().filter(|n| !n.is_empty()).ok_or_else(|| {
+        (
+            format!("spec.devices[{i}].name"),
+            "missing or not a string".to_owned(),
+        )
+    })
+}
+
+/// The path of field `f` of the `i`th device's body (under `basic` in `v1beta1`).
+fn body_field(i: usize, d: &Device, f: &str) -> String {
+    let prefix = if d.basic.is_some() { "basic." } else { "" };
+    format!("spec.devices[{i}].{prefix}{f}")
+}
+
 /// The `i`th device of a slice as a GPU, and what selectors see of it.
 fn read_device(
     i: usize,
     d: &Device,
     names: &mut Interner,
 ) -> Result<(Gpu, DeviceInfo), FieldError> {
-    let at = |field: &str| format!("spec.devices[{i}].{field}");
-    let name = d
-        .name
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| (at("name"), "missing or not a string".to_owned()))?;
+    let name = named(i, d)?;
     let body = d.body();
-    let prefix = if d.basic.is_some() { "basic." } else { "" };
-    let field = |f: &str| at(&format!("{prefix}{f}"));
+    let field = |f: &str| body_field(i, d, f);
     let attrs = &body.attributes;
     let string_attr = |n: &str| -> Result<Option<String>, FieldError> {
         match attrs.get(n) {
@@ -539,11 +740,16 @@ mod tests {
         let mig = json!({
             "name": "gpu-1-mig-1g10gb-6",
             "attributes": {"type": {"string": "mig"}, "profile": {"string": "1g.10gb"},
-                           "parentUUID": {"string": "GPU-1"}},
+                           "parentUUID": {"string": "GPU-1"}, "memory": {"int": 10u64 << 30},
+                           "productName": {"string": "NVIDIA H100 80GB HBM3"}},
             "capacity": {"memory": {"value": "10Gi"}},
             "consumesCounters": [{"counterSet": "gpu-1-counters",
                                   "counters": {"memory-slice-6": {"value": "1"}}}]
         });
+        // The same placement without its memory attribute: left out alone.
+        let mut bad = mig.clone();
+        bad["name"] = json!("gpu-1-mig-1g10gb-5");
+        bad["attributes"].as_object_mut().unwrap().remove("memory");
         let counters = json!({
             "metadata": {"name": "node-a-gpu.fgpu.dev-counters-0"},
             "spec": {"driver": DRIVER, "nodeName": "node-a",
@@ -553,13 +759,40 @@ mod tests {
         });
         let out = from_slices(
             DRIVER,
-            typed([v1_slice("node-a", 1, json!([h100(0), mig])), counters]),
+            typed([v1_slice("node-a", 1, json!([h100(0), mig, bad])), counters]),
         );
-        assert_eq!(out.errors, vec![]);
+        assert_eq!(
+            out.errors,
+            vec![SliceError {
+                slice: format!("node-a-{DRIVER}"),
+                field: "spec.devices[2].attributes[\"memory\"]".into(),
+                problem:
+                    "missing or not a non-negative int attribute; the MIG placement is left out"
+                        .into(),
+            }]
+        );
         let gpus = &out.inventory.nodes[0].gpus;
         assert_eq!(
             gpus.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
             ["gpu-0"]
+        );
+        // The placement is the MIG inventory's, with its counters.
+        let node = &out.mig.nodes[0];
+        assert_eq!(node.name, "node-a");
+        assert_eq!(node.gpus.len(), 1);
+        let g = &node.gpus[0];
+        assert_eq!(
+            (g.parent_uuid.as_str(), g.table.model),
+            ("GPU-1", "H100 80GB")
+        );
+        assert_eq!(g.counter_set.as_deref(), Some("gpu-1-counters"));
+        assert_eq!(g.counters["memory-slice-6"], 1);
+        assert_eq!(
+            g.devices
+                .iter()
+                .map(|d| (d.name.as_str(), d.start))
+                .collect::<Vec<_>>(),
+            [("gpu-1-mig-1g10gb-6", 6)]
         );
     }
 

@@ -8,6 +8,9 @@
 //!
 //! * [`inventory`]: this driver's ResourceSlices (typed) and the admins' DeviceTaintRules →
 //!   the engine's [`Inventory`](fgpu_driver::engine::Inventory).
+//! * [`mig`]: the MIG-mode GPUs the slices publish (placement devices, counters), the
+//!   placements allocated claims hold, and the choice of a placement for a claim of the
+//!   MIG class.
 //! * [`usage`]: every allocated ResourceClaim → the ledger's grants → a rebuilt [`Ledger`](fgpu_driver::ledger::Ledger).
 //! * [`load`]: what the node monitor measured of each claim (`status.devices`) → each
 //!   GPU's measured load, for the engine's usage-aware term.
@@ -44,7 +47,7 @@
 //! `fgpu-plumbing`'s; reading a pod's HAMi annotations is `fgpu_driver::hami`.
 //!
 //! Layering (no module uses one above it): `explain`, `slim`, `mirror`, `metrics`,
-//! `admission`, `selector` → `inventory`, `usage`, `load`, `request`, `allocation` →
+//! `admission`, `selector` → `mig` → `inventory`, `usage`, `load`, `request`, `allocation` →
 //! `hami_pods`, `view` → `cache` → `reconcile` → `write`, `shared` → `server` → `daemon`.
 
 pub mod admission;
@@ -57,6 +60,7 @@ pub mod hami_pods;
 pub mod inventory;
 pub mod load;
 pub mod metrics;
+pub mod mig;
 pub mod mirror;
 pub mod objects;
 pub mod reconcile;

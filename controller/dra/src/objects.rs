@@ -70,10 +70,27 @@ pub fn request_classes(devices: &DeviceClaim) -> Vec<&str> {
     devices.class_names()
 }
 
-/// Whether the claim asks for the shared class.
+/// Whether the claim is the controller's to allocate: it asks for the shared class or the
+/// MIG class.
 pub fn is_shared(claim: &ResourceClaim, driver: &DriverName) -> bool {
-    let class = driver.shared_class();
+    uses_controller_class(&claim.spec.devices, driver)
+}
+
+/// Whether the claim asks for the MIG class (`mig.<driver>`): the controller places it on
+/// a MIG placement ([`crate::mig`]), not as a share.
+pub fn is_mig(claim: &ResourceClaim, driver: &DriverName) -> bool {
+    let class = driver.mig_class();
     request_classes(&claim.spec.devices).contains(&class.as_str())
+}
+
+/// Whether a claim's (or a template's inner) requests name a class the controller
+/// allocates in controller mode: the shared class or the MIG class. The webhook gates the
+/// pods of such claims.
+pub fn uses_controller_class(devices: &DeviceClaim, driver: &DriverName) -> bool {
+    let (shared, mig) = (driver.shared_class(), driver.mig_class());
+    request_classes(devices)
+        .iter()
+        .any(|c| *c == shared || *c == mig)
 }
 
 /// Whether the pod carries the scheduling gate `gate`.

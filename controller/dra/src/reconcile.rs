@@ -40,6 +40,16 @@
 //!    reference `dra.md` §4): the claim is allocated again as in 3, away from the nodes in
 //!    [`Snapshot::avoid`] ([`Action::Allocate`] with `retry`; the caller backs off).
 //!
+//! Claims of the MIG class (`mig.<driver>`) go through the same rules, but not through the
+//! ledger: every allocated claim's MIG placements are marked taken ([`crate::mig`];
+//! one that cannot be, such as two claims on overlapping placements, is reported with the
+//! claims left out of the ledger), and rule 3 places a pending one with
+//! [`crate::mig::MigInventory::choose`] ([`place_mig`]), taking the placement at once so
+//! that one pass never hands out overlapping placements.
+//!
+//! Shares never go to a GPU published in `whole` mode ([`inventory::is_whole_mode`]): it
+//! takes whole-GPU requests only.
+//!
 //! Other pending claims of pods without the gate are kube-scheduler's and left alone.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -49,13 +59,16 @@ use fgpu_api::dra::class::DeviceClass;
 use fgpu_api::dra::slice::ResourceSlice;
 use fgpu_api::names::DriverName;
 use fgpu_driver::engine::model::{Kind, PolicyWorkloads as Workloads};
-use fgpu_driver::engine::{self, Inventory, Policy, ScoreContext, Workload, WorkloadModel};
+use fgpu_driver::engine::{
+    self, GpuShare, Inventory, Policy, ScoreContext, Workload, WorkloadModel,
+};
 use fgpu_driver::ledger::{Grant, Ledger};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::allocation::{self, Allocation};
 use crate::load::{self, UsageAware};
+use crate::mig::{self, MigInventory};
 use crate::request::{self, RequestError};
 use crate::selector::DeviceInfo;
 use crate::usage::{self, UsageError};
@@ -385,12 +398,14 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
             settings.usage_aware.fresh,
         );
     }
-    let ledgered = build_ledger(&snap, inventory, &claims, &referenced, allocate);
+    let mut ledgered = build_ledger(&snap, inventory, &claims, &referenced, allocate);
+    let mig = mig_taken(&snap, &mut ledgered.usage_errors);
     let mut placer = Placer {
         snap,
         settings,
         workloads: Workloads::of(snap.model, snap.now),
         ledger: ledgered.ledger,
+        mig,
         actions: ledgered.revokes,
         planned: BTreeSet::new(),
         allocations: 0,
@@ -423,6 +438,32 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
         shares: shares_per_gpu(&ledger),
         usage: ledger.inventory().clone(),
     }
+}
+
+/// The MIG placements of the inventory with those of every allocated claim taken, the
+/// oldest allocation first; a placement that cannot be taken (unknown, or overlapping one
+/// taken before) is reported in `errors`, naming the claim's result.
+fn mig_taken(snap: &Views<'_>, errors: &mut Vec<UsageError>) -> MigInventory {
+    let mut mig = snap.inventory.mig.clone();
+    let mut holders: Vec<&ClaimView> = snap
+        .claims
+        .iter()
+        .copied()
+        .filter(|c| c.allocated && !c.mig_results.is_empty())
+        .collect();
+    holders.sort_by(|a, b| (&a.allocated_at, &a.key).cmp(&(&b.allocated_at, &b.key)));
+    for c in holders {
+        for r in &c.mig_results {
+            if let Err(problem) = mig.take(&r.node, &r.device) {
+                errors.push(UsageError::Invalid {
+                    claim: c.key.clone(),
+                    path: format!("status.allocation.devices.results[{}].device", r.index),
+                    problem,
+                });
+            }
+        }
+    }
+    mig
 }
 
 /// Per node and GPU of `ledger`'s inventory (same order), the grants that hold part of it.
@@ -662,6 +703,8 @@ struct Placer<'v, 's> {
     settings: &'s Settings,
     workloads: Workloads,
     ledger: Ledger,
+    /// The MIG placements, with every allocated and planned one taken.
+    mig: MigInventory,
     actions: Vec<Action>,
     planned: BTreeSet<&'v str>,
     allocations: usize,
@@ -702,6 +745,9 @@ impl<'v> Placer<'v, '_> {
         claim: &ClaimView,
         node: Option<&str>,
     ) -> Option<Action> {
+        if claim.mig {
+            return self.place_mig(pod, claim, node);
+        }
         let snap = &self.snap;
         let pod_id = &pod.id;
         let whole = (snap.claim)(&claim.id)?;
@@ -755,6 +801,94 @@ impl<'v> Placer<'v, '_> {
         )
     }
 
+    /// The action for one claim of the MIG class of `pod` ([`place_mig`]), placed on `node`
+    /// when given; `None` when the claim changed since its view was taken. A placement
+    /// chosen is taken at once.
+    fn place_mig(
+        &mut self,
+        pod: &PodView,
+        claim: &ClaimView,
+        node: Option<&str>,
+    ) -> Option<Action> {
+        let snap = &self.snap;
+        let driver = &self.settings.driver;
+        let whole = (snap.claim)(&claim.id)?;
+        let read = request::requests_of_class(
+            &whole,
+            &driver.mig_class(),
+            None,
+            &pod.annotations,
+            &pod.id.key(),
+            driver,
+            self.settings.default_policy,
+        );
+        let pendings = match read {
+            Ok(p) => p,
+            Err(e) => return Some(rejected(claim.id.clone(), pod.id.clone(), &e)),
+        };
+        if !whole.spec.devices.constraints.is_empty() {
+            return Some(Action::Rejected {
+                claim: claim.id.clone(),
+                pod: pod.id.clone(),
+                message: format!(
+                    "not allocated: claim {}: spec.devices.constraints: not supported for class {} by the controller",
+                    claim.key,
+                    driver.mig_class()
+                ),
+            });
+        }
+        drop(whole);
+        let avoid = snap.avoid.get(&claim.id.uid);
+        Some(
+            match place_mig(&mut self.mig, &pendings, node, avoid, driver.as_str()) {
+                Ok(parts) => {
+                    let allocation = allocation::mig(driver.as_str(), &parts);
+                    let grant = Grant {
+                        id: claim.grant_id(),
+                        node: parts[0].1.node.clone(),
+                        cpu_milli: 0,
+                        memory_mib: 0,
+                        devices: parts
+                            .iter()
+                            .map(|(_, c)| fgpu_driver::ledger::DeviceGrant {
+                                gpu: c.device.clone(),
+                                memory: c.profile.memory_bytes(),
+                                cores: 0,
+                            })
+                            .collect(),
+                    };
+                    let placed: Vec<String> = parts
+                        .iter()
+                        .map(|(_, c)| {
+                            format!(
+                                "{} (MIG {} of GPU {})",
+                                c.device, c.profile.name, c.parent_uuid
+                            )
+                        })
+                        .collect();
+                    Action::Allocate {
+                        claim: claim.id.clone(),
+                        pod: pod.id.clone(),
+                        message: format!("allocated on {}: {}", grant.node, placed.join(", ")),
+                        allocation: Allocation { allocation, grant },
+                        retry: !pod.gated,
+                    }
+                }
+                Err(NotPlaced::Rejected(message)) => Action::Rejected {
+                    claim: claim.id.clone(),
+                    pod: pod.id.clone(),
+                    message,
+                },
+                Err(NotPlaced::Pending(reason, message)) => Action::Pending {
+                    claim: claim.id.clone(),
+                    pod: pod.id.clone(),
+                    reason,
+                    message,
+                },
+            },
+        )
+    }
+
     /// The `Allocate` action for `claim` placed as `parts` (a retry when the pod is not
     /// gated).
     fn allocated(
@@ -782,6 +916,97 @@ impl<'v> Placer<'v, '_> {
             retry: !pod.gated,
         }
     }
+}
+
+/// Places every request of a claim of the MIG class (`pendings`, one per request; `count`
+/// placements each) on MIG placements of `mig`, all on one node: `node` when the pod's
+/// other claims are there, else the node of the first placement, chosen away from `avoid`
+/// where possible. Each placement is taken in `mig` as it is chosen, and given back when
+/// a later one does not fit (on failure `mig` is as before). A request's memory
+/// and cores are read as for a share ([`crate::request`]); its CEL selectors must accept
+/// the placement device. `firstAvailable` is refused, naming the request.
+fn place_mig<'p>(
+    mig: &mut MigInventory,
+    pendings: &'p [request::PendingClaim],
+    node: Option<&str>,
+    avoid: Option<&BTreeSet<String>>,
+    driver: &str,
+) -> Result<Vec<allocation::MigPart<'p>>, NotPlaced> {
+    if let Some(p) = pendings.iter().find(|p| p.request_name != p.parent) {
+        return Err(NotPlaced::Rejected(format!(
+            "not allocated: claim {}: spec.devices.requests[{}].firstAvailable: not supported for MIG placements by the controller; use exactly",
+            p.key, p.request_index
+        )));
+    }
+    let mut parts = Vec::new();
+    let placed = choose_mig(mig, pendings, node, avoid, driver, &mut parts);
+    if placed.is_err() {
+        for (_, c) in &parts {
+            mig.release(&c.node, &c.device);
+        }
+    }
+    placed.map(|()| parts)
+}
+
+/// [`place_mig`]'s choices, pushed onto `parts` (and taken in `mig`) as they are made.
+fn choose_mig<'p>(
+    mig: &mut MigInventory,
+    pendings: &'p [request::PendingClaim],
+    node: Option<&str>,
+    avoid: Option<&BTreeSet<String>>,
+    driver: &str,
+    parts: &mut Vec<allocation::MigPart<'p>>,
+) -> Result<(), NotPlaced> {
+    let evaluator = crate::selector::Evaluator::new().map_err(NotPlaced::Rejected)?;
+    let mut at = node.map(str::to_owned);
+    for p in pendings {
+        // Selectors are evaluated once per device; an evaluation error refuses the claim.
+        let mut accepted: BTreeSet<(String, String)> = BTreeSet::new();
+        for n in &mig.nodes {
+            for d in n.gpus.iter().flat_map(|g| g.devices.iter()) {
+                if selectors_accept(&evaluator, p, driver, &d.info, &n.name, &d.name)? {
+                    accepted.insert((n.name.clone(), d.name.clone()));
+                }
+            }
+        }
+        let allowed =
+            |n: &str, d: &mig::MigDevice| accepted.contains(&(n.to_owned(), d.name.clone()));
+        let ask = mig::MigAsk {
+            memory_bytes: p.config.memory.unwrap_or(0),
+            cores: p.request.cores,
+            allowed: &allowed,
+        };
+        for _ in 0..p.request.gpus {
+            let chosen = mig.choose(&ask, at.as_deref(), avoid).map_err(|u| {
+                let reason = if u.never {
+                    WaitReason::NeverFits
+                } else {
+                    WaitReason::NoFit
+                };
+                let which = if pendings.len() > 1 || p.request.gpus > 1 {
+                    format!("request {}: ", p.request_name)
+                } else {
+                    String::new()
+                };
+                let tail = where_others_are(at.as_deref(), parts.is_empty());
+                NotPlaced::Pending(reason, format!("{which}{}{tail}", u.message))
+            })?;
+            mig.take(&chosen.node, &chosen.device).map_err(|e| {
+                NotPlaced::Pending(
+                    WaitReason::Internal,
+                    format!("internal: the chosen MIG placement could not be taken: {e}"),
+                )
+            })?;
+            at = Some(chosen.node.clone());
+            parts.push((p, chosen));
+        }
+    }
+    if parts.is_empty() {
+        return Err(NotPlaced::Rejected(
+            "not allocated: the claim requests no device".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Why [`place_claim`] placed nothing.
@@ -913,28 +1138,37 @@ fn allowed_devices(
                 .get(&n.name)
                 .and_then(|d| d.get(&g.id))
                 .unwrap_or(&empty);
-            let mut all = true;
-            for s in &p.selectors {
-                match evaluator.matches(&s.compiled, driver, info) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        all = false;
-                        break;
-                    }
-                    Err(e) => {
-                        return Err(NotPlaced::Rejected(format!(
-                            "not allocated: claim {}: {}: on device {}/{}: {e}",
-                            p.key, s.path, n.name, g.id
-                        )));
-                    }
-                }
-            }
-            if all {
+            if selectors_accept(&evaluator, p, driver, info, &n.name, &g.id)? {
                 out.insert((n.name.clone(), g.id.clone()));
             }
         }
     }
     Ok(Some(out))
+}
+
+/// Whether every selector of `p` accepts the device `node`/`device` (what selectors see of
+/// it: `info`); an evaluation error refuses the claim, as in Kubernetes.
+fn selectors_accept(
+    evaluator: &crate::selector::Evaluator,
+    p: &request::PendingClaim,
+    driver: &str,
+    info: &DeviceInfo,
+    node: &str,
+    device: &str,
+) -> Result<bool, NotPlaced> {
+    for s in &p.selectors {
+        match evaluator.matches(&s.compiled, driver, info) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => {
+                return Err(NotPlaced::Rejected(format!(
+                    "not allocated: claim {}: {}: on device {node}/{device}: {e}",
+                    p.key, s.path
+                )));
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// The indices of `pendings` per claim request (its alternatives, in order).
@@ -1015,7 +1249,8 @@ fn node_order(s: &Search<'_, '_, '_>) -> Vec<usize> {
 }
 
 impl<'p> Search<'_, 'p, '_> {
-    /// `inv` with only the GPUs pending `pi`'s selectors allow.
+    /// `inv` with only the GPUs pending `pi`'s selectors allow, and, for a share, without
+    /// the GPUs in `whole` mode.
     fn filtered(&self, inv: &Inventory, pi: usize) -> Inventory {
         let mut out = inv.clone();
         if let Some(allowed) = &self.allowed[pi] {
@@ -1023,6 +1258,16 @@ impl<'p> Search<'_, 'p, '_> {
                 let name = n.name.clone();
                 n.gpus
                     .retain(|g| allowed.contains(&(name.clone(), g.id.clone())));
+            }
+        }
+        if self.ask.pendings[pi].request.share != GpuShare::Whole {
+            for n in &mut out.nodes {
+                let infos = self.ask.devices.get(&n.name);
+                n.gpus.retain(|g| {
+                    !infos
+                        .and_then(|d| d.get(&g.id))
+                        .is_some_and(inventory::is_whole_mode)
+                });
             }
         }
         out
@@ -1210,10 +1455,30 @@ impl<'p> Search<'_, 'p, '_> {
             let paths: Vec<&str> = self.ask.cross.iter().map(|c| c.path.as_str()).collect();
             format!(" under {}", paths.join(", "))
         };
+        let whole_mode = if p.request.share == GpuShare::Whole {
+            0
+        } else {
+            self.cand
+                .nodes
+                .iter()
+                .flat_map(|n| n.gpus.iter().map(move |g| (n, g)))
+                .filter(|(n, g)| {
+                    self.ask
+                        .devices
+                        .get(&n.name)
+                        .and_then(|d| d.get(&g.id))
+                        .is_some_and(inventory::is_whole_mode)
+                })
+                .count()
+        };
+        let whole_mode = match whole_mode {
+            0 => String::new(),
+            k => format!(" ({k} GPUs in whole mode take whole-GPU claims only)"),
+        };
         NotPlaced::Pending(
             reason,
             format!(
-                "{which}{}{constrained}{alternatives}{tail}",
+                "{which}{}{whole_mode}{constrained}{alternatives}{tail}",
                 explain::pending(&inv, &p.request)
             ),
         )
@@ -1311,6 +1576,9 @@ fn rejected(claim: ObjectId, pod: ObjectId, e: &RequestError) -> Action {
 }
 
 #[cfg(test)]
+mod mig_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
@@ -1320,7 +1588,7 @@ mod tests {
     const GATE: &str = "gpu.fgpu.dev/allocate";
     const FIN: &str = "gpu.fgpu.dev/allocation";
 
-    fn settings() -> Settings {
+    pub(super) fn settings() -> Settings {
         Settings {
             driver: DriverName::default(),
             default_policy: Policy::BINPACK,
@@ -1394,7 +1662,7 @@ mod tests {
         p
     }
 
-    fn run(claims: &[Value], pods: &[Value], slices: &[Value]) -> Plan {
+    pub(super) fn run(claims: &[Value], pods: &[Value], slices: &[Value]) -> Plan {
         plan(
             Snapshot {
                 claims,

@@ -1,5 +1,7 @@
 //! A pending claim of the shared class, with its pod's annotations → the engine's
-//! [`Request`] and [`Policy`].
+//! [`Request`] and [`Policy`]. A claim of the MIG class is read the same way
+//! ([`requests_of_class`]): its memory and cores become the MIG placement's request
+//! ([`crate::mig`]).
 //!
 //! The controller allocates claims whose device requests (one or more; [`requests_in_class`]
 //! gives one [`PendingClaim`] per request, and per alternative of a `firstAvailable`
@@ -181,6 +183,29 @@ pub fn requests_in_class(
     driver: &DriverName,
     default_policy: Policy,
 ) -> Result<Vec<PendingClaim>, RequestError> {
+    requests_of_class(
+        claim,
+        &driver.shared_class(),
+        device_class,
+        pod_annotations,
+        pod_key,
+        driver,
+        default_policy,
+    )
+}
+
+/// [`requests_in_class`] for the requests of class `class` (the shared class, or the MIG
+/// class: [`crate::mig`] reads a MIG claim's memory and cores the same way); a request of
+/// another class is refused, naming its `deviceClassName`.
+pub fn requests_of_class(
+    claim: &ResourceClaim,
+    class: &str,
+    device_class: Option<&DeviceClass>,
+    pod_annotations: &BTreeMap<String, String>,
+    pod_key: &str,
+    driver: &DriverName,
+    default_policy: Policy,
+) -> Result<Vec<PendingClaim>, RequestError> {
     let requests = &claim.spec.devices.requests;
     if requests.is_empty() {
         return Err(claim_error(
@@ -191,6 +216,7 @@ pub fn requests_in_class(
     }
     let ctx = Reading {
         claim,
+        class,
         device_class,
         pod_annotations,
         pod_key,
@@ -322,6 +348,8 @@ fn constraint_requests(
 /// What reading one claim's requests needs.
 struct Reading<'a> {
     claim: &'a ResourceClaim,
+    /// The class every request must be of.
+    class: &'a str,
     device_class: Option<&'a DeviceClass>,
     pod_annotations: &'a BTreeMap<String, String>,
     pod_key: &'a str,
@@ -400,7 +428,7 @@ impl Reading<'_> {
         exact: &ExactDeviceRequest,
         here: &At,
     ) -> Result<PendingClaim, RequestError> {
-        let count = check_exact(exact, here, self.driver)?;
+        let count = check_exact(exact, here, self.class)?;
         let mut entries = effective_config(
             self.claim,
             parent,
@@ -538,16 +566,11 @@ impl At {
     }
 }
 
-/// Checks the `exactly` part of a request or a sub-request (`exact`): the shared class,
+/// Checks the `exactly` part of a request or a sub-request (`exact`): class `class`,
 /// `ExactCount`, no admin access, no derived attributes; returns its count (default 1, at
 /// most 32).
-fn check_exact(
-    exact: &ExactDeviceRequest,
-    here: &At,
-    driver: &DriverName,
-) -> Result<u32, RequestError> {
-    let class = driver.shared_class();
-    if exact.class_name() != Some(class.as_str()) {
+fn check_exact(exact: &ExactDeviceRequest, here: &At, class: &str) -> Result<u32, RequestError> {
+    if exact.class_name() != Some(class) {
         return Err(here.field(
             "deviceClassName",
             format!(

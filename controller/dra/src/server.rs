@@ -35,7 +35,7 @@ use serde_json::Value;
 
 use crate::admission::{self, ClaimSource};
 use crate::hami_pods::{self, Reviewed};
-use crate::objects::request_classes;
+use crate::objects::uses_controller_class;
 use crate::shared::{Mode, Shared};
 
 fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response {
@@ -293,7 +293,8 @@ async fn ensure_template(shared: &Shared, ns: &str, template: &Value) -> Result<
     }
 }
 
-/// Whether the pod needs the gate: any referenced claim or template of the shared class.
+/// Whether the pod needs the gate: any referenced claim or template of the shared class
+/// or the MIG class (both are the controller's to allocate).
 pub(crate) async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
     let pod = &review["request"]["object"];
     let ns = review["request"]["namespace"]
@@ -305,7 +306,11 @@ pub(crate) async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
     {
         return admission::response(review, true, None, None, &[]);
     }
-    let class = shared.driver.shared_class();
+    let class = format!(
+        "{} or {}",
+        shared.driver.shared_class(),
+        shared.driver.mig_class()
+    );
     let mut warnings = Vec::new();
     let mut needs = false;
     for src in admission::pod_sources(pod) {
@@ -326,7 +331,7 @@ pub(crate) async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
                 } else {
                     &v["spec"]["devices"]
                 });
-                if request_classes(&devices).contains(&class.as_str()) {
+                if uses_controller_class(&devices, &shared.driver) {
                     needs = true;
                 }
             }

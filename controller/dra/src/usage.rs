@@ -105,6 +105,11 @@ pub fn claim_grant(
         if r.driver != driver || r.admin_access == Some(true) {
             continue;
         }
+        // A MIG placement is a device of its own, not a share of a GPU: it is counted in
+        // the MIG placements taken (`crate::mig`), not in the ledger.
+        if fgpu_driver::mig::parse_device_name(&r.device).is_some() {
+            continue;
+        }
         let at = ResultAt {
             key: &key,
             index: i,

@@ -27,6 +27,37 @@ use crate::load::{self, DeviceLoad};
 use crate::objects::{self, ObjectId};
 use crate::usage::{self, UsageError};
 
+/// One allocation result of a claim that names a MIG placement device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigResult {
+    /// Its index in `status.allocation.devices.results`.
+    pub index: usize,
+    /// `pool` (the node).
+    pub node: String,
+    /// `device`, e.g. `gpu-0-mig-1g10gb-6`.
+    pub device: String,
+}
+
+/// The results of `driver` in `claim`'s allocation whose device is a MIG placement
+/// ([`fgpu_driver::mig::parse_device_name`]).
+fn mig_results(claim: &ResourceClaim, driver: &DriverName) -> Vec<MigResult> {
+    let Some(alloc) = claim.allocation() else {
+        return Vec::new();
+    };
+    alloc
+        .results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.driver == driver.as_str())
+        .filter(|(_, r)| fgpu_driver::mig::parse_device_name(&r.device).is_some())
+        .map(|(index, r)| MigResult {
+            index,
+            node: r.pool.clone(),
+            device: r.device.clone(),
+        })
+        .collect()
+}
+
 /// What a pass reads of one ResourceClaim.
 #[derive(Clone, Debug)]
 pub struct ClaimView {
@@ -41,8 +72,14 @@ pub struct ClaimView {
     pub deleting: bool,
     /// `status.reservedFor` is not empty.
     pub reserved: bool,
-    /// One of its requests asks for the shared class.
+    /// One of its requests asks for the shared or the MIG class: the controller allocates
+    /// it.
     pub shared: bool,
+    /// One of its requests asks for the MIG class: it is placed on a MIG placement.
+    pub mig: bool,
+    /// Its results of this driver that name MIG placement devices: they are not in the
+    /// ledger, but in the MIG placements taken ([`crate::mig`]).
+    pub mig_results: Vec<MigResult>,
     /// `status.allocation.allocationTimestamp` ("" when absent).
     pub allocated_at: String,
     /// The node of its allocation (the node selector's `metadata.name`).
@@ -76,6 +113,8 @@ impl ClaimView {
             deleting: meta.deletion_timestamp.is_some(),
             reserved: claim.is_reserved(),
             shared: objects::is_shared(claim, driver),
+            mig: objects::is_mig(claim, driver),
+            mig_results: mig_results(claim, driver),
             allocated_at: allocation
                 .and_then(|a| a.allocation_timestamp.clone())
                 .unwrap_or_default(),
@@ -132,6 +171,8 @@ impl ClaimView {
             deleting: false,
             reserved: false,
             shared: false,
+            mig: false,
+            mig_results: Vec::new(),
             allocated_at: String::new(),
             node: None,
             created: 0,

@@ -20,14 +20,16 @@ use fgpu_api::names::{DriverName, LegacyResourceNames};
 use fgpu_driver::engine::WorkloadModel;
 use fgpu_driver::engine::model::PolicyWorkloads;
 use fgpu_driver::engine::{
-    self, GpuPolicy, GpuShare, Inventory, MaxSpec, Node, NodePolicy, Placement, Policy,
-    ScoreContext, Topology,
+    self, Gpu, GpuPolicy, GpuShare, Inventory, MaxSpec, Node, NodePolicy, Placement, Policy,
+    Request, ScoreContext, Toleration, Topology,
 };
 use fgpu_driver::ledger::{DeviceGrant, Grant, Ledger};
+use fgpu_driver::mig::{MigLayout, MigProfile, MigRequest, MigTable};
 use serde_json::{Value, json};
 
 use crate::annotations::{
-    AssignedDevice, ContainerAssignment, PodAssignment, grant_id, parse_node_inventory,
+    AssignedDevice, ContainerAssignment, PodAssignment, WHOLE_MODE_TAINT, grant_id,
+    parse_node_inventory,
 };
 use crate::error::{NoFit, PodError, Unusable};
 use crate::metrics::{Metrics, PendingReason};
@@ -708,7 +710,7 @@ impl Extender {
                 .iter()
                 .map(|&i| {
                     let g = &n.gpus[i];
-                    let (memory, cores) = c.request.per_gpu(g);
+                    let (memory, cores) = granted(&c.request, g);
                     (
                         DeviceGrant {
                             gpu: g.id.clone(),
@@ -1169,22 +1171,35 @@ fn place(
         // usage-aware term stays off (docs/extender.md).
         usage_weight: 0.0,
     };
+    // Whole-GPU requests may use whole-mode GPUs; shares may not.
+    let requests: Vec<Request> = req
+        .containers
+        .iter()
+        .map(|c| with_mode_tolerations(&c.request))
+        .collect();
     // Nodes whose GPUs the model or UUID constraints rule out are answered without the
     // engine (a necessary condition only: the engine decides for the rest).
-    for c in &req.containers {
-        if let Some(allowed) = allowed_gpus(node, &c.request)
-            && allowed < c.request.gpus as usize
+    for (c, r) in req.containers.iter().zip(&requests) {
+        if let Some(allowed) = allowed_gpus(node, r)
+            && allowed < r.gpus as usize
         {
-            return Err(NoFit(why_not_counted(node, c, allowed)));
+            return Err(NoFit(why_not_counted(node, c, r, allowed)));
         }
     }
-    if let [c] = req.containers.as_slice() {
-        return match engine::evaluate_node(0, node, &c.request, policy, &ctx) {
-            Some(Placement { gpus, score, .. }) => Ok(PodPlacement {
+    if let ([c], [r]) = (req.containers.as_slice(), requests.as_slice()) {
+        if let Some(Placement { gpus, score, .. }) = engine::evaluate_node(0, node, r, policy, &ctx)
+        {
+            return Ok(PodPlacement {
                 gpus: vec![gpus],
                 score,
+            });
+        }
+        return match place_mig(node, r) {
+            Some(gpus) => Ok(PodPlacement {
+                gpus: vec![gpus],
+                score: 0.0,
             }),
-            None => Err(NoFit(why_not(node, c))),
+            None => Err(NoFit(why_not(node, c, r))),
         };
     }
     let mut work = node.clone();
@@ -1192,21 +1207,162 @@ fn place(
         gpus: Vec::with_capacity(req.containers.len()),
         score: 0.0,
     };
-    for c in &req.containers {
-        let Some(p) = engine::evaluate_node(0, &work, &c.request, policy, &ctx) else {
-            return Err(NoFit(why_not(&work, c)));
+    for (c, r) in req.containers.iter().zip(&requests) {
+        let gpus = match engine::evaluate_node(0, &work, r, policy, &ctx) {
+            Some(p) => {
+                out.score += p.score;
+                p.gpus
+            }
+            None => place_mig(&work, r).ok_or_else(|| NoFit(why_not(&work, c, r)))?,
         };
-        for &i in &p.gpus {
+        for &i in &gpus {
             let g = &mut work.gpus[i];
-            let (mem, cores) = c.request.per_gpu(g);
+            let (mem, cores) = granted(r, g);
             g.memory_free = g.memory_free.saturating_sub(mem);
             g.cores_free = g.cores_free.saturating_sub(cores);
         }
-        out.score += p.score;
-        out.gpus.push(p.gpus);
+        out.gpus.push(gpus);
     }
     out.score /= req.containers.len() as f64;
     Ok(out)
+}
+
+/// `r` tolerating [`WHOLE_MODE_TAINT`] when it asks for whole GPUs.
+fn with_mode_tolerations(r: &Request) -> Request {
+    let mut r = r.clone();
+    if r.share == GpuShare::Whole {
+        r.tolerations.push(Toleration {
+            key: WHOLE_MODE_TAINT.to_owned(),
+            exists: true,
+            value: String::new(),
+            effect: String::new(),
+        });
+    }
+    r
+}
+
+/// What `r` takes of device `g`: a MIG placement device whole (its profile's memory, no
+/// core quota: the instance's compute slices are its own), else the request's share.
+fn granted(r: &Request, g: &Gpu) -> (u64, u32) {
+    if fgpu_driver::mig::parse_device_name(&g.id).is_some() {
+        (g.memory_total, 0)
+    } else {
+        r.per_gpu(g)
+    }
+}
+
+/// MIG placements on `node` for a request of memory (`nvidia.com/gpumem`; whole-GPU and
+/// percent requests never take one): one placement per GPU asked, each the smallest
+/// profile that holds the memory (and the compute slices its core percent asks, rounded
+/// up) at the placement that keeps the largest profiles possible
+/// ([`fgpu_driver::mig::choose_across_where`]), among the placement devices that are
+/// healthy, hold no grant and pass the request's model and UUID constraints. The taken
+/// placements are those whose device holds a grant. `None` when they do not all fit.
+fn place_mig(node: &Node, r: &Request) -> Option<Vec<usize>> {
+    let GpuShare::Memory { bytes } = r.share else {
+        return None;
+    };
+    // Placement devices (their positions in `node.gpus`) by parent GPU UUID.
+    let mut parents: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, g) in node.gpus.iter().enumerate() {
+        if fgpu_driver::mig::parse_device_name(&g.id).is_none() {
+            continue;
+        }
+        match parents.iter_mut().find(|(u, _)| *u == g.uuid) {
+            Some((_, v)) => v.push(i),
+            None => parents.push((g.uuid.as_str(), vec![i])),
+        }
+    }
+    if parents.is_empty() {
+        return None;
+    }
+    let profile_of = |g: &Gpu, table: &'static MigTable| {
+        let name = fgpu_driver::mig::parse_device_name(&g.id)?;
+        let p = table.profiles.iter().find(|p| p.label() == name.label)?;
+        Some((p, name.start))
+    };
+    let mut gpus: Vec<(&'static MigTable, &[usize], MigLayout)> = Vec::new();
+    for (_, devices) in &parents {
+        let model = &node.gpus[devices[0]].model;
+        let profiles: Vec<(&str, u64)> = devices
+            .iter()
+            .filter_map(|&i| {
+                let name = fgpu_driver::mig::parse_device_name(&node.gpus[i].id)?;
+                let memory = node.gpus[i].memory_total;
+                Some((label_profile(&name.label, memory)?, memory))
+            })
+            .collect();
+        let [table] = fgpu_driver::mig::tables_with_profiles(model, profiles.iter().copied())[..]
+        else {
+            continue;
+        };
+        let mut layout = MigLayout::new(table);
+        for &i in devices {
+            let g = &node.gpus[i];
+            if g.memory_free < g.memory_total
+                && let Some((p, start)) = profile_of(g, table)
+            {
+                // An overlapping grant fails here; its device still holds a grant, so it
+                // is not offered, and `check` keeps what overlaps the others away.
+                let _ = layout.take(p.name, start);
+            }
+        }
+        gpus.push((table, devices.as_slice(), layout));
+    }
+    let mut out = Vec::new();
+    for _ in 0..r.gpus {
+        let layouts: Vec<&MigLayout> = gpus.iter().map(|(_, _, l)| l).collect();
+        let request = |k: usize| MigRequest {
+            memory_bytes: bytes,
+            compute_slices: r.cores.filter(|&c| c > 0).map(|c| {
+                let total = u32::from(gpus[k].0.compute_slices);
+                u8::try_from(c.saturating_mul(total).div_ceil(100).min(total)).unwrap_or(u8::MAX)
+            }),
+        };
+        let device = |k: usize, p: &MigProfile, start: u8| {
+            gpus[k].1.iter().copied().find(|&i| {
+                profile_of(&node.gpus[i], gpus[k].0)
+                    .is_some_and(|(q, s)| q.name == p.name && s == start)
+            })
+        };
+        let allowed = |k: usize, p: &MigProfile, start: u8| {
+            device(k, p, start).is_some_and(|i| {
+                let g = &node.gpus[i];
+                g.healthy
+                    && g.memory_free == g.memory_total
+                    && !out.contains(&i)
+                    && meets_constraints(g, r)
+            })
+        };
+        let (k, c) = fgpu_driver::mig::choose_across_where(&layouts, &request, &allowed).ok()?;
+        let i = device(k, c.profile, c.placement.start)?;
+        out.push(i);
+        let _ = gpus[k].2.take(c.profile.name, c.placement.start);
+    }
+    Some(out)
+}
+
+/// The profile name of label `label` (`1g10gb`) with `memory` bytes in any table: what a
+/// placement device's name and memory say (the tables agree on names and sizes; which
+/// table is the GPU's follows from all of its placements).
+fn label_profile(label: &str, memory: u64) -> Option<&'static str> {
+    fgpu_driver::mig::profiles::TABLES
+        .iter()
+        .flat_map(|t| t.profiles.iter())
+        .find(|p| p.label() == label && p.memory_bytes() == memory)
+        .map(|p| p.name)
+}
+
+/// Whether GPU `g` passes `r`'s UUID and model constraints (as the engine reads them:
+/// case-insensitive substrings for models).
+fn meets_constraints(g: &Gpu, r: &Request) -> bool {
+    let contains = |hay: &str, needle: &str| {
+        let (h, n) = (hay.as_bytes(), needle.as_bytes());
+        n.is_empty() || h.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))
+    };
+    (r.uuid_pin.is_empty() || r.uuid_pin.contains(&g.uuid))
+        && (r.model_include.is_empty() || r.model_include.iter().any(|m| contains(&g.model, m)))
+        && !r.model_exclude.iter().any(|m| contains(&g.model, m))
 }
 
 /// Why container `c` does not fit on `node`, for FailedNodes.
@@ -1217,34 +1373,23 @@ fn allowed_gpus(node: &Node, r: &fgpu_driver::engine::Request) -> Option<usize> 
     if r.model_include.is_empty() && r.model_exclude.is_empty() && r.uuid_pin.is_empty() {
         return None;
     }
-    let contains = |hay: &str, needle: &str| {
-        let (h, n) = (hay.as_bytes(), needle.as_bytes());
-        n.is_empty() || h.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))
-    };
     Some(
         node.gpus
             .iter()
-            .filter(|g| {
-                g.healthy
-                    && (r.uuid_pin.is_empty() || r.uuid_pin.contains(&g.uuid))
-                    && (r.model_include.is_empty()
-                        || r.model_include.iter().any(|m| contains(&g.model, m)))
-                    && !r.model_exclude.iter().any(|m| contains(&g.model, m))
-            })
+            .filter(|g| g.healthy && meets_constraints(g, r))
             .count(),
     )
 }
 
-fn why_not(node: &Node, c: &ContainerRequest) -> String {
-    let fit = node.gpus.iter().filter(|g| c.request.gpu_fits(g)).count();
-    why_not_counted(node, c, fit)
+fn why_not(node: &Node, c: &ContainerRequest, r: &Request) -> String {
+    let fit = node.gpus.iter().filter(|g| r.gpu_fits(g)).count();
+    why_not_counted(node, c, r, fit)
 }
 
 /// Why container `c` does not fit on `node`, where `fit` of its GPUs qualify. No `%` in
 /// the text: kube-scheduler passes an extender's reason through a format string, so a `%`
 /// comes out mangled in the pod's FailedScheduling event ("50%!c(MISSING)ores").
-fn why_not_counted(node: &Node, c: &ContainerRequest, fit: usize) -> String {
-    let r = &c.request;
+fn why_not_counted(node: &Node, c: &ContainerRequest, r: &Request, fit: usize) -> String {
     let each = match r.share {
         GpuShare::Whole => "a whole idle GPU".to_owned(),
         GpuShare::Fraction { milli } => format!("{} percent of the memory", milli / 10),
@@ -1302,7 +1447,7 @@ mod tests {
             name: "main".into(),
             request: r,
         };
-        let why = why_not(&node, &c);
+        let why = why_not(&node, &c, &c.request);
         assert!(!why.contains('%'), "{why}");
         assert!(
             why.contains("50 percent of the memory and 50 percent of the cores free"),

@@ -89,11 +89,37 @@ pub fn candidates(
     Ok(fit)
 }
 
+/// The profile a request of `memory_mib` MiB (and `compute_slices`, when named) gets on a
+/// GPU of model `table`: rule 1's smallest fitting profile, whatever is free. This is the
+/// legacy path's mapping of `nvidia.com/gpumem` on a MIG-mode GPU, as HAMi maps it (the
+/// smallest profile whose memory holds the request); 0 MiB gets the smallest profile.
+pub fn profile_for_mib(
+    table: &'static MigTable,
+    memory_mib: u64,
+    compute_slices: Option<u8>,
+) -> Result<&'static MigProfile, MigError> {
+    let request = MigRequest {
+        memory_bytes: memory_mib.saturating_mul(1 << 20),
+        compute_slices,
+    };
+    Ok(candidates(table, &request)?[0])
+}
+
 /// The profile and placement for `request` on the GPU `layout` (rules 1 and 2).
 pub fn choose(layout: &MigLayout, request: &MigRequest) -> Result<MigChoice, MigError> {
+    choose_where(layout, request, &|_, _| true)
+}
+
+/// [`choose`] among the placements `allowed` accepts (profile, start): a claim's
+/// selectors, the devices a node publishes.
+pub fn choose_where(
+    layout: &MigLayout,
+    request: &MigRequest,
+    allowed: &dyn Fn(&MigProfile, u8) -> bool,
+) -> Result<MigChoice, MigError> {
     let profiles = candidates(layout.table(), request)?;
     for &profile in &profiles {
-        if let Some(best) = place(layout, profile) {
+        if let Some(best) = place_where(layout, profile, allowed) {
             return Ok(best);
         }
     }
@@ -107,9 +133,19 @@ pub fn choose(layout: &MigLayout, request: &MigRequest) -> Result<MigChoice, Mig
 /// The best free placement of `profile` on the GPU `layout` (rule 2), `None` when it has
 /// none. Also places the profiles of an admin's fixed layout, named rather than chosen.
 pub fn place(layout: &MigLayout, profile: &'static MigProfile) -> Option<MigChoice> {
+    place_where(layout, profile, &|_, _| true)
+}
+
+/// [`place`] among the starts `allowed` accepts.
+pub fn place_where(
+    layout: &MigLayout,
+    profile: &'static MigProfile,
+    allowed: &dyn Fn(&MigProfile, u8) -> bool,
+) -> Option<MigChoice> {
     profile
         .starts
         .iter()
+        .filter(|&&start| allowed(profile, start))
         .filter_map(|&start| {
             let placement = layout.check(profile, start).ok()?;
             let mut next = layout.clone();
@@ -135,21 +171,31 @@ pub fn choose_across(
     gpus: &[&MigLayout],
     request: &MigRequest,
 ) -> Result<(usize, MigChoice), MigError> {
+    choose_across_where(gpus, &|_| *request, &|_, _, _| true)
+}
+
+/// [`choose_across`] with the request on each GPU given by `request` (GPU position: a
+/// request in percent of a GPU's compute asks a different number of compute slices of a
+/// 7-slice and a 4-slice model), among the placements `allowed` accepts (GPU position,
+/// profile, start).
+pub fn choose_across_where(
+    gpus: &[&MigLayout],
+    request: &dyn Fn(usize) -> MigRequest,
+    allowed: &dyn Fn(usize, &MigProfile, u8) -> bool,
+) -> Result<(usize, MigChoice), MigError> {
     let mut best: Option<(usize, MigChoice)> = None;
     let mut first_err: Option<MigError> = None;
-    let key = |layout: &MigLayout, c: &MigChoice| {
+    let key = |i: usize, c: &MigChoice| {
         (
-            std::cmp::Reverse(c.profile.memory_bytes() - request.memory_bytes),
-            std::cmp::Reverse(layout.free_memory_slices()),
+            std::cmp::Reverse(c.profile.memory_bytes() - request(i).memory_bytes),
+            std::cmp::Reverse(gpus[i].free_memory_slices()),
             c.largest_after.map(|p| (p.memory_slices, p.compute_slices)),
         )
     };
     for (i, layout) in gpus.iter().enumerate() {
-        match choose(layout, request) {
+        match choose_where(layout, &request(i), &|p, start| allowed(i, p, start)) {
             Ok(c) => {
-                let better = best
-                    .as_ref()
-                    .is_none_or(|(j, b)| key(layout, &c) > key(gpus[*j], b));
+                let better = best.as_ref().is_none_or(|(j, b)| key(i, &c) > key(*j, b));
                 if better {
                     best = Some((i, c));
                 }
@@ -170,8 +216,8 @@ pub fn choose_across(
         }
     }
     best.ok_or_else(|| {
-        first_err.unwrap_or(MigError::NoGpus {
-            request: request.to_string(),
+        first_err.unwrap_or_else(|| MigError::NoGpus {
+            request: request(0).to_string(),
         })
     })
 }
@@ -290,6 +336,48 @@ mod tests {
             .unwrap();
         let c = choose(&l, &req(10, None)).unwrap_err();
         assert!(matches!(c, MigError::NoFreePlacement { .. }));
+    }
+
+    #[test]
+    fn legacy_mib_maps_to_the_smallest_fitting_profile() {
+        let pick = |mib, compute| profile_for_mib(h100(), mib, compute).map(|p| p.name);
+        assert_eq!(pick(0, None).unwrap(), "1g.10gb");
+        assert_eq!(pick(10240, None).unwrap(), "1g.10gb");
+        assert_eq!(pick(10241, None).unwrap(), "2g.20gb");
+        assert_eq!(pick(20480, None).unwrap(), "2g.20gb");
+        assert_eq!(pick(30000, None).unwrap(), "3g.40gb");
+        assert_eq!(pick(81920, None).unwrap(), "7g.80gb");
+        assert_eq!(pick(20480, Some(1)).unwrap(), "1g.20gb");
+        let e = pick(81921, None).unwrap_err();
+        assert!(matches!(e, MigError::TooLarge { .. }), "{e}");
+        assert!(matches!(
+            pick(u64::MAX, None),
+            Err(MigError::TooLarge { .. })
+        ));
+        let a30 = table_for("NVIDIA A30", 24 * GIB).unwrap();
+        assert_eq!(profile_for_mib(a30, 7000, None).unwrap().name, "2g.12gb");
+    }
+
+    #[test]
+    fn allowed_placements_restrict_the_choice() {
+        let empty = MigLayout::new(h100());
+        // Only starts below 4: the 1g.10gb that would go to 6 goes to 3.
+        let c = choose_where(&empty, &req(10, None), &|_, s| s < 4).unwrap();
+        assert_eq!((c.profile.name, c.placement.start), ("1g.10gb", 3));
+        // No 1g.10gb allowed at all: the next profile that holds 10 GiB.
+        let c = choose_where(&empty, &req(10, None), &|p, _| p.name != "1g.10gb").unwrap();
+        assert_eq!(c.profile.name, "2g.20gb");
+        let e = choose_where(&empty, &req(10, None), &|_, _| false).unwrap_err();
+        assert!(matches!(e, MigError::NoFreePlacement { .. }), "{e}");
+        // Across GPUs: the GPU allowed nothing is skipped even when it is the better one.
+        let used = MigLayout::with_instances(h100(), [("3g.40gb", 4)]).unwrap();
+        let ten = |_| req(10, None);
+        let (i, _) = choose_across_where(&[&used, &empty], &ten, &|g, _, _| g == 1).unwrap();
+        assert_eq!(i, 1);
+        // A request per GPU: two compute slices asked of the first GPU only.
+        let each = |g| req(10, (g == 0).then_some(2));
+        let (i, c) = choose_across_where(&[&empty, &empty], &each, &|_, _, _| true).unwrap();
+        assert_eq!((i, c.profile.name), (1, "1g.10gb"));
     }
 
     #[test]

@@ -130,12 +130,7 @@ fn device(
         consumes.insert(MEDIA_EXTENSIONS.into(), 1);
     }
     PlacementDevice {
-        name: format!(
-            "gpu-{}-mig-{}-{}",
-            gpu.index,
-            profile.label(),
-            placement.start
-        ),
+        name: device_name(gpu.index, profile, placement.start),
         profile: profile.name,
         memory_bytes: profile.memory_bytes(),
         parent_uuid: gpu.uuid.clone(),
@@ -144,6 +139,44 @@ fn device(
         counter_set: set.to_owned(),
         consumes,
     }
+}
+
+/// The name of the device of `profile` at memory slice `start` on GPU `gpu_index`:
+/// `gpu-<index>-mig-<profile label>-<start>`.
+pub fn device_name(gpu_index: u32, profile: &MigProfile, start: u8) -> String {
+    format!("gpu-{gpu_index}-mig-{}-{start}", profile.label())
+}
+
+/// A placement device's name taken apart ([`device_name`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceName {
+    /// The parent GPU's index.
+    pub gpu_index: u32,
+    /// The profile's label (`1g10gb`).
+    pub label: String,
+    /// The first memory slice.
+    pub start: u8,
+}
+
+/// The parts of `name` when it is a placement device's name (`gpu-0-mig-1g10gb-3`);
+/// `None` for any other name (a GPU's `gpu-0`, say). Allocations name devices only, so
+/// this is how a claim's result is known to be a MIG placement.
+pub fn parse_device_name(name: &str) -> Option<DeviceName> {
+    let rest = name.strip_prefix("gpu-")?;
+    let (index, rest) = rest.split_once("-mig-")?;
+    let (label, start) = rest.rsplit_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(index) || !digits(start) || label.is_empty() {
+        return None;
+    }
+    if !label.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    Some(DeviceName {
+        gpu_index: index.parse().ok()?,
+        label: label.to_owned(),
+        start: start.parse().ok()?,
+    })
 }
 
 /// The devices of `devices` that fit the GPU's current `layout`: what is still allocatable.
@@ -163,6 +196,34 @@ pub fn free_devices<'a>(devices: &'a MigDevices, layout: &MigLayout) -> Vec<&'a 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_names_round_trip_and_others_are_not_placements() {
+        let table = table_for("NVIDIA H100 80GB HBM3", 80 * GIB).unwrap();
+        for profile in table.profiles {
+            for &start in profile.starts {
+                let name = device_name(3, profile, start);
+                let parsed = parse_device_name(&name).unwrap();
+                assert_eq!(
+                    (parsed.gpu_index, parsed.label.as_str(), parsed.start),
+                    (3, profile.label().as_str(), start),
+                    "{name}"
+                );
+            }
+        }
+        for other in [
+            "gpu-0",
+            "gpu-0-mig-",
+            "gpu-0-mig-1g10gb",
+            "gpu-x-mig-1g10gb-0",
+            "gpu-0-mig-1g10gb-x",
+            "gpu-0-mig-1g.10gb-0",
+            "mig-1g10gb-0",
+            "gpu-0-mig--0",
+        ] {
+            assert_eq!(parse_device_name(other), None, "{other}");
+        }
+    }
     use crate::device::{ComputeCapability, DeviceNode, GIB, Health};
     use crate::mig::profiles::{TABLES, table_for};
 

@@ -307,10 +307,7 @@ pub static TABLES: [MigTable; 6] = [
 /// memory range holds the memory. An unknown GPU is an error naming it, never a guess.
 pub fn table_for(product: &str, memory_bytes: u64) -> Result<&'static MigTable, UnknownModel> {
     let gib = memory_bytes as f64 / GIB as f64;
-    let words: Vec<String> = product
-        .split([' ', '-', '_'])
-        .map(str::to_ascii_uppercase)
-        .collect();
+    let words = family_words(product);
     TABLES
         .iter()
         .find(|t| {
@@ -321,6 +318,37 @@ pub fn table_for(product: &str, memory_bytes: u64) -> Result<&'static MigTable, 
             product: product.to_owned(),
             memory_gib: gib,
         })
+}
+
+/// The tables a MIG-mode GPU called `product` may have, known only by the profiles it
+/// publishes (`profiles`: name and memory in bytes), as a cluster-side reader sees its
+/// placement devices: the models whose family is a word of the name and that have every
+/// one of the profiles with that memory. One table for a GPU that publishes its whole
+/// table (the placements of an A100 40GB and an 80GB differ by their `7g` profile); maybe
+/// several for a fixed layout of small profiles, which the caller must refuse.
+pub fn tables_with_profiles<'a>(
+    product: &str,
+    profiles: impl IntoIterator<Item = (&'a str, u64)> + Clone,
+) -> Vec<&'static MigTable> {
+    let words = family_words(product);
+    TABLES
+        .iter()
+        .filter(|t| words.iter().any(|w| w == t.family))
+        .filter(|t| {
+            profiles
+                .clone()
+                .into_iter()
+                .all(|(name, bytes)| t.profile(name).is_some_and(|p| p.memory_bytes() == bytes))
+        })
+        .collect()
+}
+
+/// The words of a product name that may name a model's family (upper case).
+fn family_words(product: &str) -> Vec<String> {
+    product
+        .split([' ', '-', '_'])
+        .map(str::to_ascii_uppercase)
+        .collect()
 }
 
 /// A GPU with no MIG profile table.
@@ -347,6 +375,43 @@ fn known_models() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tables_are_found_by_the_profiles_a_gpu_publishes() {
+        let all = |product: &str, gib: u64| -> Vec<(&'static str, u64)> {
+            table_for(product, gib * GIB)
+                .unwrap()
+                .profiles
+                .iter()
+                .map(|p| (p.name, p.memory_bytes()))
+                .collect()
+        };
+        let models = |product: &str, profiles: &[(&str, u64)]| -> Vec<&'static str> {
+            tables_with_profiles(product, profiles.iter().copied())
+                .iter()
+                .map(|t| t.model)
+                .collect()
+        };
+        // A whole table names one model.
+        let a100_40 = all("NVIDIA A100-SXM4-40GB", 40);
+        assert_eq!(models("NVIDIA A100-SXM4-40GB", &a100_40), ["A100 40GB"]);
+        let a100_80 = all("NVIDIA A100-SXM4-80GB", 80);
+        assert_eq!(models("NVIDIA A100-SXM4-80GB", &a100_80), ["A100 80GB"]);
+        let h100 = all("NVIDIA H100 80GB HBM3", 80);
+        assert_eq!(models("NVIDIA H100 80GB HBM3", &h100), ["H100 80GB"]);
+        // The family comes from the product: the H100's profiles on an "A100" are the
+        // A100 80GB's.
+        assert_eq!(models("NVIDIA A100 80GB PCIe", &h100), ["A100 80GB"]);
+        // A small fixed layout may fit two models of a family; a profile no model of the
+        // family has fits none, nor does a known name with another size.
+        assert_eq!(
+            models("NVIDIA A100-PCIE", &[("1g.10gb", 10 * GIB)]),
+            ["A100 40GB", "A100 80GB"]
+        );
+        assert!(models("NVIDIA H100 80GB HBM3", &[("1g.5gb", 5 * GIB)]).is_empty());
+        assert!(models("NVIDIA H100 80GB HBM3", &[("1g.10gb", 9 * GIB)]).is_empty());
+        assert!(models("NVIDIA L4", &[("1g.10gb", 10 * GIB)]).is_empty());
+    }
 
     #[test]
     fn products_map_to_their_tables() {

@@ -26,6 +26,10 @@ pub fn node_gpus(inventory: &NodeInventory) -> Vec<NodeGpu> {
             numa: g.numa_node,
             pcie_root: g.pcie_root.clone(),
             healthy: g.health.is_healthy(),
+            // Not passed down yet: every GPU registers as `shared`. A GPU in MIG mode must
+            // write `mig` (and one in whole mode `whole`) for the extender to place MIG
+            // instances on it (docs/mig.md, "Legacy path").
+            mode: Default::default(),
         })
         .collect();
     gpus.sort_by(|a, b| a.id.cmp(&b.id));

@@ -622,3 +622,120 @@ fn daemon_flags_are_checked() {
         "{e:#}"
     );
 }
+
+/// A node whose inventory annotation lists GPUs `(model, GiB, mode)`.
+fn moded_node(name: &str, gpus: &[(&str, u64, &str)]) -> fgpu_api::extender::Node {
+    let list: Vec<serde_json::Value> = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, (model, gib, mode))| {
+            json!({"id": format!("gpu-{i}"), "uuid": format!("GPU-{name}-{i}"), "model": model,
+                   "memoryBytes": gib * GIB, "mode": mode})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {INVENTORY: serde_json::to_string(&list).unwrap()}},
+        "status": {}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn gpumem_on_a_mig_mode_gpu_gets_the_smallest_fitting_profile() {
+    let ext = extender();
+    let cluster = MemoryCluster::default();
+    ext.sync(
+        &[moded_node("n", &[("NVIDIA H100 80GB HBM3", 80, "mig")])],
+        &[],
+        Instant::now(),
+    );
+    // 10, 20 and 40 GiB: 1g.10gb at 6, 2g.20gb at 4, 3g.40gb at 0 (the placement rule),
+    // each granted its profile's memory and no core quota.
+    for (name, mib, device) in [
+        ("p10", 10_240u64, "gpu-0-mig-1g10gb-6"),
+        ("p20", 20_480, "gpu-0-mig-2g20gb-4"),
+        ("p40", 40_960, "gpu-0-mig-3g40gb-0"),
+    ] {
+        let pod = gpu_pod(
+            name,
+            json!({}),
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": mib.to_string()}),
+        );
+        assert_eq!(bind(&ext, &cluster, &pod, "n").await, "", "{name}");
+        let a = assignment(&cluster, name).unwrap();
+        let d = &a.containers[0].devices[0];
+        assert_eq!(
+            (d.id.as_str(), d.uuid.as_str(), d.cores),
+            (device, "GPU-n-0", 0),
+            "{name}"
+        );
+        assert_eq!(
+            d.memory_bytes,
+            (mib << 20).next_multiple_of(10 * GIB),
+            "{name}"
+        );
+    }
+    // A fourth 40 GiB does not fit: filter says so.
+    let fourth = gpu_pod(
+        "p4",
+        json!({}),
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960"}),
+    );
+    let r = ext.filter(&filter_args(&fourth, &["n"]));
+    assert!(r.node_names.unwrap_or_default().is_empty());
+    assert!(r.failed_nodes.contains_key("n"), "{:?}", r.failed_nodes);
+    // After a restart, the placements are read back from the pods' assignments: the
+    // extender, synced from the pod list alone, still refuses the fourth.
+    let again = extender();
+    again.sync(
+        &[moded_node("n", &[("NVIDIA H100 80GB HBM3", 80, "mig")])],
+        &cluster.pods(),
+        Instant::now(),
+    );
+    let r = again.filter(&filter_args(&fourth, &["n"]));
+    assert!(r.failed_nodes.contains_key("n"), "{:?}", r.failed_nodes);
+    let small = gpu_pod(
+        "p5",
+        json!({}),
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "5000"}),
+    );
+    let r = again.filter(&filter_args(&small, &["n"]));
+    assert!(
+        r.failed_nodes.contains_key("n"),
+        "no 1g.10gb starts at slice 7"
+    );
+}
+
+#[tokio::test]
+async fn shares_stay_off_mig_and_whole_mode_gpus() {
+    let ext = extender();
+    let cluster = MemoryCluster::default();
+    ext.sync(
+        &[moded_node(
+            "n",
+            &[
+                ("NVIDIA A100-SXM4-80GB", 80, "whole"),
+                ("NVIDIA A100-SXM4-80GB", 80, "shared"),
+            ],
+        )],
+        &[],
+        Instant::now(),
+    );
+    // Two shares: both on the shared GPU (gpu-1), never on the whole-mode one.
+    for name in ["s1", "s2"] {
+        let pod = hami_pod(name, json!({}), 10_000, 10);
+        assert_eq!(bind(&ext, &cluster, &pod, "n").await, "");
+        assert_eq!(device_of(&cluster, name), "gpu-1", "{name}");
+    }
+    // A whole GPU request takes the whole-mode GPU.
+    let whole = gpu_pod("w", json!({}), json!({"nvidia.com/gpu": "1"}));
+    assert_eq!(bind(&ext, &cluster, &whole, "n").await, "");
+    assert_eq!(device_of(&cluster, "w"), "gpu-0");
+    // A MIG-mode GPU of a model without a table is refused, naming the field.
+    let bad = moded_node("m", &[("NVIDIA L4", 24, "mig")]);
+    let report = ext.sync(&[bad], &[], Instant::now());
+    assert!(
+        format!("{report:?}").contains("[0].mode: mig, but no MIG profile table"),
+        "{report:?}"
+    );
+}
