@@ -62,6 +62,11 @@ done
 for c in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_pid "$c" 20; done
 # anything else started with start_bg (e.g. fgpu components started by the e2e runner)
 for f in "$S"/pids/*.pid; do if [ -f "$f" ]; then stop_pid "$(basename "$f" .pid)" 10; fi; done
+# hack/kueue-install.sh's metrics-certificate symlink into the state removed below
+if [ "$(readlink /etc/kueue/metrics/certs 2>/dev/null)" = "$S/kueue/pki" ]; then
+  rm -f /etc/kueue/metrics/certs
+  rmdir /etc/kueue/metrics /etc/kueue 2>/dev/null || true
+fi
 
 # 4. mounts under our state dirs, deepest first; the pods' network namespaces
 umount_under() {
