@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """What the cluster has granted, read from `kubectl get -o json` output (for test.sh).
 
-  books.py grants <claims.json> <clusterqueues.json> <driver> <pool> <device>
-      one line: "claims=N memory=BYTES kueue=SHARES": the claims allocated on that device,
-      the memory their allocations consume, and the shares Kueue counts as in use
-      (the sum of every ClusterQueue's flavorsUsage)
+  books.py grants <claims.json> <workloads.json> <driver> <pool> <device> <resource>
+      one line: "claims=N memory=BYTES kueue=UNITS": the claims allocated on that device,
+      the memory their allocations consume, and the units of <resource> Kueue has reserved
+      (the admissions of the Workloads whose QuotaReserved is True). Each file is one list,
+      so one consistent snapshot (ClusterQueue status, updated queue by queue, is not)
   books.py usage <clusterqueue.json> <resource>
       "total borrowed" of that resource in one ClusterQueue's status.flavorsUsage
   books.py condition <object.json> <type>
@@ -37,7 +38,7 @@ def results(claim):
     return (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
 
 
-def grants(claims, cqs, driver, pool, device):
+def grants(claims, workloads, driver, pool, device, resource):
     n = mem = 0
     for c in claims["items"]:
         for r in results(c):
@@ -45,10 +46,12 @@ def grants(claims, cqs, driver, pool, device):
                 n += 1
                 mem += quantity((r.get("consumedCapacity") or {}).get("memory", 0))
     used = 0
-    for cq in cqs["items"]:
-        for fl in (cq.get("status") or {}).get("flavorsUsage") or []:
-            for res in fl.get("resources") or []:
-                used += quantity(res.get("total", 0))
+    for wl in workloads["items"]:
+        if not condition(wl, "QuotaReserved").startswith("True "):
+            continue
+        admission = (wl.get("status") or {}).get("admission") or {}
+        for psa in admission.get("podSetAssignments") or []:
+            used += quantity((psa.get("resourceUsage") or {}).get(resource, 0))
     return f"claims={n} memory={mem} kueue={used}"
 
 
@@ -79,7 +82,7 @@ def claim(c):
 def main(argv):
     cmd, args = argv[1], argv[2:]
     if cmd == "grants":
-        print(grants(load(args[0]), load(args[1]), *args[2:5]))
+        print(grants(load(args[0]), load(args[1]), *args[2:6]))
     elif cmd == "usage":
         print(usage(load(args[0]), args[1]))
     elif cmd == "condition":

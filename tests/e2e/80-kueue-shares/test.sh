@@ -15,7 +15,7 @@
 #      the freed capacity of the same GPU; research waits (no quota reserved).
 #   3. serve-production deleted: research is admitted again, by borrowing, and runs.
 # Throughout (a sampler every second): never more than 4 claims or 80 GiB granted on the GPU,
-# never more than 4 shares in use in Kueue's books.
+# never more than 4 shares reserved in Kueue's books (its Workloads' admissions).
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 [ "$K8S_MINOR" -ge 36 ] || skip "Kubernetes $K8S_VERSION: DRA consumable capacity is not on by default before 1.36"
@@ -75,8 +75,8 @@ say "ok: queues active"
 grants_now() { # grants_now [tag]: books.py grants, from files $work/<tag>-*.json
   local f="$work/${1:-now}"
   kubectl get resourceclaims -A -o json >"$f-claims.json" 2>/dev/null || return 1
-  kubectl get clusterqueues -o json >"$f-cqs.json" 2>/dev/null || return 1
-  python3 "$books" grants "$f-claims.json" "$f-cqs.json" "$PLUGIN_DRIVER" "$NODE_NAME" gpu-0
+  kubectl get workloads -A -o json >"$f-workloads.json" 2>/dev/null || return 1
+  python3 "$books" grants "$f-claims.json" "$f-workloads.json" "$PLUGIN_DRIVER" "$NODE_NAME" gpu-0 fgpu.dev/shares
 }
 ( while :; do
     if g="$(grants_now sample)"; then echo "$(date +%s) $g" >>"$work/grants.log"; fi
