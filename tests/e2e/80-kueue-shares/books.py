@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """What the cluster has granted, read from `kubectl get -o json` output (for test.sh).
 
-  books.py grants <claims.json> <workloads.json> <driver> <pool> <device> <resource>
-      one line: "claims=N memory=BYTES kueue=UNITS": the claims allocated on that device,
-      the memory their allocations consume, and the units of <resource> Kueue has reserved
-      (the admissions of the Workloads whose QuotaReserved is True). Each file is one list,
-      so one consistent snapshot (ClusterQueue status, updated queue by queue, is not)
+  books.py grants <list.json> <driver> <pool> <device> <resource>
+      one line: "claims=N memory=BYTES kueue=UNITS" from a list of ResourceClaims and
+      Workloads (`kubectl get resourceclaims,workloads -A -o json`): the claims allocated
+      on that device, the memory their allocations consume, and the units of <resource>
+      Kueue has reserved (the admissions of the Workloads whose QuotaReserved is True).
+      Each kind comes from one list, so one consistent snapshot of it (ClusterQueue
+      status, updated queue by queue, is not)
   books.py usage <clusterqueue.json> <resource>
       "total borrowed" of that resource in one ClusterQueue's status.flavorsUsage
   books.py condition <object.json> <type>
@@ -38,15 +40,17 @@ def results(claim):
     return (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
 
 
-def grants(claims, workloads, driver, pool, device, resource):
+def grants(items, driver, pool, device, resource):
+    claims = [i for i in items["items"] if i.get("kind") == "ResourceClaim"]
+    workloads = [i for i in items["items"] if i.get("kind") == "Workload"]
     n = mem = 0
-    for c in claims["items"]:
+    for c in claims:
         for r in results(c):
             if (r.get("driver"), r.get("pool"), r.get("device")) == (driver, pool, device):
                 n += 1
                 mem += quantity((r.get("consumedCapacity") or {}).get("memory", 0))
     used = 0
-    for wl in workloads["items"]:
+    for wl in workloads:
         if not condition(wl, "QuotaReserved").startswith("True "):
             continue
         admission = (wl.get("status") or {}).get("admission") or {}
@@ -82,7 +86,7 @@ def claim(c):
 def main(argv):
     cmd, args = argv[1], argv[2:]
     if cmd == "grants":
-        print(grants(load(args[0]), load(args[1]), *args[2:6]))
+        print(grants(load(args[0]), *args[1:5]))
     elif cmd == "usage":
         print(usage(load(args[0]), args[1]))
     elif cmd == "condition":
