@@ -11,9 +11,9 @@
 # patches add (the harness serves no webhook for them; see docs/platforms.md).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 lock="$FGPU_ROOT/tests/k8s/kueue"
-ver="$(awk '$1 == "sigs.k8s.io/kueue" {print $2; exit}' "$lock/go.mod")"
+ver="$(tool_version kueue sigs.k8s.io/kueue)"
 [ -n "$ver" ] || die "no sigs.k8s.io/kueue version in $lock/go.mod"
-out="$FGPU_CACHE/k8s/tools/kueue-$ver/bin"
+out="$(tools_bindir "kueue-$ver")"
 if [ ! -f "$out/.complete" ] || [ ! -x "$out/kueue" ]; then
   command -v go >/dev/null || die "Go is not installed (/usr/local/go/bin/go)"
   mkdir -p "$out" "$GOMODCACHE" "$GOCACHE"
