@@ -124,8 +124,9 @@ assert_eq "numa-2: claim allocation" "" "$(jp "$(claim_of numa-2)" '{.status.all
 
 # --- refusals name the field; a dry run creates nothing
 msg="$(hami_pod both 'nvidia.com/gpu: 1, nvidia.com/gpumem: 1000, nvidia.com/gpumem-percentage: 10' | kubectl create -f - 2>&1 || true)"
-grep -q 'gpumem-percentage' <<<"$msg" && grep -q 'ubuntu-container' <<<"$msg" \
-  || fail "gpumem beside gpumem-percentage was not refused naming the field and container: $msg"
+if ! grep -q 'gpumem-percentage' <<<"$msg" || ! grep -q 'ubuntu-container' <<<"$msg"; then
+  fail "gpumem beside gpumem-percentage was not refused naming the field and container: $msg"
+fi
 say "ok: refused: $(cut -c1-200 <<<"$msg")"
 before="$(kubectl -n "$E2E_NS" get resourceclaimtemplates -o name | sort)"
 dry="$(hami_pod dry 'nvidia.com/gpu: 1, nvidia.com/gpumem: 1234' | kubectl create --dry-run=server -o jsonpath='{.spec.resourceClaims[0].resourceClaimTemplateName}' -f - 2>&1)"
