@@ -221,6 +221,7 @@ impl DeviceBackend for FakeBackend {
             source,
         };
         let state_path = mig_state_path(&self.path);
+        let _lock = MigStateFile::lock(&state_path)?;
         let mut state = MigStateFile::load(&state_path)?;
         let existing = state
             .gpus
@@ -285,6 +286,7 @@ impl DeviceBackend for FakeBackend {
         // must still be removable.
         self.node_gpu(gpu_uuid)?;
         let state_path = mig_state_path(&self.path);
+        let _lock = MigStateFile::lock(&state_path)?;
         let mut state = MigStateFile::load(&state_path)?;
         let list = state.gpus.entry(gpu_uuid.to_owned()).or_default();
         let Some(pos) = list.iter().position(|i| i.uuid == mig_uuid) else {
@@ -438,6 +440,29 @@ pub struct MigStateFile {
 }
 
 impl MigStateFile {
+    /// Takes the exclusive advisory lock of the state file at `path` (on `<path>.lock`),
+    /// held until the returned file is dropped. A creation or destruction holds it from its
+    /// read to its write: the kubelet unprepares several claims at once, and two changes
+    /// that both read the file before either wrote it would lose one (a destroyed instance
+    /// written back by the other). A GPU's driver serialises the same calls.
+    pub fn lock(path: &Path) -> Result<std::fs::File, BackendError> {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".lock");
+        let io = |source| BackendError::MigStateIo {
+            path: path.to_owned(),
+            action: "lock",
+            source,
+        };
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(PathBuf::from(name))
+            .map_err(io)?;
+        f.lock().map_err(io)?;
+        Ok(f)
+    }
+
     /// Reads the state file at `path`; a missing file is no instances.
     pub fn load(path: &Path) -> Result<Self, BackendError> {
         let read = read_if_present(path).map_err(|source| BackendError::MigStateIo {
@@ -1464,6 +1489,46 @@ mod tests {
             e.starts_with(r#"deploy/fake/x.yaml: node "n" gpu[0].mode: mig: no MIG profile table for "NVIDIA H100 NVL" with 93.6 GiB"#),
             "{e}"
         );
+    }
+
+    /// Creations and destructions from several threads at once (the kubelet unprepares
+    /// claims in parallel) lose no update: every instance made is listed until destroyed,
+    /// and none is left at the end. Without the state file's lock, a destruction read
+    /// before another's write brought the other's instance back (seen in e2e 35).
+    #[test]
+    fn concurrent_creations_and_destructions_lose_no_update() {
+        let (dir, b) = mig_node("concurrent");
+        for round in 0..10 {
+            let made: Vec<MigInstance> = std::thread::scope(|s| {
+                let b = &b;
+                let handles: Vec<_> = (0..7u8)
+                    .map(|start| {
+                        s.spawn(move || b.create_mig_instance(H100, "1g.10gb", at(start, 1)))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap().unwrap())
+                    .collect()
+            });
+            assert_eq!(
+                b.list_mig_instances(H100).unwrap().len(),
+                7,
+                "round {round}"
+            );
+            std::thread::scope(|s| {
+                let b = &b;
+                for i in &made {
+                    s.spawn(move || b.destroy_mig_instance(H100, &i.uuid).unwrap());
+                }
+            });
+            assert!(
+                b.list_mig_instances(H100).unwrap().is_empty(),
+                "round {round}: left {:?}",
+                b.list_mig_instances(H100).unwrap()
+            );
+        }
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -19,16 +19,25 @@
 #   the kubelet's retry completes the claim with the same instance, and the state file holds
 #   one instance per claim;
 # * deleting the pods destroys the instances (the state file is empty) and leaves no CDI
-#   spec, claim directory or record.
+#   spec, claim directory or record;
+# * controller mode (fgpu-controller --mode controller, its gate webhook): claims asking only
+#   memory (GpuShareConfig, no profile, no CEL) of 10, 20 and 40 GiB, made in that order, get
+#   the smallest fitting profiles at the placements that keep the large ones possible
+#   (1g.10gb at 6, 2g.20gb at 4, 3g.40gb at 0: first fit would have put the 10 GiB at 0),
+#   each container sees its instance's memory, and a fourth 40 GiB claim stays gated and
+#   unallocated with the controller's reason.
+# e2e-timeout: 600
 source "$(dirname "$0")/../lib.sh"
 [ "$K8S_MINOR" -ge 36 ] || skip "Kubernetes $K8S_VERSION: partitionable devices are not on by default before 1.36"
 api=v1
 source "$E2E_DIR/../plugin-lib.sh"
+source "$E2E_DIR/../controller-lib.sh"
 ROOT="$E2E_DIR/../../.."
 
 cleanup() {
   local rc=$?
-  kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  release_workloads
+  controller_cleanup $rc
   delete_tmpl "$E2E_DIR/workload.yaml"
   kubectl delete -f "$ROOT/deploy/deviceclasses.yaml" --ignore-not-found >/dev/null 2>&1 || true
   plugin_cleanup $rc
@@ -171,3 +180,47 @@ kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >&2
 wait_until 60 "every instance destroyed" instances_are ""
 wait_until 30 "no CDI spec, claim directory or record left" nothing_left
 say "ok: the pods' deletion destroyed their instances and left nothing"
+
+# --- controller mode: the controller chooses the profile and the placement
+controller_setup
+start_controller --mode controller
+register_webhooks
+for g in 10 20 40 40; do
+  t="ctl-${g}g"
+  kubectl apply -f - >&2 <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: $t, namespace: $E2E_NS}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: mig.gpu.fgpu.dev}
+      config:
+      - requests: [gpu]
+        opaque:
+          driver: gpu.fgpu.dev
+          parameters: {apiVersion: gpu.fgpu.dev/v1alpha1, kind: GpuShareConfig, memory: ${g}Gi}
+YAML
+done
+for p in ctl-10g ctl-20g ctl-40g; do
+  probe_pod "$p" "$p"
+  wait_until 120 "pod $p ran its probe" sh -c "kubectl -n $E2E_NS logs $p 2>/dev/null | grep -q probe_done"
+done
+assert_eq "controller mode: devices" "gpu-0-mig-1g10gb-6 gpu-0-mig-2g20gb-4 gpu-0-mig-3g40gb-0" \
+  "$(device_of ctl-10g) $(device_of ctl-20g) $(device_of ctl-40g)"
+assert_eq "ctl-10g: allocated by the controller (its finalizer)" "gpu.fgpu.dev/allocation" \
+  "$(jp "resourceclaim/$(jp pod/ctl-10g '{.status.resourceClaimStatuses[0].resourceClaimName}')" '{.metadata.finalizers[*]}')"
+assert_eq "controller mode: instances" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(instances)"
+for p in ctl-10g:10240 ctl-20g:20480 ctl-40g:40960; do
+  assert_eq "${p%%:*} cuMemGetInfo total (MiB)" "${p#*:}" "$(field "${p%%:*}" cuda_total_mib)"
+done
+probe_pod ctl-40g-more ctl-40g
+sleep 15
+assert_eq "ctl-40g-more: still gated" "gpu.fgpu.dev/allocate" "$(jp pod/ctl-40g-more '{.spec.schedulingGates[*].name}')"
+assert_eq "ctl-40g-more: claim allocation" "" "$(jp "resourceclaim/$(jp pod/ctl-40g-more '{.status.resourceClaimStatuses[0].resourceClaimName}')" '{.status.allocation}')"
+say "ok: ctl-40g-more waits: $(grep -o 'no free MIG placement[^"]*' "$work/controller.log" | tail -1)"
+kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >&2
+wait_until 60 "every instance destroyed" instances_are ""
+say "ok: MIG in controller mode"
