@@ -115,6 +115,13 @@ assert_claims_on_gpu() { # every claim of Job $1's pods: a 20Gi share of gpu-0
   done
 }
 cq_usage() { kubectl get clusterqueue "$1" -o json >"$work/cq.json" && python3 "$books" usage "$work/cq.json" fgpu.dev/shares; }
+# A ClusterQueue's status is written after the admission it counts (seen 0 0 right after
+# one): wait for the expected figures, then show them.
+usage_is() { [ "$(cq_usage "$1")" = "$2" ]; }
+assert_usage() { # assert_usage <clusterqueue> <"total borrowed">
+  wait_until 30 "$1 usage (total borrowed) $2" usage_is "$1" "$2"
+  assert_eq "$1 usage (total borrowed)" "$2" "$(cq_usage "$1")"
+}
 without() { comm -23 <(printf '%s\n' "$1") <(printf '%s\n' "$2"); } # lines of $1 not in $2
 # Conditions for wait_until (checked anew each second).
 has_workload() { [ -n "$(workload_of "$1")" ]; }
@@ -133,7 +140,7 @@ wl_r="$(workload_of train-research)"
 wait_until 60 "$wl_r admitted to fgpu-research" admitted_to "$wl_r" fgpu-research
 say "research admitted $((SECONDS - t1))s after its Job was created"
 assert_eq "research Job suspended" false "$(jp job/train-research '{.spec.suspend}')"
-assert_eq "fgpu-research usage (total borrowed)" "3 2" "$(cq_usage fgpu-research)"
+assert_usage fgpu-research "3 2"
 wait_until 120 "train-research's 3 pods Running" n_running train-research 3
 say "research pods running $((SECONDS - t1))s after its Job was created"
 assert_claims_on_gpu train-research
@@ -168,8 +175,8 @@ uids_p="$(claim_uids serve-production)"
 wait_until 30 "production claims in the node's checkpoint" records_are "$uids_p"
 assert_eq "checkpoint records (production only)" "$uids_p" "$(checkpoint_uids)"
 assert_eq "CDI specs (production only)" "$uids_p" "$(cdi_spec_uids)"
-assert_eq "fgpu-production usage (total borrowed)" "3 0" "$(cq_usage fgpu-production)"
-assert_eq "fgpu-research usage (total borrowed)" "0 0" "$(cq_usage fgpu-research)"
+assert_usage fgpu-production "3 0"
+assert_usage fgpu-research "0 0"
 assert_eq "research waits (QuotaReserved)" False "$(cond "$wl_r" QuotaReserved | cut -d' ' -f1)"
 assert_eq "train-research still suspended" true "$(jp job/train-research '{.spec.suspend}')"
 assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) kueue=3" "$(grants_now)"
