@@ -57,7 +57,7 @@ deny() { # deny <doc index> <expected field path>
   local out
   out="$(python3 -c 'import sys; print(open(sys.argv[1]).read().split("\n---\n")[int(sys.argv[2])])' "$bad" "$1" \
     | kubectl create --dry-run=server -f - 2>&1)" && return 1
-  echo "$out" | grep -qF "$2" || { say "denied, but not naming $2: $out"; return 1; }
+  grep -qF "$2" <<<"$out" || { say "denied, but not naming $2: $out"; return 1; }
   say "ok: denied: $(echo "$out" | grep -oF "$2" | head -1)… ($(echo "$out" | sed 's/.*denied the request: //' | cut -c1-140))"
 }
 wait_until 30 "the validating webhook is called" sh -c "python3 -c 'import sys; print(open(sys.argv[1]).read().split(\"\n---\n\")[0])' $bad | kubectl create --dry-run=server -f - 2>&1 | grep -q 'denied the request'"
@@ -89,7 +89,7 @@ out="$(python3 -c 'import sys; print(open(sys.argv[1]).read().split("\n---\n")[4
 say "ok: admitted in high.gpu.fgpu.dev (allowHighPriority: true): $out"
 kubectl delete deviceclass high.gpu.fgpu.dev --ignore-not-found >&2
 warn="$(render "$E2E_DIR/no-memory.yaml" | kubectl create --dry-run=server -f - 2>&1)" || fail "claim without memory refused: $warn"
-echo "$warn" | grep -q "Warning: .*asks for no memory" || fail "no warning for a claim without memory: $warn"
+grep -q "Warning: .*asks for no memory" <<<"$warn" || fail "no warning for a claim without memory: $warn"
 say "ok: warned: $(echo "$warn" | grep -o 'Warning: .*' | cut -c1-120)…"
 say "validating webhook checked in $((SECONDS - t0))s"
 
@@ -139,8 +139,8 @@ render "$E2E_DIR/big.yaml" | kubectl apply -f - >&2
 wait_until 30 "Event GpuAllocationPending on quota-60g" sh -c "kubectl -n $E2E_NS get events --field-selector involvedObject.name=quota-60g,reason=GpuAllocationPending -o name | grep -q ."
 msg="$(ev quota-60g GpuAllocationPending)"
 say "event on quota-60g: $msg"
-echo "$msg" | grep -q "no GPU has 60Gi" || fail "the event does not say what is missing: $msg"
-echo "$msg" | grep -q "best candidate $NODE_NAME/gpu-0" || fail "the event does not name the best candidate: $msg"
+grep -q "no GPU has 60Gi" <<<"$msg" || fail "the event does not say what is missing: $msg"
+grep -q "best candidate $NODE_NAME/gpu-0" <<<"$msg" || fail "the event does not name the best candidate: $msg"
 sleep 3
 assert_eq "quota-60g still gated" "gpu.fgpu.dev/allocate" "$(jp pod/quota-60g '{.spec.schedulingGates[*].name}')"
 assert_eq "quota-60g claim not allocated" "" "$(jp "resourceclaims.resource.k8s.io/$(claim_of quota-60g)" '{.status.allocation}')"
@@ -162,15 +162,15 @@ say "ok: $(grep -o "released: .*claim=$E2E_NS/$c12.*" "$work/controller.log" | h
 assert_eq "quota-60g claim: device" "gpu-0" "$(jp "resourceclaims.resource.k8s.io/$(claim_of quota-60g)" "$r.device}")"
 # By then the model holds the three claims: fragaware ran without falling back.
 msg60="$(ev quota-60g GpuAllocated)"
-echo "$msg60" | grep -q "allocated on $NODE_NAME: gpu-0 (60Gi" || fail "no GpuAllocated event on quota-60g: $msg60"
-if echo "$msg60" | grep -q "$fell_back"; then fail "quota-60g was placed without the workload model: $msg60"; fi
+grep -q "allocated on $NODE_NAME: gpu-0 (60Gi" <<<"$msg60" || fail "no GpuAllocated event on quota-60g: $msg60"
+if grep -q "$fell_back" <<<"$msg60"; then fail "quota-60g was placed without the workload model: $msg60"; fi
 say "ok: quota-60g placed by fragaware with the model of the claims seen"
 assert_eq "quota-60g cuMemGetInfo total (MiB)" 61440 "$(field quota-60g cuda_total_mib)"
 m="$(curl -s "http://$CONTROLLER_METRICS_ADDR/metrics")"
 say "metrics: $(echo "$m" | grep -E '^fgpu_controller_(claims_allocated_total|mode_info)' | tr '\n' ' ')"
-echo "$m" | grep -q '^fgpu_controller_claims_allocated_total 4$' || fail "claims_allocated_total is not 4"
+grep -q '^fgpu_controller_claims_allocated_total 4$' <<<"$m" || fail "claims_allocated_total is not 4"
 wait_until 15 "metric: no claim pending once quota-60g is allocated" pending_is no_fit 0
-echo "$m" | grep -q '^fgpu_controller_mode_info{mode="controller",reason="set by --mode"} 1$' || fail "mode_info does not say controller"
+grep -q '^fgpu_controller_mode_info{mode="controller",reason="set by --mode"} 1$' <<<"$m" || fail "mode_info does not say controller"
 # 4 + 8 + 60 GiB granted on gpu-0 once quota-12g's claim is gone; the per-GPU families name a
 # GPU by the slice device's uuid (gpu_uuid, as the plugin's do), not by its device name
 uuid0="$(kubectl get resourceslices -o json | python3 -c '

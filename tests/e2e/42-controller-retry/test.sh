@@ -78,5 +78,5 @@ r='{.status.allocation.devices.results[0]'
 assert_eq "claim allocated again on the real node" "$NODE_NAME" "$(jp "$c" "$r.pool}")"
 assert_eq "retry-8g cuMemGetInfo total (MiB)" 8192 "$(kubectl -n "$E2E_NS" logs retry-8g | sed -n 's/^cuda_total_mib=//p')"
 ev="$(kubectl -n "$E2E_NS" get events --field-selector "involvedObject.name=${c#*/},reason=AllocationCleared" -o jsonpath='{.items[*].message}')"
-echo "$ev" | grep -q "ghost-node" || fail "no AllocationCleared event naming ghost-node on the claim: '$ev'"
+grep -q "ghost-node" <<<"$ev" || fail "no AllocationCleared event naming ghost-node on the claim: '$ev'"
 say "ok: event AllocationCleared: $ev"

@@ -43,7 +43,7 @@ say "ok: $(grep -o 'allocation mode.*' "$work/controller.log" | head -1)"
 # Read the whole page first: `curl | grep -q` under pipefail fails when grep exits early and
 # curl dies of SIGPIPE on the rest of the page.
 m="$(curl -s "http://$CONTROLLER_METRICS_ADDR/metrics")"
-echo "$m" | grep -q '^fgpu_controller_mode_info{mode="capacity",' || fail "mode_info is not capacity: $(echo "$m" | grep mode_info)"
+grep -q '^fgpu_controller_mode_info{mode="capacity",' <<<"$m" || fail "mode_info is not capacity: $(echo "$m" | grep mode_info)"
 
 apply_tmpl "$E2E_DIR/workload.yaml"
 wait_until 120 "pod cap-4g ran its probe" sh -c "kubectl -n $E2E_NS logs cap-4g 2>/dev/null | grep -q probe_done"

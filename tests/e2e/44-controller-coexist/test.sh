@@ -227,7 +227,7 @@ say "ok: the $want running pods each see $((MEM_GI * 1024)) MiB and are refused 
 waiting=()
 for ns in "$NS_C" "$NS_S"; do
   for p in $(kubectl -n "$ns" get pods -o jsonpath='{.items[*].metadata.name}'); do
-    echo "$running" | grep -qx "$ns/$p" || waiting+=("$ns/$p")
+    grep -qx "$ns/$p" <<<"$running" || waiting+=("$ns/$p")
   done
 done
 assert_eq "pods waiting" $((2 * PER_SIDE - want)) "${#waiting[@]}"

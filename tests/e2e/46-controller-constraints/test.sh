@@ -62,11 +62,11 @@ say "ok: pair $(results pair), a100 $(results a100), fallback $(results fallback
 wait_until 30 "Event GpuClaimRejected on bad-cel" has_event bad-cel GpuClaimRejected
 msg="$(ev bad-cel GpuClaimRejected)"
 say "event on bad-cel: $msg"
-echo "$msg" | grep -qF "spec.devices.requests[0].exactly.selectors[0].cel.expression" || fail "the event does not name the selector: $msg"
+grep -qF "spec.devices.requests[0].exactly.selectors[0].cel.expression" <<<"$msg" || fail "the event does not name the selector: $msg"
 wait_until 30 "Event GpuClaimRejected on distinct" has_event distinct GpuClaimRejected
 msg="$(ev distinct GpuClaimRejected)"
 say "event on distinct: $msg"
-echo "$msg" | grep -qF "spec.devices.constraints[0].distinctAttribute" || fail "the event does not name distinctAttribute: $msg"
+grep -qF "spec.devices.constraints[0].distinctAttribute" <<<"$msg" || fail "the event does not name distinctAttribute: $msg"
 for p in bad-cel distinct; do
   assert_eq "$p still gated" "gpu.fgpu.dev/allocate" "$(jp "pod/$p" '{.spec.schedulingGates[*].name}')"
   assert_eq "$p not allocated" "" "$(results "$p")"

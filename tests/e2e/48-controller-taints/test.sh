@@ -71,7 +71,7 @@ doc 2 | kubectl apply -f - >&2
 wait_until 30 "Event GpuAllocationPending on pinned" sh -c "kubectl -n $E2E_NS get events --field-selector involvedObject.name=pinned,reason=GpuAllocationPending -o name | grep -q ."
 msg="$(ev pinned GpuAllocationPending)"
 say "event on pinned: $msg"
-echo "$msg" | grep -qF "$NODE_NAME/gpu-0 (example.com/maintenance=bios:NoSchedule)" || fail "the event does not name gpu-0 and its taint: $msg"
+grep -qF "$NODE_NAME/gpu-0 (example.com/maintenance=bios:NoSchedule)" <<<"$msg" || fail "the event does not name gpu-0 and its taint: $msg"
 sleep 3
 assert_eq "pinned still gated" "gpu.fgpu.dev/allocate" "$(jp pod/pinned '{.spec.schedulingGates[*].name}')"
 assert_eq "pinned claim not allocated" "" "$(jp "resourceclaims.resource.k8s.io/$(claim_of pinned)" '{.status.allocation}')"

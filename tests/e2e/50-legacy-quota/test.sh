@@ -64,12 +64,12 @@ check_quota gpu-pod $((3000 << 20))
 check_quota gpu-pod-percentage "$(dev gpu-pod-percentage memoryBytes)"
 limits="$(kubectl -n "$E2E_NS" exec gpu-pod -- sh -c 'cat /etc/fgpu/claims/*/limits')"
 say "gpu-pod /etc/fgpu/claims/*/limits: $(tr '\n' ' ' <<<"$limits")"
-echo "$limits" | grep -qx "gpu\.GPU-[0-9a-f-]*\.memory=$((3000 << 20))" || fail "gpu-pod limits file has no gpu.<uuid>.memory=$((3000 << 20))"
-echo "$limits" | grep -qx "gpu\.GPU-[0-9a-f-]*\.cores=30" || fail "gpu-pod limits file has no gpu.<uuid>.cores=30"
+grep -qx "gpu\.GPU-[0-9a-f-]*\.memory=$((3000 << 20))" <<<"$limits" || fail "gpu-pod limits file has no gpu.<uuid>.memory=$((3000 << 20))"
+grep -qx "gpu\.GPU-[0-9a-f-]*\.cores=30" <<<"$limits" || fail "gpu-pod limits file has no gpu.<uuid>.cores=30"
 say "ok: gpu-pod limits file: memory $((3000 << 20)) bytes, cores 30 %"
 envs="$(kubectl -n "$E2E_NS" exec gpu-pod -- env)"
 for kv in CUDA_DEVICE_MEMORY_LIMIT=3000m CUDA_DEVICE_SM_LIMIT=30 FGPU_CORE_LIMIT=30; do
-  echo "$envs" | grep -qx "$kv" || fail "gpu-pod environment lacks $kv: $(echo "$envs" | grep -E 'FGPU|CUDA' | tr '\n' ' ')"
+  grep -qx "$kv" <<<"$envs" || fail "gpu-pod environment lacks $kv: $(echo "$envs" | grep -E 'FGPU|CUDA' | tr '\n' ' ')"
 done
 say "ok: gpu-pod environment has HAMi-core's CUDA_DEVICE_MEMORY_LIMIT=3000m and CUDA_DEVICE_SM_LIMIT=30"
 # Only the granted GPU's device node (gpu-<minor> = /dev/nvidia<minor>).

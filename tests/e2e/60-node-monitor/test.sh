@@ -151,7 +151,7 @@ wait_until 30 "Event GpuMemoryOverQuota on pod bypass" sh -c "kubectl -n $E2E_NS
 note="$(ev GpuMemoryOverQuota)"
 say "      event: $note"
 check "report: the Event names claim, GPU, used vs granted" yes \
-  "$(echo "$note" | grep -q "claim $E2E_NS/$cb holds 4096 MiB of device memory on GPU GPU-e2e00000-0000-4000-8000-000000000000, granted 2048 MiB" && echo yes || echo no)"
+  "$(grep -q "claim $E2E_NS/$cb holds 4096 MiB of device memory on GPU GPU-e2e00000-0000-4000-8000-000000000000, granted 2048 MiB" <<<"$note" && echo yes || echo no)"
 check "report: the Event lists both processes" 2 "$(echo "$note" | grep -o 'pid [0-9]* [0-9]* MiB' | wc -l)"
 check "report: over_quota_total{memory,report}" 1 "$(metrics | sed -n 's/^fgpu_kubelet_plugin_over_quota_total{kind="memory",action="report"} //p')"
 check "report: used memory of the claim (bytes)" "$((4096 << 20))" "$(metric claim_used_memory_bytes "$cb")"
