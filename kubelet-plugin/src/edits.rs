@@ -568,7 +568,9 @@ pub fn plan(
 }
 
 /// The GPU and placement that `device` of `pool` names, when it is named as a MIG
-/// placement device of this node (`gpu-<index>-mig-…`): `None` for any other name; an
+/// placement device (`gpu-<index>-mig-<label>-<start>`, read by
+/// [`mig::parse_device_name`], as the controller and the extender read it): `None` for any
+/// other name; an
 /// error (naming the device and what is wrong) when the GPU is not this node's, has no
 /// profile table, or has no such placement.
 pub fn mig_placement<'a>(
@@ -576,12 +578,7 @@ pub fn mig_placement<'a>(
     pool: &str,
     device: &str,
 ) -> Option<Result<(&'a Gpu, mig::PlacementDevice), String>> {
-    let index: u32 = device
-        .strip_prefix(DEVICE_PREFIX)?
-        .split_once("-mig-")?
-        .0
-        .parse()
-        .ok()?;
+    let index = mig::parse_device_name(device)?.gpu_index;
     let gpu = inventory
         .gpus
         .iter()
