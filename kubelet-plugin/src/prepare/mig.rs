@@ -51,6 +51,7 @@ impl<S: ClaimSource> Plugin<S> {
     /// Sets the research tier's ratios in force (by UUID), as the tier keeper settled
     /// them; a prepare keeps the tiers apart by them ([`crate::tier::check`]).
     pub fn set_gpu_tiers(&self, tiers: BTreeMap<String, TierRatio>) {
+        self.metrics.set_gpu_tiers(&tiers);
         *unpoisoned(&self.gpu_tiers) = tiers;
     }
 
