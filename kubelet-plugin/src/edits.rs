@@ -676,29 +676,46 @@ pub fn contract_uuid(uuid: &str) -> String {
 /// The per-GPU limits in the order the container sees its GPUs (PCI bus id). On a
 /// research-tier GPU the physical part is the claim's grant there divided by the ratio.
 pub fn gpu_limits(devices: &[PlannedDevice]) -> Vec<GpuLimit> {
-    // (pci bus id, minor) → (uuid, memory, cores, any share unthrottled, ratio)
-    let mut by_gpu: BTreeMap<(String, u32), (String, u64, u16, bool, TierRatio)> = BTreeMap::new();
+    /// One GPU's shares in the claim, added up.
+    struct Sum {
+        uuid: String,
+        memory: u64,
+        cores: u16,
+        /// Any share without a core quota.
+        unthrottled: bool,
+        tier: TierRatio,
+    }
+    // Keyed by (PCI bus id, minor): the container's order.
+    let mut by_gpu: BTreeMap<(String, u32), Sum> = BTreeMap::new();
     for d in devices {
         let e = by_gpu
             .entry((d.gpu.pci_bus_id.to_ascii_lowercase(), d.gpu.minor))
-            .or_insert_with(|| (contract_uuid(&d.gpu.uuid), 0, 0, false, d.tier));
-        e.1 = e.1.saturating_add(d.memory_bytes);
-        e.2 += u16::from(d.cores.get());
-        e.3 |= d.cores.get() == 0;
+            .or_insert_with(|| Sum {
+                uuid: contract_uuid(&d.gpu.uuid),
+                memory: 0,
+                cores: 0,
+                unthrottled: false,
+                tier: d.tier,
+            });
+        e.memory = e.memory.saturating_add(d.memory_bytes);
+        e.cores += u16::from(d.cores.get());
+        e.unthrottled |= d.cores.get() == 0;
     }
     by_gpu
         .into_values()
         .enumerate()
-        .map(
-            |(ordinal, (uuid, memory_bytes, cores, unthrottled, tier))| GpuLimit {
-                ordinal,
-                uuid,
-                memory_bytes,
-                // A share without a core quota leaves the GPU unthrottled for the container.
-                cores: if unthrottled { 0 } else { cores.min(100) as u8 },
-                physical_bytes: tier.is_tier().then(|| tier.physical_share(memory_bytes)),
+        .map(|(ordinal, g)| GpuLimit {
+            ordinal,
+            uuid: g.uuid,
+            memory_bytes: g.memory,
+            // A share without a core quota leaves the GPU unthrottled for the container.
+            cores: if g.unthrottled {
+                0
+            } else {
+                g.cores.min(100) as u8
             },
-        )
+            physical_bytes: g.tier.is_tier().then(|| g.tier.physical_share(g.memory)),
+        })
         .collect()
 }
 

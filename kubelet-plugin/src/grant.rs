@@ -741,6 +741,20 @@ mod tests {
 
     /// Claims that try to get `priority: high` without the class's permission, and the ways
     /// a class grants it.
+    /// Each (case, allocation config, error prefix): a claim with one result of request
+    /// `gpu` and that config is refused with an error starting so.
+    fn assert_refused<const N: usize>(cases: [(&str, Value, &str); N]) {
+        for (name, config, want) in cases {
+            let e = resolve(&claim(json!([res("gpu", "gpu-0")]), config), D)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(want),
+                "{name}: got {e:?}, want prefix {want:?}"
+            );
+        }
+    }
+
     #[test]
     fn priority_policy() {
         let high = json!({"priority": "high"});
@@ -797,15 +811,7 @@ mod tests {
                 r#"claim ns/c: status.allocation.devices.config[1].opaque.parameters.priority: "high" is not allowed"#,
             ),
         ];
-        for (name, config, want) in refused {
-            let e = resolve(&claim(json!([res("gpu", "gpu-0")]), config), D)
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.starts_with(want),
-                "{name}: got {e:?}, want prefix {want:?}"
-            );
-        }
+        assert_refused(refused);
         let allowed = [
             (
                 "the class allows it",
@@ -874,15 +880,7 @@ mod tests {
                 "claim ns/c: status.allocation.devices.config[1].opaque.parameters.oversubscribe:",
             ),
         ];
-        for (name, config, want) in refused {
-            let e = resolve(&claim(json!([res("gpu", "gpu-0")]), config), D)
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.starts_with(want),
-                "{name}: got {e:?}, want prefix {want:?}"
-            );
-        }
+        assert_refused(refused);
         let allowed = [
             (
                 "the research class sets it",

@@ -33,7 +33,7 @@ use crate::cluster::{
     REASON_GPU_TIER_CHANGE_REFUSED, SlicePublisher, negotiate, node_event, watch_claims,
 };
 use crate::edits::NodeFiles;
-use crate::gpu_mode::{MODES_FILE, ModeFlag, ModeKeeper, wanted_modes};
+use crate::gpu_mode::{Keeper, MODES_FILE, ModeFlag, ModeKeeper, Setting, Wanted, wanted_modes};
 use crate::grpc::{GrpcError, PluginServer, RegistrationState, Sockets};
 use crate::health::{
     DeviceHealthList, HealthMonitor, HealthService, HealthView, NodeSink, TaintArgs,
@@ -438,28 +438,14 @@ impl SliceState {
         let (tiers, tier_flag) = (&mut self.tiers, &self.tier_flag);
         let gpus = &inventory.gpus;
         let decide = |labels: &std::collections::BTreeMap<String, String>| {
-            let (wanted, errors) = wanted_modes(gpus, labels, flag, |uuid| backend.gpu_mode(uuid));
-            notes.extend(errors);
-            let (refused, error) = modes.settle(&wanted, &busy);
-            notes.extend(error);
-            refusals.extend(refused.iter().map(|r| {
-                (
-                    r.gpu_uuid.clone(),
-                    r.to_string(),
-                    REASON_GPU_MODE_CHANGE_REFUSED,
-                )
-            }));
-            let (wanted, errors) = wanted_tiers(gpus, labels, tier_flag);
-            notes.extend(errors);
-            let (refused, error) = tiers.settle(&wanted, &busy);
-            notes.extend(error);
-            refusals.extend(refused.iter().map(|r| {
-                (
-                    r.gpu_uuid.clone(),
-                    r.to_string(),
-                    REASON_GPU_TIER_CHANGE_REFUSED,
-                )
-            }));
+            let mut settled = Settled {
+                notes: &mut notes,
+                refusals: &mut refusals,
+            };
+            let wanted = wanted_modes(gpus, labels, flag, |uuid| backend.gpu_mode(uuid));
+            settled.settle(modes, wanted, &busy, REASON_GPU_MODE_CHANGE_REFUSED);
+            let wanted = wanted_tiers(gpus, labels, tier_flag);
+            settled.settle(tiers, wanted, &busy, REASON_GPU_TIER_CHANGE_REFUSED);
             GpuSettings {
                 modes: modes.modes().clone(),
                 tiers: tiers.modes().clone(),
@@ -513,6 +499,34 @@ impl SliceState {
             tracing::error!("{n}");
         }
         self.notes = now;
+    }
+}
+
+/// What settling the GPUs' settings had to say: messages to log, and refused changes
+/// (GPU, message, Event reason) to tell in Node Events.
+struct Settled<'a> {
+    notes: &'a mut Vec<String>,
+    refusals: &'a mut Vec<(String, String, &'static str)>,
+}
+
+impl Settled<'_> {
+    /// Settles one setting's `wanted` values (and the messages of reading them) in
+    /// `keeper`, keeping what it says.
+    fn settle<V: Setting>(
+        &mut self,
+        keeper: &mut Keeper<V>,
+        (wanted, errors): (std::collections::BTreeMap<String, Wanted<V>>, Vec<String>),
+        busy: &std::collections::BTreeMap<String, Vec<String>>,
+        reason: &'static str,
+    ) {
+        self.notes.extend(errors);
+        let (refused, error) = keeper.settle(&wanted, busy);
+        self.notes.extend(error);
+        self.refusals.extend(
+            refused
+                .iter()
+                .map(|r| (r.gpu_uuid.clone(), r.to_string(), reason)),
+        );
     }
 }
 

@@ -1928,6 +1928,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn managed_memory_takes_no_device_memory_and_is_counted_apart() {
+        let mut st = State::new();
+        let device = st.alloc(0, 1 << 20).unwrap();
+        let managed = st.alloc_managed(0, 3 << 20).unwrap();
+        assert_ne!(device, managed);
+        assert_eq!((st.devs[0].used, st.devs[0].managed), (1 << 20, 3 << 20));
+        assert_eq!(st.free(managed), CUDA_SUCCESS);
+        assert_eq!((st.devs[0].used, st.devs[0].managed), (1 << 20, 0));
+        assert_eq!(st.free(managed), CUDA_ERROR_INVALID_VALUE, "freed once");
+        assert_eq!(st.free(device), CUDA_SUCCESS);
+        assert_eq!(st.devs[0].used, 0);
+    }
+
+    #[test]
     fn parses_sizes() {
         assert_eq!(parse_bytes("80Gi"), Some(80 << 30));
         assert_eq!(parse_bytes("10G"), Some(10_000_000_000));
