@@ -456,6 +456,15 @@ impl<V: Setting> Keeper<V> {
         &self.current
     }
 
+    /// Records `value` as in force on each of `gpus` (UUIDs) with no record yet, so that
+    /// [`Self::settle`] treats a change from it like any other (refused while the GPU holds
+    /// claims) instead of taking the wanted setting at first sight.
+    pub fn assume_unseen<'a>(&mut self, gpus: impl IntoIterator<Item = &'a str>, value: V) {
+        for uuid in gpus {
+            self.current.entry(uuid.to_owned()).or_insert(value);
+        }
+    }
+
     /// Takes each wanted setting unless the GPU holds prepared claims (`busy`: claims by
     /// GPU UUID) and has another setting now; returns the refusals not reported before, and
     /// an error when the keeper's file could not be written. A GPU seen for the first time

@@ -42,6 +42,7 @@ use crate::prepare::{Plugin, PluginConfig};
 use crate::slices::GpuSettings;
 use crate::tier::{TIERS_FILE, TierFlag, TierKeeper, wanted_tiers};
 use fgpu_driver::device::NodeInventory;
+use fgpu_driver::device::TierRatio;
 
 /// Settings of [`run`].
 #[derive(Clone, Debug)]
@@ -444,6 +445,9 @@ impl SliceState {
             };
             let wanted = wanted_modes(gpus, labels, flag, |uuid| backend.gpu_mode(uuid));
             settled.settle(modes, wanted, &busy, REASON_GPU_MODE_CHANGE_REFUSED);
+            // A GPU the keeper has no record of was off the tier (a plugin without tiers
+            // prepared its claims): putting it on the tier waits for its claims to go.
+            tiers.assume_unseen(gpus.iter().map(|g| g.uuid.as_str()), TierRatio::NONE);
             let wanted = wanted_tiers(gpus, labels, tier_flag);
             settled.settle(tiers, wanted, &busy, REASON_GPU_TIER_CHANGE_REFUSED);
             GpuSettings {

@@ -13,7 +13,8 @@
 //! A value that is not a ratio is reported (naming the label or entry) and skipped. A
 //! change is taken only while the GPU holds no prepared claim ([`TierKeeper`], the mode
 //! keeper's rule), and the ratios in force are kept in the state directory
-//! ([`TIERS_FILE`]).
+//! ([`TIERS_FILE`]). Unlike a mode, a GPU the keeper has no record of is taken to be off the
+//! tier (`Keeper::assume_unseen`): its claims were prepared as production ones.
 //!
 //! A tier GPU is published with `memory` capacity physical × ratio and the attributes
 //! `tier: research`, `physicalMemory` and `oversubscribeRatio` (see [`crate::slices`]);
@@ -192,6 +193,13 @@ mod tests {
         assert_eq!(k.modes()[&a], TierRatio::NONE);
         k.settle(&want("1.5"), &BTreeMap::new());
         assert_eq!(k.modes()[&a].to_string(), "1.5");
+        // A GPU with claims and no record (a plugin without tiers prepared them) is
+        // assumed off the tier: labelling it waits for its claims.
+        let mut k = TierKeeper::default();
+        k.assume_unseen([a.as_str()], TierRatio::NONE);
+        let (r, _) = k.settle(&want("1.5"), &busy);
+        assert_eq!(r.len(), 1);
+        assert_eq!(k.modes()[&a], TierRatio::NONE);
     }
 
     fn tiers(g: &Gpu, ratio: &str) -> BTreeMap<String, TierRatio> {
