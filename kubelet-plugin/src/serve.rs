@@ -536,7 +536,7 @@ impl Settled<'_> {
 
 /// The prepared claims (`namespace/name`) on each GPU, by UUID: a GPU with any cannot
 /// change its mode.
-fn claims_by_gpu(
+pub(crate) fn claims_by_gpu(
     claims: &std::collections::BTreeMap<String, crate::checkpoint::ClaimRecord>,
 ) -> std::collections::BTreeMap<String, Vec<String>> {
     let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();

@@ -61,7 +61,7 @@ impl<S: ClaimSource> Plugin<S> {
     }
 
     /// The mode of the GPU `uuid`: as last set, else the backend's, else `shared`.
-    fn gpu_mode(&self, uuid: &str) -> GpuMode {
+    pub fn gpu_mode(&self, uuid: &str) -> GpuMode {
         if let Some(m) = unpoisoned(&self.gpu_modes).as_ref() {
             return m.get(uuid).copied().unwrap_or_default();
         }
