@@ -262,7 +262,7 @@ pub enum BackendError {
     },
 
     /// The backend cannot create, destroy or list MIG instances.
-    #[error("the {backend} backend does not support MIG instances{}", if *backend == "nvml" { " (nvml-wrapper has no GPU instance calls yet)" } else { "" })]
+    #[error("the {backend} backend does not support MIG instances")]
     MigUnsupported {
         /// The backend's name.
         backend: &'static str,
