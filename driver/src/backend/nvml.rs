@@ -313,6 +313,25 @@ fn read_minors() -> Result<mig::MigMinors, String> {
 }
 
 impl NvmlBackend {
+    /// Every GPU's MIG mode and GPU instance profiles as NVML reports them, beside fgpu's
+    /// table for its model: only get calls, nothing is changed (`fgpu-kubelet-plugin
+    /// mig-profiles`).
+    pub fn mig_profiles(&self) -> Result<Vec<mig::GpuProfiles>, BackendError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| nvml_err("nvmlDeviceGetCount", None, e))?;
+        (0..count)
+            .map(|i| {
+                let dev = self
+                    .nvml
+                    .device_by_index(i)
+                    .map_err(|e| nvml_err("nvmlDeviceGetHandleByIndex", Some(i), e))?;
+                Ok(mig::GpuProfiles::read(self.nvml.lib(), i, &dev))
+            })
+            .collect()
+    }
+
     /// The GPU `uuid`'s handle.
     fn device(&self, uuid: &str) -> Result<Device<'static>, BackendError> {
         self.nvml.device_by_uuid(uuid).map_err(|e| match e {

@@ -624,6 +624,110 @@ pub fn compare(table: &MigTable, nvml: &[NvmlProfile]) -> Vec<String> {
     out
 }
 
+/// One GPU's MIG profiles as NVML reports them, beside fgpu's table for its model.
+#[derive(Clone, Debug)]
+pub struct GpuProfiles {
+    /// NVML index.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Product name.
+    pub name: String,
+    /// Memory in bytes.
+    pub memory_bytes: u64,
+    /// MIG mode (current, pending), or why it could not be read (`None`: no MIG).
+    pub mode: Result<Option<(bool, bool)>, String>,
+    /// NVML's GPU instance profiles.
+    pub profiles: Vec<NvmlProfile>,
+    /// fgpu's table for the model, or why there is none.
+    pub table: Result<&'static MigTable, String>,
+}
+
+impl GpuProfiles {
+    /// Reads GPU `dev` (index `index`): only get calls, nothing is changed.
+    pub fn read(lib: &sys::NvmlLib, index: u32, dev: &Device<'_>) -> Self {
+        let name = dev.name().unwrap_or_else(|e| format!("(name unread: {e})"));
+        let memory_bytes = dev.memory_info().map(|m| m.total).unwrap_or(0);
+        let mode = match dev.mig_mode() {
+            Ok(m) => Ok(Some((
+                m.current == sys::NVML_DEVICE_MIG_ENABLE,
+                m.pending == sys::NVML_DEVICE_MIG_ENABLE,
+            ))),
+            Err(NvmlError::NotSupported) => Ok(None),
+            Err(e) => Err(format!("nvmlDeviceGetMigMode: {e}")),
+        };
+        Self {
+            index,
+            uuid: dev.uuid().unwrap_or_else(|e| format!("(uuid unread: {e})")),
+            table: crate::mig::table_for(&name, memory_bytes).map_err(|e| e.to_string()),
+            name,
+            memory_bytes,
+            mode,
+            profiles: read_profiles(lib, dev),
+        }
+    }
+
+    /// The report's lines for this GPU, and its mismatch count.
+    pub fn report(&self) -> (String, usize) {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let mode = match &self.mode {
+            Ok(None) => "not supported".to_owned(),
+            Ok(Some((cur, pending))) => format!(
+                "{} (pending {})",
+                if *cur { "enabled" } else { "disabled" },
+                if *pending { "enabled" } else { "disabled" }
+            ),
+            Err(e) => format!("unread: {e}"),
+        };
+        let _ = writeln!(
+            out,
+            "GPU {} {} {:?} {:.1} GiB: MIG mode {mode}",
+            self.index,
+            self.uuid,
+            self.name,
+            self.memory_bytes as f64 / (1u64 << 30) as f64
+        );
+        for p in &self.profiles {
+            let placements = match &p.placements {
+                Ok(pl) => placements_text(pl),
+                Err(e) => format!("unread ({e})"),
+            };
+            let _ = writeln!(
+                out,
+                "  profile {:<13} id {:>2}: {} compute slices, {} MiB, {} instances; placements {placements}",
+                gpu_instance_profile_name(p.index),
+                p.id,
+                p.slices,
+                p.memory_mib,
+                p.instances
+            );
+        }
+        if self.profiles.is_empty() {
+            let _ = writeln!(out, "  NVML gives no GPU instance profile");
+        }
+        let mismatches = match &self.table {
+            Ok(t) => {
+                let diff = compare(t, &self.profiles);
+                if diff.is_empty() {
+                    let _ = writeln!(out, "  fgpu's table {}: agrees", t.model);
+                } else {
+                    let _ = writeln!(out, "  fgpu's table {}: {} mismatches", t.model, diff.len());
+                    for d in &diff {
+                        let _ = writeln!(out, "    {d}");
+                    }
+                }
+                diff.len()
+            }
+            Err(e) => {
+                let _ = writeln!(out, "  fgpu has no table: {e}");
+                0
+            }
+        };
+        (out, mismatches)
+    }
+}
+
 /// `{0,2,4}:2 {0}:8`: placements grouped by size, as `nvidia-smi mig -lgipp` prints them.
 pub fn placements_text(placements: &[Placement]) -> String {
     let mut by_size: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
@@ -728,6 +832,28 @@ mod tests {
                 placements: Ok(p.placements().collect()),
             })
             .collect()
+    }
+
+    #[test]
+    fn report_lists_profiles_and_mismatches() {
+        let mut g = GpuProfiles {
+            index: 0,
+            uuid: "GPU-1".into(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            memory_bytes: 80 * GIB,
+            mode: Ok(Some((false, false))),
+            profiles: nvml_h100(),
+            table: Ok(h100()),
+        };
+        let (text, n) = g.report();
+        assert_eq!(n, 0, "{text}");
+        assert!(text.starts_with("GPU 0 GPU-1 \"NVIDIA H100 80GB HBM3\" 80.0 GiB: MIG mode disabled (pending disabled)\n"), "{text}");
+        assert!(text.contains("placements {0,1,2,3,4,5,6}:1\n"), "{text}");
+        assert!(text.contains("fgpu's table H100 80GB: agrees"), "{text}");
+        g.profiles.pop();
+        let (text, n) = g.report();
+        assert_eq!(n, 1, "{text}");
+        assert!(text.contains("1 mismatches"), "{text}");
     }
 
     #[test]
