@@ -131,8 +131,8 @@ impl<S: ClaimSource> Plugin<S> {
     /// The start-up reconcile: lists the instances of the node's GPUs; destroys those no
     /// record names; creates again the vanished instance of a `PrepareCompleted` claim at
     /// its placement (rewriting its CDI spec and record), or marks it lost. A
-    /// `PrepareStarted` claim is left to the kubelet's retry. A backend without MIG
-    /// (NVML today) is skipped.
+    /// `PrepareStarted` claim is left to the kubelet's retry. A backend without MIG is
+    /// skipped.
     pub fn reconcile_mig(&self) -> MigReconcile {
         let mut out = MigReconcile::default();
         let inventory = match self.backend.inventory(&self.cfg.node_name) {
