@@ -253,7 +253,10 @@ impl DeviceBackend for NvmlBackend {
                 table.profile_names().join(", ")
             ))
         })?;
-        let (gi, ci) = mig::create(self.nvml.lib(), &dev, wanted, placement).map_err(failed)?;
+        // A container cannot use an instance without its capability nodes: check the
+        // minors can be read before anything is made.
+        read_minors().map_err(&failed)?;
+        let (gi, ci) = mig::create(self.nvml.lib(), &dev, wanted, placement).map_err(&failed)?;
         let listed = mig::list(self.nvml.lib(), &dev, gpu_uuid, minor, table, &read_minors)
             .map_err(|e| {
                 failed(format!(

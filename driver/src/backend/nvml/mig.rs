@@ -389,7 +389,8 @@ fn gpu_instance(
 }
 
 /// The instances of `dev` (GPU `gpu_uuid`, device minor `minor`, profiles `table`):
-/// each MIG device with its GPU instance's profile and placement and its nodes.
+/// each MIG device with its GPU instance's profile and placement and its nodes (the
+/// capability nodes from `minors`; without them, the parent's node alone, logged).
 pub fn list(
     lib: &sys::NvmlLib,
     dev: &Device<'static>,
@@ -414,7 +415,11 @@ pub fn list(
             by_id.insert(info.id, p);
         }
     }
-    let minors = minors()?;
+    // Without the minors the instances are still listed (so that they can be destroyed),
+    // with the parent's node alone.
+    let minors = minors()
+        .inspect_err(|e| tracing::warn!(gpu = %gpu_uuid, "MIG instances listed without their capability nodes: {e}"))
+        .ok();
     let mut out = Vec::new();
     for d in devices {
         let gi = gpu_instance(lib, dev, d.gi).map_err(|e| e.to_string())?;
@@ -425,7 +430,9 @@ pub fn list(
             |p| p.name.to_owned(),
         );
         let mut device_nodes = vec![dev_node(&format!("nvidia{minor}"))];
-        device_nodes.extend(minors.nodes(minor, d.gi, d.ci)?);
+        if let Some(m) = &minors {
+            device_nodes.extend(m.nodes(minor, d.gi, d.ci)?);
+        }
         out.push(MigInstance {
             uuid: d.uuid,
             gpu_uuid: gpu_uuid.to_owned(),
