@@ -456,7 +456,7 @@ mod tests {
         struct Plain;
         impl DeviceBackend for Plain {
             fn name(&self) -> &'static str {
-                "nvml"
+                "plain"
             }
             fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
                 Ok(Vec::new())
@@ -468,11 +468,11 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "the nvml backend does not support MIG instances (nvml-wrapper has no GPU instance calls yet)"
+            "the plain backend does not support MIG instances"
         );
         assert!(matches!(
             Plain.list_mig_instances("GPU-1"),
-            Err(BackendError::MigUnsupported { backend: "nvml" })
+            Err(BackendError::MigUnsupported { backend: "plain" })
         ));
         assert!(matches!(
             Plain.destroy_mig_instance("GPU-1", "MIG-1"),
