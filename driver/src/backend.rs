@@ -9,9 +9,9 @@
 //!
 //! MIG instances are created, destroyed and listed through the backend too
 //! ([`DeviceBackend::create_mig_instance`] and its siblings). The fake models them, with
-//! their limits and failures, in a state file beside its profile; the NVML backend does not
-//! yet (`nvml-wrapper` 0.13 has no GPU instance calls), and answers
-//! [`BackendError::MigUnsupported`].
+//! their limits and failures, in a state file beside its profile; the NVML backend makes
+//! NVML's GPU and compute instance calls (`nvml::mig`, untested on hardware). A backend
+//! without them answers [`BackendError::MigUnsupported`].
 
 use std::path::PathBuf;
 
