@@ -560,6 +560,9 @@ pub mod legacy {
     pub const ANNOTATION_NOUSE_GPU_TYPE: &str = "nvidia.com/nouse-gputype";
     /// Pod annotation: comma-separated GPU UUIDs the pod may use.
     pub const ANNOTATION_USE_GPU_UUID: &str = "nvidia.com/use-gpuuuid";
+    /// Pod annotation (HAMi): which kind of device the pod's containers get: `mig` (MIG
+    /// instances only) or `hami-core` (quota shares only).
+    pub const ANNOTATION_VGPU_MODE: &str = "nvidia.com/vgpu-mode";
     /// Pod annotation: comma-separated GPU UUIDs the pod must not use.
     pub const ANNOTATION_NOUSE_GPU_UUID: &str = "nvidia.com/nouse-gpuuuid";
     /// Pod annotation: node policy override, `binpack` or `spread`.

@@ -9,9 +9,9 @@
 //!
 //! MIG instances are created, destroyed and listed through the backend too
 //! ([`DeviceBackend::create_mig_instance`] and its siblings). The fake models them, with
-//! their limits and failures, in a state file beside its profile; the NVML backend does not
-//! yet (`nvml-wrapper` 0.13 has no GPU instance calls), and answers
-//! [`BackendError::MigUnsupported`].
+//! their limits and failures, in a state file beside its profile; the NVML backend makes
+//! NVML's GPU and compute instance calls (`nvml::mig`, untested on hardware). A backend
+//! without them answers [`BackendError::MigUnsupported`].
 
 use std::path::PathBuf;
 
@@ -262,7 +262,7 @@ pub enum BackendError {
     },
 
     /// The backend cannot create, destroy or list MIG instances.
-    #[error("the {backend} backend does not support MIG instances{}", if *backend == "nvml" { " (nvml-wrapper has no GPU instance calls yet)" } else { "" })]
+    #[error("the {backend} backend does not support MIG instances")]
     MigUnsupported {
         /// The backend's name.
         backend: &'static str,
@@ -456,7 +456,7 @@ mod tests {
         struct Plain;
         impl DeviceBackend for Plain {
             fn name(&self) -> &'static str {
-                "nvml"
+                "plain"
             }
             fn enumerate(&self) -> Result<Vec<Gpu>, BackendError> {
                 Ok(Vec::new())
@@ -468,11 +468,11 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "the nvml backend does not support MIG instances (nvml-wrapper has no GPU instance calls yet)"
+            "the plain backend does not support MIG instances"
         );
         assert!(matches!(
             Plain.list_mig_instances("GPU-1"),
-            Err(BackendError::MigUnsupported { backend: "nvml" })
+            Err(BackendError::MigUnsupported { backend: "plain" })
         ));
         assert!(matches!(
             Plain.destroy_mig_instance("GPU-1", "MIG-1"),

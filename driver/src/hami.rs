@@ -51,6 +51,43 @@ pub struct PodAnnotations {
     pub uuid_pin: Vec<String>,
     /// The default policy with the two HAMi policy annotations applied.
     pub policy: Policy,
+    /// `nvidia.com/vgpu-mode`: shares, MIG instances or either.
+    pub vgpu_mode: VgpuMode,
+}
+
+/// What HAMi's `nvidia.com/vgpu-mode` asks: which kind of device the pod's containers may
+/// get on the legacy path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VgpuMode {
+    /// No annotation: a quota share, else a MIG placement where no shared GPU fits.
+    #[default]
+    Any,
+    /// `mig`: MIG placements only.
+    Mig,
+    /// `hami-core`, or any other value: quota shares only, never a MIG instance.
+    Shares,
+}
+
+impl VgpuMode {
+    /// The mode the annotation's value `v` names: `mig` (any case) is [`VgpuMode::Mig`],
+    /// anything else [`VgpuMode::Shares`], as HAMi treats a value that is not `mig`.
+    pub fn parse(v: &str) -> Self {
+        if v.trim().eq_ignore_ascii_case("mig") {
+            Self::Mig
+        } else {
+            Self::Shares
+        }
+    }
+
+    /// Whether quota shares (and whole GPUs) are allowed.
+    pub fn shares(self) -> bool {
+        self != Self::Mig
+    }
+
+    /// Whether MIG placements are allowed.
+    pub fn mig(self) -> bool {
+        self != Self::Shares
+    }
 }
 
 impl PodAnnotations {
@@ -138,6 +175,9 @@ pub fn pod_annotations(
         model_exclude: list(legacy::ANNOTATION_NOUSE_GPU_TYPE),
         uuid_pin: list(legacy::ANNOTATION_USE_GPU_UUID),
         policy,
+        vgpu_mode: annotations
+            .get(legacy::ANNOTATION_VGPU_MODE)
+            .map_or(VgpuMode::Any, |v| VgpuMode::parse(v)),
     })
 }
 
@@ -165,6 +205,8 @@ pub struct PodRequest {
     /// Containers asking for GPUs; empty when the pod asks for none.
     pub containers: Vec<ContainerRequest>,
     pub policy: Policy,
+    /// `nvidia.com/vgpu-mode`: which kind of device the containers may get.
+    pub vgpu_mode: VgpuMode,
 }
 
 /// `namespace/name` of a pod.
@@ -207,6 +249,7 @@ pub fn pod_request(
         uid: pod.metadata.uid.clone(),
         containers,
         policy: placement.policy,
+        vgpu_mode: placement.vgpu_mode,
     })
 }
 
@@ -700,5 +743,29 @@ mod tests {
             read(&init).unwrap_err().path,
             "spec.initContainers[0].resources"
         );
+    }
+
+    #[test]
+    fn vgpu_mode_annotation() {
+        let read = |ann: &[(&str, &str)]| {
+            let a: BTreeMap<String, String> = ann
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            pod_annotations(&a, "ns/p", Policy::SPREAD)
+                .unwrap()
+                .vgpu_mode
+        };
+        assert_eq!(read(&[]), VgpuMode::Any);
+        assert_eq!(read(&[("nvidia.com/vgpu-mode", "mig")]), VgpuMode::Mig);
+        assert_eq!(read(&[("nvidia.com/vgpu-mode", " MIG ")]), VgpuMode::Mig);
+        assert_eq!(
+            read(&[("nvidia.com/vgpu-mode", "hami-core")]),
+            VgpuMode::Shares
+        );
+        assert_eq!(read(&[("nvidia.com/vgpu-mode", "mps")]), VgpuMode::Shares);
+        assert!(VgpuMode::Mig.mig() && !VgpuMode::Mig.shares());
+        assert!(!VgpuMode::Shares.mig() && VgpuMode::Shares.shares());
+        assert!(VgpuMode::Any.mig() && VgpuMode::Any.shares());
     }
 }

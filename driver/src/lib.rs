@@ -23,7 +23,8 @@
 //! uses `mig`; `backend`, `cdi` and `grant` use `device`; `backend` uses `health`, which uses nothing; `hami`, `ledger` and `sim`
 //! use `engine`.
 
-// No unsafe code but in the NVML backend's driver-limits module (DESIGN.md), which opts in.
+// No unsafe code but in the NVML backend's driver-limits and MIG modules (DESIGN.md), which
+// opt in.
 #![deny(unsafe_code)]
 
 pub mod backend;

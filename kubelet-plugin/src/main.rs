@@ -1,11 +1,14 @@
 //! `fgpu-kubelet-plugin`: fgpu's node daemon.
 //!
 //! `discover` enumerates the node's GPUs through a device backend and prints them; `serve`
-//! runs the DRA kubelet plugin. The binary stays thin: the device model and backends live in
+//! runs the DRA kubelet plugin; `mig-profiles` compares NVML's MIG profiles with fgpu's
+//! tables. The binary stays thin: the device model and backends live in
 //! `fgpu_driver`, the plugin in this crate's library (`fgpu_kubelet_plugin`).
 
 mod discover;
 mod fake_fault;
+#[cfg(feature = "nvml")]
+mod mig_profiles;
 mod serve_cmd;
 
 use std::path::PathBuf;
@@ -49,6 +52,11 @@ enum Command {
     /// Inject or clear a fault on a GPU of a fake profile (`--backend fake`): the plugin's
     /// next health check sees it (`mig-create-fails`: its next MIG instance creation).
     FakeFault(fake_fault::FakeFaultArgs),
+    /// List every GPU's MIG mode and GPU instance profiles and placements through NVML and
+    /// compare them with fgpu's profile table for its model. Read-only: never enables MIG
+    /// mode or changes a setting.
+    #[cfg(feature = "nvml")]
+    MigProfiles(mig_profiles::MigProfilesArgs),
     /// Hooks the container runtime runs from a claim's CDI spec (not for people).
     #[command(subcommand, hide = true)]
     CdiHook(CdiHook),
@@ -135,6 +143,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => serve_cmd::run(*args),
         Command::DevicePlugin(args) => fgpu_kubelet_plugin::device_plugin::run(*args),
         Command::FakeFault(args) => fake_fault::run(&args),
+        #[cfg(feature = "nvml")]
+        Command::MigProfiles(args) => mig_profiles::run(&args),
         #[cfg(feature = "nvml")]
         Command::CdiHook(CdiHook::MemoryLimit(args)) => {
             Ok(fgpu_kubelet_plugin::driver_limits::hook_main(&args)?)

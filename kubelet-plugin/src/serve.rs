@@ -144,8 +144,9 @@ pub async fn run(
         source,
         backend.clone(),
     )?;
-    // The DRA front end alone creates MIG instances, so it alone reconciles them with its
-    // records (docs/mig.md, Start-up reconcile).
+    // Only the DRA front end reconciles MIG instances with its records: the device plugin,
+    // which may share the checkpoint directory, would take the records this one writes
+    // after its load for orphans (docs/mig.md, Legacy path).
     let mig = plugin.reconcile_mig();
     if !mig.destroyed.is_empty() || !mig.recreated.is_empty() || !mig.lost.is_empty() {
         tracing::warn!(
@@ -536,7 +537,7 @@ impl Settled<'_> {
 
 /// The prepared claims (`namespace/name`) on each GPU, by UUID: a GPU with any cannot
 /// change its mode.
-fn claims_by_gpu(
+pub(crate) fn claims_by_gpu(
     claims: &std::collections::BTreeMap<String, crate::checkpoint::ClaimRecord>,
 ) -> std::collections::BTreeMap<String, Vec<String>> {
     let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();

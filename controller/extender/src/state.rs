@@ -16,7 +16,7 @@ use fgpu_api::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
     HostPriorityList, MAX_EXTENDER_PRIORITY, NodeList, Pod,
 };
-use fgpu_api::names::{DriverName, LegacyResourceNames};
+use fgpu_api::names::{DriverName, LegacyResourceNames, legacy};
 use fgpu_driver::engine::WorkloadModel;
 use fgpu_driver::engine::model::PolicyWorkloads;
 use fgpu_driver::engine::{
@@ -34,7 +34,7 @@ use crate::annotations::{
 use crate::error::{NoFit, PodError, Unusable};
 use crate::metrics::{Metrics, PendingReason};
 use crate::writer::ClusterWriter;
-use fgpu_driver::hami::{ContainerRequest, PodRequest, pod_key, pod_request};
+use fgpu_driver::hami::{ContainerRequest, PodRequest, VgpuMode, pod_key, pod_request};
 
 /// Default `--scheduler-name`: the profile of the second kube-scheduler that calls the
 /// extender (`deploy/extender/scheduler.yaml`).
@@ -1185,20 +1185,41 @@ fn place(
             return Err(NoFit(why_not_counted(node, c, r, allowed)));
         }
     }
+    // `nvidia.com/vgpu-mode`: `mig` takes MIG placements only, `hami-core` shares only.
+    let mode = req.vgpu_mode;
+    let shares = |node: &Node, r: &Request| {
+        mode.shares()
+            .then(|| engine::evaluate_node(0, node, r, policy, &ctx))
+            .flatten()
+    };
+    let mig = |node: &Node, r: &Request| mode.mig().then(|| place_mig(node, r)).flatten();
+    let refused = |node: &Node, c: &ContainerRequest, r: &Request| {
+        let why = why_not(node, c, r);
+        NoFit(match mode {
+            VgpuMode::Any => why,
+            VgpuMode::Mig => format!(
+                "{why} (annotation {}: mig: MIG placements only)",
+                legacy::ANNOTATION_VGPU_MODE
+            ),
+            VgpuMode::Shares => format!(
+                "{why} (annotation {}: quota shares only, no MIG placement)",
+                legacy::ANNOTATION_VGPU_MODE
+            ),
+        })
+    };
     if let ([c], [r]) = (req.containers.as_slice(), requests) {
-        if let Some(Placement { gpus, score, .. }) = engine::evaluate_node(0, node, r, policy, &ctx)
-        {
+        if let Some(Placement { gpus, score, .. }) = shares(node, r) {
             return Ok(PodPlacement {
                 gpus: vec![gpus],
                 score,
             });
         }
-        return match place_mig(node, r) {
+        return match mig(node, r) {
             Some(gpus) => Ok(PodPlacement {
                 gpus: vec![gpus],
                 score: 0.0,
             }),
-            None => Err(NoFit(why_not(node, c, r))),
+            None => Err(refused(node, c, r)),
         };
     }
     let mut work = node.clone();
@@ -1207,12 +1228,12 @@ fn place(
         score: 0.0,
     };
     for (c, r) in req.containers.iter().zip(requests) {
-        let gpus = match engine::evaluate_node(0, &work, r, policy, &ctx) {
+        let gpus = match shares(&work, r) {
             Some(p) => {
                 out.score += p.score;
                 p.gpus
             }
-            None => place_mig(&work, r).ok_or_else(|| NoFit(why_not(&work, c, r)))?,
+            None => mig(&work, r).ok_or_else(|| refused(&work, c, r))?,
         };
         for &i in &gpus {
             let g = &mut work.gpus[i];

@@ -2,8 +2,12 @@
 //!
 //! `libnvidia-ml.so.1` is opened at run time by `nvml-wrapper` (through `libloading`), so
 //! this module builds and links on machines without a GPU; [`NvmlBackend::new`] fails there
-//! with [`BackendError::NvmlNotFound`]. No `unsafe` is needed here: `nvml-wrapper` wraps
-//! every call. Topology NVML does not give (the PCIe root complex) comes from sysfs.
+//! with [`BackendError::NvmlNotFound`]. `nvml-wrapper` wraps every call but MIG's GPU
+//! and compute instance calls, which [`mig`] makes through its raw table (the only
+//! `unsafe` of the backend). Topology NVML does not give (the PCIe root complex) comes
+//! from sysfs.
+
+pub mod mig;
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +29,7 @@ use super::usage::{GpuUsage, join};
 use super::{BackendError, HealthReport};
 use crate::device::{Architecture, CONTAINER_DEV_DIR, ComputeCapability, DeviceNode, Gpu, Health};
 use crate::health::Fault;
+use crate::mig::{MigInstance, Placement};
 
 /// The soname the driver installs; the unversioned `libnvidia-ml.so` only exists where the
 /// development package is installed.
@@ -219,12 +224,7 @@ impl DeviceBackend for NvmlBackend {
     }
 
     fn health(&self, uuid: &str) -> Result<Health, BackendError> {
-        let dev = self.nvml.device_by_uuid(uuid).map_err(|e| match e {
-            NvmlError::NotFound => BackendError::GpuNotFound {
-                uuid: uuid.to_owned(),
-            },
-            other => nvml_err("nvmlDeviceGetHandleByUUID", None, other),
-        })?;
+        let dev = self.device(uuid)?;
         Ok(match dev.memory_info() {
             Ok(_) => Health::Healthy,
             Err(e) => Health::Unhealthy {
@@ -232,9 +232,144 @@ impl DeviceBackend for NvmlBackend {
             },
         })
     }
+
+    fn create_mig_instance(
+        &self,
+        gpu_uuid: &str,
+        profile: &str,
+        placement: Placement,
+    ) -> Result<MigInstance, BackendError> {
+        let (dev, minor, table) = self.mig_device(gpu_uuid)?;
+        let failed = |detail: String| BackendError::MigCreateFailed {
+            uuid: gpu_uuid.to_owned(),
+            profile: profile.to_owned(),
+            placement,
+            detail,
+        };
+        let wanted = table.profile(profile).ok_or_else(|| {
+            failed(format!(
+                "the {} has no such profile (its profiles: {})",
+                table.model,
+                table.profile_names().join(", ")
+            ))
+        })?;
+        // A container cannot use an instance without its capability nodes: check the
+        // minors can be read before anything is made.
+        read_minors().map_err(&failed)?;
+        let (gi, ci) = mig::create(self.nvml.lib(), &dev, wanted, placement).map_err(&failed)?;
+        let listed = mig::list(self.nvml.lib(), &dev, gpu_uuid, minor, table, &read_minors)
+            .map_err(|e| {
+                failed(format!(
+                    "created (GPU instance {gi}), but cannot list it: {e}"
+                ))
+            })?;
+        listed
+            .into_iter()
+            .find(|i| i.gi_id == gi && i.ci_id == ci)
+            .ok_or_else(|| {
+                failed(format!(
+                    "created GPU instance {gi} / compute instance {ci}, but NVML lists no MIG device for it"
+                ))
+            })
+    }
+
+    fn destroy_mig_instance(&self, gpu_uuid: &str, mig_uuid: &str) -> Result<(), BackendError> {
+        let dev = self.device(gpu_uuid)?;
+        match mig::destroy(self.nvml.lib(), &dev, mig_uuid) {
+            Ok(mig::Destroyed::Done) => Ok(()),
+            Ok(mig::Destroyed::NotFound(known)) => Err(BackendError::MigInstanceNotFound {
+                uuid: gpu_uuid.to_owned(),
+                mig_uuid: mig_uuid.to_owned(),
+                known,
+            }),
+            Err(detail) => Err(BackendError::Nvml {
+                call: "destroying a MIG instance",
+                gpu: None,
+                detail: format!("GPU {gpu_uuid}: instance {mig_uuid}: {detail}"),
+            }),
+        }
+    }
+
+    fn list_mig_instances(&self, gpu_uuid: &str) -> Result<Vec<MigInstance>, BackendError> {
+        let dev = self.device(gpu_uuid)?;
+        if !mig::mig_enabled(&dev).map_err(|e| BackendError::Nvml {
+            call: e.call,
+            gpu: None,
+            detail: e.error.to_string(),
+        })? {
+            return Ok(Vec::new());
+        }
+        let (dev, minor, table) = self.mig_device(gpu_uuid)?;
+        mig::list(self.nvml.lib(), &dev, gpu_uuid, minor, table, &read_minors).map_err(|detail| {
+            BackendError::Nvml {
+                call: "listing MIG instances",
+                gpu: None,
+                detail: format!("GPU {gpu_uuid}: {detail}"),
+            }
+        })
+    }
+}
+
+/// The driver's MIG capability minors.
+fn read_minors() -> Result<mig::MigMinors, String> {
+    mig::MigMinors::read(Path::new(mig::MIG_MINORS_FILE))
 }
 
 impl NvmlBackend {
+    /// Every GPU's MIG mode and GPU instance profiles as NVML reports them, beside fgpu's
+    /// table for its model: only get calls, nothing is changed (`fgpu-kubelet-plugin
+    /// mig-profiles`).
+    pub fn mig_profiles(&self) -> Result<Vec<mig::GpuProfiles>, BackendError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| nvml_err("nvmlDeviceGetCount", None, e))?;
+        (0..count)
+            .map(|i| {
+                let dev = self
+                    .nvml
+                    .device_by_index(i)
+                    .map_err(|e| nvml_err("nvmlDeviceGetHandleByIndex", Some(i), e))?;
+                Ok(mig::GpuProfiles::read(self.nvml.lib(), i, &dev))
+            })
+            .collect()
+    }
+
+    /// The GPU `uuid`'s handle.
+    fn device(&self, uuid: &str) -> Result<Device<'static>, BackendError> {
+        self.nvml.device_by_uuid(uuid).map_err(|e| match e {
+            NvmlError::NotFound => BackendError::GpuNotFound {
+                uuid: uuid.to_owned(),
+            },
+            other => nvml_err("nvmlDeviceGetHandleByUUID", None, other),
+        })
+    }
+
+    /// The GPU `uuid`'s handle, device minor and MIG profile table.
+    fn mig_device(
+        &self,
+        uuid: &str,
+    ) -> Result<(Device<'static>, u32, &'static crate::mig::MigTable), BackendError> {
+        let dev = self.device(uuid)?;
+        let name = dev
+            .name()
+            .map_err(|e| nvml_err("nvmlDeviceGetName", None, e))?;
+        let memory = dev
+            .memory_info()
+            .map_err(|e| nvml_err("nvmlDeviceGetMemoryInfo", None, e))?
+            .total;
+        let minor = dev
+            .minor_number()
+            .map_err(|e| nvml_err("nvmlDeviceGetMinorNumber", None, e))?;
+        let table = crate::mig::table_for(&name, memory).map_err(|source| {
+            BackendError::MigUnknownModel {
+                uuid: uuid.to_owned(),
+                source,
+            }
+        })?;
+        Ok((dev, minor, table))
+    }
+
     /// The events (critical XIDs, double-bit ECC) that arrived since the last call, by GPU
     /// UUID. Registers the event set on first use; a GPU that does not support an event type
     /// is simply not watched for it. Failures are logged and retried on the next check: the

@@ -4,14 +4,17 @@
 //! The container of pod `ns/p` (UID `u`) named `c` becomes the claim `ns/p/c` with UID
 //! `u-c` ([`container_claim_uid`]), allocated with one result per assigned GPU: pool = this
 //! node, device = the GPU's `gpu-<minor>` (found by UUID), `consumedCapacity` = the memory
-//! bytes and cores the extender granted. Grant resolution ([`crate::grant`]), placement and
-//! the CDI spec ([`crate::edits`]) and the files ([`crate::prepare`]) are then the DRA
-//! path's own.
+//! bytes and cores the extender granted. An assigned MIG placement (its id is
+//! `gpu-<index>-mig-<profile>-<start>`, [`fgpu_driver::mig::parse_device_name`]) becomes a
+//! result naming that placement device, with no `consumedCapacity`: the prepare then
+//! creates the instance, record first, as for a DRA claim of the class `mig.gpu.fgpu.dev`.
+//! Grant resolution ([`crate::grant`]), placement and the CDI spec ([`crate::edits`]) and
+//! the files ([`crate::prepare`]) are then the DRA path's own.
 
 use std::collections::BTreeMap;
 
 use fgpu_api::names::capacity;
-use fgpu_driver::device::NodeInventory;
+use fgpu_driver::device::{GpuMode, NodeInventory};
 
 use super::annotations::ContainerAssignment;
 use super::pods::{PodInfo, container_claim_uid};
@@ -34,13 +37,17 @@ pub struct ContainerGrantError {
     pub problem: String,
 }
 
-/// The claim of container `c` of `pod`: its reference and its allocated object.
+/// The claim of container `c` of `pod`: its reference and its allocated object. `mode`
+/// gives each GPU's mode in force (by UUID): a MIG placement is accepted only on a GPU in
+/// `mig` mode, and a share or whole GPU only on one that is not (no shares and MIG
+/// instances on one GPU).
 pub fn container_claim(
     pod: &PodInfo,
     c: &ContainerAssignment,
     inventory: &NodeInventory,
     driver: &str,
     annotation: &str,
+    mode: impl Fn(&str) -> GpuMode,
 ) -> Result<(ClaimRef, ResourceClaim), ContainerGrantError> {
     let err = |problem: String| ContainerGrantError {
         pod: pod.key(),
@@ -74,16 +81,44 @@ pub fn container_claim(
             tracing::warn!(pod = %pod.key(), container = %c.name, gpu = %gpu.uuid,
                 "allocating a GPU that is now unhealthy (the extender chose it when it was healthy)");
         }
+        let gpu_mode = mode(&gpu.uuid);
+        let placement = fgpu_driver::mig::parse_device_name(&d.id);
+        let (device, consumed_capacity) = match placement {
+            Some(p) if p.gpu_index != gpu.index => {
+                return Err(err(format!(
+                    "devices[{j}].id: {:?} is a MIG placement of GPU {}, but devices[{j}].uuid {} is GPU {}",
+                    d.id, p.gpu_index, gpu.uuid, gpu.index
+                )));
+            }
+            Some(_) if gpu_mode != GpuMode::Mig => {
+                return Err(err(format!(
+                    "devices[{j}].id: {:?} is a MIG placement, but GPU {} is in mode {gpu_mode}, not mig (the extender read an older node annotation?)",
+                    d.id, gpu.uuid
+                )));
+            }
+            // The instance's size is the profile's: no quota, no shim.
+            Some(_) => (d.id.clone(), None),
+            None if gpu_mode == GpuMode::Mig => {
+                return Err(err(format!(
+                    "devices[{j}].id: {:?}: GPU {} is in mode mig and takes only MIG placements (gpu-{}-mig-<profile>-<start>), not a share or the whole GPU",
+                    d.id, gpu.uuid, gpu.index
+                )));
+            }
+            None => (
+                device_name(gpu),
+                Some(BTreeMap::from([
+                    (capacity::MEMORY.to_owned(), d.memory_bytes.to_string()),
+                    (capacity::CORES.to_owned(), d.cores.to_string()),
+                ])),
+            ),
+        };
         results.push(DeviceResult {
             request: c.name.clone(),
             driver: driver.to_owned(),
             pool: inventory.node.clone(),
-            device: device_name(gpu),
+            device,
             share_id: None,
-            consumed_capacity: Some(BTreeMap::from([
-                (capacity::MEMORY.to_owned(), d.memory_bytes.to_string()),
-                (capacity::CORES.to_owned(), d.cores.to_string()),
-            ])),
+            consumed_capacity,
             admin_access: None,
         });
     }
@@ -161,7 +196,8 @@ mod tests {
             ],
         };
         let driver = DriverName::default();
-        let (r, claim) = container_claim(&pod(), &c, &inv, driver.as_str(), "a").unwrap();
+        let (r, claim) =
+            container_claim(&pod(), &c, &inv, driver.as_str(), "a", |_| GpuMode::Shared).unwrap();
         assert_eq!(r.uid, "6f1c2d3e-0000-4000-8000-000000000001-main");
         assert_eq!(r.key(), "ml/train/main");
         let resolved = crate::grant::resolve(&claim, driver.as_str()).unwrap();
@@ -231,7 +267,7 @@ mod tests {
             name: "main".into(),
             devices: vec![assigned("GPU-nope", 1, 0)],
         };
-        let e = container_claim(&pod(), &c, &inv, "gpu.fgpu.dev", "ann")
+        let e = container_claim(&pod(), &c, &inv, "gpu.fgpu.dev", "ann", |_| GpuMode::Shared)
             .unwrap_err()
             .to_string();
         assert!(
@@ -240,9 +276,84 @@ mod tests {
         );
         let mut p = pod();
         p.uid = "a/b".into();
-        let e = container_claim(&p, &c, &inv, "gpu.fgpu.dev", "ann")
+        let e = container_claim(&p, &c, &inv, "gpu.fgpu.dev", "ann", |_| GpuMode::Shared)
             .unwrap_err()
             .to_string();
         assert!(e.contains("metadata.uid \"a/b\""), "{e}");
+    }
+
+    /// A MIG placement becomes a result naming the placement device with no capacity (the
+    /// prepare creates the instance); on a GPU not in mig mode, or a share on a MIG-mode
+    /// GPU, the refusal names the pod, the annotation and the device.
+    #[test]
+    fn mig_placements_need_a_mig_mode_gpu() {
+        let mut inv = inventory();
+        inv.gpus[0].mig_capable = true;
+        let uuid = inv.gpus[0].uuid.clone();
+        let idx = inv.gpus[0].index;
+        let placement = format!("gpu-{idx}-mig-1g10gb-6");
+        let c = ContainerAssignment {
+            index: 0,
+            name: "main".into(),
+            devices: vec![AssignedDevice {
+                id: placement.clone(),
+                uuid: uuid.clone(),
+                memory_bytes: 10 * GI,
+                cores: 0,
+            }],
+        };
+        let mig = |u: &str| {
+            if u == uuid {
+                GpuMode::Mig
+            } else {
+                GpuMode::Shared
+            }
+        };
+        let driver = DriverName::default();
+        let (r, claim) = container_claim(&pod(), &c, &inv, driver.as_str(), "ann", mig).unwrap();
+        let results = &claim
+            .status
+            .unwrap()
+            .allocation
+            .unwrap()
+            .devices
+            .unwrap()
+            .results;
+        assert_eq!(results.len(), 1);
+        assert_eq!(results[0].device, placement);
+        assert_eq!(results[0].pool, "n1");
+        assert_eq!(results[0].consumed_capacity, None);
+        assert_eq!(r.key(), "ml/train/main");
+
+        let e = container_claim(&pod(), &c, &inv, driver.as_str(), "ann", |_| {
+            GpuMode::Shared
+        })
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "pod ml/train: annotation ann: container \"main\": devices[0].id: \"{placement}\" is a MIG placement, but GPU {uuid} is in mode shared, not mig (the extender read an older node annotation?)"
+            )
+        );
+        // The placement's GPU index must be the UUID's GPU.
+        let mut other = c.clone();
+        other.devices[0].uuid = inv.gpus[1].uuid.clone();
+        let e = container_claim(&pod(), &other, &inv, driver.as_str(), "ann", |_| {
+            GpuMode::Mig
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("is a MIG placement of GPU"), "{e}");
+        // A share on a MIG-mode GPU.
+        let mut share = c;
+        share.devices[0].id = "gpu-0".into();
+        let e = container_claim(&pod(), &share, &inv, driver.as_str(), "ann", mig)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is in mode mig and takes only MIG placements"),
+            "{e}"
+        );
     }
 }

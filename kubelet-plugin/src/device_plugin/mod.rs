@@ -10,13 +10,17 @@
 //! * [`container`]: a container's grant as a claim `<pod uid>-<container>` that
 //!   [`crate::prepare::Plugin::prepare`] prepares like any DRA claim: same CDI spec, state
 //!   directory, limits file, preload, checkpoint.
-//! * [`annotations`]: the node inventory (`<driver>/node-gpus`) and pod decision
-//!   (`<driver>/assigned-devices`) formats; [`node`]: the Node annotation writer.
+//! * [`annotations`]: the node inventory (`<driver>/node-gpus`, with each GPU's mode) and
+//!   pod decision (`<driver>/assigned-devices`) formats; [`node`]: the Node annotation
+//!   writer and label reader.
+//! * [`modes`]: each GPU's mode (`shared`, `mig`, `whole`) by the DRA side's rule; a
+//!   container assigned a MIG placement gets a MIG instance through the same prepare.
 //!
 //! See `docs/device-plugin.md`.
 
 pub mod annotations;
 pub mod container;
+pub mod modes;
 pub mod node;
 pub use crate::podresources;
 pub mod pods;
@@ -82,6 +86,8 @@ pub struct DevicePluginConfig {
     pub resync: Duration,
     /// The kubelet's pod resources socket (which pod `Allocate` serves); `None`: not read.
     pub pod_resources_socket: Option<PathBuf>,
+    /// `--gpu-mode`: the GPUs' modes where no node label sets them ([`crate::gpu_mode`]).
+    pub gpu_mode: crate::gpu_mode::ModeFlag,
 }
 
 /// The running device plugin.
@@ -174,6 +180,13 @@ pub async fn start<P: PodSource + Clone>(
         tracing::warn!(path = %path.display(), "kept a claim's file: its record is in the checkpoint directory but was not loaded (corrupt, or the DRA plugin's)");
     }
     let plugin = Arc::new(plugin);
+    let (mut mode_state, note) = modes::ModeState::load(
+        cfg.plugin.state_root.join(modes::DEVICE_PLUGIN_MODES_FILE),
+        cfg.gpu_mode.clone(),
+    );
+    if let Some(note) = note {
+        tracing::warn!("{note}");
+    }
     let inventory = backend
         .inventory(&node)
         .context("cannot enumerate the GPUs")?;
@@ -222,7 +235,7 @@ pub async fn start<P: PodSource + Clone>(
     let refresh_node = node.clone();
     let mut monitor = crate::health::HealthMonitor::new(backend.clone(), cfg.health_policy.clone());
     let view = monitor.subscribe();
-    let (counted, gauges) = (plugin.clone(), plugin.clone());
+    let (counted, gauges, mode_plugin) = (plugin.clone(), plugin.clone(), plugin.clone());
     let sink = crate::health::NodeSink::new(
         writer.as_ref().map(NodeAnnotationWriter::client),
         &node,
@@ -234,6 +247,9 @@ pub async fn start<P: PodSource + Clone>(
         let mut last_verify = tokio::time::Instant::now();
         let mut first = true;
         let recovery = monitor.policy().recovery_checks;
+        let mut labels: Option<std::collections::BTreeMap<String, String>> = None;
+        // Each note logged once while it holds.
+        let mut notes = BTreeSet::new();
         loop {
             tokio::select! {
                 _ = stop_rx.wait_for(|s| *s) => return,
@@ -277,18 +293,40 @@ pub async fn start<P: PodSource + Clone>(
                 }
                 changed
             });
+            // The modes: labels read at the first refresh and every resync (a label change
+            // is taken within one resync, as in `serve`); without a writer (tests), none.
+            let verify = first || last_verify.elapsed() >= resync;
+            if verify && let Some(w) = writer.as_ref() {
+                match w.labels().await {
+                    Ok(l) => labels = Some(l),
+                    Err(e) => tracing::warn!(error = %e, "cannot read the Node's labels; the GPU modes stay as they are"),
+                }
+            } else if writer.is_none() {
+                labels = Some(Default::default());
+            }
+            let Some(node_labels) = labels.as_ref() else {
+                continue;
+            };
+            let settled = mode_state.settle(&inv, node_labels, &mode_plugin.claims(), refresh_backend.as_ref());
+            mode_plugin.set_gpu_modes(settled.modes.clone());
+            modes::report_refusals(writer.as_ref().map(NodeAnnotationWriter::client).as_ref(), &refresh_node, &settled.refusals).await;
+            let (value, left_out) = render_node_inventory(&inv, &settled.modes);
+            let now: BTreeSet<String> = settled.notes.into_iter().chain(left_out).collect();
+            for n in now.difference(&notes) {
+                tracing::error!("{n}");
+            }
+            notes = now;
             if let Some(w) = writer.as_mut() {
-                let verify = first || last_verify.elapsed() >= resync;
-                match w.publish(&render_node_inventory(&inv), verify).await {
+                match w.publish(&value, verify).await {
                     Ok(true) => tracing::info!(annotation = %inventory_annotation, "node inventory published"),
                     Ok(false) => {}
                     Err(e) => tracing::warn!(error = %e, annotation = %inventory_annotation, "cannot publish the node inventory"),
                 }
-                if verify {
-                    last_verify = tokio::time::Instant::now();
-                }
-                first = false;
             }
+            if verify {
+                last_verify = tokio::time::Instant::now();
+            }
+            first = false;
         }
     }));
 
@@ -473,6 +511,12 @@ pub struct DevicePluginArgs {
     /// The node monitor.
     #[command(flatten)]
     pub monitor: crate::monitor::MonitorArgs,
+    /// The GPUs' modes, as `serve --gpu-mode`: `shared` (quota shares), `mig` (a MIG
+    /// instance per container, sized to its memory) or `whole`; one for every GPU (`mig`)
+    /// and/or per GPU index or UUID (`0=mig,1=whole`). The node labels fgpu.dev/gpu-mode and
+    /// fgpu.dev/gpu-mode-<index> win over it.
+    #[arg(long, value_name = "MODES", default_value = "", env = "FGPU_GPU_MODE")]
+    pub gpu_mode: crate::gpu_mode::ModeFlag,
 }
 
 /// Runs the device plugin until SIGTERM or SIGINT.
@@ -538,6 +582,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         kubelet_poll: Duration::from_secs(1),
         resync: Duration::from_secs(args.resync_seconds),
         pod_resources_socket: Some(args.pod_resources_socket).filter(|p| !p.as_os_str().is_empty()),
+        gpu_mode: args.gpu_mode,
     };
     let runtime =
         crate::serve::runtime(args.worker_threads).context("cannot start the async runtime")?;
@@ -619,6 +664,8 @@ mod tests {
             "both",
             "--resource-name",
             "example.com/vgpu",
+            "--gpu-mode",
+            "0=mig",
         ])
         .unwrap()
         .command;
@@ -626,6 +673,10 @@ mod tests {
         assert_eq!(a.split_count, 4);
         assert_eq!(a.allocate_response, AllocateResponseMode::Both);
         assert_eq!(a.resource_name, "example.com/vgpu");
+        assert_eq!(
+            a.gpu_mode.by_gpu[&crate::gpu_mode::GpuRef::Index(0)],
+            fgpu_driver::device::GpuMode::Mig
+        );
         assert_eq!(a.socket_name, DEFAULT_SOCKET_NAME);
         assert_eq!(
             a.device_plugin_path,

@@ -1,4 +1,5 @@
-//! Publishing the node's GPU inventory as the `<driver>/node-gpus` annotation.
+//! Publishing the node's GPU inventory as the `<driver>/node-gpus` annotation, and reading
+//! the Node's labels that set the GPUs' modes.
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -26,6 +27,12 @@ impl NodeAnnotationWriter {
             annotation: annotation.to_owned(),
             last: None,
         }
+    }
+
+    /// The Node's labels (they choose the GPUs' modes, [`crate::gpu_mode`]).
+    pub async fn labels(&self) -> Result<std::collections::BTreeMap<String, String>, kube::Error> {
+        let node = self.api.get(&self.node).await?;
+        Ok(node.metadata.labels.unwrap_or_default())
     }
 
     /// Makes the annotation `value`. Returns whether the Node was patched. With `verify`,

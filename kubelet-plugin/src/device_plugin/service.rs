@@ -167,6 +167,7 @@ impl<P: PodSource> DevicePluginService<P> {
             &inventory,
             driver.as_str(),
             &self.cfg.assignment_annotation,
+            |uuid| self.plugin.gpu_mode(uuid),
         )
         .map_err(|e| Status::failed_precondition(e.to_string()))?;
         self.claims.insert(claim);

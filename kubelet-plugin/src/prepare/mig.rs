@@ -61,7 +61,7 @@ impl<S: ClaimSource> Plugin<S> {
     }
 
     /// The mode of the GPU `uuid`: as last set, else the backend's, else `shared`.
-    fn gpu_mode(&self, uuid: &str) -> GpuMode {
+    pub fn gpu_mode(&self, uuid: &str) -> GpuMode {
         if let Some(m) = unpoisoned(&self.gpu_modes).as_ref() {
             return m.get(uuid).copied().unwrap_or_default();
         }
@@ -131,8 +131,8 @@ impl<S: ClaimSource> Plugin<S> {
     /// The start-up reconcile: lists the instances of the node's GPUs; destroys those no
     /// record names; creates again the vanished instance of a `PrepareCompleted` claim at
     /// its placement (rewriting its CDI spec and record), or marks it lost. A
-    /// `PrepareStarted` claim is left to the kubelet's retry. A backend without MIG
-    /// (NVML today) is skipped.
+    /// `PrepareStarted` claim is left to the kubelet's retry. A backend without MIG is
+    /// skipped.
     pub fn reconcile_mig(&self) -> MigReconcile {
         let mut out = MigReconcile::default();
         let inventory = match self.backend.inventory(&self.cfg.node_name) {

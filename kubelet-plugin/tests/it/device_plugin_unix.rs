@@ -69,6 +69,7 @@ fn config(root: &Path, dp_dir: &Path) -> DevicePluginConfig {
         kubelet_poll: Duration::from_millis(100),
         resync: Duration::from_millis(200),
         pod_resources_socket: None,
+        gpu_mode: Default::default(),
     }
 }
 
@@ -391,4 +392,171 @@ async fn stops_promptly_while_the_api_server_hangs() {
     let stopped =
         tokio::time::timeout(STOP_GRACE + Duration::from_secs(10), running.shutdown()).await;
     assert!(stopped.is_ok(), "shutdown waited on the hung request");
+}
+
+/// [`PROFILE`]'s first GPU made MIG-capable and put in `mode: mig`.
+fn mig_profile(root: &Path) -> String {
+    PROFILE
+        .replace("DEVROOT", root.join("dev").to_str().unwrap())
+        .replacen(
+            "        pciBusID: \"0000:19:00.0\"\n",
+            "        pciBusID: \"0000:19:00.0\"\n        migCapable: true\n        mode: mig\n",
+            1,
+        )
+}
+
+/// The legacy path's MIG instance: a container assigned a placement device gets the
+/// instance created at prepare (once, even when Allocate is retried), its device nodes and
+/// `MIG-` UUID and no shim; a placement on a GPU not in mig mode is refused naming the
+/// pod, the annotation and the device; the pod's removal destroys the instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocates_a_mig_placement_once_and_destroys_it_with_the_pod() {
+    const GPU_A: &str = "GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff";
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let profile = root.join("profile.yaml");
+    std::fs::write(&profile, mig_profile(root)).unwrap();
+    let backend = Arc::new(FakeBackend::open(&profile, Some("node-a")).unwrap());
+    let inventory = backend.inventory("node-a").unwrap();
+    let gpu_a = inventory.gpus.iter().find(|g| g.uuid == GPU_A).unwrap();
+    let gpu_b = inventory.gpus.iter().find(|g| g.uuid == GPU_B).unwrap();
+    let dp_dir = root.join("device-plugins");
+    std::fs::create_dir_all(&dp_dir).unwrap();
+    let (reg_tx, mut reg_rx) = mpsc::unbounded_channel();
+    let _kubelet = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx);
+
+    // The extender mapped `nvidia.com/gpumem: 10000` to a 1g.10gb at slice 6 of GPU A.
+    let placement = format!("gpu-{}-mig-1g10gb-6", gpu_a.index);
+    let pods = Arc::new(MapPodSource::default());
+    pods.insert(pod(&format!(
+        r#"{{"node":"node-a","containers":[{{"index":0,"name":"main","devices":[{{"id":"{placement}","uuid":"{GPU_A}","memoryBytes":{},"cores":0}}]}}]}}"#,
+        10 * GI
+    )));
+    let running = start(config(root, &dp_dir), backend.clone(), pods.clone(), None)
+        .await
+        .unwrap();
+    recv(&mut reg_rx).await;
+    let sock = dp_dir.join("fgpu.sock");
+    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", sock.display()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = dp::device_plugin_client::DevicePluginClient::new(channel);
+    let request = |k: u32| dp::AllocateRequest {
+        container_requests: vec![dp::ContainerAllocateRequest {
+            devices_ids: vec![format!("{GPU_A}::{k}")],
+        }],
+    };
+
+    // First attempt: the instance is created, then the CDI spec cannot be written (the CDI
+    // directory is a file): Allocate fails, as a crash after the creation would.
+    let cdi = root.join("cdi");
+    let _ = std::fs::remove_dir_all(&cdi);
+    std::fs::write(&cdi, "not a directory").unwrap();
+    let e = client.allocate(request(0)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Internal, "{}", e.message());
+    // The instance was made and its record names it: the retry must take it.
+    let after_failure = backend.list_mig_instances(GPU_A).unwrap();
+    assert_eq!(after_failure.len(), 1, "{after_failure:?}");
+
+    // The kubelet's retry: exactly one 1g.10gb instance, at slice 6.
+    std::fs::remove_file(&cdi).unwrap();
+    std::fs::create_dir_all(&cdi).unwrap();
+    let resp = client.allocate(request(1)).await.unwrap().into_inner();
+    let instances = backend.list_mig_instances(GPU_A).unwrap();
+    assert_eq!(instances.len(), 1, "{instances:?}");
+    let inst = &instances[0];
+    assert_eq!(inst.profile, "1g.10gb");
+    assert_eq!(inst.placement.start, 6);
+    assert_eq!(
+        after_failure[0].uuid, inst.uuid,
+        "the retry made a new instance"
+    );
+    assert!(backend.list_mig_instances(GPU_B).unwrap().is_empty());
+
+    // The answer: the instance's UUID, its nodes and the parent's, no shim.
+    let c = &resp.container_responses[0];
+    assert!(inst.uuid.starts_with("MIG-"), "{}", inst.uuid);
+    assert_eq!(
+        c.envs.get("NVIDIA_VISIBLE_DEVICES"),
+        Some(&inst.uuid),
+        "{:?}",
+        c.envs
+    );
+    assert_eq!(c.envs.get("CUDA_VISIBLE_DEVICES"), Some(&inst.uuid));
+    assert!(!c.envs.contains_key("FGPU_MEMORY_LIMIT"), "{:?}", c.envs);
+    assert!(
+        !c.mounts.iter().any(
+            |m| m.container_path == "/etc/ld.so.preload" || m.host_path.ends_with("libfgpu.so")
+        ),
+        "{:?}",
+        c.mounts
+    );
+    let paths: Vec<&str> = c
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    for n in &inst.device_nodes {
+        assert!(
+            paths.contains(&n.path.to_str().unwrap()),
+            "{} missing from {paths:?}",
+            n.path.display()
+        );
+    }
+    assert!(paths.contains(&format!("/dev/nvidia{}", gpu_a.minor).as_str()));
+    assert!(
+        paths.iter().any(|p| p.starts_with("/dev/nvidia-caps/")),
+        "{paths:?}"
+    );
+    assert_eq!(c.cdi_devices.len(), 1);
+    assert!(
+        c.cdi_devices[0].name.ends_with(&placement),
+        "{:?}",
+        c.cdi_devices
+    );
+
+    // A placement on GPU B, which is in mode shared: refused, naming the pod, the
+    // annotation and the device; nothing is created.
+    let wrong = format!("gpu-{}-mig-1g10gb-6", gpu_b.index);
+    let mut other = pod(&format!(
+        r#"{{"node":"node-a","containers":[{{"index":0,"name":"main","devices":[{{"id":"{wrong}","uuid":"{GPU_B}","memoryBytes":{},"cores":0}}]}}]}}"#,
+        10 * GI
+    ));
+    other.name = "train-1".into();
+    other.uid = "0b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e13".into();
+    pods.insert(other);
+    let e = client
+        .allocate(dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: vec![format!("{GPU_B}::0")],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    let m = e.message();
+    assert!(
+        m.contains("pod ml/train-1")
+            && m.contains("annotation gpu.fgpu.dev/assigned-devices")
+            && m.contains(&format!(
+                "{wrong:?} is a MIG placement, but GPU {GPU_B} is in mode shared, not mig"
+            )),
+        "{m}"
+    );
+    assert!(backend.list_mig_instances(GPU_B).unwrap().is_empty());
+    pods.remove("0b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e13");
+
+    // The pod goes: its instance is destroyed at the next cleanup.
+    pods.remove(POD_UID);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !backend.list_mig_instances(GPU_A).unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the instance of a gone pod stays"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.shutdown().await;
 }

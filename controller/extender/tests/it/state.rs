@@ -739,3 +739,59 @@ async fn shares_stay_off_mig_and_whole_mode_gpus() {
         "{report:?}"
     );
 }
+
+/// HAMi's `nvidia.com/vgpu-mode`: `mig` takes a MIG placement even where a shared GPU has
+/// room; `hami-core` (or another value) never takes one, and its refusal names the
+/// annotation; without it a share is taken first.
+#[tokio::test]
+async fn vgpu_mode_annotation_picks_shares_or_mig() {
+    let ext = extender();
+    let cluster = MemoryCluster::default();
+    ext.sync(
+        &[moded_node(
+            "n",
+            &[
+                ("NVIDIA A100-SXM4-80GB", 80, "shared"),
+                ("NVIDIA H100 80GB HBM3", 80, "mig"),
+            ],
+        )],
+        &[],
+        Instant::now(),
+    );
+    let pod = |name: &str, ann: serde_json::Value| {
+        gpu_pod(
+            name,
+            ann,
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000"}),
+        )
+    };
+    let mig = pod("m", json!({"nvidia.com/vgpu-mode": "mig"}));
+    assert_eq!(bind(&ext, &cluster, &mig, "n").await, "");
+    assert_eq!(device_of(&cluster, "m"), "gpu-1-mig-1g10gb-6");
+    let plain = pod("p", json!({}));
+    assert_eq!(bind(&ext, &cluster, &plain, "n").await, "");
+    assert_eq!(device_of(&cluster, "p"), "gpu-0");
+    let core = pod("c", json!({"nvidia.com/vgpu-mode": "hami-core"}));
+    assert_eq!(bind(&ext, &cluster, &core, "n").await, "");
+    assert_eq!(device_of(&cluster, "c"), "gpu-0");
+
+    // Only the MIG-mode GPU: hami-core is refused, saying why; no annotation takes MIG.
+    let only_mig = MemoryCluster::default();
+    let ext = extender();
+    ext.sync(
+        &[moded_node("k", &[("NVIDIA H100 80GB HBM3", 80, "mig")])],
+        &[],
+        Instant::now(),
+    );
+    let core = pod("c2", json!({"nvidia.com/vgpu-mode": "hami-core"}));
+    let r = ext.filter(&filter_args(&core, &["k"]));
+    let why = r.failed_nodes.get("k").cloned().unwrap_or_default();
+    assert!(
+        why.contains("annotation nvidia.com/vgpu-mode: quota shares only, no MIG placement"),
+        "{:?}",
+        r.failed_nodes
+    );
+    let plain = pod("p2", json!({}));
+    assert_eq!(bind(&ext, &only_mig, &plain, "k").await, "");
+    assert_eq!(device_of(&only_mig, "p2"), "gpu-0-mig-1g10gb-6");
+}
