@@ -50,7 +50,9 @@ export FGPU_E2E_FAKE_GPUS="$work/node.yaml"
 kubectl label node "$NODE_NAME" "$LABEL=1.5" --overwrite >&2
 
 kubectl apply -f "$ROOT/deploy/deviceclasses.yaml" >&2
-start_plugin
+# The node monitor reads the claims' accounts (the managed-memory metric); on a fake node it
+# runs only with the fake NVML as its source.
+FGPU_E2E_PLUGIN_ARGS="--fake-nvml-library $work/bin/libfgpu_fake_cuda.so --monitor-period-ms 1000" start_plugin
 wait_registered 1
 wait_until 30 "ResourceSlice $PLUGIN_SLICE published" kubectl get resourceslice "$PLUGIN_SLICE"
 
