@@ -164,7 +164,7 @@ wait_until 120 "train-gang's 2 pods Running" n_running train-gang 2
 wait_until 30 "PodGroup $pg Running" jp_eq "podgroup/$pg" '{.status.phase}' Running
 gap="$(python3 "$pods_py" scheduled-gap "$(obj_json pods)" train-gang)"
 say "gang: both pods running $((SECONDS - t1b))s after serve-fill was deleted; scheduled ${gap}s apart"
-[ "$gap" != none ] && [ "$gap" -le 2 ] || fail "train-gang's pods were not scheduled together (${gap}s apart)"
+if [ "$gap" = none ] || [ "$gap" -gt 2 ]; then fail "train-gang's pods were not scheduled together (${gap}s apart)"; fi
 assert_claims_on_gpu train-gang
 # The sampler: no train-gang pod bound while serve-fill held the GPU.
 early="$(awk -v a="$t_gang" -v b="$t_room" '$1 >= a && $1 < b && $NF != "gang=0"' "$work/grants.log" | head -3)"
