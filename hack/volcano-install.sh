@@ -7,11 +7,15 @@
 #   hack/volcano-install.sh          (make volcano-install)
 #
 # The scheduler's configuration (written to $CLUSTER_STATE/volcano/scheduler.yaml):
-# * actions enqueue, allocate, backfill, reclaim, preempt;
+# * actions enqueue, allocate, backfill. Not reclaim or preempt: in Volcano v1.14 (and
+#   v1.15.1) both pipeline a pod onto a node through the DRA Reserve step, which either fails
+#   (it reads the pod's still empty spec.nodeName) or, once committed, leaves the pod's claim
+#   marked "in the process of being allocated" for good: the pod is never scheduled again
+#   (seen with preempt in tests/e2e/81-volcano-queues; docs/platforms.md).
 # * tier 1: priority, gang (all-or-nothing: a job's pods bind only when minAvailable of them
 #   fit), conformance; tier 2: drf, predicates with DRA on (the kube-scheduler DRA plugin
 #   Volcano embeds allocates the pods' ResourceClaims), proportion (queues: guarantee,
-#   capability, weight, reclaim), nodeorder, binpack.
+#   capability, weight), nodeorder, binpack.
 # * Feature gate DRAConsumableCapacity on: fgpu's shared class hands out parts of a GPU's
 #   memory (consumable capacity), alpha in the Kubernetes 1.34 libraries Volcano v1.14 is
 #   built on.
@@ -50,7 +54,7 @@ kubectl wait --for=condition=Established --timeout=60s -f "$crds" >/dev/null \
 
 mkdir -p "$state"
 cat >"$state/scheduler.yaml" <<YAML
-actions: "enqueue, allocate, backfill, reclaim, preempt"
+actions: "enqueue, allocate, backfill"
 tiers:
 - plugins:
   - name: priority

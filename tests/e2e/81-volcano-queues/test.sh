@@ -13,10 +13,12 @@
 #   2. guarantee: research's train-research (4 pods, minAvailable 1) runs 3 pods, the 4th waits
 #      (research's capability, production's guarantee held back); production's serve-small (1
 #      pod) then runs at once on the guaranteed share, no research pod evicted.
-#   3. reclaim: production's serve-production (2 pods, minAvailable 2): Volcano evicts 2
-#      research pods (research back to its weight's part, 1 share); their claims are
-#      unprepared on the node (records and CDI specs gone); production's pods run on the freed
-#      capacity of the same GPU; the evicted pods come back Pending.
+#   3. no reclaim for DRA pods: production's serve-production (2 pods, minAvailable 2) is within
+#      what production's weight gives it (3 shares) but the GPU is full; Volcano v1.14 cannot
+#      reclaim pods with DRA claims (hack/volcano-install.sh leaves the reclaim action out),
+#      so research keeps its 3 pods and serve-production waits, neither pod bound. When
+#      train-research is deleted, its claims are unprepared on the node (records and CDI specs
+#      gone) and serve-production's pods run on the freed capacity of the same GPU.
 # Throughout (a sampler, back to back): never more than 4 claims or 80 GiB granted on the GPU,
 # never more than 4 fgpu.dev/shares bound, never a train-gang pod bound before step 1 made room.
 # e2e-timeout: 900
@@ -194,30 +196,33 @@ assert_claims_on_gpu serve-small
 assert_eq "research claims untouched" "$uids_r" "$(claim_uids train-research)"
 assert_eq "books now" "claims=4 memory=$gpu_bytes shares=4 gang=0" "$(grants_now)"
 
-# --- 3. reclaim: production takes back what its weight gives it
+# --- 3. production waits for the shares research holds (no reclaim with DRA claims)
 t3=$SECONDS
 vcjob job-production.yaml serve-production 2
-wait_until 120 "research down to 1 running pod" n_running train-research 1
-t_evict=$((SECONDS - t3))
-kept="$(claim_uids train-research)"
-evicted="$(without "$uids_r" "$kept")"
-assert_eq "research claims evicted" 2 "$(grep -c . <<<"$evicted")"
-wait_until 60 "evicted research claims unprepared (checkpoint)" none_recorded "$evicted"
-t_unprep=$((SECONDS - t3))
-assert_eq "evicted claims left in the checkpoint" "$evicted" "$(without "$evicted" "$(checkpoint_uids)")"
-assert_eq "evicted claims left as CDI specs" "$evicted" "$(without "$evicted" "$(cdi_spec_uids)")"
-say "ok: the evicted research claims are unprepared (no record, no CDI spec)"
+wait_until 60 "serve-production's 2 pods created" n_pods serve-production 2
+pg_p="$(podgroup_of serve-production)"
+sleep 10
+assert_eq "serve-production pods bound while the GPU is full" 0 "$(bound_of serve-production)"
+assert_eq "research claims still running (nothing reclaimed)" "$uids_r" "$(claim_uids train-research)"
+phase="$(jp "podgroup/$pg_p" '{.status.phase}')"
+case "$phase" in Pending | Inqueue) say "ok: PodGroup $pg_p is $phase" ;; *) fail "PodGroup $pg_p is $phase while the GPU is full" ;; esac
+t3b=$SECONDS
+delete_job train-research
+wait_until 60 "research claims unprepared (checkpoint)" none_recorded "$uids_r"
+t_unprep=$((SECONDS - t3b))
+assert_eq "research claims left in the checkpoint" "$uids_r" "$(without "$uids_r" "$(checkpoint_uids)")"
+assert_eq "research claims left as CDI specs" "$uids_r" "$(without "$uids_r" "$(cdi_spec_uids)")"
+say "ok: the research claims are unprepared (no record, no CDI spec)"
 wait_until 120 "serve-production's 2 pods Running" n_running serve-production 2
-t_run=$((SECONDS - t3))
+t_run=$((SECONDS - t3b))
+wait_until 30 "PodGroup $pg_p Running" jp_eq "podgroup/$pg_p" '{.status.phase}' Running
 assert_claims_on_gpu serve-production
-uids_p="$(sorted "$(claim_uids serve-small)" "$(claim_uids serve-production)" "$kept")"
-wait_until 30 "production's 3 and research's 1 claims in the checkpoint" records_are "$uids_p"
-assert_eq "CDI specs (production 3, research 1)" "$uids_p" "$(cdi_spec_uids)"
-wait_until 60 "evicted research pods back (4 pods)" n_pods train-research 4
-sleep 5
-assert_eq "train-research running (its weight's part)" 1 "$(running train-research)"
-assert_eq "books now" "claims=4 memory=$gpu_bytes shares=4 gang=0" "$(grants_now)"
-say "reclaim: research pods evicted after ${t_evict}s, their claims unprepared after ${t_unprep}s, production running after ${t_run}s"
+uids_p="$(sorted "$(claim_uids serve-small)" "$(claim_uids serve-production)")"
+assert_eq "production claims" 3 "$(wc -l <<<"$uids_p")"
+wait_until 30 "production's 3 claims in the checkpoint" records_are "$uids_p"
+assert_eq "CDI specs (production only)" "$uids_p" "$(cdi_spec_uids)"
+assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) shares=3 gang=0" "$(grants_now)"
+say "research deleted after serve-production waited $((t3b - t3))s: its claims unprepared after ${t_unprep}s, production running after ${t_run}s"
 
 # --- never an over-grant
 kill "$sampler" 2>/dev/null || true
