@@ -30,13 +30,15 @@
 #
 # Environment: FGPU_VOLCANO_PORT_BASE (19690: scheduler metrics, scheduler health, controller
 # manager metrics, controller manager health on the four ports from there),
-# FGPU_VOLCANO_LOG_LEVEL (klog -v, default 3).
+# FGPU_VOLCANO_LOG_LEVEL (klog -v, default 3), FGPU_VOLCANO_ACTIONS (the scheduler's actions,
+# default "enqueue, allocate, backfill"; to try reclaim again on a later Volcano).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -f "$CLUSTER_STATE/env" ] || die "no running cluster ($CLUSTER_STATE/env): run make cluster-up first"
 # shellcheck disable=SC1091 # written by hack/cluster-up.sh
 source "$CLUSTER_STATE/env"
 base="${FGPU_VOLCANO_PORT_BASE:-19690}"
 v="${FGPU_VOLCANO_LOG_LEVEL:-3}"
+actions="${FGPU_VOLCANO_ACTIONS:-enqueue, allocate, backfill}"
 state="$CLUSTER_STATE/volcano"
 t0=$SECONDS
 
@@ -54,7 +56,7 @@ kubectl wait --for=condition=Established --timeout=60s -f "$crds" >/dev/null \
 
 mkdir -p "$state"
 cat >"$state/scheduler.yaml" <<YAML
-actions: "enqueue, allocate, backfill"
+actions: "$actions"
 tiers:
 - plugins:
   - name: priority
