@@ -11,8 +11,9 @@
 #      minAvailable 2) has room for one pod only: neither pod is bound, its PodGroup is not
 #      Running; serve-fill deleted: both pods start together.
 #   2. guarantee: research's train-research (4 pods, minAvailable 1) runs 3 pods, the 4th waits
-#      (research's capability, production's guarantee held back); production's serve-small (1
-#      pod) then runs at once on the guaranteed share, no research pod evicted.
+#      (research's capability 3, and production's guarantee: with the capability raised to 4
+#      it still waits); production's serve-small (1 pod) then runs at once on the guaranteed
+#      share, no research pod evicted.
 #   3. no reclaim for DRA pods: production's serve-production (2 pods, minAvailable 2) is within
 #      what production's weight gives it (3 shares) but the GPU is full; Volcano v1.14 cannot
 #      reclaim pods with DRA claims (hack/volcano-install.sh leaves the reclaim action out),
@@ -188,6 +189,13 @@ assert_eq "research claims" 3 "$(wc -l <<<"$uids_r")"
 wait_until 30 "research claims in the node's checkpoint" records_are "$uids_r"
 assert_eq "CDI specs" "$uids_r" "$(cdi_spec_uids)"
 assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) shares=3 gang=0" "$(grants_now)"
+# The guarantee on its own: research's capability raised to the whole GPU, research still
+# gets 3 (production's guaranteed share is never lent); then the capability back to 3.
+cap() { kubectl patch queue research --type=merge -p "{\"spec\":{\"capability\":{\"$unit\":\"$1\"}}}" >&2; }
+cap 4
+sleep 10
+assert_eq "train-research pods bound with research's capability 4 (guarantee kept)" 3 "$(bound_of train-research)"
+cap 3
 t2b=$SECONDS
 vcjob job-production.yaml serve-small 1
 wait_until 60 "serve-small running on the guaranteed share" n_running serve-small 1
