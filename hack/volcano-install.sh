@@ -7,11 +7,11 @@
 #   hack/volcano-install.sh          (make volcano-install)
 #
 # The scheduler's configuration (written to $CLUSTER_STATE/volcano/scheduler.yaml):
-# * actions enqueue, allocate, backfill. Not reclaim or preempt: in Volcano v1.14 (and
-#   v1.15.1) both pipeline a pod onto a node through the DRA Reserve step, which either fails
-#   (it reads the pod's still empty spec.nodeName) or, once committed, leaves the pod's claim
-#   marked "in the process of being allocated" for good: the pod is never scheduled again
-#   (seen with preempt in tests/e2e/81-volcano-queues; docs/platforms.md).
+# * actions enqueue, allocate, backfill. Not reclaim or preempt: in Volcano v1.14 they do not
+#   work for pods with DRA claims. The embedded DRA filter reports a full GPU as
+#   unschedulable and unresolvable, so they never look for victims; and their pipeline step runs the DRA
+#   Reserve with an empty spec.nodeName, or, committed, leaves the claim "in the process of
+#   being allocated" for good (preempt wedged a gang so; docs/platforms.md).
 # * tier 1: priority, gang (all-or-nothing: a job's pods bind only when minAvailable of them
 #   fit), conformance; tier 2: drf, predicates with DRA on (the kube-scheduler DRA plugin
 #   Volcano embeds allocates the pods' ResourceClaims), proportion (queues: guarantee,
