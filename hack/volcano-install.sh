@@ -87,6 +87,6 @@ wait_up vc-controller-manager 60 "vc-controller-manager /healthz on 127.0.0.1:$(
   curl -fsS "http://127.0.0.1:$((base + 3))/healthz" \
   || die "vc-controller-manager did not become ready; log: $CLUSTER_LOGS/vc-controller-manager.log"
 # The scheduler creates the queues root and default at start; jobs need them open.
-wait_up vc-scheduler 60 "queue default created" kubectl get queue default \
+wait_up vc-scheduler 60 "queue default created" kubectl get queues.scheduling.volcano.sh default \
   || die "vc-scheduler did not create the default queue; log: $CLUSTER_LOGS/vc-scheduler.log"
 log "volcano $(basename "$(dirname "$bindir")") ready in $((SECONDS - t0))s (logs: $CLUSTER_LOGS/vc-*.log)"

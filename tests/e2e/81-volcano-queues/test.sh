@@ -33,6 +33,9 @@ pods_py="$E2E_DIR/pods.py"
 api=v1
 gpu_bytes=$((80 << 30)) shares=4 unit=fgpu.dev/shares
 sampler=""
+# Volcano's kinds by their full names: "queue" is also a short name of Kueue's LocalQueue,
+# and kubectl's discovery cache may still hold it after 80-kueue-shares.
+pgs=podgroups.scheduling.volcano.sh
 
 unadvertise() {
   kubectl patch node "$NODE_NAME" --subresource=status --type=json \
@@ -69,7 +72,7 @@ t=$SECONDS
 say "volcano built (or cached) and running in $((SECONDS - t))s"
 kubectl apply -f "$ex/queues.yaml" >&2
 for q in production research; do
-  wait_until 60 "queue $q open" jp_eq "queue/$q" '{.status.state}' Open ""
+  wait_until 60 "queue $q open" jp_eq "queues.scheduling.volcano.sh/$q" '{.status.state}' Open ""
 done
 kubectl -n "$E2E_NS" apply -f "$ex/share-20gi.yaml" >&2
 say "ok: queues open"
@@ -146,13 +149,13 @@ pg="$(podgroup_of train-gang)"
 sleep 10
 assert_eq "train-gang pods bound while one share is free" 0 "$(bound_of train-gang)"
 assert_eq "train-gang pods Running" 0 "$(running train-gang)"
-phase="$(jp "podgroup/$pg" '{.status.phase}')"
+phase="$(jp "$pgs/$pg" '{.status.phase}')"
 case "$phase" in Pending | Inqueue) say "ok: PodGroup $pg is $phase" ;; *) fail "PodGroup $pg is $phase while its gang cannot fit" ;; esac
 t_room=$(date +%s)
 t1b=$SECONDS
 delete_job serve-fill
 wait_until 120 "train-gang's 2 pods Running" n_running train-gang 2
-wait_until 30 "PodGroup $pg Running" jp_eq "podgroup/$pg" '{.status.phase}' Running
+wait_until 30 "PodGroup $pg Running" jp_eq "$pgs/$pg" '{.status.phase}' Running
 gap="$(python3 "$pods_py" scheduled-gap "$(obj_json pods)" train-gang)"
 say "gang: both pods running $((SECONDS - t1b))s after serve-fill was deleted; scheduled ${gap}s apart"
 if [ "$gap" = none ] || [ "$gap" -gt 2 ]; then fail "train-gang's pods were not scheduled together (${gap}s apart)"; fi
@@ -179,7 +182,7 @@ assert_eq "CDI specs" "$uids_r" "$(cdi_spec_uids)"
 assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) shares=3 gang=0" "$(grants_now)"
 # The guarantee on its own: research's capability raised to the whole GPU, research still
 # gets 3 (production's guaranteed share is never lent); then the capability back to 3.
-cap() { kubectl patch queue research --type=merge -p "{\"spec\":{\"capability\":{\"$unit\":\"$1\"}}}" >&2; }
+cap() { kubectl patch queues.scheduling.volcano.sh research --type=merge -p "{\"spec\":{\"capability\":{\"$unit\":\"$1\"}}}" >&2; }
 cap 4
 sleep 10
 assert_eq "train-research pods bound with research's capability 4 (guarantee kept)" 3 "$(bound_of train-research)"
@@ -200,7 +203,7 @@ pg_p="$(podgroup_of serve-production)"
 sleep 10
 assert_eq "serve-production pods bound while the GPU is full" 0 "$(bound_of serve-production)"
 assert_eq "research claims still running (nothing reclaimed)" "$uids_r" "$(claim_uids train-research)"
-phase="$(jp "podgroup/$pg_p" '{.status.phase}')"
+phase="$(jp "$pgs/$pg_p" '{.status.phase}')"
 case "$phase" in Pending | Inqueue) say "ok: PodGroup $pg_p is $phase" ;; *) fail "PodGroup $pg_p is $phase while the GPU is full" ;; esac
 t3b=$SECONDS
 delete_job train-research
@@ -211,7 +214,7 @@ assert_eq "research claims left as CDI specs" "$uids_r" "$(without "$uids_r" "$(
 say "ok: the research claims are unprepared (no record, no CDI spec)"
 wait_until 120 "serve-production's 2 pods Running" n_running serve-production 2
 t_run=$((SECONDS - t3b))
-wait_until 30 "PodGroup $pg_p Running" jp_eq "podgroup/$pg_p" '{.status.phase}' Running
+wait_until 30 "PodGroup $pg_p Running" jp_eq "$pgs/$pg_p" '{.status.phase}' Running
 assert_claims_on_gpu serve-production
 uids_p="$(sorted "$(claim_uids serve-small)" "$(claim_uids serve-production)")"
 assert_eq "production claims" 3 "$(wc -l <<<"$uids_p")"
