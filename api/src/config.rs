@@ -81,8 +81,11 @@ pub struct GpuShareConfig {
     pub cores: Option<CorePercent>,
     /// Scheduling priority of the container's kernels against others on the same GPU.
     pub priority: Priority,
-    /// Allow the container to use more memory than granted (backed by host memory) instead
-    /// of failing allocations beyond the quota.
+    /// The share is on the oversubscribed research tier: its GPU grants more memory than it
+    /// has, and the shim serves the part of the grant past the share's physical part with
+    /// managed memory (spilling to host memory) instead of failing. Counts only where the
+    /// DeviceClass's configuration sets it (the research class); a claim that sets it on a
+    /// class that does not is refused.
     pub oversubscribe: bool,
     /// Claims of this class may ask `priority: high`. Valid only in a DeviceClass's
     /// configuration; a claim that sets it is refused.
@@ -288,6 +291,17 @@ pub enum ConfigProblem {
         request: String,
         /// Its class as the sentence names it: `DeviceClass <name>`, or `its DeviceClass`
         /// where the name is not known (prepare sees only the allocation).
+        class: String,
+    },
+    /// `oversubscribe: true` in a claim's configuration for a request whose DeviceClass
+    /// does not set it.
+    #[error(
+        "true is not allowed for request {request:?}: {class} does not set oversubscribe: true in its GpuShareConfig; only the research-tier class (research.<driver>) oversubscribes, so ask that class instead"
+    )]
+    OversubscribeNotAllowed {
+        /// The request the entry applies to.
+        request: String,
+        /// Its class as the sentence names it (see [`Self::HighPriorityNotAllowed`]).
         class: String,
     },
 }

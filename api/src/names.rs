@@ -99,6 +99,12 @@ impl DriverName {
         format!("mig.{}", self.0)
     }
 
+    /// DeviceClass for the oversubscribed research tier (GPUs the admin marked with an
+    /// oversubscription ratio): `research.<driver>`.
+    pub fn research_class(&self) -> String {
+        format!("research.{}", self.0)
+    }
+
     /// Pod scheduling gate set by the webhook and lifted by the controller once it has
     /// allocated the pod's shared claims: `<driver>/allocate`.
     pub fn scheduling_gate(&self) -> String {
@@ -304,6 +310,19 @@ pub mod attr {
     pub const MODE_SHARED: &str = "shared";
     /// Value of [`MODE`] for a GPU that takes only whole-GPU claims (never a share).
     pub const MODE_WHOLE: &str = "whole";
+    /// A GPU device's tier (string): [`TIER_RESEARCH`] on a GPU the admin marked for the
+    /// oversubscribed research tier, [`TIER_PRODUCTION`] on every other GPU device. Absent
+    /// on slices of older plugins, which read as production.
+    pub const TIER: &str = "tier";
+    /// Value of [`TIER`] for a GPU whose granted memory may pass its physical memory.
+    pub const TIER_RESEARCH: &str = "research";
+    /// Value of [`TIER`] for a GPU that never grants more memory than it has.
+    pub const TIER_PRODUCTION: &str = "production";
+    /// A research-tier GPU's physical memory in bytes (int); its `memory` capacity is
+    /// this times its oversubscription ratio. Only on research-tier GPUs.
+    pub const PHYSICAL_MEMORY: &str = "physicalMemory";
+    /// A research-tier GPU's oversubscription ratio (string, a decimal such as `1.5`).
+    pub const OVERSUBSCRIBE_RATIO: &str = "oversubscribeRatio";
 }
 
 /// Node labels the kubelet plugin reads.
@@ -313,6 +332,12 @@ pub mod label {
     /// Prefix of the mode of one GPU, by index: `fgpu.dev/gpu-mode-<index>` (wins over
     /// [`GPU_MODE`]).
     pub const GPU_MODE_PREFIX: &str = "fgpu.dev/gpu-mode-";
+    /// The oversubscription ratio of every GPU of the node (a decimal above 1, at most 4,
+    /// such as `1.5`): marks the GPUs for the research tier.
+    pub const OVERSUBSCRIBE: &str = "fgpu.dev/oversubscribe";
+    /// Prefix of the ratio of one GPU, by index: `fgpu.dev/oversubscribe-<index>` (wins
+    /// over [`OVERSUBSCRIBE`]; `1` takes that GPU out of the tier).
+    pub const OVERSUBSCRIBE_PREFIX: &str = "fgpu.dev/oversubscribe-";
 }
 
 /// Device capacity names published in ResourceSlices and requested by claims.
@@ -611,6 +636,7 @@ mod tests {
         assert_eq!(d.shared_class(), "shared.gpu.fgpu.dev");
         assert_eq!(d.whole_class(), "gpu.fgpu.dev");
         assert_eq!(d.mig_class(), "mig.gpu.fgpu.dev");
+        assert_eq!(d.research_class(), "research.gpu.fgpu.dev");
         assert_eq!(d.scheduling_gate(), "gpu.fgpu.dev/allocate");
         assert_eq!(d.finalizer(), "gpu.fgpu.dev/allocation");
         assert_eq!(d.cdi_kind(), "gpu.fgpu.dev/claim");

@@ -4,7 +4,8 @@
 //! PCI bus id), capacity (memory, SMs), generation (compute capability and the
 //! [`Architecture`] it implies), topology (NUMA node, PCIe root), health, and the device
 //! nodes a container needs to reach it. A [`NodeInventory`] is the list of GPUs of one node.
-//! A [`GpuMode`] is how the admin runs a GPU (shares, MIG or whole).
+//! A [`GpuMode`] is how the admin runs a GPU (shares, MIG or whole); a [`TierRatio`] how
+//! far the admin lets its granted memory pass its physical memory (the research tier).
 //!
 //! The model is plain data: backends (see [`crate::backend`]) fill it, the engine reads it,
 //! the kubelet plugin publishes it. Everything serialises to JSON with camelCase keys.
@@ -165,6 +166,108 @@ impl FromStr for GpuMode {
                 "{other:?} is not a GPU mode (shared, mig or whole)"
             )),
         }
+    }
+}
+
+/// How much memory a GPU of the oversubscribed research tier grants per byte it has: a
+/// decimal above 1 and at most [`TierRatio::MAX`] with up to three decimals (`1.5`), kept
+/// in thousandths so that the byte arithmetic is exact. [`TierRatio::NONE`] (`1`) is a GPU
+/// outside the tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct TierRatio(u32);
+
+impl TierRatio {
+    /// Not on the tier: grants only the memory the GPU has.
+    pub const NONE: Self = Self(1000);
+    /// The largest ratio: a GPU grants at most four times its memory (past that the spill
+    /// to host memory is the workload, not its overflow).
+    pub const MAX: Self = Self(4000);
+
+    /// The ratio in thousandths (`1.5` is 1500).
+    pub fn thousandths(self) -> u32 {
+        self.0
+    }
+
+    /// Whether the GPU is on the research tier (ratio above 1).
+    pub fn is_tier(self) -> bool {
+        self > Self::NONE
+    }
+
+    /// The memory a GPU of `physical` bytes grants: `physical × ratio`, floored.
+    pub fn capacity(self, physical: u64) -> u64 {
+        let bytes = u128::from(physical) * u128::from(self.0) / 1000;
+        u64::try_from(bytes).unwrap_or(u64::MAX)
+    }
+
+    /// The part of a grant of `granted` bytes that device memory backs: `granted / ratio`,
+    /// floored (the rest is served by managed memory).
+    pub fn physical_share(self, granted: u64) -> u64 {
+        let bytes = u128::from(granted) * 1000 / u128::from(self.0.max(1));
+        u64::try_from(bytes).unwrap_or(u64::MAX)
+    }
+}
+
+impl Default for TierRatio {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
+impl fmt::Display for TierRatio {
+    /// `1.5`, `2`, `1.125`: the shortest decimal.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (whole, frac) = (self.0 / 1000, self.0 % 1000);
+        if frac == 0 {
+            return write!(f, "{whole}");
+        }
+        let digits = format!("{frac:03}");
+        write!(f, "{whole}.{}", digits.trim_end_matches('0'))
+    }
+}
+
+impl FromStr for TierRatio {
+    type Err = String;
+
+    /// Parses a decimal such as `1.5` (up to three decimals), above 1 and at most 4, or
+    /// exactly `1` (not on the tier); the error says what is valid.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            format!(
+                "{s:?} is not an oversubscription ratio (a decimal above 1 and at most {}, such as 1.5, with up to three decimals; 1 for none)",
+                Self::MAX
+            )
+        };
+        let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
+        let digits = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
+        if whole.is_empty() || whole.len() > 2 || frac.len() > 3 || !digits(whole) || !digits(frac)
+        {
+            return Err(bad());
+        }
+        if s.ends_with('.') {
+            return Err(bad());
+        }
+        let whole: u32 = whole.parse().map_err(|_| bad())?;
+        let frac: u32 = format!("{frac:0<3}").parse().map_err(|_| bad())?;
+        let ratio = Self(whole * 1000 + frac);
+        if ratio < Self::NONE || ratio > Self::MAX {
+            return Err(bad());
+        }
+        Ok(ratio)
+    }
+}
+
+impl From<TierRatio> for String {
+    fn from(r: TierRatio) -> Self {
+        r.to_string()
+    }
+}
+
+impl TryFrom<String> for TierRatio {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
     }
 }
 
@@ -420,6 +523,34 @@ mod cc_with_architecture {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tier_ratios_parse_print_and_split_a_grant() {
+        let r: TierRatio = "1.5".parse().unwrap();
+        assert_eq!(r.thousandths(), 1500);
+        assert!(r.is_tier());
+        assert_eq!(r.to_string(), "1.5");
+        assert_eq!("2".parse::<TierRatio>().unwrap().to_string(), "2");
+        assert_eq!("1.125".parse::<TierRatio>().unwrap().to_string(), "1.125");
+        assert_eq!("4.0".parse::<TierRatio>().unwrap(), TierRatio::MAX);
+        let none: TierRatio = "1".parse().unwrap();
+        assert_eq!(none, TierRatio::NONE);
+        assert!(!none.is_tier());
+        for bad in [
+            "0.5", "4.001", "1.2345", "x", "", ".5", "1.", "-1.5", "1,5", "100",
+        ] {
+            let e = bad.parse::<TierRatio>().unwrap_err();
+            assert!(e.contains("is not an oversubscription ratio"), "{bad}: {e}");
+        }
+        // 80 GiB at 1.5 grants 120 GiB; 3 GiB granted at 1.5 is 2 GiB of device memory.
+        assert_eq!(r.capacity(80 * GIB), 120 * GIB);
+        assert_eq!(r.physical_share(3 * GIB), 2 * GIB);
+        assert_eq!(r.physical_share(10), 6, "floored");
+        assert_eq!(TierRatio::NONE.physical_share(7), 7);
+        // Kept as its decimal text.
+        assert_eq!(serde_json::to_string(&r).unwrap(), "\"1.5\"");
+        assert!(serde_json::from_str::<TierRatio>("\"9\"").is_err());
+    }
 
     fn h100(index: u32) -> Gpu {
         Gpu {

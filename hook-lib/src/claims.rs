@@ -43,6 +43,9 @@ pub const CLAIMS_DIR: &str = "/etc/fgpu/claims";
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GpuLimits {
     pub memory: Option<u64>,
+    /// Research tier: the part of `memory` device memory backs; allocations past it are
+    /// served by managed memory. `None`: no spill.
+    pub physical: Option<u64>,
     pub cores: Option<u32>,
     pub priority_file: Option<PathBuf>,
 }
@@ -297,6 +300,7 @@ impl Claim {
         let g = &mut self.gpus[i].1;
         match field {
             "memory" => g.memory = Some(e.bytes()?),
+            "physical" => g.physical = Some(e.bytes()?),
             "cores" => g.cores = cores(e.value).map_err(|()| e.bad("a percentage 1..100"))?,
             "priority_file" => g.priority_file = Some(e.absolute_path()?),
             _ => self.warnings.push(e.unknown()),
@@ -416,7 +420,7 @@ mod tests {
             &file(
                 "u1",
                 &format!(
-                    "gpu.{A}.memory=1024\ngpu.{A}.cores=30\ncontext_overhead=4096\nnew_key=1\n"
+                    "gpu.{A}.memory=1024\ngpu.{A}.physical=768\ngpu.{A}.cores=30\ncontext_overhead=4096\nnew_key=1\n"
                 ),
             ),
         )
@@ -424,6 +428,7 @@ mod tests {
         assert_eq!(c.name, "ns/u1");
         assert_eq!(c.context_overhead, 4096);
         assert_eq!(c.gpus[0].1.memory, Some(1024));
+        assert_eq!(c.gpus[0].1.physical, Some(768));
         assert_eq!(c.gpus[0].1.cores, Some(30));
         assert_eq!(c.warnings.len(), 1);
     }
@@ -438,6 +443,7 @@ mod tests {
                 "version 2",
             ),
             (file("u1", &format!("gpu.{A}.memory=lots\n")), "byte count"),
+            (file("u1", &format!("gpu.{A}.physical=-1\n")), "byte count"),
             (file("u1", &format!("gpu.{A}.cores=0\n")), "percentage"),
             (file("u1", "claim_uid=u2\n"), "duplicate key claim_uid"),
             (

@@ -121,6 +121,21 @@ impl Config {
         per.or(self.default_limit)
     }
 
+    /// Research tier: the part of device ordinal `i`'s quota that device memory backs
+    /// (`gpu.<UUID>.physical=` of the plugin's limits file); past it allocations are served
+    /// by managed memory. Claim mode only: nothing in the environment sets it. `None`: no
+    /// spill.
+    #[inline]
+    pub fn physical(&self, ordinal: i32) -> Option<u64> {
+        if !self.enabled || self.claims.is_none() {
+            return None;
+        }
+        match self.gpu(ordinal) {
+            Gpu::Claimed { limits, .. } => limits.physical,
+            _ => None,
+        }
+    }
+
     /// The core quota (percent, 1–99) of device ordinal `i`; `None` = not throttled.
     #[inline]
     pub fn core_limit(&self, ordinal: i32) -> Option<u32> {

@@ -55,6 +55,8 @@ pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 /// `CUmemPool_attribute`: bytes the pool holds from the device now.
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+/// `cuMemAllocManaged` flag: the memory is accessible from any stream on any device.
+pub const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
 
 /// `CUlimit` values that take device memory.
 pub const CU_LIMIT_STACK_SIZE: c_int = 0;

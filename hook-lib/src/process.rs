@@ -301,6 +301,9 @@ pub struct Quota {
     pub proc: &'static Proc,
     pub dev: usize,
     pub limit: u64,
+    /// Research tier: the part of `limit` device memory backs (see
+    /// [`crate::config::Config::physical`]).
+    pub physical: Option<u64>,
 }
 
 /// The quota of ordinal `ord`, if one is set.
@@ -312,7 +315,13 @@ pub fn quota_of(ord: c_int) -> Option<Quota> {
     let limit = config().limit(ord)?;
     let proc = get();
     let dev = proc.device(ord)?;
-    Some(Quota { proc, dev, limit })
+    let physical = config().physical(ord);
+    Some(Quota {
+        proc,
+        dev,
+        limit,
+        physical,
+    })
 }
 
 /// The quota of the current context's device, if one is set.

@@ -8,7 +8,8 @@
 //!       last_reap_ms u64 (CLOCK_MONOTONIC_COARSE), reserved
 //! 64    devices[16] (64 each): uuid [u8;16], state u32 (1 = in use), ordinal u32
 //!       (of the first process that registered it), limit u64 (last seen), used u64
-//!       (the claim's bytes on this GPU: the authority), reserved
+//!       (the claim's bytes on this GPU: the authority), refusals u64, managed u64 (the
+//!       part of `used` served by managed memory: the research tier's spill), reserved
 //! 1088  slots[1024] (160 each): state u32 (1 = live), pid u32, start_time u64,
 //!       reserved 16 bytes, used[16] u64 (this process's share of devices[i].used)
 //! ```
@@ -75,7 +76,12 @@ struct DeviceEntry {
     /// Allocations refused past the limit (informational: the node's metrics read it; a
     /// tenant can write it, nothing enforces by it).
     refusals: AtomicU64,
-    _reserved: [u64; 2],
+    /// The part of `used` that is managed memory (research tier). The metrics read it; the
+    /// choice between device and managed memory reads it too, but the grant (`used`
+    /// against the limit) is what holds the quota, so a tenant who writes it moves bytes
+    /// between device and host memory, never past the grant.
+    managed: AtomicU64,
+    _reserved: [u64; 1],
 }
 
 #[repr(C)]
@@ -92,6 +98,7 @@ const _: () = assert!(std::mem::size_of::<DeviceEntry>() == DEVICE_SIZE);
 // The fields the node's plugin reads back (docs/shim-contract.md, "The accounts").
 const _: () = assert!(std::mem::offset_of!(DeviceEntry, state) == 16);
 const _: () = assert!(std::mem::offset_of!(DeviceEntry, refusals) == 40);
+const _: () = assert!(std::mem::offset_of!(DeviceEntry, managed) == 48);
 const _: () = assert!(std::mem::size_of::<Slot>() == SLOT_SIZE);
 
 /// One account file (or private memory when none is configured, or nothing when it is
@@ -338,6 +345,27 @@ impl Account {
     pub fn release(&self, i: usize, size: u64) {
         let (p, l) = self.split(i);
         p.release(l, size)
+    }
+
+    /// Bytes of device `i`'s use that are managed memory.
+    pub fn managed(&self, i: usize) -> u64 {
+        let (p, l) = self.split(i);
+        p.device(l).managed.load(Ordering::Acquire)
+    }
+
+    /// Notes `size` bytes of device `i`'s use as managed memory (`add`) or no longer
+    /// (`!add`, never below zero).
+    pub fn note_managed(&self, i: usize, size: u64, add: bool) {
+        let (p, l) = self.split(i);
+        if p.broken.is_some() {
+            return;
+        }
+        let m = &p.device(l).managed;
+        if add {
+            m.fetch_add(size, Ordering::AcqRel);
+        } else {
+            sat_sub(m, size);
+        }
     }
 
     /// Looks for dead processes now, in every part.
@@ -620,7 +648,12 @@ impl Part {
             for d in 0..MAX_DEVICES {
                 let u = s.used[d].swap(0, Ordering::AcqRel);
                 if u != 0 {
-                    sat_sub(&self.device(d).used, u);
+                    let e = self.device(d);
+                    sat_sub(&e.used, u);
+                    // A slot does not say how much of its use was managed: the managed
+                    // part is at most what is left in use.
+                    let left = e.used.load(Ordering::Acquire);
+                    e.managed.fetch_min(left, Ordering::AcqRel);
                 }
             }
             crate::debug!(

@@ -109,6 +109,19 @@ refused "a malformed value refuses every allocation" "expected a byte count" \
 refused "a GPU no claim names is refused" "no claim of this container names it" \
   in_ns "mount_claim redir $L" "${S[@]}" "$H" alloc 1 4096
 
+echo "== claim mode: the research tier spills past the physical part to managed memory"
+GI=$((1 << 30))
+P=$(claim_file spill "gpu.$G0.memory=$((3 * GI))" "gpu.$G0.physical=$((2 * GI))")
+run "grant 3 GiB, physical 2 GiB: 2 GiB device, the next 1 GiB managed (counted), 1 byte more refused" \
+  in_ns "mount_claim spill $P" "${S[@]}" "$H" spill 0 $((3 * GI)) $((2 * GI)) "$WORK/claims/spill/memory.state"
+N=$(claim_file nospill "gpu.$G0.memory=$((3 * GI))")
+must_fail "without physical= in the plugin's file nothing spills (all 3 GiB on the device)" \
+  in_ns "mount_claim nospill $N" "${S[@]}" "$H" spill 0 $((3 * GI)) $((2 * GI)) "$WORK/claims/nospill/memory.state"
+FP=$(claim_file forgedp "gpu.$G0.memory=$((3 * GI))" "gpu.$G0.physical=$((2 * GI))")
+must_fail "a tenant cannot add physical=: a forged file beside the plugin's changes nothing" \
+  in_ns "mount_claim nospill $N; forge_claim forgedp $FP" "${S[@]}" "$H" spill 0 $((3 * GI)) $((2 * GI)) \
+  "$WORK/claims/nospill/memory.state"
+
 echo "== claim mode: limits by GPU UUID, several claims"
 O=$(claim_file order "gpu.$G0.memory=$((16 * MI))" "gpu.$G1.memory=$((48 * MI))")
 run "CUDA_VISIBLE_DEVICES=1,0: device 0 (GPU 1) keeps GPU 1's 48 MiB" \

@@ -113,7 +113,7 @@ fn filled() -> Metrics {
     );
     m.set_shim_counters(
         rows.iter()
-            .map(|(n, u)| ("team-a", n.as_str(), u.as_str(), 3, 12_345_678_900)),
+            .map(|(n, u)| ("team-a", n.as_str(), u.as_str(), 3, 12_345_678_900, 0)),
     );
     m
 }

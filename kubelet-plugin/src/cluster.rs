@@ -25,7 +25,7 @@ use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::Value;
 
 use fgpu_api::names::DriverName;
-use fgpu_driver::device::{GpuMode, NodeInventory};
+use fgpu_driver::device::NodeInventory;
 use fgpu_plumbing::events::{self, Regarding, Reporter, Said};
 
 use crate::claim::ResourceClaim;
@@ -315,21 +315,25 @@ impl SlicePublisher {
         inventory: &NodeInventory,
         taints: &BTreeMap<String, slices::DeviceTaint>,
     ) -> Result<Published, ClusterError> {
-        self.publish_with_modes(inventory, taints, |_| BTreeMap::new())
+        self.publish_with_modes(inventory, taints, |_| slices::GpuSettings::default())
             .await
     }
 
-    /// [`publish_with_taints`](Self::publish_with_taints), with each GPU's mode:
-    /// `modes` is given the Node's labels and answers the modes by GPU UUID (see
-    /// [`crate::gpu_mode`]). MIG-mode GPUs are published as partitionable devices where the
+    /// [`publish_with_taints`](Self::publish_with_taints), with each GPU's mode and
+    /// research-tier ratio: `modes` is given the Node's labels and answers them by GPU UUID
+    /// (see [`crate::gpu_mode`] and [`crate::tier`]; modes alone convert). MIG-mode GPUs
+    /// are published as partitionable devices where the
     /// API server keeps them (read back, as for consumable capacity), else by their fixed
     /// layout.
-    pub async fn publish_with_modes(
+    pub async fn publish_with_modes<S>(
         &mut self,
         inventory: &NodeInventory,
         taints: &BTreeMap<String, slices::DeviceTaint>,
-        modes: impl FnOnce(&BTreeMap<String, String>) -> BTreeMap<String, GpuMode>,
-    ) -> Result<Published, ClusterError> {
+        modes: impl FnOnce(&BTreeMap<String, String>) -> S,
+    ) -> Result<Published, ClusterError>
+    where
+        S: Into<slices::GpuSettings>,
+    {
         let node_name = &inventory.node;
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let node = nodes
@@ -340,7 +344,7 @@ impl SlicePublisher {
                 source,
             })?;
         let node_uid = node.metadata.uid.unwrap_or_default();
-        let modes = modes(&node.metadata.labels.unwrap_or_default());
+        let settings: slices::GpuSettings = modes(&node.metadata.labels.unwrap_or_default()).into();
         let name = slices::slice_name(node_name, &self.driver);
         let existing = self.read_existing(&name).await?;
         let generation = |v: &Value| v["spec"]["pool"]["generation"].as_i64().unwrap_or(0);
@@ -355,7 +359,8 @@ impl SlicePublisher {
                 &slices::Publish {
                     consumable: this.try_consumable,
                     taints: this.try_taints.then_some(taints),
-                    modes: &modes,
+                    modes: &settings.modes,
+                    tiers: &settings.tiers,
                     partitionable: this.try_counters,
                     fixed: &this.fixed,
                 },
@@ -569,6 +574,9 @@ pub const REASON_CHECKPOINT_CORRUPTED: &str = "CheckpointCorrupted";
 
 /// Reason of the Event for a GPU mode change refused while the GPU holds prepared claims.
 pub const REASON_GPU_MODE_CHANGE_REFUSED: &str = "GpuModeChangeRefused";
+/// Reason of the Node Event for a research-tier ratio change the plugin did not take (the
+/// GPU holds prepared claims).
+pub const REASON_GPU_TIER_CHANGE_REFUSED: &str = "GpuTierChangeRefused";
 
 /// The `reportingController` of every Event the plugin writes (its `reportingInstance` is
 /// the node).

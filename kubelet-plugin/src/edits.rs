@@ -46,7 +46,7 @@ use fgpu_api::names::{self, DriverName, contract, env};
 use fgpu_driver::cdi::{
     CdiError, CdiSpec, ContainerEdits, DeviceNodeEdit, HookEdit, HookName, MountEdit, SpecBuilder,
 };
-use fgpu_driver::device::{Enforcement, Gpu, NodeInventory};
+use fgpu_driver::device::{Enforcement, Gpu, NodeInventory, TierRatio};
 use fgpu_driver::mig::{self, MigInstance, Placement};
 
 use crate::checkpoint::{MigIntent, PreparedDevice};
@@ -360,8 +360,11 @@ pub struct PlannedDevice {
     pub cores: CorePercent,
     /// Priority.
     pub priority: Priority,
-    /// Whether memory may be oversubscribed.
+    /// Whether the share is on the research tier (its class said `oversubscribe: true`).
     pub oversubscribe: bool,
+    /// Its GPU's oversubscription ratio ([`TierRatio::NONE`] off the research tier), as
+    /// [`crate::tier::check`] set it.
+    pub tier: TierRatio,
     /// For a MIG placement device: the instance it stands for. `None` for a GPU or a
     /// share of one.
     pub mig: Option<PlannedMig>,
@@ -390,6 +393,10 @@ pub struct GpuLimit {
     pub memory_bytes: u64,
     /// Core quota in percent; 0 = not throttled.
     pub cores: u8,
+    /// On a research-tier GPU: the part of `memory_bytes` device memory backs (the grant
+    /// divided by the ratio, floored); the shim serves the rest with managed memory.
+    /// `None` off the tier.
+    pub physical_bytes: Option<u64>,
 }
 
 /// Everything prepare writes for a claim.
@@ -424,7 +431,7 @@ pub enum EditsError {
     },
     /// Shares of one GPU add up to more memory than it has.
     #[error(
-        "claim {claim}: status.allocation.devices.results[{index}]: grants {granted} bytes of memory on {device}, more than its {total}; lower the memory or set oversubscribe: true"
+        "claim {claim}: status.allocation.devices.results[{index}]: grants {granted} bytes of memory on {device}, more than its {total}; lower the memory (only a research-tier GPU grants more memory than it has, to claims of the research class)"
     )]
     MemoryAboveDevice {
         /// `namespace/name`.
@@ -437,6 +444,50 @@ pub enum EditsError {
         granted: u64,
         /// Its memory.
         total: u64,
+    },
+    /// An oversubscribed share on a GPU off the research tier.
+    #[error(
+        "claim {claim}: status.allocation.devices.results[{index}]: an oversubscribed share (oversubscribe: true) on {device}, which is not on the research tier (no fgpu.dev/oversubscribe label); oversubscribed shares go to research-tier GPUs only"
+    )]
+    OversubscribedOffTier {
+        /// `namespace/name`.
+        claim: String,
+        /// Result index.
+        index: usize,
+        /// The device.
+        device: String,
+    },
+    /// A share that is not oversubscribed on a research-tier GPU.
+    #[error(
+        "claim {claim}: status.allocation.devices.results[{index}].device: {device} is on the research tier (oversubscribe ratio {ratio}), and this share does not set oversubscribe: true; only claims of the research class (research.<driver>) go to research-tier GPUs"
+    )]
+    NotOversubscribedOnTier {
+        /// `namespace/name`.
+        claim: String,
+        /// Result index.
+        index: usize,
+        /// The device.
+        device: String,
+        /// Its ratio.
+        ratio: String,
+    },
+    /// Shares of one research-tier GPU add up to more than physical memory × ratio.
+    #[error(
+        "claim {claim}: status.allocation.devices.results[{index}]: grants {granted} bytes of memory on {device}, more than its {capacity} (its physical memory times its oversubscribe ratio {ratio})"
+    )]
+    MemoryAboveTier {
+        /// `namespace/name`.
+        claim: String,
+        /// Result index (the last share that crossed).
+        index: usize,
+        /// The device.
+        device: String,
+        /// Total granted on it by the claim.
+        granted: u64,
+        /// Physical memory × ratio.
+        capacity: u64,
+        /// The ratio.
+        ratio: String,
     },
     /// A claim mixes MIG placement devices with GPUs or shares of them.
     #[error(
@@ -498,6 +549,7 @@ pub fn plan(
             cores: r.grant.cores,
             priority: r.grant.priority,
             oversubscribe: r.grant.oversubscribe,
+            tier: TierRatio::NONE,
             mig: None,
         };
         if let Some(found) = mig_placement(inventory, &r.result.pool, &r.result.device) {
@@ -621,30 +673,49 @@ pub fn contract_uuid(uuid: &str) -> String {
     }
 }
 
-/// The per-GPU limits in the order the container sees its GPUs (PCI bus id).
+/// The per-GPU limits in the order the container sees its GPUs (PCI bus id). On a
+/// research-tier GPU the physical part is the claim's grant there divided by the ratio.
 pub fn gpu_limits(devices: &[PlannedDevice]) -> Vec<GpuLimit> {
-    // (pci bus id, minor) → (uuid, memory, cores, any share unthrottled)
-    let mut by_gpu: BTreeMap<(String, u32), (String, u64, u16, bool)> = BTreeMap::new();
+    /// One GPU's shares in the claim, added up.
+    struct Sum {
+        uuid: String,
+        memory: u64,
+        cores: u16,
+        /// Any share without a core quota.
+        unthrottled: bool,
+        tier: TierRatio,
+    }
+    // Keyed by (PCI bus id, minor): the container's order.
+    let mut by_gpu: BTreeMap<(String, u32), Sum> = BTreeMap::new();
     for d in devices {
         let e = by_gpu
             .entry((d.gpu.pci_bus_id.to_ascii_lowercase(), d.gpu.minor))
-            .or_insert_with(|| (contract_uuid(&d.gpu.uuid), 0, 0, false));
-        e.1 = e.1.saturating_add(d.memory_bytes);
-        e.2 += u16::from(d.cores.get());
-        e.3 |= d.cores.get() == 0;
+            .or_insert_with(|| Sum {
+                uuid: contract_uuid(&d.gpu.uuid),
+                memory: 0,
+                cores: 0,
+                unthrottled: false,
+                tier: d.tier,
+            });
+        e.memory = e.memory.saturating_add(d.memory_bytes);
+        e.cores += u16::from(d.cores.get());
+        e.unthrottled |= d.cores.get() == 0;
     }
     by_gpu
         .into_values()
         .enumerate()
-        .map(
-            |(ordinal, (uuid, memory_bytes, cores, unthrottled))| GpuLimit {
-                ordinal,
-                uuid,
-                memory_bytes,
-                // A share without a core quota leaves the GPU unthrottled for the container.
-                cores: if unthrottled { 0 } else { cores.min(100) as u8 },
+        .map(|(ordinal, g)| GpuLimit {
+            ordinal,
+            uuid: g.uuid,
+            memory_bytes: g.memory,
+            // A share without a core quota leaves the GPU unthrottled for the container.
+            cores: if g.unthrottled {
+                0
+            } else {
+                g.cores.min(100) as u8
             },
-        )
+            physical_bytes: g.tier.is_tier().then(|| g.tier.physical_share(g.memory)),
+        })
         .collect()
 }
 
@@ -1071,7 +1142,8 @@ pub fn prepared_device(
 
 /// The claim's limits file, version 2 of the contract (`docs/shim-contract.md`): the claim,
 /// its accounts, feed and priority, and per GPU (by UUID, in container order) its memory,
-/// its cores (absent when not throttled) and its priority file.
+/// its cores (absent when not throttled), on a research-tier GPU its physical part, and
+/// its priority file.
 pub fn limits_content(
     claim: &ClaimRef,
     gpus: &[GpuLimit],
@@ -1103,6 +1175,9 @@ pub fn limits_content(
     for g in gpus {
         let key = |field: &str| format!("gpu.{}.{field}", g.uuid);
         line(&key("memory"), &g.memory_bytes.to_string());
+        if let Some(physical) = g.physical_bytes {
+            line(&key("physical"), &physical.to_string());
+        }
         if g.cores > 0 {
             line(&key("cores"), &g.cores.to_string());
         }
@@ -1150,7 +1225,17 @@ pub(crate) mod tests {
             cores: CorePercent::new(cores).unwrap(),
             priority: Priority::Normal,
             oversubscribe: false,
+            tier: TierRatio::NONE,
             mig: None,
+        }
+    }
+
+    /// A share of `bytes` on `g`, oversubscribed or not (for [`crate::tier`]'s tests).
+    pub(crate) fn planned_share(g: &Gpu, bytes: u64, oversubscribe: bool) -> PlannedDevice {
+        PlannedDevice {
+            memory_bytes: bytes,
+            oversubscribe,
+            ..dev(g, "gpu", Some("s"), 0, 0)
         }
     }
 
@@ -1290,6 +1375,37 @@ pub(crate) mod tests {
             !build_env(false).iter().any(|v| v.starts_with("FAKE_CUDA_")),
             "a real node's containers get nothing of the fake"
         );
+    }
+
+    #[test]
+    fn a_research_tier_gpu_tells_the_shim_its_physical_part() {
+        let (g0, g1) = (gpu(0, "0000:1b:00.0"), gpu(1, "0000:2b:00.0"));
+        let ratio: TierRatio = "1.5".parse().unwrap();
+        let on_tier = |bytes| PlannedDevice {
+            tier: ratio,
+            ..planned_share(&g0, bytes, true)
+        };
+        // Two shares of 1.5 GiB on the tier GPU: 3 GiB granted, 2 GiB of it device memory.
+        let devices = [
+            on_tier(3 * GI / 2),
+            on_tier(3 * GI / 2),
+            dev(&g1, "b", None, 4, 0),
+        ];
+        let gpus = gpu_limits(&devices);
+        assert_eq!(gpus[0].memory_bytes, 3 * GI);
+        assert_eq!(gpus[0].physical_bytes, Some(2 * GI));
+        assert_eq!(gpus[1].physical_bytes, None);
+        let text = limits_content(&claim(), &gpus, Priority::Normal, 0);
+        let u0 = contract_uuid(&g0.uuid);
+        assert!(
+            text.contains(&format!(
+                "gpu.{u0}.memory={}\ngpu.{u0}.physical={}\n",
+                3 * GI,
+                2 * GI
+            )),
+            "{text}"
+        );
+        assert!(!text.contains(&format!("gpu.{}.physical", contract_uuid(&g1.uuid))));
     }
 
     #[test]
@@ -1517,6 +1633,7 @@ pub(crate) mod tests {
             uuid: format!("GPU-{ordinal}"),
             memory_bytes: memory_gi * GI,
             cores,
+            physical_bytes: None,
         }
     }
 
@@ -1623,6 +1740,7 @@ pub(crate) mod tests {
                 uuid: g.uuid.clone(),
                 memory_bytes: 5 * GI,
                 cores: 0,
+                physical_bytes: None,
             },
             limit(1, 1, 0),
         ];

@@ -16,6 +16,10 @@
 //! force are kept in a small file in the plugin's state directory, so that a restarted
 //! plugin does not take a change it would have refused.
 //!
+//! The same machinery ([`GpuFlag`], [`wanted`], [`Keeper`]) serves every per-GPU
+//! [`Setting`] the admin gives this way: the mode here, the oversubscription ratio of the
+//! research tier in [`crate::tier`].
+//!
 //! `--mig-fixed-layout` ([`FixedLayouts`]) lists the MIG profiles to publish on a MIG-mode
 //! GPU where the API server has no partitionable devices (see [`crate::mig_slice`]).
 
@@ -24,9 +28,27 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use fgpu_api::names::label;
-use fgpu_driver::device::{Gpu, GpuMode};
+use fgpu_driver::device::{Gpu, GpuMode, TierRatio};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::checkpoint::{Durability, write_atomic};
+
+/// A per-GPU setting the admin gives by node label and flag: parsed from text (the error
+/// says what is valid), kept in the plugin's state directory.
+pub trait Setting:
+    Copy + PartialEq + std::fmt::Display + FromStr<Err = String> + Serialize + DeserializeOwned
+{
+    /// What messages call it: `mode`.
+    const NOUN: &'static str;
+    /// Its flag: `--gpu-mode`.
+    const FLAG: &'static str;
+}
+
+impl Setting for GpuMode {
+    const NOUN: &'static str = "mode";
+    const FLAG: &'static str = "--gpu-mode";
+}
 
 /// Which GPU a flag entry names.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -79,39 +101,62 @@ fn entries(text: &str) -> impl Iterator<Item = (Option<&str>, &str)> {
         })
 }
 
-/// The `--gpu-mode` flag: a mode for every GPU and/or per GPU.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ModeFlag {
+/// A setting's flag: a value for every GPU and/or per GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuFlag<V> {
     /// The entry without a key.
-    pub all: Option<GpuMode>,
+    pub all: Option<V>,
     /// Entries by index or UUID.
-    pub by_gpu: BTreeMap<GpuRef, GpuMode>,
+    pub by_gpu: BTreeMap<GpuRef, V>,
 }
 
-impl FromStr for ModeFlag {
+/// The `--gpu-mode` flag.
+pub type ModeFlag = GpuFlag<GpuMode>;
+
+impl<V> Default for GpuFlag<V> {
+    fn default() -> Self {
+        Self {
+            all: None,
+            by_gpu: BTreeMap::new(),
+        }
+    }
+}
+
+impl<V: Setting> GpuFlag<V> {
+    /// The entry for `gpu`: its own, else the one for every GPU.
+    pub fn for_gpu(&self, gpu: &Gpu) -> Option<V> {
+        self.by_gpu
+            .iter()
+            .find(|(r, _)| r.matches(gpu))
+            .map(|(_, v)| *v)
+            .or(self.all)
+    }
+}
+
+impl<V: Setting> FromStr for GpuFlag<V> {
     type Err = String;
 
     /// Parses `mig`, `0=mig,1=whole`, `shared,GPU-…=mig` (empty: no entry). The error
-    /// names the entry.
+    /// names the flag and the entry.
     fn from_str(text: &str) -> Result<Self, String> {
+        let flag_name = V::FLAG;
         let mut flag = Self::default();
         for (key, value) in entries(text) {
-            let mode: GpuMode = value
+            let v: V = value
                 .parse()
-                .map_err(|e| format!("--gpu-mode entry {value:?}: {e}"))?;
-            match key {
-                None if flag.all.is_some() => {
+                .map_err(|e| format!("{flag_name} entry {value:?}: {e}"))?;
+            match (key, flag.all) {
+                (None, Some(all)) => {
                     return Err(format!(
-                        "--gpu-mode: two entries for every GPU ({} and {mode})",
-                        flag.all.unwrap_or_default()
+                        "{flag_name}: two entries for every GPU ({all} and {v})"
                     ));
                 }
-                None => flag.all = Some(mode),
-                Some(k) => {
+                (None, None) => flag.all = Some(v),
+                (Some(k), _) => {
                     let r = GpuRef::parse(k)
-                        .map_err(|e| format!("--gpu-mode entry {k}={value}: {e}"))?;
-                    if flag.by_gpu.insert(r, mode).is_some() {
-                        return Err(format!("--gpu-mode: GPU {k} is named twice"));
+                        .map_err(|e| format!("{flag_name} entry {k}={value}: {e}"))?;
+                    if flag.by_gpu.insert(r, v).is_some() {
+                        return Err(format!("{flag_name}: GPU {k} is named twice"));
                     }
                 }
             }
@@ -197,6 +242,17 @@ pub struct ModeArgs {
     /// fgpu.dev/gpu-mode and fgpu.dev/gpu-mode-<index> win over it.
     #[arg(long, value_name = "MODES", default_value = "", env = "FGPU_GPU_MODE")]
     pub gpu_mode: ModeFlag,
+    /// The research tier: GPUs whose granted memory may pass their memory by a ratio (a
+    /// decimal above 1, at most 4; `1`: off the tier), for every GPU (`1.5`) and/or per
+    /// GPU index or UUID (`0=1.5,1=2`). The node labels fgpu.dev/oversubscribe and
+    /// fgpu.dev/oversubscribe-<index> win over it (docs/platforms.md).
+    #[arg(
+        long,
+        value_name = "RATIOS",
+        default_value = "",
+        env = "FGPU_OVERSUBSCRIBE"
+    )]
+    pub oversubscribe: GpuFlag<TierRatio>,
     /// The MIG profiles to publish on each MIG-mode GPU where the API server has no
     /// partitionable devices: `1g.10gb*7`, or per GPU `0=3g.40gb,3g.40gb;1=7g.80gb`.
     #[arg(
@@ -221,22 +277,23 @@ pub enum ModeSource {
     Default,
 }
 
-impl std::fmt::Display for ModeSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl ModeSource {
+    /// Names the source in a message; `flag` is the setting's flag.
+    fn describe(&self, flag: &str) -> String {
         match self {
-            Self::Label(k) => write!(f, "node label {k}"),
-            Self::Flag => f.write_str("--gpu-mode"),
-            Self::Backend => f.write_str("the backend"),
-            Self::Default => f.write_str("the default"),
+            Self::Label(k) => format!("node label {k}"),
+            Self::Flag => flag.to_owned(),
+            Self::Backend => "the backend".to_owned(),
+            Self::Default => "the default".to_owned(),
         }
     }
 }
 
-/// A GPU's wanted mode and where it came from.
+/// A GPU's wanted setting and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Wanted {
-    /// The mode.
-    pub mode: GpuMode,
+pub struct Wanted<V = GpuMode> {
+    /// The setting (the mode, the ratio).
+    pub value: V,
     /// Its source.
     pub source: ModeSource,
 }
@@ -249,12 +306,41 @@ pub fn wanted_modes(
     flag: &ModeFlag,
     backend: impl Fn(&str) -> Option<GpuMode>,
 ) -> (BTreeMap<String, Wanted>, Vec<String>) {
+    let keys = LabelKeys {
+        node: label::GPU_MODE,
+        gpu_prefix: label::GPU_MODE_PREFIX,
+    };
+    wanted(gpus, labels, keys, flag, backend, GpuMode::Shared)
+}
+
+/// The node labels of a setting: one for every GPU, and a prefix for one GPU's (its index
+/// follows).
+#[derive(Clone, Copy, Debug)]
+pub struct LabelKeys {
+    /// Every GPU of the node.
+    pub node: &'static str,
+    /// One GPU: this and its index.
+    pub gpu_prefix: &'static str,
+}
+
+/// The setting the admin wants for each GPU (by UUID), first found wins: the GPU's label,
+/// the node's label, the flag's entry for the GPU, the flag's entry for every GPU, the
+/// backend's say, `default`. Also the messages for label values that do not parse (each
+/// names the label; the value is skipped).
+pub fn wanted<V: Setting>(
+    gpus: &[Gpu],
+    labels: &BTreeMap<String, String>,
+    keys: LabelKeys,
+    flag: &GpuFlag<V>,
+    backend: impl Fn(&str) -> Option<V>,
+    default: V,
+) -> (BTreeMap<String, Wanted<V>>, Vec<String>) {
     let mut errors = Vec::new();
-    let mut from_label = |key: &str| -> Option<Wanted> {
+    let mut from_label = |key: &str| -> Option<Wanted<V>> {
         let value = labels.get(key)?;
         match value.parse() {
-            Ok(mode) => Some(Wanted {
-                mode,
+            Ok(value) => Some(Wanted {
+                value,
                 source: ModeSource::Label(key.to_owned()),
             }),
             Err(e) => {
@@ -263,31 +349,17 @@ pub fn wanted_modes(
             }
         }
     };
-    let node_wide = from_label(label::GPU_MODE);
+    let node_wide = from_label(keys.node);
     let mut wanted = BTreeMap::new();
     for gpu in gpus {
-        let per_gpu = from_label(&format!("{}{}", label::GPU_MODE_PREFIX, gpu.index));
-        let flagged = flag
-            .by_gpu
-            .iter()
-            .find(|(r, _)| r.matches(gpu))
-            .map(|(_, m)| *m)
-            .or(flag.all)
-            .map(|mode| Wanted {
-                mode,
-                source: ModeSource::Flag,
-            });
+        let per_gpu = from_label(&format!("{}{}", keys.gpu_prefix, gpu.index));
+        let source = |value, source| Wanted { value, source };
         let w = per_gpu
             .or_else(|| node_wide.clone())
-            .or(flagged)
-            .or_else(|| {
-                backend(&gpu.uuid).map(|mode| Wanted {
-                    mode,
-                    source: ModeSource::Backend,
-                })
-            })
+            .or_else(|| flag.for_gpu(gpu).map(|v| source(v, ModeSource::Flag)))
+            .or_else(|| backend(&gpu.uuid).map(|v| source(v, ModeSource::Backend)))
             .unwrap_or(Wanted {
-                mode: GpuMode::Shared,
+                value: default,
                 source: ModeSource::Default,
             });
         wanted.insert(gpu.uuid.clone(), w);
@@ -295,56 +367,71 @@ pub fn wanted_modes(
     (wanted, errors)
 }
 
-/// A mode change the plugin did not take: the GPU holds prepared claims.
+/// A change the plugin did not take: the GPU holds prepared claims.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub struct Refusal<V = GpuMode> {
     /// The GPU.
     pub gpu_uuid: String,
-    /// The mode kept.
-    pub from: GpuMode,
-    /// The mode asked for, and by what.
-    pub to: Wanted,
+    /// The setting kept.
+    pub from: V,
+    /// The setting asked for, and by what.
+    pub to: Wanted<V>,
     /// The prepared claims on the GPU (`namespace/name`).
     pub claims: Vec<String>,
 }
 
-impl std::fmt::Display for Refusal {
+impl<V: Setting> std::fmt::Display for Refusal<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let noun = V::NOUN;
         write!(
             f,
-            "GPU {}: mode {} (from {}) not taken: the GPU holds prepared claims ({}); it stays in mode {} until they are gone",
+            "GPU {}: {noun} {} (from {}) not taken: the GPU holds prepared claims ({}); it stays in {noun} {} until they are gone",
             self.gpu_uuid,
-            self.to.mode,
-            self.to.source,
+            self.to.value,
+            self.to.source.describe(V::FLAG),
             self.claims.join(", "),
             self.from
         )
     }
 }
 
-/// The modes in force, and the decision to take a wanted one.
-#[derive(Debug, Default)]
-pub struct ModeKeeper {
-    current: BTreeMap<String, GpuMode>,
-    /// Refusals already reported (GPU, mode asked for): each is reported once.
-    reported: BTreeSet<(String, &'static str)>,
-    /// Where the modes in force are kept; `None`: in memory only.
+/// The settings in force, and the decision to take a wanted one.
+#[derive(Debug)]
+pub struct Keeper<V> {
+    current: BTreeMap<String, V>,
+    /// Refusals already reported (GPU, setting asked for): each is reported once.
+    reported: BTreeSet<(String, String)>,
+    /// Where the settings in force are kept; `None`: in memory only.
     file: Option<PathBuf>,
 }
 
-/// The keeper's file in the state directory.
+/// The GPU modes in force.
+pub type ModeKeeper = Keeper<GpuMode>;
+
+impl<V> Default for Keeper<V> {
+    fn default() -> Self {
+        Self {
+            current: BTreeMap::new(),
+            reported: BTreeSet::new(),
+            file: None,
+        }
+    }
+}
+
+/// The mode keeper's file in the state directory.
 pub const MODES_FILE: &str = "gpu-modes.json";
 
-impl ModeKeeper {
-    /// A keeper with the modes recorded in `file` (none when it is missing); a file that
-    /// does not parse is reported and read as none.
+impl<V: Setting> Keeper<V> {
+    /// A keeper with the settings recorded in `file` (none when it is missing); a file
+    /// that does not parse is reported and read as none.
     pub fn load(file: PathBuf) -> (Self, Option<String>) {
         let mut note = None;
         let current = match std::fs::read(&file) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 note = Some(format!(
-                    "{}: not a map of GPU UUID to mode ({e}); starting without recorded modes",
-                    file.display()
+                    "{}: not a map of GPU UUID to {} ({e}); starting without recorded values",
+                    file.display(),
+                    V::NOUN
                 ));
                 BTreeMap::new()
             }),
@@ -364,32 +451,41 @@ impl ModeKeeper {
         )
     }
 
-    /// The modes in force, by GPU UUID.
-    pub fn modes(&self) -> &BTreeMap<String, GpuMode> {
+    /// The settings in force, by GPU UUID.
+    pub fn modes(&self) -> &BTreeMap<String, V> {
         &self.current
     }
 
-    /// Takes each wanted mode unless the GPU holds prepared claims (`busy`: claims by GPU
-    /// UUID) and is in another mode now; returns the refusals not reported before, and an
-    /// error when the modes' file could not be written. A GPU seen for the first time takes
-    /// its wanted mode.
+    /// Records `value` as in force on each of `gpus` (UUIDs) with no record yet, so that
+    /// [`Self::settle`] treats a change from it like any other (refused while the GPU holds
+    /// claims) instead of taking the wanted setting at first sight.
+    pub fn assume_unseen<'a>(&mut self, gpus: impl IntoIterator<Item = &'a str>, value: V) {
+        for uuid in gpus {
+            self.current.entry(uuid.to_owned()).or_insert(value);
+        }
+    }
+
+    /// Takes each wanted setting unless the GPU holds prepared claims (`busy`: claims by
+    /// GPU UUID) and has another setting now; returns the refusals not reported before, and
+    /// an error when the keeper's file could not be written. A GPU seen for the first time
+    /// takes its wanted setting.
     pub fn settle(
         &mut self,
-        wanted: &BTreeMap<String, Wanted>,
+        wanted: &BTreeMap<String, Wanted<V>>,
         busy: &BTreeMap<String, Vec<String>>,
-    ) -> (Vec<Refusal>, Option<String>) {
+    ) -> (Vec<Refusal<V>>, Option<String>) {
         let mut refusals = Vec::new();
         let mut changed = false;
         for (uuid, w) in wanted {
             let now = self.current.get(uuid).copied();
-            if now == Some(w.mode) {
+            if now == Some(w.value) {
                 self.reported.retain(|(u, _)| u != uuid);
                 continue;
             }
             let claims = busy.get(uuid).filter(|c| !c.is_empty());
             match (now, claims) {
                 (Some(from), Some(claims)) => {
-                    if self.reported.insert((uuid.clone(), w.mode.as_str())) {
+                    if self.reported.insert((uuid.clone(), w.value.to_string())) {
                         refusals.push(Refusal {
                             gpu_uuid: uuid.clone(),
                             from,
@@ -399,7 +495,7 @@ impl ModeKeeper {
                     }
                 }
                 _ => {
-                    self.current.insert(uuid.clone(), w.mode);
+                    self.current.insert(uuid.clone(), w.value);
                     self.reported.retain(|(u, _)| u != uuid);
                     changed = true;
                 }
@@ -440,7 +536,7 @@ mod tests {
     }
 
     fn modes(w: &BTreeMap<String, Wanted>, gpus: &[Gpu]) -> Vec<GpuMode> {
-        gpus.iter().map(|g| w[&g.uuid].mode).collect()
+        gpus.iter().map(|g| w[&g.uuid].value).collect()
     }
 
     #[test]
@@ -528,7 +624,7 @@ mod tests {
 
     fn want(mode: GpuMode) -> Wanted {
         Wanted {
-            mode,
+            value: mode,
             source: ModeSource::Flag,
         }
     }
@@ -555,7 +651,7 @@ mod tests {
         wanted.insert(b.clone(), want(GpuMode::Mig));
         let (r, _) = k.settle(&wanted, &busy);
         assert_eq!(r.len(), 1);
-        assert_eq!((r[0].from, r[0].to.mode), (GpuMode::Shared, GpuMode::Mig));
+        assert_eq!((r[0].from, r[0].to.value), (GpuMode::Shared, GpuMode::Mig));
         assert_eq!(
             r[0].to_string(),
             "GPU GPU-a: mode mig (from --gpu-mode) not taken: the GPU holds prepared claims (ns/c1); it stays in mode shared until they are gone"
@@ -576,7 +672,10 @@ mod tests {
         std::fs::write(&file, "nonsense").unwrap();
         let (k, note) = ModeKeeper::load(file);
         assert!(k.modes().is_empty());
-        assert!(note.unwrap().contains("gpu-modes.json: not a map"));
+        assert!(
+            note.unwrap()
+                .contains("gpu-modes.json: not a map of GPU UUID to mode")
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -21,6 +21,10 @@
 //! claim entry needs a class entry applying to the same request that allows it. The
 //! controller's admission webhook refuses such claims already; this is the node's own check
 //! (a claim admitted before the policy, or by a cluster without the webhook).
+//!
+//! Oversubscription policy ([`check_oversubscribe_policy`]): `oversubscribe: true` from a
+//! claim entry needs a class entry applying to the same request that sets it too (only the
+//! research class does); the error names the claim, the entry's field and the result.
 
 use fgpu_api::config::{ConfigError, ConfigProblem, CorePercent, GpuShareConfig, Priority};
 use fgpu_api::names::capacity;
@@ -248,6 +252,10 @@ fn resolve_result(
     let resolved = share::resolve(entries, &result.request, Some(consumed));
     check_priority_policy(entries, &result.request)
         .map_err(|e| invalid(claim, e.path, e.problem.to_string()))?;
+    check_oversubscribe_policy(entries, &result.request).map_err(|e| {
+        let problem = format!("(result {index}) {}", e.problem);
+        invalid(claim, e.path, problem)
+    })?;
     let memory_entry = resolved.memory_entry;
     let grant = node_grant(resolved);
     check_memory(claim, index, &grant, memory_entry)?;
@@ -349,6 +357,32 @@ pub fn check_priority_policy(entries: &[ConfigEntry], request: &str) -> Result<(
     Err(ConfigError {
         path: config_path(decider.position, "priority"),
         problem: ConfigProblem::HighPriorityNotAllowed {
+            request: request.to_owned(),
+            class: "its DeviceClass".into(),
+        },
+    })
+}
+
+/// The oversubscription policy for one request, on `entries` in [`share::order`]: when the
+/// entry that decides `oversubscribe` (the last applying one that sets it) is a claim's and
+/// says `true`, a class entry applying to the request must say `oversubscribe: true` too.
+pub fn check_oversubscribe_policy(
+    entries: &[ConfigEntry],
+    request: &str,
+) -> Result<(), ConfigError> {
+    let applying = || entries.iter().filter(|e| e.applies_to(request));
+    let Some(decider) = applying().rfind(|e| e.has_oversubscribe) else {
+        return Ok(());
+    };
+    if decider.from_class || !decider.config.oversubscribe {
+        return Ok(());
+    }
+    if applying().any(|e| e.from_class && e.has_oversubscribe && e.config.oversubscribe) {
+        return Ok(());
+    }
+    Err(ConfigError {
+        path: config_path(decider.position, "oversubscribe"),
+        problem: ConfigProblem::OversubscribeNotAllowed {
             request: request.to_owned(),
             class: "its DeviceClass".into(),
         },
@@ -707,6 +741,20 @@ mod tests {
 
     /// Claims that try to get `priority: high` without the class's permission, and the ways
     /// a class grants it.
+    /// Each (case, allocation config, error prefix): a claim with one result of request
+    /// `gpu` and that config is refused with an error starting so.
+    fn assert_refused<const N: usize>(cases: [(&str, Value, &str); N]) {
+        for (name, config, want) in cases {
+            let e = resolve(&claim(json!([res("gpu", "gpu-0")]), config), D)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(want),
+                "{name}: got {e:?}, want prefix {want:?}"
+            );
+        }
+    }
+
     #[test]
     fn priority_policy() {
         let high = json!({"priority": "high"});
@@ -763,15 +811,7 @@ mod tests {
                 r#"claim ns/c: status.allocation.devices.config[1].opaque.parameters.priority: "high" is not allowed"#,
             ),
         ];
-        for (name, config, want) in refused {
-            let e = resolve(&claim(json!([res("gpu", "gpu-0")]), config), D)
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.starts_with(want),
-                "{name}: got {e:?}, want prefix {want:?}"
-            );
-        }
+        assert_refused(refused);
         let allowed = [
             (
                 "the class allows it",
@@ -808,6 +848,63 @@ mod tests {
             let r = resolve(&claim(json!([res("gpu", "gpu-0")]), config), D)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(r[0].grant.priority, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn oversubscribe_counts_only_where_the_class_sets_it() {
+        let on = json!({"oversubscribe": true});
+        let refused = [
+            (
+                "a claim on the shared class sets it",
+                json!([
+                    cfg("FromClass", json!([]), json!({"memory": "1Gi"})),
+                    cfg("FromClaim", json!(["gpu"]), on.clone())
+                ]),
+                r#"claim ns/c: status.allocation.devices.config[1].opaque.parameters.oversubscribe: (result 0) true is not allowed for request "gpu": its DeviceClass does not set oversubscribe: true"#,
+            ),
+            (
+                "the class says false",
+                json!([
+                    cfg("FromClass", json!([]), json!({"oversubscribe": false})),
+                    cfg("FromClaim", json!([]), on.clone())
+                ]),
+                "claim ns/c: status.allocation.devices.config[1].opaque.parameters.oversubscribe: (result 0)",
+            ),
+            (
+                "another request's class sets it",
+                json!([
+                    cfg("FromClass", json!(["other"]), on.clone()),
+                    cfg("FromClaim", json!([]), on.clone())
+                ]),
+                "claim ns/c: status.allocation.devices.config[1].opaque.parameters.oversubscribe:",
+            ),
+        ];
+        assert_refused(refused);
+        let allowed = [
+            (
+                "the research class sets it",
+                json!([cfg("FromClass", json!([]), on.clone())]),
+                true,
+            ),
+            (
+                "the class sets it and the claim repeats it",
+                json!([
+                    cfg("FromClass", json!([]), on.clone()),
+                    cfg("FromClaim", json!([]), on.clone())
+                ]),
+                true,
+            ),
+            (
+                "a claim turns it off",
+                json!([cfg("FromClaim", json!([]), json!({"oversubscribe": false}))]),
+                false,
+            ),
+        ];
+        for (name, config, want) in allowed {
+            let r = resolve(&claim(json!([res("gpu", "gpu-0")]), config), D)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(r[0].grant.oversubscribe, want, "{name}");
         }
     }
 }

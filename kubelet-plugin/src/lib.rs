@@ -19,6 +19,8 @@
 //!   (partitionable devices), or the admin's fixed layout.
 //! * [`gpu_mode`]: each GPU's mode (`shared`, `mig`, `whole`) from node labels, flags and
 //!   the backend, and the refusal of a change while the GPU holds claims.
+//! * [`tier`]: the oversubscribed research tier: each GPU's ratio from node labels and
+//!   flags, and what a claim may get on a tier GPU.
 //! * [`metrics`]: the Prometheus metrics.
 //!
 //! State and side effects:
@@ -71,3 +73,4 @@ pub mod podresources;
 pub mod prepare;
 pub mod serve;
 pub mod slices;
+pub mod tier;

@@ -11,6 +11,7 @@
 //! | `fgpu_kubelet_plugin_gpu_granted_cores` | `gpu_uuid` | cores (percent) granted on the GPU by prepared claims |
 //! | `fgpu_kubelet_plugin_gpu_shares` | `gpu_uuid` | prepared claim devices (shares) on the GPU |
 //! | `fgpu_kubelet_plugin_gpu_memory_bytes` | `gpu_uuid`, `gpu_index` | device memory of the GPU (inventory) |
+//! | `fgpu_kubelet_plugin_gpu_oversubscribe_ratio` | `gpu_uuid` | the research tier's ratio in force on the GPU (1: off the tier; [`crate::tier`]) |
 //! | `fgpu_kubelet_plugin_gpu_healthy` | `gpu_uuid`, `gpu_index` | 1 when the GPU is healthy (the health monitor's conclusion) |
 //! | `fgpu_kubelet_plugin_gpu_health_transitions_total` | `gpu_uuid`, `to` (`healthy`, `degraded`, `fatal`) | changes of a GPU's condition |
 //! | `fgpu_kubelet_plugin_claim_reads_total` | `read` ([`ClaimRead`]) | where each prepare got its claim: the claim cache, or a GET and why |
@@ -26,6 +27,7 @@
 //! | `fgpu_kubelet_plugin_claim_sm_utilization_ratio` | `namespace`, `claim`, `gpu_uuid` | SM utilisation of the claim's processes over the last pass (0-1) |
 //! | `fgpu_kubelet_plugin_claim_processes` | `namespace`, `claim`, `gpu_uuid` | the claim's processes on the GPU |
 //! | `fgpu_kubelet_plugin_claim_allocation_refusals_total` | `namespace`, `claim`, `gpu_uuid` | allocations the shim refused past the grant (the shim's count) |
+//! | `fgpu_kubelet_plugin_claim_managed_memory_bytes` | `namespace`, `claim`, `gpu_uuid` | the part of the claim's memory that is managed memory (research tier: spilled past the physical share, or asked for; the shim's count) |
 //! | `fgpu_kubelet_plugin_claim_throttled_seconds_total` | `namespace`, `claim`, `gpu_uuid` | time the claim's launches waited for its core quota (the shim's count) |
 //! | `fgpu_kubelet_plugin_claim_info` | `namespace`, `claim`, `gpu_uuid`, `pod` | 1 per pod a claim serves on a GPU: the device to pod map |
 //! | `fgpu_kubelet_plugin_container_used_memory_bytes` | `namespace`, `pod`, `container`, `claim`, `gpu_uuid` | device memory a container's processes hold |
@@ -259,6 +261,7 @@ struct MonitorFamilies {
     claim_info: Family<ClaimPodLabels, Gauge>,
     refusals: Family<ClaimGpuLabels, Counter>,
     throttled: Family<ClaimGpuLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    managed: Family<ClaimGpuLabels, Gauge>,
     container_used_memory: Family<ContainerLabels, Gauge>,
     container_sm_ratio: Family<ContainerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     container_processes: Family<ContainerLabels, Gauge>,
@@ -281,6 +284,7 @@ pub struct Metrics {
     granted_cores: Family<GpuLabels, Gauge>,
     shares: Family<GpuLabels, Gauge>,
     gpu_memory: Family<GpuIndexLabels, Gauge>,
+    gpu_oversubscribe_ratio: Family<GpuLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     gpu_healthy: Family<GpuIndexLabels, Gauge>,
     health_transitions: Family<TransitionLabels, Counter>,
     claim_reads: Family<ClaimReadLabels, Counter>,
@@ -318,6 +322,7 @@ impl Metrics {
             granted_cores: Family::default(),
             shares: Family::default(),
             gpu_memory: Family::default(),
+            gpu_oversubscribe_ratio: Family::default(),
             gpu_healthy: Family::default(),
             health_transitions: Family::default(),
             claim_reads: Family::default(),
@@ -372,6 +377,11 @@ impl Metrics {
             "gpu_memory_bytes",
             "Device memory of the GPU",
             m.gpu_memory.clone(),
+        );
+        registry.register(
+            "gpu_oversubscribe_ratio",
+            "The research tier's oversubscription ratio in force on the GPU: granted memory per byte of device memory (1: off the tier)",
+            m.gpu_oversubscribe_ratio.clone(),
         );
         registry.register(
             "gpu_healthy",
@@ -453,6 +463,11 @@ impl Metrics {
             "claim_allocation_refusals",
             "Device memory allocations the shim refused past the claim's grant (counted by the shim in the claim's account; informational)",
             mon.refusals.clone(),
+        );
+        registry.register(
+            "claim_managed_memory_bytes",
+            "Bytes of the claim's memory on the GPU that are managed memory, which may live in host memory (research tier; counted by the shim in the claim's account; informational)",
+            mon.managed.clone(),
         );
         registry.register(
             "claim_throttled_seconds",
@@ -620,22 +635,27 @@ impl Metrics {
         }
     }
 
-    /// Sets the shim's counters per claim and GPU: (namespace, claim, GPU UUID, refusals,
-    /// throttled ns) per row, totals that only grow (`monitor::accounts::Counters`).
+    /// Sets the shim's figures per claim and GPU: (namespace, claim, GPU UUID, refusals,
+    /// throttled ns, managed bytes) per row; refusals and throttled ns are totals that only
+    /// grow (`monitor::accounts::Counters`), managed bytes a gauge.
     pub fn set_shim_counters<'a>(
         &self,
-        rows: impl IntoIterator<Item = (&'a str, &'a str, &'a str, u64, u64)>,
+        rows: impl IntoIterator<Item = (&'a str, &'a str, &'a str, u64, u64, u64)>,
     ) {
         let mon = &self.monitor;
         mon.refusals.clear();
         mon.throttled.clear();
-        for (namespace, claim, gpu_uuid, refusals, throttled_ns) in rows {
+        mon.managed.clear();
+        for (namespace, claim, gpu_uuid, refusals, throttled_ns, managed) in rows {
             let l = ClaimGpuLabels {
                 namespace: namespace.to_owned(),
                 claim: claim.to_owned(),
                 gpu_uuid: gpu_uuid.to_owned(),
             };
             mon.refusals.get_or_create(&l).inc_by(refusals);
+            mon.managed
+                .get_or_create(&l)
+                .set(i64::try_from(managed).unwrap_or(i64::MAX));
             mon.throttled
                 .get_or_create(&l)
                 .inc_by(throttled_ns as f64 / 1e9);
@@ -681,6 +701,19 @@ impl Metrics {
             self.gpu_healthy
                 .get_or_create(&l)
                 .set(i64::from(g.health.is_healthy()));
+        }
+    }
+
+    /// Sets the research tier's ratio in force per GPU (by UUID; every GPU the tier keeper
+    /// knows, 1 off the tier).
+    pub fn set_gpu_tiers(&self, tiers: &BTreeMap<String, fgpu_driver::device::TierRatio>) {
+        self.gpu_oversubscribe_ratio.clear();
+        for (uuid, ratio) in tiers {
+            self.gpu_oversubscribe_ratio
+                .get_or_create(&GpuLabels {
+                    gpu_uuid: uuid.clone(),
+                })
+                .set(f64::from(ratio.thousandths()) / 1000.0);
         }
     }
 
@@ -963,8 +996,19 @@ mod tests {
             ("ml", "c1", u0.as_str(), "p1"),
             ("ml", "c1", u0.as_str(), "p2"),
         ]);
+        m.set_gpu_tiers(&BTreeMap::from([
+            (u0.clone(), "1.5".parse().unwrap()),
+            (u1.clone(), fgpu_driver::device::TierRatio::NONE),
+        ]));
+        m.set_shim_counters([("ml", "c1", u0.as_str(), 0, 0, 1u64 << 30)]);
         let text = m.encode();
         for line in [
+            format!("fgpu_kubelet_plugin_gpu_oversubscribe_ratio{{gpu_uuid=\"{u0}\"}} 1.5"),
+            format!("fgpu_kubelet_plugin_gpu_oversubscribe_ratio{{gpu_uuid=\"{u1}\"}} 1.0"),
+            format!(
+                "fgpu_kubelet_plugin_claim_managed_memory_bytes{{namespace=\"ml\",claim=\"c1\",gpu_uuid=\"{u0}\"}} {}",
+                1u64 << 30
+            ),
             format!(
                 "fgpu_kubelet_plugin_gpu_memory_bytes{{gpu_uuid=\"{u0}\",gpu_index=\"0\"}} {}",
                 80u64 << 30

@@ -30,16 +30,19 @@ use crate::checkpoint::{CheckpointError, LoadNote, read_boot_id};
 use crate::claim_cache::{CachedClaimSource, ClaimCache};
 use crate::cluster::{
     ClusterError, KubeClaimSource, REASON_CHECKPOINT_CORRUPTED, REASON_GPU_MODE_CHANGE_REFUSED,
-    SlicePublisher, negotiate, node_event, watch_claims,
+    REASON_GPU_TIER_CHANGE_REFUSED, SlicePublisher, negotiate, node_event, watch_claims,
 };
 use crate::edits::NodeFiles;
-use crate::gpu_mode::{MODES_FILE, ModeFlag, ModeKeeper, wanted_modes};
+use crate::gpu_mode::{Keeper, MODES_FILE, ModeFlag, ModeKeeper, Setting, Wanted, wanted_modes};
 use crate::grpc::{GrpcError, PluginServer, RegistrationState, Sockets};
 use crate::health::{
     DeviceHealthList, HealthMonitor, HealthService, HealthView, NodeSink, TaintArgs,
 };
 use crate::prepare::{Plugin, PluginConfig};
+use crate::slices::GpuSettings;
+use crate::tier::{TIERS_FILE, TierFlag, TierKeeper, wanted_tiers};
 use fgpu_driver::device::NodeInventory;
+use fgpu_driver::device::TierRatio;
 
 /// Settings of [`run`].
 #[derive(Clone, Debug)]
@@ -267,6 +270,12 @@ pub async fn run(
     if let Some(note) = note {
         tracing::warn!("{note}");
     }
+    let (tiers, note) = TierKeeper::load(cfg.state_dir.join(TIERS_FILE));
+    if let Some(note) = note {
+        tracing::warn!("{note}");
+    }
+    // Prepares before the first publish keep the tiers apart by the ratios in force.
+    plugin.set_gpu_tiers(tiers.modes().clone());
     let mut slice = SliceState {
         publisher: SlicePublisher::new(
             client.clone(),
@@ -280,6 +289,8 @@ pub async fn run(
         device_health,
         modes,
         mode_flag: cfg.modes.gpu_mode.clone(),
+        tiers,
+        tier_flag: cfg.modes.oversubscribe.clone(),
         client,
         notes: Default::default(),
     };
@@ -376,6 +387,10 @@ struct SliceState {
     modes: ModeKeeper,
     /// `--gpu-mode`.
     mode_flag: ModeFlag,
+    /// The research tier's ratios in force.
+    tiers: TierKeeper,
+    /// `--oversubscribe`.
+    tier_flag: TierFlag,
     /// For the Node Events of refused mode changes.
     client: kube::Client,
     /// The messages logged at the last publish (each is logged once while it holds).
@@ -421,26 +436,37 @@ impl SliceState {
         let mut notes = Vec::new();
         let mut refusals = Vec::new();
         let (modes, flag) = (&mut self.modes, &self.mode_flag);
+        let (tiers, tier_flag) = (&mut self.tiers, &self.tier_flag);
         let gpus = &inventory.gpus;
         let decide = |labels: &std::collections::BTreeMap<String, String>| {
-            let (wanted, errors) = wanted_modes(gpus, labels, flag, |uuid| backend.gpu_mode(uuid));
-            notes.extend(errors);
-            let (refused, error) = modes.settle(&wanted, &busy);
-            notes.extend(error);
-            refusals = refused;
-            modes.modes().clone()
+            let mut settled = Settled {
+                notes: &mut notes,
+                refusals: &mut refusals,
+            };
+            let wanted = wanted_modes(gpus, labels, flag, |uuid| backend.gpu_mode(uuid));
+            settled.settle(modes, wanted, &busy, REASON_GPU_MODE_CHANGE_REFUSED);
+            // A GPU the keeper has no record of was off the tier (a plugin without tiers
+            // prepared its claims): putting it on the tier waits for its claims to go.
+            tiers.assume_unseen(gpus.iter().map(|g| g.uuid.as_str()), TierRatio::NONE);
+            let wanted = wanted_tiers(gpus, labels, tier_flag);
+            settled.settle(tiers, wanted, &busy, REASON_GPU_TIER_CHANGE_REFUSED);
+            GpuSettings {
+                modes: modes.modes().clone(),
+                tiers: tiers.modes().clone(),
+            }
         };
         let published = self
             .publisher
             .publish_with_modes(&inventory, &taints, decide)
             .await;
         plugin.set_gpu_modes(self.modes.modes().clone());
-        for r in &refusals {
-            let message = format!("fgpu kubelet plugin: {r}");
-            tracing::warn!(gpu = %r.gpu_uuid, from = %r.from, to = %r.to.mode, "{message}");
+        plugin.set_gpu_tiers(self.tiers.modes().clone());
+        for (gpu, refusal, reason) in &refusals {
+            let message = format!("fgpu kubelet plugin: {refusal}");
+            tracing::warn!(gpu = %gpu, "{message}");
             let said = Said {
                 type_: EventType::Warning,
-                reason: REASON_GPU_MODE_CHANGE_REFUSED,
+                reason,
                 action: "PublishResourceSlice",
                 note: &message,
             };
@@ -477,6 +503,34 @@ impl SliceState {
             tracing::error!("{n}");
         }
         self.notes = now;
+    }
+}
+
+/// What settling the GPUs' settings had to say: messages to log, and refused changes
+/// (GPU, message, Event reason) to tell in Node Events.
+struct Settled<'a> {
+    notes: &'a mut Vec<String>,
+    refusals: &'a mut Vec<(String, String, &'static str)>,
+}
+
+impl Settled<'_> {
+    /// Settles one setting's `wanted` values (and the messages of reading them) in
+    /// `keeper`, keeping what it says.
+    fn settle<V: Setting>(
+        &mut self,
+        keeper: &mut Keeper<V>,
+        (wanted, errors): (std::collections::BTreeMap<String, Wanted<V>>, Vec<String>),
+        busy: &std::collections::BTreeMap<String, Vec<String>>,
+        reason: &'static str,
+    ) {
+        self.notes.extend(errors);
+        let (refused, error) = keeper.settle(&wanted, busy);
+        self.notes.extend(error);
+        self.refusals.extend(
+            refused
+                .iter()
+                .map(|r| (r.gpu_uuid.clone(), r.to_string(), reason)),
+        );
     }
 }
 

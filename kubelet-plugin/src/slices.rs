@@ -29,12 +29,19 @@
 //! partitionable devices ([`kept_counters`]), else the admin's fixed layout
 //! ([`crate::mig_slice`]). A node with MIG counters has several slices in one pool
 //! ([`build_node_slices`]); one without has one, as before.
+//!
+//! Per research tier ([`crate::tier`]): every GPU device carries the attribute `tier`,
+//! `production`, or `research` on a GPU the admin gave an oversubscription ratio; a
+//! research GPU's `memory` capacity (and its request policy's default) is its physical
+//! memory times the ratio, and it also carries `physicalMemory` (bytes) and
+//! `oversubscribeRatio`. The scheduler and the controller pack against the capacity; the
+//! classes keep production claims off research GPUs by the `tier` attribute.
 
 use std::collections::BTreeMap;
 
 use fgpu_api::names::{DriverName, attr, capacity};
 use fgpu_api::quantity::format_u64;
-use fgpu_driver::device::{Gpu, GpuMode, NodeInventory};
+use fgpu_driver::device::{Gpu, GpuMode, NodeInventory, TierRatio};
 use serde_json::{Map, Value, json};
 
 use crate::device_attrs::{put, put_gpu_attributes};
@@ -68,7 +75,7 @@ pub struct DeviceTaint {
 
 fn device_json(
     gpu: &Gpu,
-    mode: GpuMode,
+    (mode, tier): (GpuMode, TierRatio),
     api: ApiVersion,
     consumable: bool,
     taint: Option<&DeviceTaint>,
@@ -94,8 +101,35 @@ fn device_json(
         "string",
         json!(gpu.enforcement.as_str()),
     );
+    if tier.is_tier() {
+        put(
+            &mut attributes,
+            attr::TIER,
+            "string",
+            json!(attr::TIER_RESEARCH),
+        );
+        put(
+            &mut attributes,
+            attr::PHYSICAL_MEMORY,
+            "int",
+            json!(gpu.memory_bytes),
+        );
+        put(
+            &mut attributes,
+            attr::OVERSUBSCRIBE_RATIO,
+            "string",
+            json!(tier.to_string()),
+        );
+    } else {
+        put(
+            &mut attributes,
+            attr::TIER,
+            "string",
+            json!(attr::TIER_PRODUCTION),
+        );
+    }
 
-    let memory = format_u64(gpu.memory_bytes);
+    let memory = format_u64(tier.capacity(gpu.memory_bytes));
     let cores = capacity::CORES_PER_GPU.to_string();
     let capacities = if consumable {
         json!({
@@ -167,11 +201,13 @@ pub fn build_slice_with_taints(
     taints: Option<&BTreeMap<String, DeviceTaint>>,
 ) -> Value {
     let modes = BTreeMap::new();
+    let tiers = BTreeMap::new();
     let fixed = FixedLayouts::default();
     let publish = Publish {
         consumable,
         taints,
         modes: &modes,
+        tiers: &tiers,
         partitionable: false,
         fixed: &fixed,
     };
@@ -195,10 +231,32 @@ pub struct Publish<'a> {
     pub taints: Option<&'a BTreeMap<String, DeviceTaint>>,
     /// Each GPU's mode by UUID; a GPU not in it is `shared`.
     pub modes: &'a BTreeMap<String, GpuMode>,
+    /// Each research-tier GPU's ratio by UUID; a GPU not in it is off the tier.
+    pub tiers: &'a BTreeMap<String, TierRatio>,
     /// MIG-mode GPUs as partitionable devices (counters); else their fixed layout.
     pub partitionable: bool,
     /// The fixed MIG layouts (`--mig-fixed-layout`).
     pub fixed: &'a FixedLayouts,
+}
+
+/// What the admin set per GPU (by UUID) that shapes its devices: the mode and the
+/// research tier's ratio.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuSettings {
+    /// Modes; a GPU not in it is `shared`.
+    pub modes: BTreeMap<String, GpuMode>,
+    /// Ratios; a GPU not in it is off the tier.
+    pub tiers: BTreeMap<String, TierRatio>,
+}
+
+impl From<BTreeMap<String, GpuMode>> for GpuSettings {
+    /// Modes alone, no GPU on the research tier.
+    fn from(modes: BTreeMap<String, GpuMode>) -> Self {
+        Self {
+            modes,
+            tiers: BTreeMap::new(),
+        }
+    }
 }
 
 /// The node's slices and what could not be published.
@@ -232,12 +290,14 @@ pub fn build_node_slices(
     for g in &inventory.gpus {
         let mode = publish.modes.get(&g.uuid).copied().unwrap_or_default();
         let consumable = publish.consumable && mode == GpuMode::Shared;
+        let tier = publish.tiers.get(&g.uuid).copied().unwrap_or_default();
         match mode {
             GpuMode::Shared | GpuMode::Whole => {
                 if g.is_healthy() {
-                    devices.push(device_json(g, mode, api, consumable, None));
+                    devices.push(device_json(g, (mode, tier), api, consumable, None));
                 } else if let Some(taint) = publish.taints.and_then(|t| t.get(&g.uuid)) {
-                    devices.push(device_json(g, mode, api, consumable, Some(taint)));
+                    let settings = (mode, tier);
+                    devices.push(device_json(g, settings, api, consumable, Some(taint)));
                 }
             }
             GpuMode::Mig => {
@@ -575,6 +635,8 @@ mod tests {
         assert_eq!(kept_consumable_capacity(&empty), None);
     }
 
+    static NO_TIERS: BTreeMap<String, TierRatio> = BTreeMap::new();
+
     /// A node with a shared GPU 0 and a MIG-mode H100 as GPU 1.
     fn mixed() -> (NodeInventory, BTreeMap<String, GpuMode>) {
         let g0 = gpu(0, "0000:1b:00.0");
@@ -593,6 +655,7 @@ mod tests {
             consumable: true,
             taints: None,
             modes,
+            tiers: &NO_TIERS,
             partitionable,
             fixed,
         }
@@ -608,6 +671,38 @@ mod tests {
             ApiVersion::V1,
             publish,
         )
+    }
+
+    #[test]
+    fn a_research_tier_gpu_grants_physical_times_ratio_and_says_so() {
+        let inv = NodeInventory::new(
+            "node-a",
+            vec![gpu(0, "0000:1b:00.0"), gpu(1, "0000:2b:00.0")],
+        );
+        let tiers = BTreeMap::from([(inv.gpus[0].uuid.clone(), "1.5".parse().unwrap())]);
+        let (modes, fixed) = (BTreeMap::new(), FixedLayouts::default());
+        let publish = Publish {
+            tiers: &tiers,
+            ..publish(&modes, false, &fixed)
+        };
+        let built = node_slices(&inv, 1, &publish);
+        let devices = built.slices[0]["spec"]["devices"].as_array().unwrap();
+        let (research, production) = (&devices[0], &devices[1]);
+        // 80 GiB at 1.5: 120 GiB to pack against, also as the whole-GPU default.
+        let granted = "120Gi";
+        assert_eq!(research["capacity"]["memory"]["value"], json!(granted));
+        assert_eq!(
+            research["capacity"]["memory"]["requestPolicy"]["default"],
+            json!(granted)
+        );
+        let a = &research["attributes"];
+        assert_eq!(a["tier"], json!({"string": "research"}));
+        assert_eq!(a["physicalMemory"], json!({"int": 80u64 << 30}));
+        assert_eq!(a["oversubscribeRatio"], json!({"string": "1.5"}));
+        assert_eq!(production["capacity"]["memory"]["value"], json!("80Gi"));
+        let a = &production["attributes"];
+        assert_eq!(a["tier"], json!({"string": "production"}));
+        assert!(a.get("physicalMemory").is_none() && a.get("oversubscribeRatio").is_none());
     }
 
     #[test]

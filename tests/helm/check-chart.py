@@ -12,7 +12,8 @@ and UPDATE; the HAMi pods webhook renders only when asked, with what it needs (f
 caBundle) and never beside the legacy path; the VAPs bind the node daemons to their token's node; the controller has a PDB;
 production renders name no fake CUDA; the monitoring objects render only when asked, select
 the chart's Service and pods like deploy/monitoring's and carry the files/monitoring/ files
-unchanged; values the schema refuses are refused.
+unchanged; the research class selects only research-tier GPUs and the production classes
+keep off them; values the schema refuses are refused.
 Prints one line per check and "N passed, 0 failed"; exits 1 on the first failure.
 """
 import json
@@ -72,6 +73,18 @@ check(shared and 'type == "gpu"' in shared["spec"]["selectors"][0]["cel"]["expre
       "1.37 auto = capacity: the shared class selects the driver's GPUs")
 check(get(d, "MutatingWebhookConfiguration", "fgpu-allocation-gate") is None,
       "capacity mode: no allocation gate webhook")
+research = get(d, "DeviceClass", "research.gpu.fgpu.dev")
+check(research and 'tier == "research"' in research["spec"]["selectors"][0]["cel"]["expression"]
+      and research["spec"]["config"][0]["opaque"]["parameters"].get("oversubscribe") is True,
+      "the research class selects research-tier GPUs and sets oversubscribe: true")
+check(all('tier != "research"' in get(d, "DeviceClass", n)["spec"]["selectors"][0]["cel"]["expression"]
+          for n in ("gpu.fgpu.dev", "shared.gpu.fgpu.dev")),
+      "the whole and shared classes keep off research-tier GPUs")
+check("--oversubscribe=0=1.5" in containers(get(render("1.37.2", "kubeletPlugin.oversubscribe=0=1.5"),
+                                                "DaemonSet", "fgpu-kubelet-plugin"))[0]["args"],
+      "kubeletPlugin.oversubscribe reaches the plugin's --oversubscribe")
+check(render("1.37.2", "kubeletPlugin.oversubscribe=lots", ok=False).returncode != 0,
+      "the schema refuses an oversubscribe ratio that is not a decimal")
 ctl = get(d, "Deployment", "fgpu-controller")
 check(ctl["spec"]["replicas"] == 2 and "--mode=capacity" in containers(ctl)[0]["args"],
       "controller: 2 replicas, --mode=capacity")

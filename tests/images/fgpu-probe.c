@@ -11,6 +11,9 @@
  * hook-lib/tests measure core quotas. Only with the fake driver (work=unavailable
  * otherwise). --device D: use device D (default 0).
  *
+ * With the fake driver it also prints fake_device_mib and fake_managed_mib: what the fake
+ * counts as this process's device memory and its managed (host-resident) memory.
+ *
  * Output is "key=value" lines so tests can grep them. Exit 0 when the probe ran (even if
  * an allocation failed: that is the point), 2 when libcuda could not be used at all.
  * Built dynamically (glibc) by hack/images.sh so /etc/ld.so.preload (libfgpu.so) applies. */
@@ -119,6 +122,15 @@ int main(int argc, char **argv) {
       break;
     }
     done += step_mib;
+  }
+  {
+    /* The fake driver's own account of this process (research tier: managed memory is
+     * host-resident there, not device memory). */
+    unsigned long long (*used)(int) = NULL, (*managed)(int) = NULL;
+    *(void **)(&used) = dlsym(cuda, "fakeCudaUsedBytes");
+    *(void **)(&managed) = dlsym(cuda, "fakeCudaManagedBytes");
+    if (used && managed)
+      printf("fake_device_mib=%llu\nfake_managed_mib=%llu\n", used(device) / MIB, managed(device) / MIB);
   }
   fflush(stdout);
   if (work_s > 0) {

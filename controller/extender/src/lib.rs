@@ -274,13 +274,25 @@ pub fn run(args: ExtenderArgs) -> Result<()> {
     rt.block_on(run_async(args))
 }
 
-/// The daemon's body, for callers that already run a Tokio runtime.
+/// The daemon's body, for callers that already run a Tokio runtime: [`serve`] with the
+/// client the flags name, until SIGTERM / Ctrl-C.
 pub async fn run_async(args: ExtenderArgs) -> Result<()> {
+    let client = args.kube.client().await?;
+    serve(args, client, fgpu_plumbing::shutdown::requested()).await
+}
+
+/// Serves the extender (and the webhook, with its flags) with `client` until `stop`
+/// completes. A hung API server does not hold the stop: the periodic resync waits on it
+/// too.
+pub async fn serve(
+    args: ExtenderArgs,
+    client: kube::Client,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let config = args.config()?;
     let extender_tls = extender_tls(&args)?;
     check_extender_address(args.extender_address, extender_tls.is_some())?;
     let tls = args.webhook.tls()?;
-    let client = args.kube.client().await?;
     let webhook = match tls {
         Some((addr, tls)) => {
             let user = match &args.extender_user {
@@ -332,7 +344,6 @@ pub async fn run_async(args: ExtenderArgs) -> Result<()> {
         ext.config().driver.node_inventory_annotation(),
         wake.clone(),
     ));
-    let stop = fgpu_plumbing::shutdown::requested();
     tokio::pin!(stop);
     loop {
         tokio::select! {

@@ -446,6 +446,8 @@ impl Extender {
     ) -> Vec<(&'a str, Outcome)> {
         let workloads = self.workloads();
         let workloads: &PolicyWorkloads = &workloads;
+        let requests = engine_requests(req);
+        let requests: &[Request] = &requests;
         let map = self.nodes.read().unwrap_or_else(PoisonError::into_inner);
         let map: &HashMap<String, Arc<NodeSlot>> = &map;
         let inv_ann = self.config.driver.node_inventory_annotation();
@@ -465,7 +467,7 @@ impl Extender {
                     Some((generation, score)) if generation == st.generation => {
                         Outcome::Fits { score, generation }
                     }
-                    _ => match place(&l.inventory().nodes[0], req, workloads) {
+                    _ => match place(&l.inventory().nodes[0], req, requests, workloads) {
                         Ok(p) => Outcome::Fits {
                             score: p.score,
                             generation: st.generation,
@@ -699,9 +701,11 @@ impl Extender {
         }
         let inv = ledger.inventory();
         let n = &inv.nodes[0];
-        let placed = place(n, req, &self.workloads()).map_err(|reason| PodError::NoFit {
-            pod: req.key.clone(),
-            reason,
+        let placed = place(n, req, &engine_requests(req), &self.workloads()).map_err(|reason| {
+            PodError::NoFit {
+                pod: req.key.clone(),
+                reason,
+            }
         })?;
         let mut grants = Vec::with_capacity(req.containers.len());
         let mut containers = Vec::with_capacity(req.containers.len());
@@ -1157,6 +1161,7 @@ pub fn binding_object(args: &ExtenderBindingArgs) -> Value {
 fn place(
     node: &Node,
     req: &PodRequest,
+    requests: &[Request],
     workloads: &PolicyWorkloads,
 ) -> Result<PodPlacement, NoFit> {
     let resolved = workloads.resolve(req.policy);
@@ -1171,22 +1176,16 @@ fn place(
         // usage-aware term stays off (docs/extender.md).
         usage_weight: 0.0,
     };
-    // Whole-GPU requests may use whole-mode GPUs; shares may not.
-    let requests: Vec<Request> = req
-        .containers
-        .iter()
-        .map(|c| with_mode_tolerations(&c.request))
-        .collect();
     // Nodes whose GPUs the model or UUID constraints rule out are answered without the
     // engine (a necessary condition only: the engine decides for the rest).
-    for (c, r) in req.containers.iter().zip(&requests) {
+    for (c, r) in req.containers.iter().zip(requests) {
         if let Some(allowed) = allowed_gpus(node, r)
             && allowed < r.gpus as usize
         {
             return Err(NoFit(why_not_counted(node, c, r, allowed)));
         }
     }
-    if let ([c], [r]) = (req.containers.as_slice(), requests.as_slice()) {
+    if let ([c], [r]) = (req.containers.as_slice(), requests) {
         if let Some(Placement { gpus, score, .. }) = engine::evaluate_node(0, node, r, policy, &ctx)
         {
             return Ok(PodPlacement {
@@ -1207,7 +1206,7 @@ fn place(
         gpus: Vec::with_capacity(req.containers.len()),
         score: 0.0,
     };
-    for (c, r) in req.containers.iter().zip(&requests) {
+    for (c, r) in req.containers.iter().zip(requests) {
         let gpus = match engine::evaluate_node(0, &work, r, policy, &ctx) {
             Some(p) => {
                 out.score += p.score;
@@ -1225,6 +1224,15 @@ fn place(
     }
     out.score /= req.containers.len() as f64;
     Ok(out)
+}
+
+/// The engine requests of `req`'s containers, as [`place`] takes them: whole-GPU requests
+/// may use whole-mode GPUs, shares may not. Built once per pod, not once per node.
+fn engine_requests(req: &PodRequest) -> Vec<Request> {
+    req.containers
+        .iter()
+        .map(|c| with_mode_tolerations(&c.request))
+        .collect()
 }
 
 /// `r` tolerating [`WHOLE_MODE_TAINT`] when it asks for whole GPUs.

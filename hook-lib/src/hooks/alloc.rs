@@ -1,8 +1,16 @@
 //! Plain allocations: `cuMemAlloc`, managed and pitched memory, `cuMemFree`.
+//!
+//! Research tier (a limits file with `gpu.<UUID>.physical=`): a `cuMemAlloc` that fits the
+//! grant but would take the claim's device use past the physical part is served by
+//! `cuMemAllocManaged(…, CU_MEM_ATTACH_GLOBAL)` instead (the pointer works the same in
+//! kernels and copies; its pages spill to host memory). Only `cuMemAlloc` is replaced so:
+//! a pitched allocation has its own layout, arrays and VMM handles are not pointers, and
+//! stream-ordered allocations belong to pools. Managed memory the program asks for itself
+//! is counted as managed too.
 
 use std::ffi::c_uint;
 
-use super::charge::{charged, get, oom, put, reserve, uncharged};
+use super::charge::{MANAGED, charged_spilling, get, oom, put, reserve, uncharged};
 use crate::boundary::{forward, guard, in_driver};
 use crate::ffi::*;
 use crate::process::current_quota;
@@ -17,12 +25,12 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
         if dptr.is_null() || size == 0 {
             return forward!(cuMemAlloc_v2(dptr, size));
         }
-        charged(
+        charged_spilling(
             q,
             size as u64,
-            &q.proc.ptrs,
             "cuMemAlloc",
             || forward!(cuMemAlloc_v2(dptr, size)),
+            || forward!(cuMemAllocManaged(dptr, size, CU_MEM_ATTACH_GLOBAL)),
             || get(dptr).unwrap_or(0),
         )
     })
@@ -41,14 +49,25 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         if dptr.is_null() || size == 0 {
             return forward!(cuMemAllocManaged(dptr, size, flags));
         }
-        charged(
-            q,
-            size as u64,
-            &q.proc.ptrs,
-            "cuMemAllocManaged",
-            || forward!(cuMemAllocManaged(dptr, size, flags)),
-            || get(dptr).unwrap_or(0),
-        )
+        let size = size as u64;
+        if !reserve(&q, size) {
+            return oom(&q, size, "cuMemAllocManaged");
+        }
+        let r = in_driver(|| forward!(cuMemAllocManaged(dptr, size as usize, flags)));
+        if r != CUDA_SUCCESS {
+            q.proc.acct.release(q.dev, size);
+            return r;
+        }
+        q.proc.acct.note_managed(q.dev, size, true);
+        q.proc.ptrs.insert(
+            get(dptr).unwrap_or(0),
+            Rec {
+                size,
+                dev: q.dev,
+                pool: MANAGED,
+            },
+        );
+        r
     })
 }
 

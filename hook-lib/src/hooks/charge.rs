@@ -41,6 +41,64 @@ pub(super) fn reserve(q: &Quota, size: u64) -> bool {
         || (refresh_pools(q.proc, q.dev) && q.proc.acct.try_reserve(q.dev, size, q.limit))
 }
 
+/// The `pool` of a tracked allocation that is managed memory (no pool has this handle).
+pub(super) const MANAGED: u64 = u64::MAX;
+
+/// Research tier: whether an allocation just reserved in the grant takes the claim's
+/// device use (what it uses, this allocation included, less its managed part) past the
+/// physical part of the grant, so that managed memory must serve it.
+pub(super) fn past_physical(q: &Quota) -> bool {
+    let Some(physical) = q.physical else {
+        return false;
+    };
+    let used = q.proc.acct.used(q.dev);
+    used.saturating_sub(q.proc.acct.managed(q.dev)) > physical
+}
+
+/// Like [`charged`], for an allocation the driver serves with managed memory when it
+/// would take the claim past its physical part (research tier): `alloc` is the device
+/// allocation, `managed` the managed one. Managed bytes are counted as such in the
+/// account and given back as such when freed.
+pub(super) fn charged_spilling(
+    q: Quota,
+    size: u64,
+    what: &str,
+    alloc: impl FnOnce() -> CUresult,
+    managed: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> u64,
+) -> CUresult {
+    if !reserve(&q, size) {
+        return oom(&q, size, what);
+    }
+    let spill = past_physical(&q);
+    let r = if spill {
+        in_driver(managed)
+    } else {
+        in_driver(alloc)
+    };
+    if r != CUDA_SUCCESS {
+        q.proc.acct.release(q.dev, size);
+        return r;
+    }
+    if spill {
+        q.proc.acct.note_managed(q.dev, size, true);
+        crate::debug!(
+            "{what}: {size} bytes past the physical part of the grant on device entry {}: served by managed memory",
+            q.dev
+        );
+    }
+    let pool = if spill { MANAGED } else { 0 };
+    q.proc.ptrs.insert(
+        key(),
+        Rec {
+            size,
+            dev: q.dev,
+            pool,
+        },
+    );
+    r
+}
+
 /// Reserve `size`, call `alloc`, then track the key it produced (or undo).
 pub(super) fn charged(
     q: Quota,
@@ -97,6 +155,11 @@ pub(super) fn uncharged(
 
 pub(super) fn give_back(p: &process::Proc, rec: Rec) {
     if rec.pool == 0 {
+        p.acct.release(rec.dev, rec.size);
+        return;
+    }
+    if rec.pool == MANAGED {
+        p.acct.note_managed(rec.dev, rec.size, false);
         p.acct.release(rec.dev, rec.size);
         return;
     }

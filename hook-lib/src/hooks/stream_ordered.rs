@@ -90,6 +90,7 @@ fn book_or_refresh(
         proc: p,
         dev,
         limit,
+        physical: None,
     };
     if !refresh_pools(p, dev) {
         return Err(refused);

@@ -11,6 +11,9 @@
 //   forge FILE SECS AHEAD_MS stamps FILE (a priority file) with now + AHEAD_MS every 2 ms
 //   feed FILE UUID DEV PID SECS  plays the node monitor: every 100 ms writes the
 //                            utilisation feed (contract v1) with PID's share of DEV
+//   spill DEV GRANT PHYSICAL ACCOUNT  research tier: cuMemAlloc up to PHYSICAL bytes is
+//                            device memory, the rest of GRANT managed memory (the fake's
+//                            count and the claim's ACCOUNT say so), 1 byte more refused
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -86,6 +89,49 @@ static int s_quota(int dev, size_t want) {
     if (r != 2) fail("device %d: cuMemAlloc(1) past the quota -> %d, want 2", dev, r);
     MemFree(a);
     printf("device %d quota %zu ok\n", dev, want);
+    return 0;
+}
+
+// The claim's account (state.rs layout): device entry 0's used and managed bytes.
+static unsigned long long account_u64(const char *path, long off) {
+    unsigned long long v = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0 || pread(fd, &v, sizeof v, off) != (ssize_t)sizeof v) fail("read %s at %ld", path, off);
+    close(fd);
+    return v;
+}
+#define ACCOUNT_USED 96
+#define ACCOUNT_MANAGED 112
+
+static int s_spill(int dev, size_t grant, size_t physical, const char *account) {
+    start(dev);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    unsigned long long (*used)(int) = (unsigned long long (*)(int))sym(h, "fakeCudaUsedBytes");
+    unsigned long long (*managed)(int) = (unsigned long long (*)(int))sym(h, "fakeCudaManagedBytes");
+    CUdeviceptr p[4], m, x;
+    size_t quarter = physical / 4, rest = grant - physical, f, t;
+    for (int i = 0; i < 4; i++)
+        if (MemAlloc(&p[i], quarter)) fail("cuMemAlloc(%zu) #%d within the physical part", quarter, i);
+    if (used(dev) != 4 * quarter || managed(dev) != 0)
+        fail("within the physical part: device %llu, managed %llu", used(dev), managed(dev));
+    CUresult r = MemAlloc(&m, rest);
+    if (r) fail("cuMemAlloc(%zu) past the physical part, within the grant -> %d", rest, r);
+    if (used(dev) != 4 * quarter || managed(dev) != rest)
+        fail("past the physical part: device %llu (want %zu), managed %llu (want %zu)", used(dev),
+             4 * quarter, managed(dev), rest);
+    if (account_u64(account, ACCOUNT_USED) != grant || account_u64(account, ACCOUNT_MANAGED) != rest)
+        fail("account: used %llu (want %zu), managed %llu (want %zu)", account_u64(account, ACCOUNT_USED), grant,
+             account_u64(account, ACCOUNT_MANAGED), rest);
+    if (MemGetInfo(&f, &t) || t != grant || f != 0) fail("cuMemGetInfo: free %zu of %zu, want 0 of %zu", f, t, grant);
+    r = MemAlloc(&x, 1);
+    if (r != 2) fail("cuMemAlloc(1) past the grant -> %d, want 2", r);
+    if (MemFree(m) || managed(dev) != 0 || account_u64(account, ACCOUNT_MANAGED) != 0)
+        fail("cuMemFree of the managed pointer: fake %llu, account %llu managed left", managed(dev),
+             account_u64(account, ACCOUNT_MANAGED));
+    for (int i = 0; i < 4; i++) MemFree(p[i]);
+    if (used(dev) != 0 || account_u64(account, ACCOUNT_USED) != 0) fail("freed all: device %llu left", used(dev));
+    printf("device %d: %zu device + %zu managed of %zu granted, 1 byte more refused\n", dev, 4 * quarter, rest,
+           grant);
     return 0;
 }
 
@@ -189,6 +235,8 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "hold") && argc > 4) return s_hold(atoi(argv[2]), strtoull(argv[3], NULL, 0), argv[4]);
     if (!strcmp(s, "max-gap") && argc > 3) return s_max_gap(atof(argv[2]), atoi(argv[3]));
     if (!strcmp(s, "forge") && argc > 4) return s_forge(argv[2], atof(argv[3]), atof(argv[4]));
+    if (!strcmp(s, "spill") && argc > 5)
+        return s_spill(atoi(argv[2]), strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0), argv[5]);
     if (!strcmp(s, "feed") && argc > 6)
         return s_feed(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atof(argv[6]));
     fprintf(stderr, "unknown scenario %s\n", s);

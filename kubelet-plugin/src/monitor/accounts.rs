@@ -3,9 +3,11 @@
 //! The shim adds to two counters in the files the plugin created for the claim
 //! (`docs/shim-contract.md`, "The accounts"): per GPU, the allocations it refused past the
 //! memory limit (`memory.state`) and the wall time launches waited for the core quota's
-//! bucket (`core.state`). The workload can write those files, so the figures are its own
-//! claim's word about itself: shown, never acted on. [`Counters`] turns what is read into
-//! counters that only go up, so a forged drop cannot make a series go backwards.
+//! bucket (`core.state`); it also keeps a gauge there, the bytes of the claim's use that
+//! are managed memory (research tier). The workload can write those files, so the figures
+//! are its own claim's word about itself: shown, never acted on. [`Counters`] turns what is
+//! read into counters that only go up, so a forged drop cannot make a series go backwards
+//! (the gauge is passed on as read).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -15,6 +17,7 @@ use std::path::Path;
 const MEMORY_DEVICES_OFFSET: usize = 64;
 const MEMORY_DEVICE_SIZE: usize = 64;
 const MEMORY_REFUSALS: usize = 40;
+const MEMORY_MANAGED: usize = 48;
 /// `core.state`: header, then 16 entries of 256 bytes.
 const CORE_ENTRIES_OFFSET: usize = 64;
 const CORE_ENTRY_SIZE: usize = 256;
@@ -31,6 +34,8 @@ pub struct Raw {
     pub refusals: u64,
     /// Nanoseconds launches waited for the bucket.
     pub throttled_ns: u64,
+    /// Bytes of the claim's use that are managed memory (a gauge).
+    pub managed: u64,
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
@@ -82,6 +87,14 @@ pub fn read(memory: &Path, core: &Path) -> HashMap<String, Raw> {
         ) {
             out.entry(uuid).or_default().refusals = v;
         }
+        for (uuid, v) in entries(
+            &b,
+            MEMORY_DEVICES_OFFSET,
+            MEMORY_DEVICE_SIZE,
+            MEMORY_MANAGED,
+        ) {
+            out.entry(uuid).or_default().managed = v;
+        }
     }
     if let Ok(b) = read_head(core, CORE_ENTRIES_OFFSET + ENTRIES * CORE_ENTRY_SIZE) {
         for (uuid, v) in entries(&b, CORE_ENTRIES_OFFSET, CORE_ENTRY_SIZE, CORE_THROTTLED_NS) {
@@ -112,6 +125,7 @@ impl Counters {
         total.throttled_ns += gain(raw.throttled_ns, seen.throttled_ns);
         seen.refusals = seen.refusals.max(raw.refusals);
         seen.throttled_ns = seen.throttled_ns.max(raw.throttled_ns);
+        total.managed = raw.managed;
         *total
     }
 
@@ -148,14 +162,18 @@ mod tests {
     fn reads_the_shims_counters_by_gpu_uuid() {
         let d = tempfile::tempdir().unwrap();
         let (m, c) = (d.path().join("memory.state"), d.path().join("core.state"));
-        std::fs::write(&m, file(64, 64, 40, 3, 7)).unwrap();
+        let mut memory = file(64, 64, 40, 3, 7);
+        let managed_at = 64 + 3 * 64 + 48;
+        memory[managed_at..managed_at + 8].copy_from_slice(&(1u64 << 30).to_le_bytes());
+        std::fs::write(&m, memory).unwrap();
         std::fs::write(&c, file(64, 256, 224, 0, 1_500_000_000)).unwrap();
         let r = read(&m, &c);
         assert_eq!(
             r.get(UUID),
             Some(&Raw {
                 refusals: 7,
-                throttled_ns: 1_500_000_000
+                throttled_ns: 1_500_000_000,
+                managed: 1 << 30,
             }),
             "{r:?}"
         );
@@ -178,6 +196,7 @@ mod tests {
         let r = |refusals, throttled_ns| Raw {
             refusals,
             throttled_ns,
+            managed: 0,
         };
         assert_eq!(k.update("u", "G", r(2, 100)), r(2, 100));
         assert_eq!(k.update("u", "G", r(5, 100)), r(5, 100));
@@ -185,6 +204,13 @@ mod tests {
         assert_eq!(k.update("u", "G", r(0, 0)), r(5, 100));
         assert_eq!(k.update("u", "G", r(3, 50)), r(5, 100));
         assert_eq!(k.update("u", "G", r(6, 150)), r(6, 150));
+        // Managed bytes are a gauge: passed on as read, down as well as up.
+        let m = |managed| Raw {
+            managed,
+            ..r(6, 150)
+        };
+        assert_eq!(k.update("u", "G", m(9)).managed, 9);
+        assert_eq!(k.update("u", "G", m(4)).managed, 4);
         k.retain(&std::collections::HashSet::new());
         assert_eq!(
             k.update("u", "G", r(1, 1)),

@@ -351,7 +351,7 @@ fn refusals(shim: &[ShimRow<'_>]) -> HashMap<(String, String), u64> {
 /// The shim counter metrics' rows: (namespace, claim, GPU, refusals, throttled ns).
 fn shim_counter_rows<'a>(
     shim: &'a [ShimRow<'a>],
-) -> impl Iterator<Item = (&'a str, &'a str, &'a str, u64, u64)> {
+) -> impl Iterator<Item = (&'a str, &'a str, &'a str, u64, u64, u64)> {
     shim.iter().map(|(c, gpu, t)| {
         (
             c.namespace.as_str(),
@@ -359,6 +359,7 @@ fn shim_counter_rows<'a>(
             *gpu,
             t.refusals,
             t.throttled_ns,
+            t.managed,
         )
     })
 }

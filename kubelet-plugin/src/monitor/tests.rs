@@ -573,6 +573,7 @@ fn shim_rows_give_refusals_by_claim_and_gpu() {
             accounts::Raw {
                 refusals: 3,
                 throttled_ns: 10,
+                managed: 1 << 30,
             },
         ),
         (
@@ -581,6 +582,7 @@ fn shim_rows_give_refusals_by_claim_and_gpu() {
             accounts::Raw {
                 refusals: 0,
                 throttled_ns: 20,
+                managed: 0,
             },
         ),
     ];
@@ -590,6 +592,9 @@ fn shim_rows_give_refusals_by_claim_and_gpu() {
     let rows: Vec<_> = shim_counter_rows(&shim).collect();
     assert_eq!(
         rows,
-        [("ml", "c-a", "GPU-0", 3, 10), ("ml", "c-a", "GPU-1", 0, 20)]
+        [
+            ("ml", "c-a", "GPU-0", 3, 10, 1 << 30),
+            ("ml", "c-a", "GPU-1", 0, 20, 0)
+        ]
     );
 }

@@ -126,15 +126,16 @@ impl<S: ClaimSource> Plugin<S> {
     ) -> Result<Vec<PlannedDevice>, PrepareError> {
         let resolved = grant::resolve(object, self.cfg.driver.as_str())?;
         let (inventory, cached) = self.inventory(claim, false)?;
-        match edits::plan(claim, &resolved, &inventory) {
+        let mut planned = match edits::plan(claim, &resolved, &inventory) {
             // A device the last reading did not list: read the backend again.
-            Err(EditsError::UnknownDevice { .. }) if cached => Ok(edits::plan(
-                claim,
-                &resolved,
-                &self.inventory(claim, true)?.0,
-            )?),
-            r => Ok(r?),
-        }
+            Err(EditsError::UnknownDevice { .. }) if cached => {
+                edits::plan(claim, &resolved, &self.inventory(claim, true)?.0)?
+            }
+            r => r?,
+        };
+        let results: Vec<usize> = resolved.iter().map(|r| r.index).collect();
+        crate::tier::check(claim, &mut planned, &results, &self.gpu_tiers())?;
+        Ok(planned)
     }
 
     /// Everything a prepare of `claim` (read as `object`) writes, built in memory; for a

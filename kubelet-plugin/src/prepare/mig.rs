@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fgpu_driver::backend::{BackendError, DeviceBackend};
-use fgpu_driver::device::{GpuMode, NodeInventory};
+use fgpu_driver::device::{GpuMode, NodeInventory, TierRatio};
 use fgpu_driver::mig::{MigInstance, Placement};
 
 use super::{ClaimSource, Plugin, PrepareError, unpoisoned};
@@ -46,6 +46,18 @@ impl<S: ClaimSource> Plugin<S> {
     /// own mode is taken (the fake profile's `mode:`).
     pub fn set_gpu_modes(&self, modes: BTreeMap<String, GpuMode>) {
         *unpoisoned(&self.gpu_modes) = Some(modes);
+    }
+
+    /// Sets the research tier's ratios in force (by UUID), as the tier keeper settled
+    /// them; a prepare keeps the tiers apart by them ([`crate::tier::check`]).
+    pub fn set_gpu_tiers(&self, tiers: BTreeMap<String, TierRatio>) {
+        self.metrics.set_gpu_tiers(&tiers);
+        *unpoisoned(&self.gpu_tiers) = tiers;
+    }
+
+    /// The research tier's ratios in force, by UUID.
+    pub fn gpu_tiers(&self) -> BTreeMap<String, TierRatio> {
+        unpoisoned(&self.gpu_tiers).clone()
     }
 
     /// The mode of the GPU `uuid`: as last set, else the backend's, else `shared`.
@@ -274,6 +286,7 @@ impl<S: ClaimSource> Plugin<S> {
                 cores: fgpu_api::config::CorePercent::ZERO,
                 priority: fgpu_api::config::Priority::Normal,
                 oversubscribe: false,
+                tier: TierRatio::NONE,
                 mig: Some(PlannedMig {
                     profile,
                     placement,

@@ -145,6 +145,9 @@ pub struct Plugin<S> {
     /// The GPU modes in force by UUID, as the publisher settled them (`None` until it
     /// does: the backend's modes are taken).
     gpu_modes: Mutex<Option<std::collections::BTreeMap<String, fgpu_driver::device::GpuMode>>>,
+    /// The research tier's ratios in force by UUID, as the publisher settled them (a GPU
+    /// not in it is off the tier).
+    gpu_tiers: Mutex<std::collections::BTreeMap<String, fgpu_driver::device::TierRatio>>,
 }
 
 fn unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

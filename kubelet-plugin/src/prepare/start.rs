@@ -189,6 +189,7 @@ impl<S: ClaimSource> Plugin<S> {
             inventory: Mutex::new(None),
             suspects: Mutex::new(HashMap::new()),
             gpu_modes: Mutex::new(None),
+            gpu_tiers: Mutex::new(Default::default()),
         };
         let mut report = StartReport {
             notes,

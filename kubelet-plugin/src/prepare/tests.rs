@@ -1,6 +1,7 @@
 //! The prepare operation end to end over a temporary directory: prepare, unprepare, start
 //! (migration, orphans, another boot), locking, stale claims.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
@@ -829,6 +830,86 @@ async fn high_priority_without_the_class_allowing_it_is_refused() {
         })
         .unwrap();
     assert_eq!(prio["options"][0], "rw");
+}
+
+#[tokio::test]
+async fn the_research_tier_is_kept_apart_and_tells_the_shim_its_physical_share() {
+    let env = Env::new();
+    let (plugin, _) = env.start("b1");
+    let tier_gpu = gpu(0, "0000:1b:00.0").uuid;
+    plugin.set_gpu_tiers(BTreeMap::from([(tier_gpu.clone(), "1.5".parse().unwrap())]));
+    // A 3 GiB share on `device`; `oversubscribe: true` from the class (the research class).
+    let claim = |uid: &str, name: &str, device: &str, research: bool| {
+        let config: Vec<serde_json::Value> = if research {
+            vec![json!({"source": "FromClass", "requests": [],
+                "opaque": {"driver": "gpu.fgpu.dev", "parameters": {
+                    "apiVersion": "gpu.fgpu.dev/v1alpha1", "kind": "GpuShareConfig",
+                    "oversubscribe": true}}})]
+        } else {
+            vec![]
+        };
+        env.source.insert(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": uid},
+                "status": {"allocation": {"devices": {"results": [{
+                    "request": "gpu", "driver": "gpu.fgpu.dev", "pool": "n1",
+                    "device": device, "shareID": "s1",
+                    "consumedCapacity": {"memory": "3Gi"}}], "config": config}}}
+            }))
+            .unwrap(),
+        );
+        ClaimRef {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    };
+    let research = claim("uid-r1", "research", "gpu-0", true);
+    plugin.prepare(&research).await.unwrap();
+    let limits = std::fs::read_to_string(env.claim_dir("uid-r1").join("limits")).unwrap();
+    let uuid = crate::edits::contract_uuid(&tier_gpu);
+    assert!(
+        limits.contains(&format!("gpu.{uuid}.physical={}\n", 2u64 << 30)),
+        "{limits}"
+    );
+    for (uid, name, device, research, want) in [
+        (
+            "uid-r2",
+            "prod-on-tier",
+            "gpu-0",
+            false,
+            "gpu-0 is on the research tier",
+        ),
+        (
+            "uid-r3",
+            "research-off-tier",
+            "gpu-1",
+            true,
+            "which is not on the research tier",
+        ),
+    ] {
+        let c = claim(uid, name, device, research);
+        let e = plugin.prepare(&c).await.unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "claim ns/{name}: status.allocation.devices.results[0]"
+            )) && e.contains(want),
+            "{e}"
+        );
+        assert!(
+            !env.claim_dir(uid).exists() && !env.spec_path(uid).exists(),
+            "{name}"
+        );
+    }
+    // Off the tier again (no claim on GPU 0 but the research one: the keeper decides when),
+    // a production claim is taken there.
+    plugin.set_gpu_tiers(BTreeMap::new());
+    plugin
+        .prepare(&claim("uid-r4", "prod", "gpu-0", false))
+        .await
+        .unwrap();
+    let limits = std::fs::read_to_string(env.claim_dir("uid-r4").join("limits")).unwrap();
+    assert!(!limits.contains(".physical="), "{limits}");
 }
 
 /// A claim source whose every answer a test sets: a claim source as flaky as an API server

@@ -1,6 +1,7 @@
 //! `deploy/deviceclasses.yaml` names the classes `fgpu_api` derives and selects this
 //! driver's devices: GPUs for the whole and shared classes, MIG placements for the MIG
-//! class.
+//! class, research-tier GPUs (with `oversubscribe: true` as class config) for the research
+//! class, which the whole and shared classes keep off.
 
 use fgpu_api::names::{DriverName, attr};
 
@@ -19,7 +20,8 @@ fn device_classes_match_the_driver_names() {
         [
             driver.whole_class(),
             driver.shared_class(),
-            driver.mig_class()
+            driver.mig_class(),
+            driver.research_class()
         ]
     );
     for d in &docs {
@@ -46,5 +48,22 @@ fn device_classes_match_the_driver_names() {
             )),
             "{cel}"
         );
+        let tier = format!("device.attributes[\"{driver}\"].{}", attr::TIER);
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let oversubscribe = &d["spec"]["config"][0]["opaque"]["parameters"]["oversubscribe"];
+        if name == driver.research_class() {
+            assert!(
+                cel.contains(&format!("{tier} == \"{}\"", attr::TIER_RESEARCH)),
+                "{cel}"
+            );
+            assert_eq!(d["spec"]["config"][0]["opaque"]["driver"], driver.as_str());
+            assert_eq!(oversubscribe, &serde_json::json!(true));
+        } else if kind == attr::TYPE_GPU {
+            assert!(
+                cel.contains(&format!("{tier} != \"{}\"", attr::TIER_RESEARCH)),
+                "{name} must keep off research-tier GPUs: {cel}"
+            );
+            assert!(oversubscribe.is_null(), "{name}");
+        }
     }
 }

@@ -785,4 +785,45 @@ mod serve_loop {
             .unwrap()
             .unwrap();
     }
+
+    /// SIGTERM while the API server hangs: `serve::run` ends at once, its sockets gone. The
+    /// stand-in answers until the claim is prepared, then never again; the fake's requests
+    /// have no timeout, so a loop that waited on one would never end.
+    #[tokio::test]
+    async fn serve_stops_promptly_while_the_api_server_hangs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (profile, boot_id) = one_t4_node(dir.path());
+        let s = server(vec!["v1"], false);
+        s.lock().unwrap().objects.insert(CLAIM.into(), claim("s1"));
+        let (client, cut) = s.cuttable_client();
+        let cfg = ServeConfig {
+            // Off, so that nothing but the loop asks the API server anything: its
+            // stale-claim sweep GETs the prepared claim at every resync.
+            claim_cache: false,
+            ..serve_config(dir.path(), boot_id, Duration::from_millis(50))
+        };
+        let backend = Arc::new(fgpu_driver::backend::FakeBackend::open(&profile, None).unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(cfg, client, backend, async move {
+            let _ = stopped.await;
+        }));
+        let reg_sock = dir.path().join("plugins_registry/gpu.fgpu.dev-reg.sock");
+        let dra_sock = dir.path().join("plugins/gpu.fgpu.dev/dra.sock");
+        eventually("the sockets", || reg_sock.exists() && dra_sock.exists()).await;
+        let mut dra = v1::dra_plugin_client::DraPluginClient::new(channel(&dra_sock).await);
+        assert_eq!(
+            prepare_cdi_ids(&mut dra).await,
+            ["gpu.fgpu.dev/claim=uid-c-gpu-0-s1"]
+        );
+
+        cut.cut();
+        eventually("a request of the loop to hang", || cut.hung() > 0).await;
+        stop.send(()).unwrap();
+        let outcome = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("serve::run waited on the hung request")
+            .unwrap();
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert!(!reg_sock.exists() && !dra_sock.exists());
+    }
 }

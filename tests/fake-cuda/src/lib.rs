@@ -13,7 +13,10 @@
 //! as the device's total.
 //! Memory is accounted per process: allocations past a device's size fail with
 //! `CUDA_ERROR_OUT_OF_MEMORY`. No memory is really taken: device pointers are addresses
-//! from a per-device bump allocator.
+//! from a per-device bump allocator. Managed memory (`cuMemAllocManaged`) is resident in
+//! host memory, as a real driver's is once the device is full: it takes no device memory
+//! (`cuMemGetInfo`'s free and NVML's figures are unchanged by it) and is counted apart
+//! (`fakeCudaManagedBytes`).
 //!
 //! `cuGetProcAddress[_v2]` resolves base names (`cuMemAlloc`) by the requested CUDA
 //! version and the per-thread-default-stream flag, like the real driver. With
@@ -21,7 +24,7 @@
 //! from the exported symbols (as a driver with private thunks would), which exercises
 //! the shim's name-based fallback.
 //!
-//! Test-only exports (never part of CUDA): `fakeCudaUsedBytes(dev)`,
+//! Test-only exports (never part of CUDA): `fakeCudaUsedBytes(dev)`, `fakeCudaManagedBytes(dev)`,
 //! `fakeCudaLaunchCount()`, `fakeCudaLiveAllocations()`, `fakeCudaBusyNs(dev, pid)`.
 //!
 //! Launches carry simulated durations and run on a virtual timeline shared by all
@@ -270,8 +273,13 @@ pub fn uuid_string(u: &[u8; 16]) -> String {
 struct Device {
     size: u64,
     used: u64,
+    /// Managed memory of this process on the device (host-resident: not in `used`).
+    managed: u64,
     next: u64,
 }
+
+/// The `pool` of a pointer that is managed memory (no pool has this handle).
+const MANAGED: u64 = u64::MAX;
 
 struct State {
     devs: Vec<Device>,
@@ -294,6 +302,7 @@ impl State {
                 .map(|(i, &size)| Device {
                     size,
                     used: 0,
+                    managed: 0,
                     next: (i as u64 + 1) << 44,
                 })
                 .collect(),
@@ -363,12 +372,30 @@ impl State {
         Ok(p)
     }
 
+    /// A managed allocation: an address, no device memory taken.
+    fn alloc_managed(&mut self, dev: usize, size: u64) -> Result<u64, CUresult> {
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let d = self.devs.get_mut(dev).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+        d.managed = d.managed.saturating_add(size);
+        let p = self.address(dev, size);
+        self.ptrs.insert(p, (dev, size, MANAGED));
+        Ok(p)
+    }
+
     fn free(&mut self, ptr: u64) -> CUresult {
         let Some((dev, size, pool)) = self.ptrs.remove(&ptr) else {
             return CUDA_ERROR_INVALID_VALUE;
         };
         if pool == 0 {
             self.give(dev, size);
+            return CUDA_SUCCESS;
+        }
+        if pool == MANAGED {
+            if let Some(d) = self.devs.get_mut(dev) {
+                d.managed = d.managed.saturating_sub(size);
+            }
             return CUDA_SUCCESS;
         }
         // Pool memory goes back to the pool (kept reserved until trimmed or destroyed).
@@ -909,7 +936,7 @@ exports! {
         if dptr.is_null() || (flags != 1 && flags != 2) {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        let p = tri!(state().alloc(d, size as u64));
+        let p = tri!(state().alloc_managed(d, size as u64));
         put(dptr, p);
         CUDA_SUCCESS
     }
@@ -1348,6 +1375,14 @@ fn proc_lookup(name: &str, version: c_int, flags: u64) -> Result<usize, c_int> {
 pub extern "C" fn fakeCudaUsedBytes(dev: c_int) -> u64 {
     let st = state();
     st.devs.get(dev as usize).map_or(u64::MAX, |d| d.used)
+}
+
+/// Bytes of managed memory this process holds on simulated device `dev` (host-resident,
+/// not in [`fakeCudaUsedBytes`]; `u64::MAX` if no such device).
+#[unsafe(no_mangle)]
+pub extern "C" fn fakeCudaManagedBytes(dev: c_int) -> u64 {
+    let st = state();
+    st.devs.get(dev as usize).map_or(u64::MAX, |d| d.managed)
 }
 
 /// Kernel launches seen by this process.
@@ -1891,6 +1926,20 @@ pub extern "C" fn nvmlErrorString(r: c_int) -> *const c_char {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn managed_memory_takes_no_device_memory_and_is_counted_apart() {
+        let mut st = State::new();
+        let device = st.alloc(0, 1 << 20).unwrap();
+        let managed = st.alloc_managed(0, 3 << 20).unwrap();
+        assert_ne!(device, managed);
+        assert_eq!((st.devs[0].used, st.devs[0].managed), (1 << 20, 3 << 20));
+        assert_eq!(st.free(managed), CUDA_SUCCESS);
+        assert_eq!((st.devs[0].used, st.devs[0].managed), (1 << 20, 0));
+        assert_eq!(st.free(managed), CUDA_ERROR_INVALID_VALUE, "freed once");
+        assert_eq!(st.free(device), CUDA_SUCCESS);
+        assert_eq!(st.devs[0].used, 0);
+    }
 
     #[test]
     fn parses_sizes() {

@@ -1,9 +1,11 @@
 //! The extender's integration tests, one binary: over a real TCP socket (`http`), the
 //! node cache and verbs against an in-memory cluster (`state`), the webhook over TLS
-//! (`webhook`), and the attacks on its protections (`auth`).
+//! (`webhook`), the attacks on its protections (`auth`), and stopping while the API server
+//! hangs (`stop`).
 
 mod auth;
 mod http;
 mod state;
+mod stop;
 mod support;
 mod webhook;
