@@ -176,6 +176,23 @@ stop_pid() {
   rm -f "$f"
 }
 
+# delete_crds <group suffix> <what>: delete every CRD whose name ends in <group suffix> (e.g.
+# .kueue.x-k8s.io), and with them their objects, on the running cluster (kubectl from its
+# env). The objects' finalizers are dropped first: with the operator that owns them stopped,
+# nobody removes them and the CRDs' deletion would wait for their objects forever.
+delete_crds() {
+  local suffix="$1" what="$2" names crd
+  mapfile -t names < <(kubectl get crd -o name 2>/dev/null | grep -- "${suffix//./\\.}\$" || true)
+  [ ${#names[@]} -gt 0 ] || return 0
+  for crd in "${names[@]}"; do
+    kubectl get "${crd#*/}" -A -o jsonpath='{range .items[?(@.metadata.finalizers)]}{.metadata.namespace}{" "}{.metadata.name}{"\n"}{end}' 2>/dev/null \
+      | while read -r ns name; do
+          [ -n "$name" ] || { name="$ns"; ns=""; }
+          kubectl patch "${crd#*/}" "$name" ${ns:+-n "$ns"} --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+        done
+  done
+  kubectl delete --wait=true --timeout=60s "${names[@]}" >/dev/null || log "$what's CRDs were not all deleted in 60s"
+}
 kubectl_bin() { echo "$(k8s_bindir "$K8S_VERSION")/kubectl"; }
 kc() { "$(kubectl_bin)" --kubeconfig "$CLUSTER_STATE/pki/admin.kubeconfig" "$@"; }
 # restart_recorded NAME SECONDS [FLAG...]: stop the cluster's NAME (its recorded pid; SIGKILL

@@ -18,6 +18,9 @@
 #                       registered once, its ResourceSlice published
 #   plugin_cleanup      stop it, delete its ResourceSlice, print the log tail on failure
 #                       (pass the exit status), remove $work
+#   one_gpu_node <uuid> one fake GPU of exactly 80 GiB (an H100) with that UUID on this node,
+#                       written to $work/gpus.yaml and exported as FGPU_E2E_FAKE_GPUS (before
+#                       plugin_up; the queueing scenarios cut it into four 20 GiB shares)
 #   fake_state_setup <dir>
 #                       the node's shared fake GPU state (the fake driver's files,
 #                       edits.rs FAKE_STATE_FILES), writable by every UID before the plugin
@@ -90,6 +93,20 @@ stop_plugin() {
 wait_registered() {
   wait_until 30 "plugin registered with the kubelet ($1)" \
     sh -c "[ \"\$(grep -c 'registered with the kubelet' $work/plugin.log)\" -ge $1 ]"
+}
+one_gpu_node() {
+  cat >"$work/gpus.yaml" <<YAML
+nodes:
+  - name: $NODE_NAME
+    deviceRoot: /run/fgpu-e2e/dev
+    gpus:
+      - uuid: $1
+        productName: NVIDIA H100 80GB HBM3
+        memory: 80Gi
+        smCount: 132
+        computeCapability: "9.0"
+YAML
+  export FGPU_E2E_FAKE_GPUS="$work/gpus.yaml"
 }
 fake_state_setup() {
   mkdir -p "$1"

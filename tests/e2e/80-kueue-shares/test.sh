@@ -40,19 +40,7 @@ cleanup() {
 }
 trap cleanup EXIT
 plugin_setup 80
-# One fake GPU of exactly 80 GiB: four 20 GiB shares fill it.
-cat >"$work/gpus.yaml" <<YAML
-nodes:
-  - name: $NODE_NAME
-    deviceRoot: /run/fgpu-e2e/dev
-    gpus:
-      - uuid: GPU-e2e80000-0000-4000-8000-000000000000
-        productName: NVIDIA H100 80GB HBM3
-        memory: 80Gi
-        smCount: 132
-        computeCapability: "9.0"
-YAML
-export FGPU_E2E_FAKE_GPUS="$work/gpus.yaml"
+one_gpu_node GPU-e2e80000-0000-4000-8000-000000000000 # four 20 GiB shares fill it
 plugin_up
 s="resourceslice/$PLUGIN_SLICE"
 assert_eq "slice devices" gpu-0 "$(jp "$s" '{.spec.devices[*].name}' "")"

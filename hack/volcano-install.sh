@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Install Volcano on the running local cluster (hack/cluster-up.sh): its CRDs, and its
+# scheduler and controller manager as host processes recorded like the cluster's own (pid
+# files, stopped by hack/volcano-uninstall.sh or hack/cluster-down.sh), logs in
+# _out/logs/vc-scheduler.log and _out/logs/vc-controller-manager.log.
+#
+#   hack/volcano-install.sh          (make volcano-install)
+#
+# The scheduler's configuration (written to $CLUSTER_STATE/volcano/scheduler.yaml):
+# * actions enqueue, allocate, backfill. Not reclaim or preempt: in Volcano v1.14 they do not
+#   work for pods with DRA claims. The embedded DRA filter reports a full GPU as
+#   unschedulable and unresolvable, so they never look for victims; and their pipeline step runs the DRA
+#   Reserve with an empty spec.nodeName, or, committed, leaves the claim "in the process of
+#   being allocated" for good (preempt wedged a gang so; docs/platforms.md).
+# * tier 1: priority, gang (all-or-nothing: a job's pods bind only when minAvailable of them
+#   fit), conformance; tier 2: drf, predicates with DRA on (the kube-scheduler DRA plugin
+#   Volcano embeds allocates the pods' ResourceClaims), proportion (queues: guarantee,
+#   capability, weight), nodeorder, binpack.
+# * Feature gate DRAConsumableCapacity on: fgpu's shared class hands out parts of a GPU's
+#   memory (consumable capacity), alpha in the Kubernetes 1.34 libraries Volcano v1.14 is
+#   built on.
+# Volcano counts in its queues the resources a pod's containers request, not its DRA claims:
+# the shares a queue may use are counted through fgpu.dev/shares, an extended resource each
+# share-using container asks one of and the node advertises (docs/platforms.md).
+#
+# No admission webhook is registered (the webhook manager is not built): its defaulting is
+# written out in the vcjobs of deploy/examples/volcano/ and its validation is not done.
+# Controllers: job, podgroup, queue, garbage collection (no job flows, cron jobs, hypernodes).
+# No leader election (one of each).
+#
+# Environment: FGPU_VOLCANO_PORT_BASE (19690: scheduler metrics, scheduler health, controller
+# manager metrics, controller manager health on the four ports from there),
+# FGPU_VOLCANO_LOG_LEVEL (klog -v, default 3), FGPU_VOLCANO_ACTIONS (the scheduler's actions,
+# default "enqueue, allocate, backfill"; to try reclaim again on a later Volcano).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+[ -f "$CLUSTER_STATE/env" ] || die "no running cluster ($CLUSTER_STATE/env): run make cluster-up first"
+# shellcheck disable=SC1091 # written by hack/cluster-up.sh
+source "$CLUSTER_STATE/env"
+base="${FGPU_VOLCANO_PORT_BASE:-19690}"
+v="${FGPU_VOLCANO_LOG_LEVEL:-3}"
+actions="${FGPU_VOLCANO_ACTIONS:-enqueue, allocate, backfill}"
+state="$CLUSTER_STATE/volcano"
+t0=$SECONDS
+
+bindir="$("$FGPU_ROOT/hack/volcano-build.sh")"
+crds="$(dirname "$bindir")/crds"
+for c in vc-scheduler vc-controller-manager; do
+  pid_alive "$c" && die "$c already running (pid $(cut -d' ' -f1 "$(pidfile "$c")")); run hack/volcano-uninstall.sh first"
+done
+
+# Server-side apply: the Job CRD (a whole pod template per task) is too large for the
+# last-applied annotation.
+kubectl apply --server-side --force-conflicts -f "$crds" >/dev/null
+kubectl wait --for=condition=Established --timeout=60s -f "$crds" >/dev/null \
+  || die "Volcano's CRDs were not established in 60s"
+
+mkdir -p "$state"
+cat >"$state/scheduler.yaml" <<YAML
+actions: "$actions"
+tiers:
+- plugins:
+  - name: priority
+  - name: gang
+  - name: conformance
+- plugins:
+  - name: drf
+  - name: predicates
+    arguments:
+      predicate.DynamicResourceAllocationEnable: true
+  - name: proportion
+  - name: nodeorder
+  - name: binpack
+YAML
+
+common=(--kubeconfig "$KUBECONFIG" --leader-elect=false --enable-healthz=true -v "$v")
+start_bg vc-scheduler "$bindir/vc-scheduler" "${common[@]}" \
+  --scheduler-conf "$state/scheduler.yaml" --feature-gates DRAConsumableCapacity=true \
+  --listen-address "127.0.0.1:$base" --healthz-address "127.0.0.1:$((base + 1))" \
+  --cache-dump-dir "$state"
+start_bg vc-controller-manager "$bindir/vc-controller-manager" "${common[@]}" \
+  --controllers job-controller,pg-controller,queue-controller,gc-controller \
+  --listen-address "127.0.0.1:$((base + 2))" --healthz-address "127.0.0.1:$((base + 3))"
+wait_up vc-scheduler 60 "vc-scheduler /healthz on 127.0.0.1:$((base + 1))" \
+  curl -fsS "http://127.0.0.1:$((base + 1))/healthz" \
+  || die "vc-scheduler did not become ready; log: $CLUSTER_LOGS/vc-scheduler.log"
+wait_up vc-controller-manager 60 "vc-controller-manager /healthz on 127.0.0.1:$((base + 3))" \
+  curl -fsS "http://127.0.0.1:$((base + 3))/healthz" \
+  || die "vc-controller-manager did not become ready; log: $CLUSTER_LOGS/vc-controller-manager.log"
+# The scheduler creates the queues root and default at start; jobs need them open.
+wait_up vc-scheduler 60 "queue default created" kubectl get queues.scheduling.volcano.sh default \
+  || die "vc-scheduler did not create the default queue; log: $CLUSTER_LOGS/vc-scheduler.log"
+log "volcano $(basename "$(dirname "$bindir")") ready in $((SECONDS - t0))s (logs: $CLUSTER_LOGS/vc-*.log)"
