@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 use fgpu_api::names::taint;
 use fgpu_api::proto::drahealth;
 use fgpu_driver::backend::{BackendError, DeviceBackend};
-use fgpu_driver::device::{Health, NodeInventory};
+use fgpu_driver::device::{GpuMode, Health, NodeInventory};
 use fgpu_driver::health::{
     Condition, DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, HealthPolicy, HealthTracker, Severity,
     Transition,
@@ -419,21 +419,37 @@ pub struct DeviceHealthList {
 }
 
 impl DeviceHealthList {
-    /// The list for `inventory` (health already overlaid).
-    pub fn from_inventory(inventory: &NodeInventory) -> Self {
+    /// The list for `inventory` (health already overlaid), with the GPUs' `modes` in force
+    /// (by UUID; absent: `shared`): a GPU is its device `gpu-<minor>`; a MIG-mode GPU of a
+    /// known model is each of its placement devices instead, all with the GPU's health, so
+    /// that a pod holding an instance of a failed GPU hears of it.
+    pub fn from_inventory(inventory: &NodeInventory, modes: &BTreeMap<String, GpuMode>) -> Self {
+        let mut devices = BTreeMap::new();
+        for g in &inventory.gpus {
+            let health = (
+                g.is_healthy(),
+                match &g.health {
+                    Health::Healthy => String::new(),
+                    Health::Unhealthy { reason } => reason.clone(),
+                },
+            );
+            let table = (modes.get(&g.uuid) == Some(&GpuMode::Mig))
+                .then(|| fgpu_driver::mig::table_for(&g.product_name, g.memory_bytes).ok())
+                .flatten();
+            match table {
+                Some(table) => {
+                    for d in fgpu_driver::mig::mig_devices(g, table).devices {
+                        devices.insert(d.name, health.clone());
+                    }
+                }
+                None => {
+                    devices.insert(crate::edits::device_name(g), health);
+                }
+            }
+        }
         Self {
             pool: inventory.node.clone(),
-            devices: inventory
-                .gpus
-                .iter()
-                .map(|g| {
-                    let message = match &g.health {
-                        Health::Healthy => String::new(),
-                        Health::Unhealthy { reason } => reason.clone(),
-                    };
-                    (crate::edits::device_name(g), (g.is_healthy(), message))
-                })
-                .collect(),
+            devices,
         }
     }
 }
@@ -633,9 +649,32 @@ mod tests {
         view.borrow().overlay(&mut inv);
         assert!(inv.gpus[0].is_healthy());
         assert!(!inv.gpus[1].is_healthy());
-        let list = DeviceHealthList::from_inventory(&inv);
+        let list = DeviceHealthList::from_inventory(&inv, &BTreeMap::new());
         assert!(!list.devices["gpu-1"].0);
         assert!(list.devices["gpu-1"].1.contains("XID 79"));
+        assert!(list.devices["gpu-0"].0);
+        // gpu-1 in MIG mode: its placements carry its health, in place of gpu-1.
+        let mut mig = inv.clone();
+        mig.gpus[1].mig_capable = true;
+        mig.gpus[1].product_name = "NVIDIA H100 80GB HBM3".into();
+        mig.gpus[1].memory_bytes = 80 << 30;
+        let modes = BTreeMap::from([(mig.gpus[1].uuid.clone(), GpuMode::Mig)]);
+        let list = DeviceHealthList::from_inventory(&mig, &modes);
+        assert!(!list.devices.contains_key("gpu-1"));
+        let placements: Vec<_> = list
+            .devices
+            .iter()
+            .filter(|(name, _)| name.starts_with("gpu-1-mig-"))
+            .collect();
+        // An H100's placements: 7 + 3 + 2 + 1 + 1 (1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb,
+        // 7g.80gb) and the 1g.10gb+me and 1g.20gb ones.
+        assert!(placements.len() >= 14, "{placements:?}");
+        assert!(
+            placements
+                .iter()
+                .all(|(_, (ok, m))| !ok && m.contains("XID 79"))
+        );
+        assert!(list.devices["gpu-0"].0);
 
         // An ignored XID on the other GPU changes nothing.
         faults.gpus.insert(

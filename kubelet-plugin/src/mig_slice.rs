@@ -16,8 +16,9 @@
 //! `enforcement` (the hardware isolates it).
 //!
 //! A MIG-mode GPU whose model has no profile table, or that is not MIG-capable, gets no
-//! device: the error names the GPU and its product. An unhealthy one neither (no taint is
-//! put on placements).
+//! device: the error names the GPU and its product. An unhealthy one carries its health
+//! over to its placements: each is published with the GPU's taint where the API server
+//! keeps taints, else none is published (as an unhealthy shared GPU).
 
 use fgpu_api::names::{attr, capacity};
 use fgpu_api::quantity::format_u64;
@@ -42,8 +43,15 @@ pub struct MigPart {
 }
 
 /// The devices of the MIG-mode `gpu`: placements with counters when `partitionable`,
-/// else the `fixed` layout's instances.
-pub fn mig_part(gpu: &Gpu, api: ApiVersion, partitionable: bool, fixed: &FixedLayouts) -> MigPart {
+/// else the `fixed` layout's instances. An unhealthy `gpu` publishes them with `taints`
+/// (its device taints, as the slice writes them), or nothing without.
+pub fn mig_part(
+    gpu: &Gpu,
+    api: ApiVersion,
+    partitionable: bool,
+    fixed: &FixedLayouts,
+    taints: Option<&Value>,
+) -> MigPart {
     let mut part = MigPart::default();
     let name = format!("GPU {} ({}, {:?})", gpu.index, gpu.uuid, gpu.product_name);
     if !gpu.mig_capable {
@@ -61,16 +69,18 @@ pub fn mig_part(gpu: &Gpu, api: ApiVersion, partitionable: bool, fixed: &FixedLa
             return part;
         }
     };
-    if !gpu.is_healthy() {
-        return part;
-    }
+    let taints = match (gpu.is_healthy(), taints) {
+        (true, _) => None,
+        (false, Some(t)) => Some(t),
+        (false, None) => return part,
+    };
     let all = mig::mig_devices(gpu, table);
     if partitionable {
         part.counter_sets.push(counter_set_json(&all.counter_set));
         part.devices = all
             .devices
             .iter()
-            .map(|d| device_json(gpu, d, api, true))
+            .map(|d| device_json(gpu, d, api, true, taints))
             .collect();
         return part;
     }
@@ -118,7 +128,7 @@ pub fn mig_part(gpu: &Gpu, api: ApiVersion, partitionable: bool, fixed: &FixedLa
             .iter()
             .find(|d| d.profile == profile.name && d.placement == choice.placement)
         {
-            part.devices.push(device_json(gpu, d, api, false));
+            part.devices.push(device_json(gpu, d, api, false, taints));
         }
     }
     part
@@ -134,8 +144,15 @@ fn counter_set_json(set: &CounterSet) -> Value {
     json!({"name": set.name, "counters": counters})
 }
 
-/// A placement device; with `counters`, it consumes from its GPU's counter set.
-fn device_json(gpu: &Gpu, d: &PlacementDevice, api: ApiVersion, counters: bool) -> Value {
+/// A placement device; with `counters`, it consumes from its GPU's counter set; with
+/// `taints`, it carries its GPU's.
+fn device_json(
+    gpu: &Gpu,
+    d: &PlacementDevice,
+    api: ApiVersion,
+    counters: bool,
+    taints: Option<&Value>,
+) -> Value {
     let mut attributes = Map::new();
     put(&mut attributes, attr::TYPE, "string", json!(attr::TYPE_MIG));
     put(&mut attributes, attr::PROFILE, "string", json!(d.profile));
@@ -164,6 +181,9 @@ fn device_json(gpu: &Gpu, d: &PlacementDevice, api: ApiVersion, counters: bool) 
             json!([{"counterSet": d.counter_set, "counters": consumed}]),
         );
     }
+    if let Some(t) = taints {
+        body.insert("taints".into(), t.clone());
+    }
     match api {
         ApiVersion::V1 | ApiVersion::V1beta2 => {
             body.insert("name".into(), json!(d.name));
@@ -188,7 +208,13 @@ mod tests {
 
     #[test]
     fn partitionable_placements_consume_their_gpus_counters() {
-        let part = mig_part(&h100(), ApiVersion::V1, true, &FixedLayouts::default());
+        let part = mig_part(
+            &h100(),
+            ApiVersion::V1,
+            true,
+            &FixedLayouts::default(),
+            None,
+        );
         assert!(part.errors.is_empty(), "{:?}", part.errors);
         assert_eq!(part.counter_sets.len(), 1);
         let set = &part.counter_sets[0];
@@ -224,7 +250,13 @@ mod tests {
         );
         assert!(d.get("allowMultipleAllocations").is_none());
         // v1beta1 wraps the fields in basic.
-        let old = mig_part(&h100(), ApiVersion::V1beta1, true, &FixedLayouts::default());
+        let old = mig_part(
+            &h100(),
+            ApiVersion::V1beta1,
+            true,
+            &FixedLayouts::default(),
+            None,
+        );
         assert!(old.devices[0]["basic"]["consumesCounters"].is_array());
         assert!(old.devices[0].get("attributes").is_none());
     }
@@ -232,7 +264,7 @@ mod tests {
     #[test]
     fn the_fixed_layout_is_placed_largest_first_as_plain_devices() {
         let fixed: FixedLayouts = "1g.10gb*2,3g.40gb,2g.20gb".parse().unwrap();
-        let part = mig_part(&h100(), ApiVersion::V1, false, &fixed);
+        let part = mig_part(&h100(), ApiVersion::V1, false, &fixed, None);
         assert!(part.errors.is_empty(), "{:?}", part.errors);
         assert!(part.counter_sets.is_empty());
         let names: Vec<&str> = part
@@ -259,13 +291,19 @@ mod tests {
         );
         // Unknown profiles and ones that do not fit are named and skipped.
         let fixed: FixedLayouts = "7g.80gb,1g.5gb,1g.10gb".parse().unwrap();
-        let part = mig_part(&h100(), ApiVersion::V1, false, &fixed);
+        let part = mig_part(&h100(), ApiVersion::V1, false, &fixed, None);
         assert_eq!(part.devices.len(), 1);
         assert_eq!(part.errors.len(), 2, "{:?}", part.errors);
         assert!(part.errors[0].contains("profile \"1g.5gb\" is not one of the H100 80GB's"));
         assert!(part.errors[1].contains("profile 1g.10gb does not fit beside 7g.80gb at {0}:8"));
         // No layout for the GPU: nothing, and why.
-        let part = mig_part(&h100(), ApiVersion::V1, false, &FixedLayouts::default());
+        let part = mig_part(
+            &h100(),
+            ApiVersion::V1,
+            false,
+            &FixedLayouts::default(),
+            None,
+        );
         assert!(part.devices.is_empty());
         assert!(part.errors[0].contains("--mig-fixed-layout lists no profile"));
     }
@@ -275,7 +313,7 @@ mod tests {
         let mut g = h100();
         g.product_name = "NVIDIA H100 NVL".into();
         g.memory_bytes = 94 * GIB;
-        let part = mig_part(&g, ApiVersion::V1, true, &FixedLayouts::default());
+        let part = mig_part(&g, ApiVersion::V1, true, &FixedLayouts::default(), None);
         assert!(part.devices.is_empty() && part.counter_sets.is_empty());
         assert_eq!(part.errors.len(), 1);
         let e = &part.errors[0];
@@ -285,8 +323,42 @@ mod tests {
         );
         let mut g = h100();
         g.mig_capable = false;
-        let part = mig_part(&g, ApiVersion::V1, true, &FixedLayouts::default());
+        let part = mig_part(&g, ApiVersion::V1, true, &FixedLayouts::default(), None);
         assert!(part.devices.is_empty());
         assert!(part.errors[0].contains("not MIG-capable"));
+    }
+
+    #[test]
+    fn an_unhealthy_gpu_carries_its_taint_to_every_placement_or_publishes_none() {
+        let mut g = h100();
+        let healthy = mig_part(&g, ApiVersion::V1, true, &FixedLayouts::default(), None);
+        g.health = fgpu_driver::device::Health::Unhealthy {
+            reason: "XID 79".into(),
+        };
+        let taints = json!([{"key": "fgpu.dev/unhealthy", "value": "xid-79", "effect": "NoSchedule", "timeAdded": "2026-12-07T08:00:00Z"}]);
+        let tainted = mig_part(
+            &g,
+            ApiVersion::V1,
+            true,
+            &FixedLayouts::default(),
+            Some(&taints),
+        );
+        assert_eq!(tainted.devices.len(), healthy.devices.len());
+        assert!(!tainted.devices.is_empty());
+        for (t, h) in tainted.devices.iter().zip(&healthy.devices) {
+            assert_eq!(t["name"], h["name"]);
+            assert_eq!(t["taints"], taints, "{}", t["name"]);
+            assert!(h.get("taints").is_none());
+        }
+        assert_eq!(tainted.counter_sets, healthy.counter_sets);
+        // The fixed layout too, and the v1beta1 shape keeps the taint in `basic`.
+        let fixed: FixedLayouts = "1g.10gb,3g.40gb".parse().unwrap();
+        let part = mig_part(&g, ApiVersion::V1beta1, false, &fixed, Some(&taints));
+        assert_eq!(part.devices.len(), 2);
+        assert!(part.devices.iter().all(|d| d["basic"]["taints"] == taints));
+        // Where the API server drops taints: nothing, as for an unhealthy shared GPU.
+        let dropped = mig_part(&g, ApiVersion::V1, true, &FixedLayouts::default(), None);
+        assert!(dropped.devices.is_empty() && dropped.counter_sets.is_empty());
+        assert!(dropped.errors.is_empty());
     }
 }

@@ -426,12 +426,9 @@ impl SliceState {
         };
         health.overlay(&mut inventory);
         plugin.set_inventory(inventory.clone());
-        self.device_health.send_if_modified(|l| {
-            let new = DeviceHealthList::from_inventory(&inventory);
-            let changed = *l != new;
-            *l = new;
-            changed
-        });
+        // Sent before publishing (a hung API server must not hold the kubelet's health
+        // stream), and again after, should the publish have settled other modes.
+        self.send_device_health(&inventory);
         let taints = health.taints(&self.taints);
         let busy = claims_by_gpu(&plugin.claims());
         let mut notes = Vec::new();
@@ -462,6 +459,7 @@ impl SliceState {
             .await;
         plugin.set_gpu_modes(self.modes.modes().clone());
         plugin.set_gpu_tiers(self.tiers.modes().clone());
+        self.send_device_health(&inventory);
         for (gpu, refusal, reason) in &refusals {
             let message = format!("fgpu kubelet plugin: {refusal}");
             tracing::warn!(gpu = %gpu, "{message}");
@@ -504,6 +502,18 @@ impl SliceState {
             tracing::error!("{n}");
         }
         self.notes = now;
+    }
+}
+
+impl SliceState {
+    /// Tells the kubelet's health stream the devices' health, if it changed.
+    fn send_device_health(&self, inventory: &NodeInventory) {
+        self.device_health.send_if_modified(|l| {
+            let new = DeviceHealthList::from_inventory(inventory, self.modes.modes());
+            let changed = *l != new;
+            *l = new;
+            changed
+        });
     }
 }
 

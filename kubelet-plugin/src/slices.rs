@@ -73,6 +73,11 @@ pub struct DeviceTaint {
     pub time_added: String,
 }
 
+/// A device's `taints`: the one taint `t`.
+fn taint_json(t: &DeviceTaint) -> Value {
+    json!([{"key": t.key, "value": t.value, "effect": t.effect, "timeAdded": t.time_added}])
+}
+
 fn device_json(
     gpu: &Gpu,
     (mode, tier): (GpuMode, TierRatio),
@@ -153,10 +158,7 @@ fn device_json(
         body.insert("allowMultipleAllocations".into(), json!(true));
     }
     if let Some(t) = taint {
-        body.insert(
-            "taints".into(),
-            json!([{"key": t.key, "value": t.value, "effect": t.effect, "timeAdded": t.time_added}]),
-        );
+        body.insert("taints".into(), taint_json(t));
     }
     match api {
         ApiVersion::V1 | ApiVersion::V1beta2 => {
@@ -301,7 +303,14 @@ pub fn build_node_slices(
                 }
             }
             GpuMode::Mig => {
-                let part = mig_part(g, api, publish.partitionable, publish.fixed);
+                let taints = publish.taints.and_then(|t| t.get(&g.uuid)).map(taint_json);
+                let part = mig_part(
+                    g,
+                    api,
+                    publish.partitionable,
+                    publish.fixed,
+                    taints.as_ref(),
+                );
                 devices.extend(part.devices);
                 counter_sets.extend(part.counter_sets);
                 errors.extend(part.errors);
