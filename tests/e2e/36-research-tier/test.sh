@@ -31,8 +31,10 @@ GI=$((1 << 30))
 
 cleanup() {
   local rc=$?
-  kubectl -n "$E2E_NS" delete pod --all --wait=false >/dev/null 2>&1 || true
-  kubectl -n "$E2E_NS" delete resourceclaim --all --wait=false >/dev/null 2>&1 || true
+  # Gone before the plugin stops, so that their claims are unprepared (the namespace's
+  # deletion otherwise waits on pods that the kubelet cannot finish).
+  kubectl -n "$E2E_NS" delete pod --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  kubectl -n "$E2E_NS" delete resourceclaim --all --wait=true --timeout=30s >/dev/null 2>&1 || true
   kubectl label node "$NODE_NAME" "$LABEL-" >/dev/null 2>&1 || true
   kubectl delete -f "$ROOT/deploy/deviceclasses.yaml" --ignore-not-found >/dev/null 2>&1 || true
   plugin_cleanup $rc
