@@ -94,7 +94,8 @@ say "ok: a hung, a down and a version-less API server left every live claim's st
 
 say "positive control: deleting live-1 removes its claim's files"
 gone="$(jp "resourceclaims.$api.resource.k8s.io/$(jp pod/live-1 '{.status.resourceClaimStatuses[0].resourceClaimName}')" '{.metadata.uid}')"
-kubectl -n "$E2E_NS" delete pod live-1 --wait=true --timeout=60s >/dev/null
+# After three API server restarts the kubelet may take a while to hear of the deletion.
+kubectl -n "$E2E_NS" delete pod live-1 --wait=true --timeout=180s >/dev/null
 uids="$(echo "$uids" | grep -v "^$gone\$")"
 wait_until 60 "two records left" sh -c "[ \"\$(find $checkpoint -maxdepth 1 -name '*.json' | wc -l)\" -eq 2 ]"
 books "deleting one pod"
