@@ -755,6 +755,25 @@ static int s_work(double secs, double warm) {
     return 0;
 }
 
+// Watches device DEV without launching: after DELAY s, prints every process's share of
+// the device's time over the next DUR s (one window for all, unlike each worker's own).
+static int s_devshare(int dev, double delay, double dur) {
+    start();
+    unsigned long long (*busy)(int, int) =
+        (unsigned long long (*)(int, int))dlsym(libcuda ? libcuda : RTLD_DEFAULT, "fakeCudaBusyNs");
+    CHECK(busy, "no fakeCudaBusyNs");
+    struct timespec d = {(time_t)delay, (long)((delay - (long)delay) * 1e9)};
+    nanosleep(&d, NULL);
+    double t0 = now_s();
+    unsigned long long b0 = busy(dev, 0);
+    struct timespec w = {(time_t)dur, (long)((dur - (long)dur) * 1e9)};
+    nanosleep(&w, NULL);
+    double t1 = now_s();
+    unsigned long long b1 = busy(dev, 0);
+    printf("share=%.2f\n", (double)(b1 - b0) / 1e9 / (t1 - t0) * 100);
+    return 0;
+}
+
 // High priority: after DELAY s, launches (synchronously) for DUR s, then writes
 // "<first launch ns> <last launch ns>" to FILE.
 static int s_prio_high(double delay, double dur, const char *file) {
@@ -858,6 +877,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "launch")) return s_launch();
     if (!strcmp(s, "bench")) return s_bench();
     if (!strcmp(s, "work") && argc > 3) return s_work(atof(argv[2]), atof(argv[3]));
+    if (!strcmp(s, "devshare") && argc > 4) return s_devshare(atoi(argv[2]), atof(argv[3]), atof(argv[4]));
     if (!strcmp(s, "prio-high") && argc > 4) return s_prio_high(atof(argv[2]), atof(argv[3]), argv[4]);
     if (!strcmp(s, "prio-low") && argc > 3) return s_prio_low(atof(argv[2]), argv[3]);
     fprintf(stderr, "unknown scenario %s\n", s);
