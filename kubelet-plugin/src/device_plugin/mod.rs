@@ -165,6 +165,17 @@ pub fn stale_claims(
         .collect()
 }
 
+/// The resource registered: `--resource-name`, except that its default becomes
+/// `volcano.sh/vgpu-number` with `--scheduler volcano`.
+pub fn resource_for(scheduler: volcano::SchedulerKind, resource_name: String) -> String {
+    match scheduler {
+        volcano::SchedulerKind::Volcano if resource_name == DEFAULT_RESOURCE_NAME => {
+            fgpu_api::volcano::RESOURCE_NUMBER.to_owned()
+        }
+        _ => resource_name,
+    }
+}
+
 /// The handshake value the plugin writes at `now`: `Reported_<UTC time>` in the layout
 /// Volcano's scheduler uses.
 pub fn volcano_handshake(now: k8s_openapi::jiff::Timestamp) -> String {
@@ -644,12 +655,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         },
         dir: args.device_plugin_path,
         socket_name: args.socket_name,
-        resource_name: match args.scheduler {
-            volcano::SchedulerKind::Volcano if args.resource_name == DEFAULT_RESOURCE_NAME => {
-                fgpu_api::volcano::RESOURCE_NUMBER.to_owned()
-            }
-            _ => args.resource_name,
-        },
+        resource_name: resource_for(args.scheduler, args.resource_name),
         split_count: args.split_count,
         response: args.allocate_response,
         health_interval: args.health.interval(),
@@ -726,6 +732,36 @@ mod tests {
     use crate::checkpoint::PrepareState;
 
     /// The flags as `main.rs` would mount them: a `device-plugin` subcommand.
+    #[test]
+    fn volcano_flags_handshake_and_resource() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: DevicePluginArgs,
+        }
+        let a = Cli::try_parse_from(["x", "--node", "n1", "--scheduler", "volcano"])
+            .unwrap()
+            .args;
+        assert_eq!(a.scheduler, volcano::SchedulerKind::Volcano);
+        assert_eq!(a.volcano_scheduler_manager, "vc-scheduler");
+        assert_eq!(
+            resource_for(a.scheduler, a.resource_name),
+            "volcano.sh/vgpu-number"
+        );
+        assert_eq!(
+            resource_for(volcano::SchedulerKind::Volcano, "example.com/v".into()),
+            "example.com/v"
+        );
+        assert_eq!(
+            resource_for(volcano::SchedulerKind::Fgpu, DEFAULT_RESOURCE_NAME.into()),
+            DEFAULT_RESOURCE_NAME
+        );
+        // Go's layout 2006.01.02 15:04:05, in UTC.
+        let t: k8s_openapi::jiff::Timestamp = "2026-12-07T08:05:09Z".parse().unwrap();
+        assert_eq!(volcano_handshake(t), "Reported_2026.12.07 08:05:09");
+    }
+
     #[test]
     fn flags_parse_as_a_subcommand() {
         use clap::{CommandFactory as _, Parser as _};

@@ -454,6 +454,41 @@ impl PodSource for KubePodSource {
 mod tests {
     use super::*;
 
+    #[test]
+    fn pod_info_reads_limits_and_who_wrote_each_annotation() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                "annotations": {"volcano.sh/vgpu-ids-new": "GPU-a,NVIDIA,1,0:", "x": "y"},
+                "managedFields": [
+                    {"manager": "vc-scheduler", "operation": "Update", "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:metadata": {"f:annotations": {"f:volcano.sh/vgpu-ids-new": {}}}}},
+                    {"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:metadata": {"f:annotations": {"f:x": {}}}, "f:spec": {}}},
+                    {"manager": "kubelet", "operation": "Update", "subresource": "status",
+                     "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}
+                ]},
+            "spec": {"nodeName": "n1", "containers": [
+                {"name": "side"},
+                {"name": "main", "resources": {"limits": {"volcano.sh/vgpu-memory": "20000", "cpu": "1"}}}
+            ]}
+        }))
+        .unwrap();
+        let info = pod_info(&pod);
+        assert_eq!(
+            info.annotation_managers["volcano.sh/vgpu-ids-new"],
+            BTreeSet::from(["vc-scheduler".to_owned()])
+        );
+        assert_eq!(
+            info.annotation_managers["x"],
+            BTreeSet::from(["kubectl".to_owned()])
+        );
+        assert_eq!(info.annotation_managers.len(), 2);
+        assert_eq!(info.containers.len(), 2);
+        assert!(info.containers[0].limits.is_empty());
+        assert_eq!(info.containers[1].name, "main");
+        assert_eq!(info.containers[1].limits["volcano.sh/vgpu-memory"], "20000");
+    }
+
     const ANN: &str = "gpu.fgpu.dev/assigned-devices";
 
     fn pod(name: &str, bound: i64, decision: &str) -> PodInfo {
