@@ -31,7 +31,11 @@
 # Environment: FGPU_VOLCANO_PORT_BASE (19690: scheduler metrics, scheduler health, controller
 # manager metrics, controller manager health on the four ports from there),
 # FGPU_VOLCANO_LOG_LEVEL (klog -v, default 3), FGPU_VOLCANO_ACTIONS (the scheduler's actions,
-# default "enqueue, allocate, backfill"; to try reclaim again on a later Volcano).
+# default "enqueue, allocate, backfill"; to try reclaim again on a later Volcano),
+# FGPU_VOLCANO_VGPU (1: the deviceshare plugin with deviceshare.VGPUEnable, Volcano's vGPU
+# device sharing, which fgpu's device plugin serves with --scheduler volcano; pods ask
+# volcano.sh/vgpu-number, vgpu-memory, vgpu-cores, and reclaim works for them:
+# docs/platforms.md, "Volcano with reclaim"; default 0).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ -f "$CLUSTER_STATE/env" ] || die "no running cluster ($CLUSTER_STATE/env): run make cluster-up first"
 # shellcheck disable=SC1091 # written by hack/cluster-up.sh
@@ -39,6 +43,7 @@ source "$CLUSTER_STATE/env"
 base="${FGPU_VOLCANO_PORT_BASE:-19690}"
 v="${FGPU_VOLCANO_LOG_LEVEL:-3}"
 actions="${FGPU_VOLCANO_ACTIONS:-enqueue, allocate, backfill}"
+vgpu="${FGPU_VOLCANO_VGPU:-0}"
 state="$CLUSTER_STATE/volcano"
 t0=$SECONDS
 
@@ -71,6 +76,16 @@ tiers:
   - name: nodeorder
   - name: binpack
 YAML
+if [ "$vgpu" = 1 ]; then
+  # Volcano's vGPU placement: the node's GPUs from volcano.sh/node-vgpu-register, each pod's
+  # allocation written by the predicates plugin's allocate handler (node lock off: fgpu's
+  # device plugin matches Allocate to its pod through the kubelet's pod resources).
+  cat >>"$state/scheduler.yaml" <<YAML
+  - name: deviceshare
+    arguments:
+      deviceshare.VGPUEnable: true
+YAML
+fi
 
 common=(--kubeconfig "$KUBECONFIG" --leader-elect=false --enable-healthz=true -v "$v")
 start_bg vc-scheduler "$bindir/vc-scheduler" "${common[@]}" \

@@ -16,6 +16,8 @@
 //! * [`dra`]: the `resource.k8s.io` group: its versions ([`ApiVersion`]) and how one is
 //!   chosen from what the API server serves; the typed, tolerant object model (claims,
 //!   slices, DeviceTaintRules).
+//! * [`volcano`]: Volcano's vGPU device sharing as fgpu's device plugin speaks it: names,
+//!   the node's register format, the pod's allocation format.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -28,6 +30,7 @@ pub mod names;
 #[cfg(feature = "proto")]
 pub mod proto;
 pub mod quantity;
+pub mod volcano;
 
 pub use config::{ConfigError, CorePercent, GpuShareConfig, Priority};
 pub use dra::ApiVersion;

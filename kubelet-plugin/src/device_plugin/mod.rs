@@ -13,6 +13,8 @@
 //! * [`annotations`]: the node inventory (`<driver>/node-gpus`, with each GPU's mode) and
 //!   pod decision (`<driver>/assigned-devices`) formats; [`node`]: the Node annotation
 //!   writer and label reader.
+//! * [`volcano`]: the Volcano mode (`--scheduler volcano`): Volcano's vGPU register and
+//!   handshake annotations, its per-pod allocation checked and read as fgpu's decision.
 //! * [`modes`]: each GPU's mode (`shared`, `mig`, `whole`) by the DRA side's rule; a
 //!   container assigned a MIG placement gets a MIG instance through the same prepare.
 //!
@@ -26,6 +28,7 @@ pub use crate::podresources;
 pub mod pods;
 pub mod register;
 pub mod service;
+pub mod volcano;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -88,6 +91,9 @@ pub struct DevicePluginConfig {
     pub pod_resources_socket: Option<PathBuf>,
     /// `--gpu-mode`: the GPUs' modes where no node label sets them ([`crate::gpu_mode`]).
     pub gpu_mode: crate::gpu_mode::ModeFlag,
+    /// `--scheduler volcano`: serve Volcano's vGPU device sharing ([`volcano`]); `None`:
+    /// fgpu's extender.
+    pub volcano: Option<volcano::VolcanoConfig>,
 }
 
 /// The running device plugin.
@@ -159,6 +165,27 @@ pub fn stale_claims(
         .collect()
 }
 
+/// The resource registered: `--resource-name`, except that its default becomes
+/// `volcano.sh/vgpu-number` with `--scheduler volcano`.
+pub fn resource_for(scheduler: volcano::SchedulerKind, resource_name: String) -> String {
+    match scheduler {
+        volcano::SchedulerKind::Volcano if resource_name == DEFAULT_RESOURCE_NAME => {
+            fgpu_api::volcano::RESOURCE_NUMBER.to_owned()
+        }
+        _ => resource_name,
+    }
+}
+
+/// The handshake value the plugin writes at `now`: `Reported_<UTC time>` in the layout
+/// Volcano's scheduler uses.
+pub fn volcano_handshake(now: k8s_openapi::jiff::Timestamp) -> String {
+    format!(
+        "{}{}",
+        fgpu_api::volcano::HANDSHAKE_REPORTED,
+        now.strftime(fgpu_api::volcano::HANDSHAKE_TIME_FORMAT)
+    )
+}
+
 /// Starts the device plugin: opens the prepare state, serves and registers the socket,
 /// follows GPU health, and (with `writer`) publishes the node annotation. Fails only if the
 /// state cannot be opened or the GPUs cannot be read at start.
@@ -199,6 +226,7 @@ pub async fn start<P: PodSource + Clone>(
             response: cfg.response,
             pod_resources_socket: cfg.pod_resources_socket.clone(),
             resource_name: cfg.resource_name.clone(),
+            volcano: cfg.volcano.clone(),
         },
         plugin.clone(),
         claims,
@@ -228,7 +256,13 @@ pub async fn start<P: PodSource + Clone>(
     ))];
 
     // Health and inventory: ListAndWatch re-sends on change; the annotation follows.
-    let inventory_annotation = driver.node_inventory_annotation();
+    let inventory_annotation = match cfg.volcano {
+        Some(_) => fgpu_api::volcano::REGISTER_ANNOTATION.to_owned(),
+        None => driver.node_inventory_annotation(),
+    };
+    let volcano_mode = cfg.volcano.is_some();
+    let mut last_handshake: Option<tokio::time::Instant> = None;
+    let mut last_capacity: Option<std::collections::BTreeMap<String, String>> = None;
     let (split, health_every, resync) = (cfg.split_count, cfg.health_interval, cfg.resync);
     let mut stop_rx = stopped.clone();
     let refresh_backend = backend.clone();
@@ -310,7 +344,13 @@ pub async fn start<P: PodSource + Clone>(
             let settled = mode_state.settle(&inv, node_labels, &mode_plugin.claims(), refresh_backend.as_ref());
             mode_plugin.set_gpu_modes(settled.modes.clone());
             modes::report_refusals(writer.as_ref().map(NodeAnnotationWriter::client).as_ref(), &refresh_node, &settled.refusals).await;
-            let (value, left_out) = render_node_inventory(&inv, &settled.modes);
+            let (value, left_out, capacity) = if volcano_mode {
+                let (gpus, notes) = volcano::register_gpus(&inv, &settled.modes, split);
+                (fgpu_api::volcano::render_register(&gpus), notes, Some(volcano::node_capacity(&gpus)))
+            } else {
+                let (value, notes) = render_node_inventory(&inv, &settled.modes);
+                (value, notes, None)
+            };
             let now: BTreeSet<String> = settled.notes.into_iter().chain(left_out).collect();
             for n in now.difference(&notes) {
                 tracing::error!("{n}");
@@ -323,6 +363,25 @@ pub async fn start<P: PodSource + Clone>(
                     Err(e) => tracing::warn!(error = %e, annotation = %inventory_annotation, "cannot publish the node inventory"),
                 }
             }
+            if let (Some(w), Some(cap)) = (writer.as_ref(), capacity)
+                && (verify || last_capacity.as_ref() != Some(&cap))
+            {
+                match w.set_capacity(&cap).await {
+                    Ok(()) => last_capacity = Some(cap),
+                    Err(e) => tracing::warn!(error = %e, "cannot publish the node's vGPU memory and cores"),
+                }
+            }
+            // Volcano's handshake: answered well inside the scheduler's 60 s.
+            let handshake_due = last_handshake.is_none_or(|t| {
+                t.elapsed() >= Duration::from_secs(fgpu_api::volcano::HANDSHAKE_INTERVAL_SECS)
+            });
+            if volcano_mode && handshake_due && let Some(w) = writer.as_ref() {
+                let value = volcano_handshake(k8s_openapi::jiff::Timestamp::now());
+                match w.set(fgpu_api::volcano::HANDSHAKE_ANNOTATION, &value).await {
+                    Ok(()) => last_handshake = Some(tokio::time::Instant::now()),
+                    Err(e) => tracing::warn!(error = %e, "cannot answer Volcano's handshake"),
+                }
+            }
             if verify {
                 last_verify = tokio::time::Instant::now();
             }
@@ -332,6 +391,7 @@ pub async fn start<P: PodSource + Clone>(
 
     // Claims of pods that are gone.
     let host: Arc<dyn crate::monitor::Host> = plugin.clone();
+    let (sweep_backend, sweep_volcano) = (backend.clone(), cfg.volcano.clone());
     let mut stop_rx = stopped.clone();
     tasks.push(tokio::spawn(async move {
         let mut tick = tokio::time::interval(resync);
@@ -349,6 +409,16 @@ pub async fn start<P: PodSource + Clone>(
                     tracing::warn!(error = %e, "cleanup skipped");
                     continue;
                 }
+            };
+            let list = match &sweep_volcano {
+                Some(v) => match sweep_backend.inventory(&node) {
+                    Ok(inv) => volcano::translate(&list, &node, &inv, &assignment, v).0,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cleanup skipped: cannot read the GPUs");
+                        continue;
+                    }
+                },
+                None => list,
             };
             for c in stale_claims(&records, &list, &assignment) {
                 match plugin.unprepare(&c).await {
@@ -405,9 +475,20 @@ pub struct DevicePluginArgs {
     /// The plugin's socket file name in that directory.
     #[arg(long, default_value = DEFAULT_SOCKET_NAME)]
     pub socket_name: String,
-    /// Extended resource registered with the kubelet.
+    /// Extended resource registered with the kubelet (with `--scheduler volcano`, the
+    /// default becomes `volcano.sh/vgpu-number`).
     #[arg(long, default_value = DEFAULT_RESOURCE_NAME, env = "FGPU_RESOURCE_NAME")]
     pub resource_name: String,
+    /// Whose placement decisions `Allocate` reads: fgpu's scheduler extender, or Volcano's
+    /// `deviceshare` plugin with vGPU on (registers Volcano's vGPU annotations and the
+    /// node's `volcano.sh/vgpu-memory` and `volcano.sh/vgpu-cores`).
+    #[arg(long, value_enum, default_value_t = volcano::SchedulerKind::Fgpu, env = "FGPU_SCHEDULER")]
+    pub scheduler: volcano::SchedulerKind,
+    /// With `--scheduler volcano`: the field manager whose `volcano.sh/vgpu-ids-new` is
+    /// trusted (Volcano's scheduler); an allocation written by anyone else is refused. Empty:
+    /// not checked (only when an admission policy guards the annotation).
+    #[arg(long, default_value = volcano::DEFAULT_SCHEDULER_MANAGER, env = "FGPU_VOLCANO_SCHEDULER_MANAGER")]
+    pub volcano_scheduler_manager: String,
     /// Virtual devices advertised per GPU (at most this many containers per GPU).
     #[arg(long, default_value_t = DEFAULT_SPLIT_COUNT, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub split_count: u32,
@@ -574,7 +655,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         },
         dir: args.device_plugin_path,
         socket_name: args.socket_name,
-        resource_name: args.resource_name,
+        resource_name: resource_for(args.scheduler, args.resource_name),
         split_count: args.split_count,
         response: args.allocate_response,
         health_interval: args.health.interval(),
@@ -583,6 +664,12 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         resync: Duration::from_secs(args.resync_seconds),
         pod_resources_socket: Some(args.pod_resources_socket).filter(|p| !p.as_os_str().is_empty()),
         gpu_mode: args.gpu_mode,
+        volcano: (args.scheduler == volcano::SchedulerKind::Volcano).then(|| {
+            volcano::VolcanoConfig {
+                trusted_manager: Some(args.volcano_scheduler_manager.clone())
+                    .filter(|m| !m.is_empty()),
+            }
+        }),
     };
     let runtime =
         crate::serve::runtime(args.worker_threads).context("cannot start the async runtime")?;
@@ -596,7 +683,12 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         let writer = NodeAnnotationWriter::new(
             client.clone(),
             &args.node,
-            &driver.node_inventory_annotation(),
+            &match args.scheduler {
+                volcano::SchedulerKind::Volcano => {
+                    fgpu_api::volcano::REGISTER_ANNOTATION.to_owned()
+                }
+                volcano::SchedulerKind::Fgpu => driver.node_inventory_annotation(),
+            },
         );
         let running = start(
             cfg,
@@ -640,6 +732,36 @@ mod tests {
     use crate::checkpoint::PrepareState;
 
     /// The flags as `main.rs` would mount them: a `device-plugin` subcommand.
+    #[test]
+    fn volcano_flags_handshake_and_resource() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: DevicePluginArgs,
+        }
+        let a = Cli::try_parse_from(["x", "--node", "n1", "--scheduler", "volcano"])
+            .unwrap()
+            .args;
+        assert_eq!(a.scheduler, volcano::SchedulerKind::Volcano);
+        assert_eq!(a.volcano_scheduler_manager, "vc-scheduler");
+        assert_eq!(
+            resource_for(a.scheduler, a.resource_name),
+            "volcano.sh/vgpu-number"
+        );
+        assert_eq!(
+            resource_for(volcano::SchedulerKind::Volcano, "example.com/v".into()),
+            "example.com/v"
+        );
+        assert_eq!(
+            resource_for(volcano::SchedulerKind::Fgpu, DEFAULT_RESOURCE_NAME.into()),
+            DEFAULT_RESOURCE_NAME
+        );
+        // Go's layout 2006.01.02 15:04:05, in UTC.
+        let t: k8s_openapi::jiff::Timestamp = "2026-12-07T08:05:09Z".parse().unwrap();
+        assert_eq!(volcano_handshake(t), "Reported_2026.12.07 08:05:09");
+    }
+
     #[test]
     fn flags_parse_as_a_subcommand() {
         use clap::{CommandFactory as _, Parser as _};

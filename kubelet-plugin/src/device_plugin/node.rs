@@ -1,5 +1,6 @@
-//! Publishing the node's GPU inventory as the `<driver>/node-gpus` annotation, and reading
-//! the Node's labels that set the GPUs' modes.
+//! Publishing the node's GPU inventory as the `<driver>/node-gpus` annotation (or, in the
+//! Volcano mode, Volcano's register annotation, its handshake and the node's vGPU memory
+//! and cores), and reading the Node's labels that set the GPUs' modes.
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -57,5 +58,28 @@ impl NodeAnnotationWriter {
             .await?;
         self.last = Some(value.to_owned());
         Ok(true)
+    }
+
+    /// Sets the annotation `key` to `value` with one merge patch, unconditionally (the
+    /// Volcano handshake, whose value is a time).
+    pub async fn set(&self, key: &str, value: &str) -> Result<(), kube::Error> {
+        let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+        self.api
+            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+    }
+
+    /// Sets the Node's `status.capacity` entries `capacity` (extended resources the
+    /// kubelet does not own; it derives `allocatable` from them and keeps them).
+    pub async fn set_capacity(
+        &self,
+        capacity: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), kube::Error> {
+        let patch = serde_json::json!({"status": {"capacity": capacity}});
+        self.api
+            .patch_status(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
     }
 }

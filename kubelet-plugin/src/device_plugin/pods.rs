@@ -53,6 +53,20 @@ pub struct PodInfo {
     pub bound: Option<i64>,
     /// `metadata.annotations`.
     pub annotations: BTreeMap<String, String>,
+    /// Who wrote each annotation: the field managers that `metadata.managedFields` records
+    /// for it (the Volcano mode trusts an allocation only from Volcano's scheduler).
+    pub annotation_managers: BTreeMap<String, BTreeSet<String>>,
+    /// `spec.containers`, in order.
+    pub containers: Vec<ContainerInfo>,
+}
+
+/// What the device plugin reads of a container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// `name`.
+    pub name: String,
+    /// `resources.limits`, as written (quantities).
+    pub limits: BTreeMap<String, String>,
 }
 
 impl PodInfo {
@@ -77,6 +91,18 @@ pub struct PodSourceError {
     pub detail: String,
 }
 
+/// A pod's annotation could not be written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod}: cannot set annotation {annotation}: {detail}")]
+pub struct PodPatchError {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The annotation.
+    pub annotation: String,
+    /// The cause.
+    pub detail: String,
+}
+
 /// Where pods come from: the API server in production, a list in tests.
 pub trait PodSource: Send + Sync + 'static {
     /// Every pod whose `spec.nodeName` is `node`.
@@ -84,6 +110,15 @@ pub trait PodSource: Send + Sync + 'static {
         &self,
         node: &str,
     ) -> impl Future<Output = Result<Vec<PodInfo>, PodSourceError>> + Send;
+
+    /// Sets one annotation of pod `namespace/name` (the Volcano mode's bind phase).
+    fn set_annotation(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> impl Future<Output = Result<(), PodPatchError>> + Send;
 }
 
 /// A [`PodSource`] over an in-memory list.
@@ -119,6 +154,26 @@ impl PodSource for MapPodSource {
             .cloned()
             .collect())
     }
+
+    async fn set_annotation(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), PodPatchError> {
+        let mut pods = self.pods();
+        let pod = pods
+            .values_mut()
+            .find(|p| p.namespace == namespace && p.name == name)
+            .ok_or_else(|| PodPatchError {
+                pod: format!("{namespace}/{name}"),
+                annotation: key.to_owned(),
+                detail: "not found".into(),
+            })?;
+        pod.annotations.insert(key.to_owned(), value.to_owned());
+        Ok(())
+    }
 }
 
 impl<T: PodSource> PodSource for Arc<T> {
@@ -127,6 +182,16 @@ impl<T: PodSource> PodSource for Arc<T> {
         node: &str,
     ) -> impl Future<Output = Result<Vec<PodInfo>, PodSourceError>> + Send {
         (**self).pods_on_node(node)
+    }
+
+    fn set_annotation(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> impl Future<Output = Result<(), PodPatchError>> + Send {
+        (**self).set_annotation(namespace, name, key, value)
     }
 }
 
@@ -301,7 +366,51 @@ pub fn pod_info(pod: &k8s_openapi::api::core::v1::Pod) -> PodInfo {
             .and_then(|c| c.last_transition_time.as_ref())
             .map(|t| t.0.as_second()),
         annotations: m.annotations.clone().unwrap_or_default(),
+        annotation_managers: annotation_managers(m.managed_fields.as_deref().unwrap_or_default()),
+        containers: pod
+            .spec
+            .as_ref()
+            .map(|s| {
+                s.containers
+                    .iter()
+                    .map(|c| ContainerInfo {
+                        name: c.name.clone(),
+                        limits: c
+                            .resources
+                            .as_ref()
+                            .and_then(|r| r.limits.as_ref())
+                            .map(|l| l.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+                            .unwrap_or_default(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
+}
+
+/// Per annotation key, the field managers that own it in `managed` (an entry's
+/// `fieldsV1` names `f:metadata` → `f:annotations` → `f:<key>`).
+pub fn annotation_managers(
+    managed: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for e in managed {
+        let Some(manager) = e.manager.as_ref() else {
+            continue;
+        };
+        let Some(fields) = e.fields_v1.as_ref() else {
+            continue;
+        };
+        let Some(annotations) = fields.0["f:metadata"]["f:annotations"].as_object() else {
+            continue;
+        };
+        for key in annotations.keys().filter_map(|k| k.strip_prefix("f:")) {
+            out.entry(key.to_owned())
+                .or_default()
+                .insert(manager.clone());
+        }
+    }
+    out
 }
 
 impl PodSource for KubePodSource {
@@ -315,11 +424,70 @@ impl PodSource for KubePodSource {
         })?;
         Ok(list.items.iter().map(pod_info).collect())
     }
+
+    async fn set_annotation(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), PodPatchError> {
+        use k8s_openapi::api::core::v1::Pod;
+        let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+        api.patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| PodPatchError {
+            pod: format!("{namespace}/{name}"),
+            annotation: key.to_owned(),
+            detail: e.to_string(),
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_info_reads_limits_and_who_wrote_each_annotation() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                "annotations": {"volcano.sh/vgpu-ids-new": "GPU-a,NVIDIA,1,0:", "x": "y"},
+                "managedFields": [
+                    {"manager": "vc-scheduler", "operation": "Update", "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:metadata": {"f:annotations": {"f:volcano.sh/vgpu-ids-new": {}}}}},
+                    {"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:metadata": {"f:annotations": {"f:x": {}}}, "f:spec": {}}},
+                    {"manager": "kubelet", "operation": "Update", "subresource": "status",
+                     "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}
+                ]},
+            "spec": {"nodeName": "n1", "containers": [
+                {"name": "side"},
+                {"name": "main", "resources": {"limits": {"volcano.sh/vgpu-memory": "20000", "cpu": "1"}}}
+            ]}
+        }))
+        .unwrap();
+        let info = pod_info(&pod);
+        assert_eq!(
+            info.annotation_managers["volcano.sh/vgpu-ids-new"],
+            BTreeSet::from(["vc-scheduler".to_owned()])
+        );
+        assert_eq!(
+            info.annotation_managers["x"],
+            BTreeSet::from(["kubectl".to_owned()])
+        );
+        assert_eq!(info.annotation_managers.len(), 2);
+        assert_eq!(info.containers.len(), 2);
+        assert!(info.containers[0].limits.is_empty());
+        assert_eq!(info.containers[1].name, "main");
+        assert_eq!(info.containers[1].limits["volcano.sh/vgpu-memory"], "20000");
+    }
 
     const ANN: &str = "gpu.fgpu.dev/assigned-devices";
 

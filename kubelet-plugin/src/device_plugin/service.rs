@@ -46,6 +46,9 @@ pub struct ServiceConfig {
     pub pod_resources_socket: Option<std::path::PathBuf>,
     /// The resource registered (the devices the pod resources view is about).
     pub resource_name: String,
+    /// The Volcano mode: decisions are Volcano's allocations ([`super::volcano`]); `None`:
+    /// fgpu's extender's.
+    pub volcano: Option<super::volcano::VolcanoConfig>,
 }
 
 /// The virtual devices advertised for `inventory`: `split` per GPU, `<uuid>::<k>`, with the
@@ -133,6 +136,20 @@ impl<P: PodSource> DevicePluginService<P> {
             .pods_on_node(node)
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
+        let inventory = self
+            .backend
+            .inventory(node)
+            .map_err(|e| Status::internal(format!("cannot enumerate the GPUs: {e}")))?;
+        let (pods, refused) = match &self.cfg.volcano {
+            Some(v) => super::volcano::translate(
+                &pods,
+                node,
+                &inventory,
+                &self.cfg.assignment_annotation,
+                v,
+            ),
+            None => (pods, Vec::new()),
+        };
         let kubelet = match &self.cfg.pod_resources_socket {
             Some(socket) => match podresources::list(socket, &self.cfg.resource_name).await {
                 Ok(k) => Some(k),
@@ -151,29 +168,45 @@ impl<P: PodSource> DevicePluginService<P> {
             n,
             kubelet.as_ref(),
         )
-        .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        .map_err(|mut e| {
+            e.problems.extend(refused);
+            Status::failed_precondition(e.to_string())
+        })?;
         if kubelet.is_some() && !choice.kubelet_confirmed {
             tracing::warn!(pod = %choice.pod.key(), container = %choice.container.name,
                 "the kubelet shows no waiting pod among the candidates; chose by the earliest bind");
         }
-        let inventory = self
-            .backend
-            .inventory(node)
-            .map_err(|e| Status::internal(format!("cannot enumerate the GPUs: {e}")))?;
         let driver = self.plugin.config().driver.clone();
-        let (claim_ref, claim) = container_claim(
+        // Errors name the annotation the grant came from.
+        let source = if self.cfg.volcano.is_some() {
+            fgpu_api::volcano::POD_DEVICES_ANNOTATION
+        } else {
+            self.cfg.assignment_annotation.as_str()
+        };
+        let claimed = container_claim(
             &choice.pod,
             &choice.container,
             &inventory,
             driver.as_str(),
-            &self.cfg.assignment_annotation,
+            source,
             |uuid| self.plugin.gpu_mode(uuid),
         )
-        .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        self.claims.insert(claim);
-        let prepared = self.plugin.prepare(&claim_ref).await;
-        self.claims.remove(&claim_ref.namespace, &claim_ref.name);
-        let prepared = prepared.map_err(|e| Status::internal(e.to_string()))?;
+        .map_err(|e| Status::failed_precondition(e.to_string()));
+        let prepared = match claimed {
+            Ok((claim_ref, claim)) => {
+                self.claims.insert(claim);
+                let prepared = self.plugin.prepare(&claim_ref).await;
+                self.claims.remove(&claim_ref.namespace, &claim_ref.name);
+                prepared
+                    .map(|p| (claim_ref, p))
+                    .map_err(|e| Status::internal(e.to_string()))
+            }
+            Err(e) => Err(e),
+        };
+        if self.cfg.volcano.is_some() {
+            self.bind_phase(&choice, prepared.is_ok()).await;
+        }
+        let (claim_ref, prepared) = prepared?;
         let mut resp = dp::ContainerAllocateResponse::default();
         let ids: Vec<String> = prepared
             .iter()
@@ -195,6 +228,52 @@ impl<P: PodSource> DevicePluginService<P> {
                 .map_err(|e| Status::internal(format!("claim {}: {e}", claim_ref.key())))?;
         }
         Ok(resp)
+    }
+}
+
+impl<P: PodSource> DevicePluginService<P> {
+    /// Volcano's bind handshake: `volcano.sh/bind-phase` becomes `success` once every vGPU
+    /// container of the pod is allocated, `failed` when one is refused. Volcano v1.14.1's
+    /// scheduler writes `allocating` and reads it no further; the value tells people and
+    /// tools what the node made of the allocation. A failed patch is logged, not returned:
+    /// the container's files are in place either way.
+    async fn bind_phase(&self, choice: &super::pods::Choice, ok: bool) {
+        use fgpu_api::volcano::{BIND_PHASE_ANNOTATION, BIND_PHASE_FAILED, BIND_PHASE_SUCCESS};
+        let phase = if !ok {
+            BIND_PHASE_FAILED
+        } else {
+            let allocated = self.allocated();
+            let all = choice
+                .pod
+                .annotations
+                .get(&self.cfg.assignment_annotation)
+                .and_then(|v| {
+                    super::annotations::PodAssignment::parse(
+                        &choice.pod.key(),
+                        &self.cfg.assignment_annotation,
+                        v,
+                    )
+                    .ok()
+                })
+                .is_some_and(|a| {
+                    a.containers.iter().all(|c| {
+                        allocated
+                            .contains(&super::pods::container_claim_uid(&choice.pod.uid, &c.name))
+                    })
+                });
+            if !all {
+                return;
+            }
+            BIND_PHASE_SUCCESS
+        };
+        let p = &choice.pod;
+        if let Err(e) = self
+            .pods
+            .set_annotation(&p.namespace, &p.name, BIND_PHASE_ANNOTATION, phase)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot record the bind phase");
+        }
     }
 }
 

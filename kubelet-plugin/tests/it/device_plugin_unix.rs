@@ -10,7 +10,9 @@ use std::time::Duration;
 use fgpu_api::names::DriverName;
 use fgpu_api::proto::deviceplugin::v1beta1 as dp;
 use fgpu_driver::backend::{DeviceBackend, FakeBackend};
-use fgpu_kubelet_plugin::device_plugin::pods::{KubePodSource, MapPodSource, PodInfo};
+use fgpu_kubelet_plugin::device_plugin::pods::{
+    ContainerInfo, KubePodSource, MapPodSource, PodInfo,
+};
 use fgpu_kubelet_plugin::device_plugin::service::AllocateResponseMode;
 use fgpu_kubelet_plugin::device_plugin::{DevicePluginConfig, STOP_GRACE, start};
 use fgpu_kubelet_plugin::edits::{FileMount, NodeFiles, device_name};
@@ -70,6 +72,7 @@ fn config(root: &Path, dp_dir: &Path) -> DevicePluginConfig {
         resync: Duration::from_millis(200),
         pod_resources_socket: None,
         gpu_mode: Default::default(),
+        volcano: None,
     }
 }
 
@@ -558,5 +561,196 @@ async fn allocates_a_mig_placement_once_and_destroys_it_with_the_pod() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    running.shutdown().await;
+}
+
+/// A pod as Volcano's `deviceshare` plugin leaves it: its allocation `devices` for one
+/// container `main` asking for `vgpu-number: 1`, `vgpu-memory: 20000`, `vgpu-cores: 30`,
+/// written by the field manager `writer`.
+fn volcano_pod(name: &str, uid: &str, devices: &str, writer: &str) -> PodInfo {
+    use fgpu_api::volcano;
+    PodInfo {
+        namespace: "research".into(),
+        name: name.into(),
+        uid: uid.into(),
+        node_name: "node-a".into(),
+        phase: "Pending".into(),
+        created: 1_700_000_000,
+        bound: Some(1_700_000_005),
+        annotations: [
+            (
+                volcano::POD_DEVICES_ANNOTATION.to_owned(),
+                devices.to_owned(),
+            ),
+            (
+                volcano::POD_TO_ALLOCATE_ANNOTATION.to_owned(),
+                devices.to_owned(),
+            ),
+            (volcano::POD_NODE_ANNOTATION.to_owned(), "node-a".to_owned()),
+            (
+                volcano::BIND_PHASE_ANNOTATION.to_owned(),
+                volcano::BIND_PHASE_ALLOCATING.to_owned(),
+            ),
+        ]
+        .into(),
+        annotation_managers: [(
+            volcano::POD_DEVICES_ANNOTATION.to_owned(),
+            [writer.to_owned()].into(),
+        )]
+        .into(),
+        containers: vec![ContainerInfo {
+            name: "main".into(),
+            limits: [
+                (volcano::RESOURCE_NUMBER.to_owned(), "1".to_owned()),
+                (volcano::RESOURCE_MEMORY.to_owned(), "20000".to_owned()),
+                (volcano::RESOURCE_CORES.to_owned(), "30".to_owned()),
+            ]
+            .into(),
+        }],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volcano_mode_enforces_volcanos_allocation_and_refuses_forged_ones() {
+    use fgpu_api::volcano;
+    use fgpu_kubelet_plugin::device_plugin::pods::PodSource as _;
+    use fgpu_kubelet_plugin::device_plugin::volcano::{DEFAULT_SCHEDULER_MANAGER, VolcanoConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (backend, _profile) = fake_node(root);
+    let inventory = backend.inventory("node-a").unwrap();
+    let gpu_b = inventory.gpus.iter().find(|g| g.uuid == GPU_B).unwrap();
+    let dp_dir = root.join("device-plugins");
+    std::fs::create_dir_all(&dp_dir).unwrap();
+    let (reg_tx, mut reg_rx) = mpsc::unbounded_channel();
+    let kubelet = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx);
+
+    let pods = Arc::new(MapPodSource::default());
+    let good = format!("{GPU_B},NVIDIA,20000,30:");
+    pods.insert(volcano_pod(
+        "train-0",
+        POD_UID,
+        &good,
+        DEFAULT_SCHEDULER_MANAGER,
+    ));
+    // The same pod's allocation, but 80000 MiB, written by the tenant: never a grant.
+    pods.insert(volcano_pod(
+        "forged",
+        "0b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e13",
+        &format!("{GPU_B},NVIDIA,80000,30:"),
+        "kubectl-edit",
+    ));
+    let mut cfg = config(root, &dp_dir);
+    cfg.resource_name = volcano::RESOURCE_NUMBER.into();
+    cfg.response = AllocateResponseMode::Cdi;
+    cfg.volcano = Some(VolcanoConfig {
+        trusted_manager: Some(DEFAULT_SCHEDULER_MANAGER.into()),
+    });
+    let running = start(cfg, backend.clone(), pods.clone(), None)
+        .await
+        .unwrap();
+    let r = recv(&mut reg_rx).await;
+    assert_eq!(r.resource_name, "volcano.sh/vgpu-number");
+
+    let sock = dp_dir.join("fgpu.sock");
+    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", sock.display()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = dp::device_plugin_client::DevicePluginClient::new(channel);
+    let allocate = |id: String| dp::AllocateRequest {
+        container_requests: vec![dp::ContainerAllocateRequest {
+            devices_ids: vec![id],
+        }],
+    };
+
+    // The Volcano-placed container: its GPU, 20000 MiB and 30 % in the limits file.
+    let resp = client
+        .allocate(allocate(format!("{GPU_B}::3")))
+        .await
+        .unwrap()
+        .into_inner();
+    let claim_uid = format!("{POD_UID}-main");
+    assert_eq!(
+        resp.container_responses[0].cdi_devices[0].name,
+        format!("gpu.fgpu.dev/claim={claim_uid}-{}", device_name(gpu_b))
+    );
+    let limits =
+        std::fs::read_to_string(root.join(format!("run/claims/{claim_uid}/limits"))).unwrap();
+    let uuid = GPU_B.to_ascii_lowercase().replacen("gpu-", "GPU-", 1);
+    assert!(
+        limits
+            .lines()
+            .any(|l| l == format!("gpu.{uuid}.memory={}", 20000u64 << 20)),
+        "{limits}"
+    );
+    assert!(
+        limits.lines().any(|l| l == format!("gpu.{uuid}.cores=30")),
+        "{limits}"
+    );
+    // The bind handshake: the pod's every vGPU container is allocated.
+    let now = pods.pods_on_node("node-a").await.unwrap();
+    let phase = |name: &str| {
+        now.iter().find(|p| p.name == name).unwrap().annotations[volcano::BIND_PHASE_ANNOTATION]
+            .clone()
+    };
+    assert_eq!(phase("train-0"), volcano::BIND_PHASE_SUCCESS);
+    assert_eq!(phase("forged"), volcano::BIND_PHASE_ALLOCATING);
+
+    // The forged pod is left: refused, naming the pod, the annotation and the field.
+    let e = client
+        .allocate(allocate(format!("{GPU_B}::4")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains(
+            "pod research/forged: annotation volcano.sh/vgpu-ids-new: metadata.managedFields: written by kubectl-edit, not by Volcano's scheduler"
+        ),
+        "{}",
+        e.message()
+    );
+    assert!(
+        !root
+            .join("run/claims/0b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e13-main")
+            .exists()
+    );
+
+    // A malformed allocation from the scheduler's own manager: refused with the field.
+    pods.remove("0b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e13");
+    pods.insert(volcano_pod(
+        "broken",
+        "0b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e14",
+        &format!("{GPU_B},NVIDIA,lots,30:"),
+        DEFAULT_SCHEDULER_MANAGER,
+    ));
+    let e = client
+        .allocate(allocate(format!("{GPU_B}::5")))
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().contains(
+            "pod research/broken: annotation volcano.sh/vgpu-ids-new: containers[0].devices[0].memoryMiB: \"lots\" is not a whole number"
+        ),
+        "{}",
+        e.message()
+    );
+
+    // The pod ends: its container's files go at the next resync.
+    pods.remove(POD_UID);
+    let claim_dir = root.join(format!("run/claims/{claim_uid}"));
+    for _ in 0..100 {
+        if !claim_dir.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !claim_dir.exists(),
+        "the gone pod's claim files are still there"
+    );
+    let _ = kubelet.send(());
     running.shutdown().await;
 }

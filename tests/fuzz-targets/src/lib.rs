@@ -184,7 +184,9 @@ pub fn hami_annotations(data: &[u8]) {
 }
 
 /// The legacy path's annotation values: a pod's assignment, a node's inventory (as the API
-/// type and as the extender's engine node).
+/// type and as the extender's engine node); and the Volcano mode's, a pod's vGPU allocation
+/// and a node's vGPU register. Property: a Volcano allocation that reads renders back to a
+/// value that reads the same.
 pub fn assignment(data: &[u8]) {
     let Ok(value) = std::str::from_utf8(data) else {
         return;
@@ -197,6 +199,18 @@ pub fn assignment(data: &[u8]) {
     }
     let _ = legacy::parse_node_gpus("node", &node_ann, value);
     let _ = fgpu_extender::annotations::parse_node_inventory("node", &node_ann, value);
+    if let Ok(c) = fgpu_api::volcano::parse_pod_devices("default/pod", value) {
+        let again = fgpu_api::volcano::parse_pod_devices(
+            "default/pod",
+            &fgpu_api::volcano::render_pod_devices(&c),
+        );
+        assert_eq!(
+            again.as_ref(),
+            Ok(&c),
+            "a Volcano allocation changed on a round trip"
+        );
+    }
+    let _ = fgpu_api::volcano::parse_register("node", value);
 }
 
 /// One runtime for the async targets (a current-thread one: the fuzzer is one thread).
