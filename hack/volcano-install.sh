@@ -88,7 +88,39 @@ YAML
 fi
 
 common=(--kubeconfig "$KUBECONFIG" --leader-elect=false --enable-healthz=true -v "$v")
-start_bg vc-scheduler "$bindir/vc-scheduler" "${common[@]}" \
+sched=("$bindir/vc-scheduler")
+if [ "$vgpu" = 1 ]; then
+  # The deviceshare plugin reads nodes and writes pods through a client of its own, built
+  # only from the in-cluster configuration (rest.InClusterConfig in
+  # pkg/scheduler/api/devices/util.go): KUBERNETES_SERVICE_HOST/PORT and a token and CA at
+  # the fixed path /var/run/secrets/kubernetes.io/serviceaccount; without them it panics at
+  # the first vGPU pod. So the scheduler gets what a pod would: the service account
+  # volcano-system/volcano-scheduler (the user the chart's admission policy lets set the
+  # allocation annotations; cluster-admin on this throwaway cluster), a token for it, and
+  # the CA, bind-mounted at that path in a mount namespace of its own. The host sees only
+  # the empty mount point, created if missing and removed by volcano-uninstall.sh.
+  sa="$state/serviceaccount"
+  mkdir -p "$sa"
+  kubectl create namespace volcano-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  kubectl -n volcano-system create serviceaccount volcano-scheduler --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  kubectl create clusterrolebinding fgpu-volcano-scheduler --clusterrole cluster-admin \
+    --serviceaccount volcano-system:volcano-scheduler --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  kubectl -n volcano-system create token volcano-scheduler --duration 48h >"$sa/token"
+  kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}' \
+    | xargs -r cat >"$sa/ca.crt"
+  [ -s "$sa/ca.crt" ] || die "no CA file in $KUBECONFIG for the scheduler's in-cluster configuration"
+  echo volcano-system >"$sa/namespace"
+  server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
+  hostport="${server#https://}"
+  mnt=/var/run/secrets/kubernetes.io/serviceaccount
+  if [ ! -d "$mnt" ]; then mkdir -p "$mnt" && touch "$state/created-mount-point"; fi
+  # unshare and sh exec in place, so the recorded pid is the scheduler's.
+  # shellcheck disable=SC2016 # $1.. are sh -c's own arguments
+  sched=(env KUBERNETES_SERVICE_HOST="${hostport%:*}" KUBERNETES_SERVICE_PORT="${hostport##*:}"
+    unshare --mount --propagation private
+    sh -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"' vc-scheduler "$sa" "$mnt" "$bindir/vc-scheduler")
+fi
+start_bg vc-scheduler "${sched[@]}" "${common[@]}" \
   --scheduler-conf "$state/scheduler.yaml" --feature-gates DRAConsumableCapacity=true \
   --listen-address "127.0.0.1:$base" --healthz-address "127.0.0.1:$((base + 1))" \
   --cache-dump-dir "$state"
