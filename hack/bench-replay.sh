@@ -166,7 +166,7 @@ for p in $phases; do
   replay collect "$ns" "$dir/sim.csv" fragaware "live-$p" "$dir/live-$p.csv" >/dev/null
   chk="$(replay check "$ns")" && ok=yes || ok=NO
   live="$(replay metric "$nodes_csv" "$dir/live-$p.csv")"
-  line="$p: $(echo "$live" | python3 -c 'import json,sys; m=json.load(sys.stdin); print("unallocated at 100 % {} %, placed {}/{}, first failure at {} % arrived".format(m["unallocated_at_100"], m["placed"], m["arrivals"], m["first_fail_arrived"]))')"
+  line="$p: $(echo "$live" | python3 -c 'import json,sys; m=json.load(sys.stdin); print("unallocated at 100 % {} %, placed {}/{}, first failure at {} % arrived ({} % unallocated there)".format(m["unallocated_at_100"], m["placed"], m["arrivals"], m["first_fail_arrived"], m["first_fail_unallocated"]))')"
   line="$line; $((SECONDS - t))s, allocations over ${span}s"
   [ "$p" = kube-scheduler ] || line="$line, controller peak RSS $rss"
   line="$line; no over-grant: $ok"
