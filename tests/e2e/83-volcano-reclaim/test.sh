@@ -143,7 +143,7 @@ check_pod() { # check_pod <pod>: Volcano's allocation, bind phase, the quota in 
   uid="$(jp "pod/$p" '{.metadata.uid}')"
   ids="$(jp "pod/$p" '{.metadata.annotations.volcano\.sh/vgpu-ids-new}')"
   assert_eq "$p allocation" "$GPU,NVIDIA,$mib,25:" "$ids"
-  mgr="$(kubectl -n "$E2E_NS" get pod "$p" -o json | py_json "' '.join(sorted(e['manager'] for e in d['metadata']['managedFields'] if 'f:volcano.sh/vgpu-ids-new' in e.get('fieldsV1', {}).get('f:metadata', {}).get('f:annotations', {})))")"
+  mgr="$(kubectl -n "$E2E_NS" get pod "$p" -o json --show-managed-fields | py_json "' '.join(sorted(e['manager'] for e in d['metadata']['managedFields'] if 'f:volcano.sh/vgpu-ids-new' in e.get('fieldsV1', {}).get('f:metadata', {}).get('f:annotations', {})))")"
   assert_eq "$p allocation written by" vc-scheduler "$mgr"
   wait_until 30 "$p bind phase success" jp_eq "pod/$p" '{.metadata.annotations.volcano\.sh/bind-phase}' success
   wait_probe "$p"
