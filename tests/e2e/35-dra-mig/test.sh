@@ -79,24 +79,9 @@ recorded_uuids() {
 u=[d["mig"]["uuid"] for f in glob.glob(sys.argv[1]+"/*.json") for d in json.load(open(f))["claim"]["devices"] if (d.get("mig") or {}).get("uuid")]
 print(" ".join(sorted(u)))' "$run_dir/checkpoint"
 }
-probe_pod() { # probe_pod <name> <template>
-  kubectl apply -f - >&2 <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: $E2E_NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimTemplateName: $2}]
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
-  containers:
-  - name: probe
-    image: $FGPU_WORKLOAD_IMAGE
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "/usr/local/bin/fgpu-probe --step-mib 1024 --max-gib 48; echo probe_done; exec sleep 3600"]
-    resources: {claims: [{name: gpu}]}
-YAML
-}
+# The probe's arguments in every pod (lib.sh probe_pod): 1 GiB steps up to past the largest
+# instance.
+probe=(--step-mib 1024 --max-gib 48)
 field() { kubectl -n "$E2E_NS" logs "$1" | sed -n "s/^$2=//p"; }
 instances_are() { [ "$(instances)" = "$1" ]; }
 nothing_left() {
@@ -125,7 +110,7 @@ say "ok: GPU 0 published as $(wc -w <<<"$devices") devices with its counter set"
 # --- 40, 20, 10 GiB, in that order
 apply_tmpl "$E2E_DIR/workload.yaml"
 for p in mig-40g mig-20g mig-10g; do
-  probe_pod "$p" "$p"
+  probe_pod "$p" "template/$p" "${probe[@]}"
   wait_until 120 "pod $p ran its probe" sh -c "kubectl -n $E2E_NS logs $p 2>/dev/null | grep -q probe_done"
   say "$p: device $(device_of "$p")"
 done
@@ -145,7 +130,7 @@ grep -qw -- "$vis" <<<"$(instance_uuids)" || fail "mig-10g: NVIDIA_VISIBLE_DEVIC
 say "ok: mig-10g sees instance $vis"
 
 # --- a fourth claim that cannot fit
-probe_pod mig-80g mig-80g
+probe_pod mig-80g template/mig-80g "${probe[@]}"
 wait_until 60 "pod mig-80g unschedulable with a reason" \
   sh -c "kubectl -n $E2E_NS get pod mig-80g -o jsonpath='{.status.conditions[?(@.type==\"PodScheduled\")].reason}' | grep -q Unschedulable"
 say "ok: mig-80g pending: $(jp pod/mig-80g '{.status.conditions[?(@.type=="PodScheduled")].message}')"
@@ -158,7 +143,7 @@ wait_until 60 "the 1g.10gb instance destroyed" instances_are "2g.20gb@4 3g.40gb@
 stop_plugin
 FGPU_TEST_PAUSE_PREPARE_SECONDS=600 start_plugin
 wait_registered 2
-probe_pod mig-10g-again mig-10g
+probe_pod mig-10g-again template/mig-10g "${probe[@]}"
 wait_until 90 "the plugin paused inside the claim's prepare" grep -q 'test pause' "$work/plugin.log"
 assert_eq "instances while paused (created, recorded, not completed)" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(instances)"
 assert_eq "instances named by the records while paused" "$(instance_uuids)" "$(recorded_uuids)"
@@ -205,7 +190,7 @@ spec:
 YAML
 done
 for p in ctl-10g ctl-20g ctl-40g; do
-  probe_pod "$p" "$p"
+  probe_pod "$p" "template/$p" "${probe[@]}"
   wait_until 120 "pod $p ran its probe" sh -c "kubectl -n $E2E_NS logs $p 2>/dev/null | grep -q probe_done"
 done
 assert_eq "controller mode: devices" "gpu-0-mig-1g10gb-6 gpu-0-mig-2g20gb-4 gpu-0-mig-3g40gb-0" \
@@ -216,7 +201,7 @@ assert_eq "controller mode: instances" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(instan
 for p in ctl-10g:10240 ctl-20g:20480 ctl-40g:40960; do
   assert_eq "${p%%:*} cuMemGetInfo total (MiB)" "${p#*:}" "$(field "${p%%:*}" cuda_total_mib)"
 done
-probe_pod ctl-40g-more ctl-40g
+probe_pod ctl-40g-more template/ctl-40g "${probe[@]}"
 sleep 15
 assert_eq "ctl-40g-more: still gated" "gpu.fgpu.dev/allocate" "$(jp pod/ctl-40g-more '{.spec.schedulingGates[*].name}')"
 assert_eq "ctl-40g-more: claim allocation" "" "$(jp "resourceclaim/$(jp pod/ctl-40g-more '{.status.resourceClaimStatuses[0].resourceClaimName}')" '{.status.allocation}')"
