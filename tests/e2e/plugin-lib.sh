@@ -37,6 +37,17 @@
 #                       create shared-class claim <name> in $E2E_NS, write that allocation on
 #                       <dev>; prints its UID (the bench and the upgrade check prepare it
 #                       themselves, no pod)
+#   mig_node <profile> <uuid>
+#                       $work/node.yaml: <profile> with GPU <uuid> migCapable in mode mig; the
+#                       fake's instance state file beside it is $mig_state; stand-ins for the
+#                       capability nodes of its instances (the fake's numbering, docs/mig.md:
+#                       GPU instance gi on minor 0 is nvidia-cap<3+9·gi>, its compute instance
+#                       the next) under /run/fgpu-e2e/dev, so runc can create them
+#   mig_instances, mig_instance_uuids
+#                       the instances in $mig_state, as "<profile>@<start>" or by UUID, sorted,
+#                       on one line (none: empty)
+#   mig_instances_are <list>
+#                       mig_instances is <list> (a wait_until condition)
 # shellcheck disable=SC2034 # used by the scripts that source this file
 PLUGIN_DRIVER=gpu.fgpu.dev
 PLUGIN_SLICE="$NODE_NAME-$PLUGIN_DRIVER"
@@ -44,6 +55,7 @@ PLUGIN_DRA_SOCK="$KUBELET_PLUGINS_DIR/$PLUGIN_DRIVER/dra.sock"
 plugin_pid=""
 work=""
 run_dir=""
+mig_state=""
 
 plugin_setup() {
   local target f profile="${FGPU_E2E_PROFILE:-debug}" flags=()
@@ -185,3 +197,27 @@ YAML
 checkpoint_uids() { find "$run_dir/checkpoint" -maxdepth 1 -name '*.json' -printf '%f\n' 2>/dev/null | sed 's/\.json$//' | sort; }
 cdi_spec_uids() { find "$CDI_SPEC_DIR" -maxdepth 1 -name "$PLUGIN_DRIVER-claim_*.json" -printf '%f\n' | sed "s/^$PLUGIN_DRIVER-claim_//; s/\.json\$//" | sort; }
 claim_dir_uids() { find "$run_dir/claims" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort; }
+mig_node() {
+  awk -v gpu="- uuid: $2" 'index($0, gpu) {print; print "        migCapable: true"; print "        mode: mig"; next} {print}' \
+    "$1" >"$work/node.yaml"
+  grep -q "mode: mig" "$work/node.yaml" || fail "could not put GPU $2 in mode mig in $work/node.yaml"
+  mig_state="$work/node.yaml.mig.json"
+  local gi n caps=/run/fgpu-e2e/dev/nvidia-caps
+  mkdir -p "$caps"
+  for gi in $(seq 1 14); do
+    for n in $((3 + 9 * gi)) $((4 + 9 * gi)); do
+      [ -c "$caps/nvidia-cap$n" ] || mknod -m 0666 "$caps/nvidia-cap$n" c 1 3
+    done
+  done
+}
+mig_instances() { mig_state_list placement; }
+mig_instance_uuids() { mig_state_list uuid; }
+mig_instances_are() { [ "$(mig_instances)" = "$1" ]; }
+# mig_state_list placement|uuid: each instance in $mig_state by its placement or its UUID.
+mig_state_list() {
+  [ -f "$mig_state" ] || return 0
+  python3 -c 'import json,sys
+name = (lambda i: i["uuid"]) if sys.argv[2] == "uuid" else (lambda i: i["profile"] + "@" + str(i["placement"]["start"]))
+d = json.load(open(sys.argv[1]))
+print(" ".join(sorted(name(i) for l in d["gpus"].values() for i in l)))' "$mig_state" "$1"
+}
