@@ -50,36 +50,57 @@ delete_tmpl() {
     | kubectl delete --ignore-not-found --wait=false -f - >&2 || true
 }
 
-# whole_gpu_probe <name> <step MiB>: a ResourceClaim <name> of the whole-GPU class and a pod
-# <name> whose container runs fgpu-probe (allocating <step MiB> at a time) against it.
-whole_gpu_probe() {
-  local name="$1" step="$2" api req
+# whole_gpu_claim <name>: a ResourceClaim <name> of the whole-GPU class gpu.fgpu.dev, in the
+# shape of the served version ($(dra_api_version)).
+whole_gpu_claim() {
+  local api req
   api="$(dra_api_version)"
   if [ "$api" = v1 ]; then req="      exactly: {deviceClassName: gpu.fgpu.dev}"
   else req="      deviceClassName: gpu.fgpu.dev"; fi
   kubectl apply -f - >&2 <<YAML
 apiVersion: resource.k8s.io/$api
 kind: ResourceClaim
-metadata: {name: $name, namespace: $E2E_NS}
+metadata: {name: $1, namespace: $E2E_NS}
 spec:
   devices:
     requests:
     - name: gpu
 $req
----
+YAML
+}
+# probe_pod <name> claim/<claim>|template/<template> [fgpu-probe args...]: a pod <name> (uid
+# 1000, never restarted, 1 s grace) whose one container has the claim <claim>, or one made
+# from <template>; it runs fgpu-probe with the args (plain words, joined into a sh -c line),
+# prints probe_done and stays up. Without args it only stays up.
+probe_pod() {
+  local name="$1" ref="$2" kind cmd="exec sleep 3600"
+  shift 2
+  case "$ref" in
+    claim/*) kind=resourceClaimName ;;
+    template/*) kind=resourceClaimTemplateName ;;
+    *) fail "probe_pod $name: '$ref' is neither claim/<name> nor template/<name>" ;;
+  esac
+  [ $# -eq 0 ] || cmd="/usr/local/bin/fgpu-probe $*; echo probe_done; $cmd"
+  kubectl apply -f - >&2 <<YAML
 apiVersion: v1
 kind: Pod
 metadata: {name: $name, namespace: $E2E_NS}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimName: $name}]
+  resourceClaims: [{name: gpu, $kind: ${ref#*/}}]
   securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
   containers:
   - name: probe
     image: $FGPU_WORKLOAD_IMAGE
     imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "/usr/local/bin/fgpu-probe --step-mib $step --max-gib 100; echo probe_done; exec sleep 3600"]
+    command: ["/bin/sh", "-c", "$cmd"]
     resources: {claims: [{name: gpu}]}
 YAML
+}
+# whole_gpu_probe <name> <step MiB>: whole_gpu_claim <name> and probe_pod <name> running
+# fgpu-probe against it (allocating <step MiB> at a time, up to the whole card).
+whole_gpu_probe() {
+  whole_gpu_claim "$1"
+  probe_pod "$1" "claim/$1" --step-mib "$2" --max-gib 100
 }

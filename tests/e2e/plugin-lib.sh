@@ -37,6 +37,40 @@
 #                       create shared-class claim <name> in $E2E_NS, write that allocation on
 #                       <dev>; prints its UID (the bench and the upgrade check prepare it
 #                       themselves, no pod)
+#   mig_node <profile> <uuid>
+#                       $work/node.yaml: <profile> with GPU <uuid> migCapable in mode mig; the
+#                       fake's instance state file beside it is $mig_state; stand-ins for the
+#                       capability nodes of its instances (the fake's numbering, docs/mig.md:
+#                       GPU instance gi on minor 0 is nvidia-cap<3+9·gi>, its compute instance
+#                       the next) under /run/fgpu-e2e/dev, so runc can create them
+#   mig_instances, mig_instance_uuids
+#                       the instances in $mig_state, as "<profile>@<start>" or by UUID, sorted,
+#                       on one line (none: empty)
+#   mig_instances_are <list>
+#                       mig_instances is <list> (a wait_until condition)
+#   sampler_start <cmd...>
+#                       run <cmd> back to back (then 0.2 s) in the background until
+#                       sampler_stop; each output of a run that succeeded is a line
+#                       "<epoch s> <output>" of $work/grants.log ($sampler: its pid)
+#   sampler_stop        stop it (if it runs; the cleanup traps call it too)
+#   assert_no_overgrant <shares> <bytes> <key> <what> <claims>
+#                       stop the sampler; in $work/grants.log (books.py grants lines, at
+#                       least 5): never more than <shares> claims, <bytes> granted or <shares>
+#                       of <key> (<what>: its words in the messages), and at least once
+#                       <claims> claims
+#   obj_json <kind/name>
+#                       the object of $E2E_NS as JSON in $work/obj.json; prints that path
+#   claim_uids_of <kubectl get pods args...>
+#                       the UIDs of the claims of the pods of $E2E_NS those args list, sorted,
+#                       one a line
+#   assert_share_claims <device> <memory> <kubectl get pods args...>
+#                       each of those pods' claim is a <memory> share of <device> of this
+#                       node's pool (books.py claim)
+#   without <lines> <lines>
+#                       the lines of the first not in the second (both sorted)
+#   records_are <uids>  the checkpoint holds exactly <uids> (a wait_until condition)
+#   none_recorded <uids>
+#                       the checkpoint holds none of <uids> (a wait_until condition)
 # shellcheck disable=SC2034 # used by the scripts that source this file
 PLUGIN_DRIVER=gpu.fgpu.dev
 PLUGIN_SLICE="$NODE_NAME-$PLUGIN_DRIVER"
@@ -44,6 +78,10 @@ PLUGIN_DRA_SOCK="$KUBELET_PLUGINS_DIR/$PLUGIN_DRIVER/dra.sock"
 plugin_pid=""
 work=""
 run_dir=""
+mig_state=""
+sampler=""
+# The books of the queueing scenarios (80, 81): grants on a GPU, claim shapes.
+PLUGIN_BOOKS="$E2E_LIB_DIR/80-kueue-shares/books.py"
 
 plugin_setup() {
   local target f profile="${FGPU_E2E_PROFILE:-debug}" flags=()
@@ -185,3 +223,80 @@ YAML
 checkpoint_uids() { find "$run_dir/checkpoint" -maxdepth 1 -name '*.json' -printf '%f\n' 2>/dev/null | sed 's/\.json$//' | sort; }
 cdi_spec_uids() { find "$CDI_SPEC_DIR" -maxdepth 1 -name "$PLUGIN_DRIVER-claim_*.json" -printf '%f\n' | sed "s/^$PLUGIN_DRIVER-claim_//; s/\.json\$//" | sort; }
 claim_dir_uids() { find "$run_dir/claims" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort; }
+mig_node() {
+  awk -v gpu="- uuid: $2" 'index($0, gpu) {print; print "        migCapable: true"; print "        mode: mig"; next} {print}' \
+    "$1" >"$work/node.yaml"
+  grep -q "mode: mig" "$work/node.yaml" || fail "could not put GPU $2 in mode mig in $work/node.yaml"
+  mig_state="$work/node.yaml.mig.json"
+  local gi n caps=/run/fgpu-e2e/dev/nvidia-caps
+  mkdir -p "$caps"
+  for gi in $(seq 1 14); do
+    for n in $((3 + 9 * gi)) $((4 + 9 * gi)); do
+      [ -c "$caps/nvidia-cap$n" ] || mknod -m 0666 "$caps/nvidia-cap$n" c 1 3
+    done
+  done
+}
+mig_instances() { mig_state_list placement; }
+mig_instance_uuids() { mig_state_list uuid; }
+mig_instances_are() { [ "$(mig_instances)" = "$1" ]; }
+# mig_state_list placement|uuid: each instance in $mig_state by its placement or its UUID.
+mig_state_list() {
+  [ -f "$mig_state" ] || return 0
+  python3 -c 'import json,sys
+name = (lambda i: i["uuid"]) if sys.argv[2] == "uuid" else (lambda i: i["profile"] + "@" + str(i["placement"]["start"]))
+d = json.load(open(sys.argv[1]))
+print(" ".join(sorted(name(i) for l in d["gpus"].values() for i in l)))' "$mig_state" "$1"
+}
+sampler_start() {
+  ( while :; do
+      if g="$("$@")"; then echo "$(date +%s) $g" >>"$work/grants.log"; fi
+      sleep 0.2
+    done ) &
+  sampler=$!
+}
+sampler_stop() {
+  [ -n "$sampler" ] || return 0
+  kill "$sampler" 2>/dev/null || true
+  wait "$sampler" 2>/dev/null || true
+  sampler=""
+}
+# sampled_max <key>: the largest <key>=<n> in $work/grants.log.
+sampled_max() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" "$work/grants.log" | sort -n | tail -1; }
+assert_no_overgrant() {
+  local shares="$1" bytes="$2" key="$3" what="$4" claims="$5" samples
+  sampler_stop
+  samples="$(wc -l <"$work/grants.log")"
+  [ "$samples" -ge 5 ] || fail "only $samples samples of the books"
+  say "books sampled $samples times: at most $(sampled_max claims) claims, $(sampled_max memory) bytes, $(sampled_max "$key") $what"
+  [ "$(sampled_max claims)" -le "$shares" ] \
+    || fail "more than $shares claims on gpu-0: $(grep -v "claims=[0-$shares] " "$work/grants.log" | head -3)"
+  [ "$(sampled_max memory)" -le "$bytes" ] || fail "more than $bytes bytes granted on gpu-0"
+  [ "$(sampled_max "$key")" -le "$shares" ] || fail "more than $shares $what"
+  [ "$(sampled_max claims)" -ge "$claims" ] || fail "the sampler never saw the $claims claims (max $(sampled_max claims))"
+  say "ok: never more than $shares shares ($((bytes >> 30))Gi) granted"
+}
+obj_json() { kubectl -n "$E2E_NS" get "$1" -o json >"$work/obj.json" 2>/dev/null && echo "$work/obj.json"; }
+# pod_claims <kubectl get pods args...>: "<pod> <its claim>" of each pod listed, one a line.
+pod_claims() {
+  local p
+  for p in $(kubectl -n "$E2E_NS" get pods "$@" -o name); do
+    echo "$p $(jp "$p" '{.status.resourceClaimStatuses[0].resourceClaimName}')"
+  done
+}
+claim_uids_of() {
+  local p c
+  while read -r p c <&3; do
+    [ -z "$c" ] || { jp "resourceclaims.resource.k8s.io/$c" '{.metadata.uid}'; echo; }
+  done 3< <(pod_claims "$@") | sort
+}
+assert_share_claims() {
+  local dev="$1" mem="$2" p c
+  shift 2
+  while read -r p c <&3; do
+    assert_eq "$p claim $c" "$PLUGIN_DRIVER/$NODE_NAME/$dev $mem" \
+      "$(python3 "$PLUGIN_BOOKS" claim "$(obj_json "resourceclaims.resource.k8s.io/$c")")"
+  done 3< <(pod_claims "$@")
+}
+without() { comm -23 <(printf '%s\n' "$1") <(printf '%s\n' "$2"); }
+records_are() { [ "$(checkpoint_uids)" = "$1" ]; }
+none_recorded() { [ "$(without "$1" "$(checkpoint_uids)")" = "$1" ]; }

@@ -1,42 +1,36 @@
 //! The kubelet's device manager's view of the device plugin: a fake kubelet `Registration`
 //! server on a unix socket receives the registration; a client calls `ListAndWatch` and
-//! `Allocate` on the plugin's socket for a pod from the in-memory pod source.
+//! `Allocate` on the plugin's socket for a pod from the in-memory pod source. Each test starts
+//! from a [`Fixture`]: the fake node, the fake kubelet, the pod source.
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fgpu_api::names::DriverName;
 use fgpu_api::proto::deviceplugin::v1beta1 as dp;
 use fgpu_driver::backend::{DeviceBackend, FakeBackend};
+use fgpu_driver::device::Gpu;
 use fgpu_kubelet_plugin::device_plugin::pods::{
     ContainerInfo, KubePodSource, MapPodSource, PodInfo,
 };
 use fgpu_kubelet_plugin::device_plugin::service::AllocateResponseMode;
-use fgpu_kubelet_plugin::device_plugin::{DevicePluginConfig, STOP_GRACE, start};
+use fgpu_kubelet_plugin::device_plugin::{DevicePluginConfig, Running, STOP_GRACE, start};
 use fgpu_kubelet_plugin::edits::{FileMount, NodeFiles, device_name};
 use fgpu_kubelet_plugin::prepare::PluginConfig;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Channel;
+
+/// A client of the plugin's `DevicePlugin` service.
+type Client = dp::device_plugin_client::DevicePluginClient<Channel>;
 
 /// A fake node with two H100s; `DEVROOT` is replaced by the test's device directory.
 const PROFILE: &str = include_str!("../fixtures/node-a-2xh100.yaml");
 const GPU_B: &str = "GPU-63367e56-cdb4-4537-be42-f7abdf387237";
 const POD_UID: &str = "3b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e11";
 const GI: u64 = 1 << 30;
-
-/// The fake node of [`PROFILE`] under `root`: its backend and its profile's path.
-fn fake_node(root: &Path) -> (Arc<FakeBackend>, std::path::PathBuf) {
-    let profile = root.join("profile.yaml");
-    std::fs::write(
-        &profile,
-        PROFILE.replace("DEVROOT", root.join("dev").to_str().unwrap()),
-    )
-    .unwrap();
-    let backend = Arc::new(FakeBackend::open(&profile, Some("node-a")).unwrap());
-    (backend, profile)
-}
 
 /// The plugin's settings for a test under `root`, sockets in `dp_dir`; resync and health
 /// checks every 200 ms.
@@ -110,6 +104,116 @@ fn fake_kubelet(
     stop
 }
 
+/// What every test here starts from: a fake node under a temporary directory, the
+/// device-plugin directory with a fake kubelet serving registrations on `kubelet.sock`, and
+/// an empty in-memory pod source.
+struct Fixture {
+    /// Removed when the fixture is dropped.
+    _dir: tempfile::TempDir,
+    /// The temporary directory.
+    root: PathBuf,
+    backend: Arc<FakeBackend>,
+    /// The fake node's profile (a test may rewrite it: the backend reads it again).
+    profile: PathBuf,
+    /// The kubelet's device-plugin directory: its socket and the plugin's.
+    dp_dir: PathBuf,
+    pods: Arc<MapPodSource>,
+    /// Where the fake kubelets send the registrations they receive.
+    reg_tx: mpsc::UnboundedSender<dp::RegisterRequest>,
+    /// The registrations, in order.
+    reg_rx: mpsc::UnboundedReceiver<dp::RegisterRequest>,
+    /// Stops the fake kubelet now serving.
+    kubelet: Option<oneshot::Sender<()>>,
+}
+
+impl Fixture {
+    /// The fixture on `profile`, a profile of `node-a` whose `DEVROOT` is replaced by the
+    /// test's device directory.
+    fn new(profile: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_owned();
+        let profile_path = root.join("profile.yaml");
+        std::fs::write(
+            &profile_path,
+            profile.replace("DEVROOT", root.join("dev").to_str().unwrap()),
+        )
+        .unwrap();
+        let backend = Arc::new(FakeBackend::open(&profile_path, Some("node-a")).unwrap());
+        let dp_dir = root.join("device-plugins");
+        std::fs::create_dir_all(&dp_dir).unwrap();
+        let (reg_tx, reg_rx) = mpsc::unbounded_channel();
+        let mut fixture = Self {
+            _dir: dir,
+            root,
+            backend,
+            profile: profile_path,
+            dp_dir,
+            pods: Arc::new(MapPodSource::default()),
+            reg_tx,
+            reg_rx,
+            kubelet: None,
+        };
+        fixture.start_kubelet();
+        fixture
+    }
+
+    /// The fake node's GPU `uuid`.
+    fn gpu(&self, uuid: &str) -> Gpu {
+        let inventory = self.backend.inventory("node-a").unwrap();
+        inventory.gpus.into_iter().find(|g| g.uuid == uuid).unwrap()
+    }
+
+    /// The plugin's settings for this fixture ([`config`]).
+    fn config(&self) -> DevicePluginConfig {
+        config(&self.root, &self.dp_dir)
+    }
+
+    /// The plugin's socket.
+    fn sock(&self) -> PathBuf {
+        self.dp_dir.join("fgpu.sock")
+    }
+
+    /// Serves a fresh fake kubelet on `kubelet.sock` (a kubelet start or restart).
+    fn start_kubelet(&mut self) {
+        self.kubelet = Some(fake_kubelet(
+            &self.dp_dir.join("kubelet.sock"),
+            self.reg_tx.clone(),
+        ));
+    }
+
+    /// Stops the fake kubelet.
+    fn stop_kubelet(&mut self) {
+        if let Some(stop) = self.kubelet.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Starts the plugin with `cfg` on the fixture's node and pods; waits for its
+    /// registration and returns it with a client connected to the plugin's socket.
+    async fn start(&mut self, cfg: DevicePluginConfig) -> (Running, dp::RegisterRequest, Client) {
+        let running = start(cfg, self.backend.clone(), self.pods.clone(), None)
+            .await
+            .unwrap();
+        let registration = recv(&mut self.reg_rx).await;
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("unix://{}", self.sock().display()))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+        (running, registration, Client::new(channel))
+    }
+}
+
+/// An `Allocate` request for one container with the kubelet's device `id`.
+fn allocate_request(id: String) -> dp::AllocateRequest {
+    dp::AllocateRequest {
+        container_requests: vec![dp::ContainerAllocateRequest {
+            devices_ids: vec![id],
+        }],
+    }
+}
+
 fn pod(decision: &str) -> PodInfo {
     PodInfo {
         namespace: "ml".into(),
@@ -137,48 +241,29 @@ async fn recv<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_lists_and_allocates() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let (backend, profile) = fake_node(root);
-    let inventory = backend.inventory("node-a").unwrap();
-    let gpu_b = inventory.gpus.iter().find(|g| g.uuid == GPU_B).unwrap();
-    let dp_dir = root.join("device-plugins");
-    std::fs::create_dir_all(&dp_dir).unwrap();
-
-    let (reg_tx, mut reg_rx) = mpsc::unbounded_channel();
-    let kubelet = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx.clone());
-
-    let pods = Arc::new(MapPodSource::default());
-    pods.insert(pod(&format!(
+    let mut fx = Fixture::new(PROFILE);
+    let root = fx.root.clone();
+    let gpu_b = &fx.gpu(GPU_B);
+    fx.pods.insert(pod(&format!(
         r#"{{"node":"node-a","containers":[{{"index":0,"name":"main","devices":[{{"id":"{}","uuid":"{GPU_B}","memoryBytes":{},"cores":30}}]}}]}}"#,
         device_name(gpu_b),
         10 * GI
     )));
-    let cfg = config(root, &dp_dir);
-    let running = start(cfg, backend.clone(), pods.clone(), None)
-        .await
-        .unwrap();
+    let (running, r, mut client) = fx.start(fx.config()).await;
 
     // Registration.
-    let r = recv(&mut reg_rx).await;
     assert_eq!(r.version, "v1beta1");
     assert_eq!(r.endpoint, "fgpu.sock");
     assert_eq!(r.resource_name, "nvidia.com/gpu");
     let opts = r.options.unwrap();
     assert!(!opts.pre_start_required && !opts.get_preferred_allocation_available);
-    let sock = dp_dir.join("fgpu.sock");
+    let sock = fx.sock();
     assert_eq!(
         std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
         0o600
     );
 
     // ListAndWatch: 10 virtual devices per GPU, healthy, with NUMA where known.
-    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", sock.display()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = dp::device_plugin_client::DevicePluginClient::new(channel);
     let mut stream = client
         .list_and_watch(dp::Empty {})
         .await
@@ -195,11 +280,9 @@ async fn registers_lists_and_allocates() {
 
     // Allocate: the kubelet's device ids are virtual; the pod's decision says which GPU.
     let resp = client
-        .allocate(dp::AllocateRequest {
-            container_requests: vec![dp::ContainerAllocateRequest {
-                devices_ids: vec!["GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff::4".into()],
-            }],
-        })
+        .allocate(allocate_request(
+            "GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff::4".into(),
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -267,11 +350,7 @@ async fn registers_lists_and_allocates() {
 
     // The pod has no container left to allocate: a clear refusal, and the daemon serves on.
     let e = client
-        .allocate(dp::AllocateRequest {
-            container_requests: vec![dp::ContainerAllocateRequest {
-                devices_ids: vec![format!("{GPU_B}::1")],
-            }],
-        })
+        .allocate(allocate_request(format!("{GPU_B}::1")))
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
@@ -287,13 +366,9 @@ async fn registers_lists_and_allocates() {
     );
     bad.name = "broken".into();
     bad.uid = "0b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e12".into();
-    pods.insert(bad);
+    fx.pods.insert(bad);
     let e = client
-        .allocate(dp::AllocateRequest {
-            container_requests: vec![dp::ContainerAllocateRequest {
-                devices_ids: vec![format!("{GPU_B}::2")],
-            }],
-        })
+        .allocate(allocate_request(format!("{GPU_B}::2")))
         .await
         .unwrap_err();
     assert!(
@@ -322,7 +397,7 @@ async fn registers_lists_and_allocates() {
             ),
     )
     .unwrap();
-    std::fs::rename(&tmp, &profile).unwrap();
+    std::fs::rename(&tmp, &fx.profile).unwrap();
     let next = tokio::time::timeout(Duration::from_secs(5), stream.message())
         .await
         .expect("no new device list within 5 s")
@@ -339,11 +414,11 @@ async fn registers_lists_and_allocates() {
 
     // Kubelet restart: kubelet.sock is recreated and the plugin's socket removed; the plugin
     // serves again and registers again.
-    let _ = kubelet.send(());
+    fx.stop_kubelet();
     std::fs::remove_file(&sock).unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let _kubelet2 = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx);
-    let r = recv(&mut reg_rx).await;
+    fx.start_kubelet();
+    let r = recv(&mut fx.reg_rx).await;
     assert_eq!(r.endpoint, "fgpu.sock");
     assert!(sock.exists());
     let mut registered = running.registered();
@@ -354,7 +429,7 @@ async fn registers_lists_and_allocates() {
     drop(stream);
 
     // The pod goes away: its container's files are removed at the next resync.
-    pods.remove(POD_UID);
+    fx.pods.remove(POD_UID);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while spec.exists() || limits.exists() {
         assert!(
@@ -372,18 +447,12 @@ async fn registers_lists_and_allocates() {
 /// the stop signal still ends the plugin within its grace period (the hung task is aborted).
 #[tokio::test]
 async fn stops_promptly_while_the_api_server_hangs() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let (backend, _) = fake_node(root);
-    let dp_dir = root.join("device-plugins");
-    std::fs::create_dir_all(&dp_dir).unwrap();
-    let (reg_tx, _reg_rx) = mpsc::unbounded_channel();
-    let _kubelet = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx);
+    let fx = Fixture::new(PROFILE);
     let fake = fgpu_plumbing::testing::FakeApiServer::new();
     let (client, cut) = fake.cuttable_client();
     cut.cut();
     let pods = KubePodSource::new(client);
-    let running = start(config(root, &dp_dir), backend, pods, None)
+    let running = start(fx.config(), fx.backend.clone(), pods, None)
         .await
         .unwrap();
     // the sweep runs every 200 ms: wait until its list hangs
@@ -398,14 +467,12 @@ async fn stops_promptly_while_the_api_server_hangs() {
 }
 
 /// [`PROFILE`]'s first GPU made MIG-capable and put in `mode: mig`.
-fn mig_profile(root: &Path) -> String {
-    PROFILE
-        .replace("DEVROOT", root.join("dev").to_str().unwrap())
-        .replacen(
-            "        pciBusID: \"0000:19:00.0\"\n",
-            "        pciBusID: \"0000:19:00.0\"\n        migCapable: true\n        mode: mig\n",
-            1,
-        )
+fn mig_profile() -> String {
+    PROFILE.replacen(
+        "        pciBusID: \"0000:19:00.0\"\n",
+        "        pciBusID: \"0000:19:00.0\"\n        migCapable: true\n        mode: mig\n",
+        1,
+    )
 }
 
 /// The legacy path's MIG instance: a container assigned a placement device gets the
@@ -415,42 +482,18 @@ fn mig_profile(root: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocates_a_mig_placement_once_and_destroys_it_with_the_pod() {
     const GPU_A: &str = "GPU-a1c44256-6d3a-4972-9ea9-d296185fc8ff";
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let profile = root.join("profile.yaml");
-    std::fs::write(&profile, mig_profile(root)).unwrap();
-    let backend = Arc::new(FakeBackend::open(&profile, Some("node-a")).unwrap());
-    let inventory = backend.inventory("node-a").unwrap();
-    let gpu_a = inventory.gpus.iter().find(|g| g.uuid == GPU_A).unwrap();
-    let gpu_b = inventory.gpus.iter().find(|g| g.uuid == GPU_B).unwrap();
-    let dp_dir = root.join("device-plugins");
-    std::fs::create_dir_all(&dp_dir).unwrap();
-    let (reg_tx, mut reg_rx) = mpsc::unbounded_channel();
-    let _kubelet = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx);
+    let mut fx = Fixture::new(&mig_profile());
+    let (root, backend, pods) = (fx.root.clone(), fx.backend.clone(), fx.pods.clone());
+    let (gpu_a, gpu_b) = (fx.gpu(GPU_A), fx.gpu(GPU_B));
 
     // The extender mapped `nvidia.com/gpumem: 10000` to a 1g.10gb at slice 6 of GPU A.
     let placement = format!("gpu-{}-mig-1g10gb-6", gpu_a.index);
-    let pods = Arc::new(MapPodSource::default());
     pods.insert(pod(&format!(
         r#"{{"node":"node-a","containers":[{{"index":0,"name":"main","devices":[{{"id":"{placement}","uuid":"{GPU_A}","memoryBytes":{},"cores":0}}]}}]}}"#,
         10 * GI
     )));
-    let running = start(config(root, &dp_dir), backend.clone(), pods.clone(), None)
-        .await
-        .unwrap();
-    recv(&mut reg_rx).await;
-    let sock = dp_dir.join("fgpu.sock");
-    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", sock.display()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = dp::device_plugin_client::DevicePluginClient::new(channel);
-    let request = |k: u32| dp::AllocateRequest {
-        container_requests: vec![dp::ContainerAllocateRequest {
-            devices_ids: vec![format!("{GPU_A}::{k}")],
-        }],
-    };
+    let (running, _, mut client) = fx.start(fx.config()).await;
+    let request = |k: u32| allocate_request(format!("{GPU_A}::{k}"));
 
     // First attempt: the instance is created, then the CDI spec cannot be written (the CDI
     // directory is a file): Allocate fails, as a crash after the creation would.
@@ -531,11 +574,7 @@ async fn allocates_a_mig_placement_once_and_destroys_it_with_the_pod() {
     other.uid = "0b0e6a52-9c1d-4f0e-8a57-2d7c1f0b9e13".into();
     pods.insert(other);
     let e = client
-        .allocate(dp::AllocateRequest {
-            container_requests: vec![dp::ContainerAllocateRequest {
-                devices_ids: vec![format!("{GPU_B}::0")],
-            }],
-        })
+        .allocate(allocate_request(format!("{GPU_B}::0")))
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
@@ -616,17 +655,9 @@ async fn volcano_mode_enforces_volcanos_allocation_and_refuses_forged_ones() {
     use fgpu_api::volcano;
     use fgpu_kubelet_plugin::device_plugin::pods::PodSource as _;
     use fgpu_kubelet_plugin::device_plugin::volcano::{DEFAULT_SCHEDULER_MANAGER, VolcanoConfig};
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let (backend, _profile) = fake_node(root);
-    let inventory = backend.inventory("node-a").unwrap();
-    let gpu_b = inventory.gpus.iter().find(|g| g.uuid == GPU_B).unwrap();
-    let dp_dir = root.join("device-plugins");
-    std::fs::create_dir_all(&dp_dir).unwrap();
-    let (reg_tx, mut reg_rx) = mpsc::unbounded_channel();
-    let kubelet = fake_kubelet(&dp_dir.join("kubelet.sock"), reg_tx);
-
-    let pods = Arc::new(MapPodSource::default());
+    let mut fx = Fixture::new(PROFILE);
+    let (root, pods) = (fx.root.clone(), fx.pods.clone());
+    let gpu_b = &fx.gpu(GPU_B);
     let good = format!("{GPU_B},NVIDIA,20000,30:");
     pods.insert(volcano_pod(
         "train-0",
@@ -641,34 +672,18 @@ async fn volcano_mode_enforces_volcanos_allocation_and_refuses_forged_ones() {
         &format!("{GPU_B},NVIDIA,80000,30:"),
         "kubectl-edit",
     ));
-    let mut cfg = config(root, &dp_dir);
+    let mut cfg = fx.config();
     cfg.resource_name = volcano::RESOURCE_NUMBER.into();
     cfg.response = AllocateResponseMode::Cdi;
     cfg.volcano = Some(VolcanoConfig {
         trusted_manager: Some(DEFAULT_SCHEDULER_MANAGER.into()),
     });
-    let running = start(cfg, backend.clone(), pods.clone(), None)
-        .await
-        .unwrap();
-    let r = recv(&mut reg_rx).await;
+    let (running, r, mut client) = fx.start(cfg).await;
     assert_eq!(r.resource_name, "volcano.sh/vgpu-number");
-
-    let sock = dp_dir.join("fgpu.sock");
-    let channel = tonic::transport::Endpoint::from_shared(format!("unix://{}", sock.display()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = dp::device_plugin_client::DevicePluginClient::new(channel);
-    let allocate = |id: String| dp::AllocateRequest {
-        container_requests: vec![dp::ContainerAllocateRequest {
-            devices_ids: vec![id],
-        }],
-    };
 
     // The Volcano-placed container: its GPU, 20000 MiB and 30 % in the limits file.
     let resp = client
-        .allocate(allocate(format!("{GPU_B}::3")))
+        .allocate(allocate_request(format!("{GPU_B}::3")))
         .await
         .unwrap()
         .into_inner();
@@ -701,7 +716,7 @@ async fn volcano_mode_enforces_volcanos_allocation_and_refuses_forged_ones() {
 
     // The forged pod is left: refused, naming the pod, the annotation and the field.
     let e = client
-        .allocate(allocate(format!("{GPU_B}::4")))
+        .allocate(allocate_request(format!("{GPU_B}::4")))
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
@@ -727,7 +742,7 @@ async fn volcano_mode_enforces_volcanos_allocation_and_refuses_forged_ones() {
         DEFAULT_SCHEDULER_MANAGER,
     ));
     let e = client
-        .allocate(allocate(format!("{GPU_B}::5")))
+        .allocate(allocate_request(format!("{GPU_B}::5")))
         .await
         .unwrap_err();
     assert!(
@@ -751,6 +766,6 @@ async fn volcano_mode_enforces_volcanos_allocation_and_refuses_forged_ones() {
         !claim_dir.exists(),
         "the gone pod's claim files are still there"
     );
-    let _ = kubelet.send(());
+    fx.stop_kubelet();
     running.shutdown().await;
 }

@@ -69,39 +69,8 @@ else
 fi
 
 # --- whole-GPU claims
-claim() { # claim <name>: a claim of one whole GPU, in the served version's shape
-  if [ "$api" = v1 ]; then req="      exactly: {deviceClassName: gpu.fgpu.dev}"
-  else req="      deviceClassName: gpu.fgpu.dev"; fi
-  kubectl apply -f - >&2 <<YAML
-apiVersion: resource.k8s.io/$api
-kind: ResourceClaim
-metadata: {name: $1, namespace: $E2E_NS}
-spec:
-  devices:
-    requests:
-    - name: gpu
-$req
-YAML
-}
-pod() { # pod <name> <claim>: fgpu-probe over the whole card, then stay up
-  kubectl apply -f - >&2 <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: $E2E_NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimName: $2}]
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
-  containers:
-  - name: probe
-    image: $FGPU_WORKLOAD_IMAGE
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "/usr/local/bin/fgpu-probe --step-mib 1024 --max-gib 100; echo probe_done; exec sleep 3600"]
-    resources: {claims: [{name: gpu}]}
-YAML
-}
-for i in 1 2; do claim "whole-$i"; pod "whole-$i" "whole-$i"; done
+# Each: a claim of one whole GPU and a pod running fgpu-probe over the whole card (lib.sh).
+for i in 1 2; do whole_gpu_probe "whole-$i" 1024; done
 for i in 1 2; do
   wait_until 120 "pod whole-$i ran its probe" sh -c "kubectl -n $E2E_NS logs whole-$i 2>/dev/null | grep -q probe_done"
   kubectl -n "$E2E_NS" logs "whole-$i" | sed "s/^/      whole-$i: /" >&2
@@ -149,7 +118,7 @@ assert_eq "whole-1 re-prepare through dra_call" "device=$dev1 share=$share1 cdi=
   "$("$dra_call" "$PLUGIN_DRA_SOCK" prepare "$E2E_NS" whole-1 "$uid1")"
 
 # --- a third whole GPU does not fit
-claim whole-3; pod whole-3 whole-3
+whole_gpu_probe whole-3 1024
 wait_until 60 "pod whole-3 unschedulable" sh -c \
   "kubectl -n $E2E_NS get pod whole-3 -o jsonpath='{.status.conditions[?(@.type==\"PodScheduled\")].reason}' | grep -q Unschedulable"
 assert_eq "whole-3 phase" Pending "$(jp pod/whole-3 '{.status.phase}')"

@@ -31,25 +31,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# pod <name> <template>: a pod that sleeps with a claim from <template>.
-pod() {
-  kubectl apply -f - >&2 <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: $E2E_NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimTemplateName: $2}]
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
-  containers:
-  - name: main
-    image: $FGPU_WORKLOAD_IMAGE
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "exec sleep 3600"]
-    resources: {claims: [{name: gpu}]}
-YAML
-}
 # device_of <pod>: the device its claim was allocated.
 device_of() {
   local claim
@@ -76,7 +57,7 @@ assert_eq "no taints before the fault" "" "$(taints gpu-0)$(taints gpu-1)"
 
 # --- a pod on gpu-1, tolerating the taint for 20 s
 apply_tmpl "$E2E_DIR/workload.yaml"
-pod victim on-gpu-1
+probe_pod victim template/on-gpu-1
 wait_until 90 "pod victim running" jp_eq pod/victim '{.status.phase}' Running
 assert_eq "victim's device" gpu-1 "$(device_of victim)"
 
@@ -108,7 +89,7 @@ say "ok: allocatedResourcesStatus: $(health_json)"
 grep -q -- '-gpu-1-' <<<"$(health_json)" || fail "resource id of gpu-1 not in $(health_json)"
 
 # --- new claims avoid gpu-1
-for i in 0 1 2; do pod "after-$i" any-gpu; done
+for i in 0 1 2; do probe_pod "after-$i" template/any-gpu; done
 for i in 0 1 2; do
   wait_until 60 "pod after-$i running" jp_eq "pod/after-$i" '{.status.phase}' Running
   assert_eq "after-$i's device" gpu-0 "$(device_of "after-$i")"
@@ -129,7 +110,7 @@ say "ok: untainted ${took}s after the fault was cleared (3 clean checks, 1 s apa
 [ "$took" -ge 2 ] || fail "untainted after ${took}s: the recovery window (3 checks) was not kept"
 wait_until 15 "a GpuHealthy Event on the Node" sh -c "kubectl get events -n default --field-selector involvedObject.kind=Node,reason=GpuHealthy -o name | grep -q ."
 kubectl -n "$E2E_NS" delete pod victim --wait=true --timeout=30s >/dev/null 2>&1 || true
-pod again on-gpu-1
+probe_pod again template/on-gpu-1
 wait_until 90 "pod again running" jp_eq pod/again '{.status.phase}' Running
 assert_eq "again's device (gpu-1 usable again)" gpu-1 "$(device_of again)"
 say "PASS"

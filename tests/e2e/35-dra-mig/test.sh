@@ -50,55 +50,20 @@ cleanup() {
 trap cleanup EXIT
 plugin_setup 35
 
-# The node: GPU 0 in mode mig. Its capability nodes (the fake's numbering, docs/mig.md: GPU
-# instance gi on minor 0 is nvidia-cap<3+9·gi>, its compute instance the next) get
-# stand-ins beside the GPUs' (plugin.sh makes those), so runc can create them.
-awk '/- uuid: GPU-e2e00000-0000-4000-8000-000000000000/ {print; print "        migCapable: true"; print "        mode: mig"; next} {print}' \
-  "$ROOT/deploy/fake/e2e-node.yaml" >"$work/node.yaml"
-grep -q "mode: mig" "$work/node.yaml" || fail "could not put GPU 0 in mode mig in $work/node.yaml"
+# The node: GPU 0 in mode mig, the stand-ins for its instances' capability nodes beside the
+# GPUs' (plugin.sh makes those).
+mig_node "$ROOT/deploy/fake/e2e-node.yaml" GPU-e2e00000-0000-4000-8000-000000000000
 export FGPU_E2E_FAKE_GPUS="$work/node.yaml"
-state="$work/node.yaml.mig.json"
-mkdir -p /run/fgpu-e2e/dev/nvidia-caps
-for gi in $(seq 1 14); do
-  for n in $((3 + 9 * gi)) $((4 + 9 * gi)); do
-    [ -c "/run/fgpu-e2e/dev/nvidia-caps/nvidia-cap$n" ] || mknod -m 0666 "/run/fgpu-e2e/dev/nvidia-caps/nvidia-cap$n" c 1 3
-  done
-done
-# The instances in the fake's state file, "<profile>@<start>" sorted (none: empty).
-instances() {
-  [ -f "$state" ] || return 0
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join(sorted(i["profile"]+"@"+str(i["placement"]["start"]) for l in d["gpus"].values() for i in l)))' "$state"
-}
-instance_uuids() {
-  [ -f "$state" ] || return 0
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join(sorted(i["uuid"] for l in d["gpus"].values() for i in l)))' "$state"
-}
 # The MIG UUIDs the plugin's records name, sorted.
 recorded_uuids() {
   python3 -c 'import glob,json,sys
 u=[d["mig"]["uuid"] for f in glob.glob(sys.argv[1]+"/*.json") for d in json.load(open(f))["claim"]["devices"] if (d.get("mig") or {}).get("uuid")]
 print(" ".join(sorted(u)))' "$run_dir/checkpoint"
 }
-probe_pod() { # probe_pod <name> <template>
-  kubectl apply -f - >&2 <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: $E2E_NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimTemplateName: $2}]
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
-  containers:
-  - name: probe
-    image: $FGPU_WORKLOAD_IMAGE
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "/usr/local/bin/fgpu-probe --step-mib 1024 --max-gib 48; echo probe_done; exec sleep 3600"]
-    resources: {claims: [{name: gpu}]}
-YAML
-}
+# The probe's arguments in every pod (lib.sh probe_pod): 1 GiB steps up to past the largest
+# instance.
+probe=(--step-mib 1024 --max-gib 48)
 field() { kubectl -n "$E2E_NS" logs "$1" | sed -n "s/^$2=//p"; }
-instances_are() { [ "$(instances)" = "$1" ]; }
 nothing_left() {
   [ -z "$(checkpoint_uids)$(claim_dir_uids)$(cdi_spec_uids)" ]
 }
@@ -125,12 +90,12 @@ say "ok: GPU 0 published as $(wc -w <<<"$devices") devices with its counter set"
 # --- 40, 20, 10 GiB, in that order
 apply_tmpl "$E2E_DIR/workload.yaml"
 for p in mig-40g mig-20g mig-10g; do
-  probe_pod "$p" "$p"
+  probe_pod "$p" "template/$p" "${probe[@]}"
   wait_until 120 "pod $p ran its probe" sh -c "kubectl -n $E2E_NS logs $p 2>/dev/null | grep -q probe_done"
   say "$p: device $(device_of "$p")"
 done
-assert_eq "instances in the fake's state file" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(instances)"
-assert_eq "instances named by the plugin's records" "$(instance_uuids)" "$(recorded_uuids)"
+assert_eq "instances in the fake's state file" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(mig_instances)"
+assert_eq "instances named by the plugin's records" "$(mig_instance_uuids)" "$(recorded_uuids)"
 for p in mig-10g:10240 mig-20g:20480 mig-40g:40960; do
   name="${p%%:*}" mib="${p#*:}"
   kubectl -n "$E2E_NS" logs "$name" | sed "s/^/      $name: /" >&2
@@ -141,28 +106,28 @@ for p in mig-10g:10240 mig-20g:20480 mig-40g:40960; do
 done
 # shellcheck disable=SC2016 # expanded by the container's sh
 vis="$(kubectl -n "$E2E_NS" exec mig-10g -- sh -c 'echo $NVIDIA_VISIBLE_DEVICES')"
-grep -qw -- "$vis" <<<"$(instance_uuids)" || fail "mig-10g: NVIDIA_VISIBLE_DEVICES=$vis names no instance"
+grep -qw -- "$vis" <<<"$(mig_instance_uuids)" || fail "mig-10g: NVIDIA_VISIBLE_DEVICES=$vis names no instance"
 say "ok: mig-10g sees instance $vis"
 
 # --- a fourth claim that cannot fit
-probe_pod mig-80g mig-80g
+probe_pod mig-80g template/mig-80g "${probe[@]}"
 wait_until 60 "pod mig-80g unschedulable with a reason" \
   sh -c "kubectl -n $E2E_NS get pod mig-80g -o jsonpath='{.status.conditions[?(@.type==\"PodScheduled\")].reason}' | grep -q Unschedulable"
 say "ok: mig-80g pending: $(jp pod/mig-80g '{.status.conditions[?(@.type=="PodScheduled")].message}')"
-assert_eq "instances unchanged by the pending claim" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(instances)"
+assert_eq "instances unchanged by the pending claim" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(mig_instances)"
 kubectl -n "$E2E_NS" delete pod mig-80g --wait=true --timeout=60s >&2
 
 # --- kill -9 inside a prepare: no orphan instance
 kubectl -n "$E2E_NS" delete pod mig-10g --wait=true --timeout=60s >&2
-wait_until 60 "the 1g.10gb instance destroyed" instances_are "2g.20gb@4 3g.40gb@0"
+wait_until 60 "the 1g.10gb instance destroyed" mig_instances_are "2g.20gb@4 3g.40gb@0"
 stop_plugin
 FGPU_TEST_PAUSE_PREPARE_SECONDS=600 start_plugin
 wait_registered 2
-probe_pod mig-10g-again mig-10g
+probe_pod mig-10g-again template/mig-10g "${probe[@]}"
 wait_until 90 "the plugin paused inside the claim's prepare" grep -q 'test pause' "$work/plugin.log"
-assert_eq "instances while paused (created, recorded, not completed)" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(instances)"
-assert_eq "instances named by the records while paused" "$(instance_uuids)" "$(recorded_uuids)"
-before="$(instance_uuids)"
+assert_eq "instances while paused (created, recorded, not completed)" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(mig_instances)"
+assert_eq "instances named by the records while paused" "$(mig_instance_uuids)" "$(recorded_uuids)"
+before="$(mig_instance_uuids)"
 kill -KILL "$plugin_pid"
 wait "$plugin_pid" 2>/dev/null || true
 plugin_pid=""
@@ -170,14 +135,14 @@ say "ok: plugin killed with SIGKILL inside the prepare"
 start_plugin
 wait_registered 3
 wait_until 120 "pod mig-10g-again ran its probe" sh -c "kubectl -n $E2E_NS logs mig-10g-again 2>/dev/null | grep -q probe_done"
-assert_eq "instances after the restart and the retry (same ones, no orphan)" "$before" "$(instance_uuids)"
-assert_eq "instances named by the records after the retry" "$(instance_uuids)" "$(recorded_uuids)"
+assert_eq "instances after the restart and the retry (same ones, no orphan)" "$before" "$(mig_instance_uuids)"
+assert_eq "instances named by the records after the retry" "$(mig_instance_uuids)" "$(recorded_uuids)"
 assert_eq "mig-10g-again cuMemGetInfo total (MiB)" 10240 "$(field mig-10g-again cuda_total_mib)"
 grep -q "MIG instance no claim names" "$work/plugin.log" && fail "the restart destroyed an instance a record named"
 
 # --- delete the pods: the instances go
 kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >&2
-wait_until 60 "every instance destroyed" instances_are ""
+wait_until 60 "every instance destroyed" mig_instances_are ""
 wait_until 30 "no CDI spec, claim directory or record left" nothing_left
 say "ok: the pods' deletion destroyed their instances and left nothing"
 
@@ -205,22 +170,22 @@ spec:
 YAML
 done
 for p in ctl-10g ctl-20g ctl-40g; do
-  probe_pod "$p" "$p"
+  probe_pod "$p" "template/$p" "${probe[@]}"
   wait_until 120 "pod $p ran its probe" sh -c "kubectl -n $E2E_NS logs $p 2>/dev/null | grep -q probe_done"
 done
 assert_eq "controller mode: devices" "gpu-0-mig-1g10gb-6 gpu-0-mig-2g20gb-4 gpu-0-mig-3g40gb-0" \
   "$(device_of ctl-10g) $(device_of ctl-20g) $(device_of ctl-40g)"
 assert_eq "ctl-10g: allocated by the controller (its finalizer)" "gpu.fgpu.dev/allocation" \
   "$(jp "resourceclaim/$(jp pod/ctl-10g '{.status.resourceClaimStatuses[0].resourceClaimName}')" '{.metadata.finalizers[*]}')"
-assert_eq "controller mode: instances" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(instances)"
+assert_eq "controller mode: instances" "1g.10gb@6 2g.20gb@4 3g.40gb@0" "$(mig_instances)"
 for p in ctl-10g:10240 ctl-20g:20480 ctl-40g:40960; do
   assert_eq "${p%%:*} cuMemGetInfo total (MiB)" "${p#*:}" "$(field "${p%%:*}" cuda_total_mib)"
 done
-probe_pod ctl-40g-more ctl-40g
+probe_pod ctl-40g-more template/ctl-40g "${probe[@]}"
 sleep 15
 assert_eq "ctl-40g-more: still gated" "gpu.fgpu.dev/allocate" "$(jp pod/ctl-40g-more '{.spec.schedulingGates[*].name}')"
 assert_eq "ctl-40g-more: claim allocation" "" "$(jp "resourceclaim/$(jp pod/ctl-40g-more '{.status.resourceClaimStatuses[0].resourceClaimName}')" '{.status.allocation}')"
 say "ok: ctl-40g-more waits: $(grep -o 'no free MIG placement[^"]*' "$work/controller.log" | tail -1)"
 kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >&2
-wait_until 60 "every instance destroyed" instances_are ""
+wait_until 60 "every instance destroyed" mig_instances_are ""
 say "ok: MIG in controller mode"

@@ -72,10 +72,12 @@ ratio() { metrics | sed -n "s/^fgpu_kubelet_plugin_gpu_oversubscribe_ratio{gpu_u
 assert_eq "ratio metric of GPU 0" "1.5" "$(ratio GPU-e2e00000-0000-4000-8000-000000000000)"
 assert_eq "ratio metric of GPU 1" "1.0" "$(ratio GPU-e2e00000-0000-4000-8000-000000000001)"
 
-# claim_pod <name> <class> <memory> [extra request lines] [probe args]: a claim and a pod
-# whose container runs fgpu-probe against it, then stays up.
+# claim_pod <name> <class> <memory> [extra request lines] [probe args...]: a claim and a pod
+# (lib.sh probe_pod) whose container runs fgpu-probe against it (by default up to 1 GiB), holds
+# what it got, then stays up.
 claim_pod() {
-  local name="$1" class="$2" memory="$3" config="${4:-}" probe="${5:---step-mib 1024 --max-gib 1}"
+  local name="$1" class="$2" memory="$3" config="${4:-}" probe=(--step-mib 1024 --max-gib 1)
+  [ $# -le 4 ] || probe=("${@:5}")
   kubectl apply -f - >&2 <<YAML
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -88,22 +90,8 @@ spec:
         deviceClassName: $class
         capacity: {requests: {memory: $memory}}
 $config
----
-apiVersion: v1
-kind: Pod
-metadata: {name: $name, namespace: $E2E_NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: gpu, resourceClaimName: $name}]
-  securityContext: {runAsUser: 1000, runAsGroup: 1000, runAsNonRoot: true}
-  containers:
-  - name: probe
-    image: $FGPU_WORKLOAD_IMAGE
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "/usr/local/bin/fgpu-probe $probe --hold-s 3600; echo probe_done; exec sleep 3600"]
-    resources: {claims: [{name: gpu}]}
 YAML
+  probe_pod "$name" "claim/$name" "${probe[@]}" --hold-s 3600
 }
 device_of() { jp "resourceclaim/$1" '{.status.allocation.devices.results[0].device}'; }
 unschedulable() {
@@ -124,7 +112,7 @@ wait_until 60 "pod prod-30 unschedulable (gpu-1 full, gpu-0 research)" unschedul
 assert_eq "prod-30 not allocated (not on gpu-0's free 120Gi)" "" "$(device_of prod-30)"
 
 # --- research claims: three of 40 GiB on gpu-0 (120 GiB on an 80 GiB GPU)
-claim_pod res-a research.gpu.fgpu.dev 40Gi "" "--step-mib 1024 --max-gib 48"
+claim_pod res-a research.gpu.fgpu.dev 40Gi "" --step-mib 1024 --max-gib 48
 claim_pod res-b research.gpu.fgpu.dev 40Gi
 claim_pod res-c research.gpu.fgpu.dev 40Gi
 for p in res-a res-b res-c; do

@@ -24,31 +24,15 @@ legacy_setup 55
 
 # The node: GPU 0 (the H100, minor 0) in mode mig, GPU 1 (the A100) whole, so that no shared
 # GPU takes the memory requests and the extender places them on MIG placements.
-awk '/- uuid: GPU-e2e1e9ac-0000-4000-8000-000000000000/ {print; print "        migCapable: true"; print "        mode: mig"; next} {print}' \
-  "$E2E_LIB_DIR/legacy-node.yaml" >"$work/node.yaml"
-grep -q "mode: mig" "$work/node.yaml" || fail "could not put GPU 0 in mode mig in $work/node.yaml"
+mig_node "$E2E_LIB_DIR/legacy-node.yaml" GPU-e2e1e9ac-0000-4000-8000-000000000000
 LEGACY_PROFILE="$work/node.yaml"
 export FGPU_GPU_MODE="1=whole"
-state="$work/node.yaml.mig.json"
-# Stand-ins for the capability nodes (the fake's numbering, docs/mig.md: GPU instance gi on
-# minor 0 is nvidia-cap<3+9·gi>, its compute instance the next), so runc can create them.
-mkdir -p /run/fgpu-e2e/dev/nvidia-caps
-for gi in $(seq 1 14); do
-  for n in $((3 + 9 * gi)) $((4 + 9 * gi)); do
-    [ -c "/run/fgpu-e2e/dev/nvidia-caps/nvidia-cap$n" ] || mknod -m 0666 "/run/fgpu-e2e/dev/nvidia-caps/nvidia-cap$n" c 1 3
-  done
-done
-# The instances in the fake's state file, "<profile>@<start>" sorted (none: empty).
-instances() {
-  [ -f "$state" ] || return 0
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join(sorted(i["profile"]+"@"+str(i["placement"]["start"]) for l in d["gpus"].values() for i in l)))' "$state"
-}
 
 legacy_up
 inv="$(node_inventory "$NODE_NAME")"
 assert_eq "inventory modes (id mode)" "gpu-0 mig;gpu-1 whole" \
   "$(py_json "';'.join(g['id'] + ' ' + g.get('mode', 'shared') for g in d)" <<<"$inv")"
-assert_eq "no instance before the pods" "" "$(instances)"
+assert_eq "no instance before the pods" "" "$(mig_instances)"
 
 legacy_apply "$E2E_DIR/pods.yaml"
 for p in mig-10g mig-20g; do wait_probe "$p"; done
@@ -69,13 +53,13 @@ for pair in mig-10g:1g10gb:1g.10gb:10 mig-20g:2g20gb:2g.20gb:20; do
   caps="$(kubectl -n "$E2E_NS" exec "$p" -- sh -c 'ls /dev/nvidia-caps/ 2>/dev/null | wc -l')"
   assert_eq "$p capability nodes (GPU instance, compute instance)" 2 "$caps"
 done
-assert_eq "instances in the fake's state file" "$(tr ' ' '\n' <<<"${want# }" | sort | tr '\n' ' ' | sed 's/ $//')" "$(instances)"
-say "ok: the extender's placements are the instances the device plugin created: $(instances)"
+assert_eq "instances in the fake's state file" "$(tr ' ' '\n' <<<"${want# }" | sort | tr '\n' ' ' | sed 's/ $//')" "$(mig_instances)"
+say "ok: the extender's placements are the instances the device plugin created: $(mig_instances)"
 uid="$(jp pod/mig-10g '{.metadata.uid}')"
 spec="$CDI_SPEC_DIR/gpu.fgpu.dev-claim_$uid-probe.json"
 [ -f "$spec" ] || fail "no CDI spec $spec: $(ls "$CDI_SPEC_DIR")"
 
 kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >&2
-wait_until 30 "instances of the deleted pods destroyed (device plugin resync)" sh -c "[ -z \"\$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(len(l) for l in d[\"gpus\"].values()) or \"\")' $state)\" ]"
+wait_until 30 "instances of the deleted pods destroyed (device plugin resync)" mig_instances_are ""
 wait_until 30 "CDI specs of the deleted pods removed" sh -c "[ ! -e $spec ]"
 say "ok: deleting the pods destroyed their MIG instances"

@@ -22,14 +22,12 @@ source "$(dirname "$0")/../lib.sh"
 source "$E2E_DIR/../plugin-lib.sh"
 root="$E2E_LIB_DIR/../.."
 ex="$root/deploy/examples/kueue"
-books="$E2E_DIR/books.py"
 api=v1
 gpu_bytes=$((80 << 30)) shares=4
-sampler=""
 
 cleanup() {
   local rc=$?
-  [ -z "$sampler" ] || { kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; }
+  sampler_stop
   kubectl -n "$E2E_NS" delete jobs --all --cascade=foreground --wait=true --timeout=60s >/dev/null 2>&1 || true
   kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
   (cd "$root" && hack/kueue-uninstall.sh) >&2 || true
@@ -60,16 +58,12 @@ done
 say "ok: queues active"
 
 # --- the books, sampled back to back (one list call, then 0.2 s) until the end
-grants_now() { # grants_now [tag]: books.py grants, from $work/<tag>-books.json
-  local f="$work/${1:-now}-books.json"
+grants_now() { # grants_now <tag>: books.py grants, from $work/<tag>-books.json
+  local f="$work/$1-books.json"
   kubectl get resourceclaims,workloads -A -o json >"$f" 2>/dev/null || return 1
-  python3 "$books" grants "$f" "$PLUGIN_DRIVER" "$NODE_NAME" gpu-0 fgpu.dev/shares
+  python3 "$PLUGIN_BOOKS" grants "$f" "$PLUGIN_DRIVER" "$NODE_NAME" gpu-0 fgpu.dev/shares
 }
-( while :; do
-    if g="$(grants_now sample)"; then echo "$(date +%s) $g" >>"$work/grants.log"; fi
-    sleep 0.2
-  done ) &
-sampler=$!
+sampler_start grants_now sample
 
 # The example Jobs, with the e2e image, a command that waits, and a 1 s grace period.
 job() {
@@ -83,26 +77,13 @@ workload_of() { # the Workload Kueue made for Job $1
   uid="$(jp "job/$1" '{.metadata.uid}')"
   kubectl -n "$E2E_NS" get workloads -l "kueue.x-k8s.io/job-uid=$uid" -o name 2>/dev/null | head -1
 }
-obj_json() { kubectl -n "$E2E_NS" get "$1" -o json >"$work/obj.json" 2>/dev/null && echo "$work/obj.json"; }
-cond() { python3 "$books" condition "$(obj_json "$1")" "$2"; }
+cond() { python3 "$PLUGIN_BOOKS" condition "$(obj_json "$1")" "$2"; }
 running() { kubectl -n "$E2E_NS" get pods -l "batch.kubernetes.io/job-name=$1" --field-selector=status.phase=Running -o name | wc -l; }
 pods_of() { kubectl -n "$E2E_NS" get pods -l "batch.kubernetes.io/job-name=$1" -o name | wc -l; }
-claim_uids() { # the claim UIDs of Job $1's pods, sorted
-  local p c
-  for p in $(kubectl -n "$E2E_NS" get pods -l "batch.kubernetes.io/job-name=$1" -o name); do
-    c="$(jp "$p" '{.status.resourceClaimStatuses[0].resourceClaimName}')"
-    [ -z "$c" ] || { jp "resourceclaims.$api.resource.k8s.io/$c" '{.metadata.uid}'; echo; }
-  done | sort
-}
-assert_claims_on_gpu() { # every claim of Job $1's pods: a 20Gi share of gpu-0
-  local p c
-  for p in $(kubectl -n "$E2E_NS" get pods -l "batch.kubernetes.io/job-name=$1" -o name); do
-    c="$(jp "$p" '{.status.resourceClaimStatuses[0].resourceClaimName}')"
-    assert_eq "$p claim $c" "$PLUGIN_DRIVER/$NODE_NAME/gpu-0 20Gi" \
-      "$(python3 "$books" claim "$(obj_json "resourceclaims.$api.resource.k8s.io/$c")")"
-  done
-}
-cq_usage() { kubectl get clusterqueue "$1" -o json >"$work/cq.json" && python3 "$books" usage "$work/cq.json" fgpu.dev/shares; }
+claim_uids() { claim_uids_of -l "batch.kubernetes.io/job-name=$1"; } # of Job $1's pods, sorted
+# every claim of Job $1's pods: a 20Gi share of gpu-0
+assert_claims_on_gpu() { assert_share_claims gpu-0 20Gi -l "batch.kubernetes.io/job-name=$1"; }
+cq_usage() { kubectl get clusterqueue "$1" -o json >"$work/cq.json" && python3 "$PLUGIN_BOOKS" usage "$work/cq.json" fgpu.dev/shares; }
 # A ClusterQueue's status is written after the admission it counts (seen 0 0 right after
 # one): wait for the expected figures, then show them.
 usage_is() { [ "$(cq_usage "$1")" = "$2" ]; }
@@ -110,15 +91,12 @@ assert_usage() { # assert_usage <clusterqueue> <"total borrowed">
   wait_until 30 "$1 usage (total borrowed) $2" usage_is "$1" "$2"
   assert_eq "$1 usage (total borrowed)" "$2" "$(cq_usage "$1")"
 }
-without() { comm -23 <(printf '%s\n' "$1") <(printf '%s\n' "$2"); } # lines of $1 not in $2
 # Conditions for wait_until (checked anew each second).
 has_workload() { [ -n "$(workload_of "$1")" ]; }
 admitted_to() { [ "$(jp "$1" '{.status.admission.clusterQueue}')" = "$2" ]; }
 cond_is() { [ "$(cond "$1" "$2" | cut -d' ' -f1)" = "$3" ]; }
 n_running() { [ "$(running "$1")" -eq "$2" ]; }
 no_pods() { [ "$(pods_of "$1")" -eq 0 ]; }
-records_are() { [ "$(checkpoint_uids)" = "$1" ]; }
-none_recorded() { [ "$(without "$1" "$(checkpoint_uids)")" = "$1" ]; }
 
 # --- 1. research borrows
 t1=$SECONDS
@@ -137,7 +115,7 @@ assert_eq "research claims" 3 "$(wc -l <<<"$uids_r")"
 wait_until 30 "research claims in the node's checkpoint" records_are "$uids_r"
 assert_eq "checkpoint records" "$uids_r" "$(checkpoint_uids)"
 assert_eq "CDI specs" "$uids_r" "$(cdi_spec_uids)"
-assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) kueue=3" "$(grants_now)"
+assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) kueue=3" "$(grants_now now)"
 
 # --- 2. production reclaims
 t2=$SECONDS
@@ -167,7 +145,7 @@ assert_usage fgpu-production "3 0"
 assert_usage fgpu-research "0 0"
 assert_eq "research waits (QuotaReserved)" False "$(cond "$wl_r" QuotaReserved | cut -d' ' -f1)"
 assert_eq "train-research still suspended" true "$(jp job/train-research '{.spec.suspend}')"
-assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) kueue=3" "$(grants_now)"
+assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) kueue=3" "$(grants_now now)"
 say "reclaim: research evicted after ${t_evict}s, its claims unprepared after ${t_unprep}s, production running after ${t_run}s"
 
 # --- 3. production done: research borrows again
@@ -183,15 +161,4 @@ assert_eq "CDI specs (new research claims only)" "$uids_r2" "$(cdi_spec_uids)"
 say "research re-admitted and running $((SECONDS - t3))s after production was deleted"
 
 # --- never an over-grant
-kill "$sampler" 2>/dev/null || true
-wait "$sampler" 2>/dev/null || true
-sampler=""
-samples="$(wc -l <"$work/grants.log")"
-[ "$samples" -ge 5 ] || fail "only $samples samples of the books"
-max() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" "$work/grants.log" | sort -n | tail -1; }
-say "books sampled $samples times: at most $(max claims) claims, $(max memory) bytes, $(max kueue) Kueue shares"
-[ "$(max claims)" -le "$shares" ] || fail "more than $shares claims on gpu-0: $(grep -v "claims=[0-$shares] " "$work/grants.log" | head -3)"
-[ "$(max memory)" -le "$gpu_bytes" ] || fail "more than 80Gi granted on gpu-0"
-[ "$(max kueue)" -le "$shares" ] || fail "Kueue counted more than $shares shares in use"
-[ "$(max claims)" -ge 3 ] || fail "the sampler never saw the 3 claims (max $(max claims))"
-say "ok: never more than $shares shares (80Gi) granted"
+assert_no_overgrant "$shares" "$gpu_bytes" kueue "Kueue shares in use" 3

@@ -28,11 +28,9 @@ source "$(dirname "$0")/../lib.sh"
 source "$E2E_DIR/../plugin-lib.sh"
 root="$E2E_LIB_DIR/../.."
 ex="$root/deploy/examples/volcano"
-books="$E2E_DIR/../80-kueue-shares/books.py"
 pods_py="$E2E_DIR/pods.py"
 api=v1
 gpu_bytes=$((80 << 30)) shares=4 unit=fgpu.dev/shares
-sampler=""
 # Volcano's kinds by their full names: "queue" is also a short name of Kueue's LocalQueue,
 # and kubectl's discovery cache may still hold it after 80-kueue-shares.
 pgs=podgroups.scheduling.volcano.sh
@@ -43,7 +41,7 @@ unadvertise() {
 }
 cleanup() {
   local rc=$?
-  [ -z "$sampler" ] || { kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true; }
+  sampler_stop
   kubectl -n "$E2E_NS" delete jobs.batch.volcano.sh --all --wait=true --timeout=60s >/dev/null 2>&1 || true
   kubectl -n "$E2E_NS" delete pods --all --wait=true --timeout=60s >/dev/null 2>&1 || true
   (cd "$root" && hack/volcano-uninstall.sh) >&2 || true
@@ -78,19 +76,15 @@ kubectl -n "$E2E_NS" apply -f "$ex/share-20gi.yaml" >&2
 say "ok: queues open"
 
 # --- the books, sampled back to back (two list calls, then 0.2 s) until the end
-grants_now() { # "claims=N memory=B kueue=0 shares=S gang=G", from $work/<tag>-*.json
-  local tag="${1:-now}" g b
+grants_now() { # grants_now <tag>: "claims=N memory=B kueue=0 shares=S gang=G", from $work/<tag>-*.json
+  local tag="$1" g b
   kubectl get resourceclaims -A -o json >"$work/$tag-claims.json" 2>/dev/null || return 1
   kubectl -n "$E2E_NS" get pods -o json >"$work/$tag-pods.json" 2>/dev/null || return 1
-  g="$(python3 "$books" grants "$work/$tag-claims.json" "$PLUGIN_DRIVER" "$NODE_NAME" gpu-0 none)" || return 1
+  g="$(python3 "$PLUGIN_BOOKS" grants "$work/$tag-claims.json" "$PLUGIN_DRIVER" "$NODE_NAME" gpu-0 none)" || return 1
   b="$(python3 "$pods_py" bound "$work/$tag-pods.json" "$unit" train-gang)" || return 1
   echo "${g% kueue=*} $b"
 }
-( while :; do
-    if g="$(grants_now sample)"; then echo "$(date +%s) $g" >>"$work/grants.log"; fi
-    sleep 0.2
-  done ) &
-sampler=$!
+sampler_start grants_now sample
 
 # An example vcjob with the e2e image, a command that waits, a 1 s grace period; for the
 # production one, another name and size: vcjob <file> [<name> <pods>].
@@ -108,30 +102,14 @@ running() { kubectl -n "$E2E_NS" get pods -l "$(sel "$1")" --field-selector=stat
 pods_of() { kubectl -n "$E2E_NS" get pods -l "$(sel "$1")" -o name | wc -l; }
 bound_of() { kubectl -n "$E2E_NS" get pods -l "$(sel "$1")" -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c . || true; }
 podgroup_of() { kubectl -n "$E2E_NS" get pods -l "$(sel "$1")" -o jsonpath='{.items[0].metadata.annotations.scheduling\.k8s\.io/group-name}'; }
-claim_uids() { # the claim UIDs of the Running pods of vcjob $1, sorted
-  local p c
-  for p in $(kubectl -n "$E2E_NS" get pods -l "$(sel "$1")" --field-selector=status.phase=Running -o name); do
-    c="$(jp "$p" '{.status.resourceClaimStatuses[0].resourceClaimName}')"
-    [ -z "$c" ] || { jp "resourceclaims.$api.resource.k8s.io/$c" '{.metadata.uid}'; echo; }
-  done | sort
-}
-obj_json() { kubectl -n "$E2E_NS" get "$1" -o json >"$work/obj.json" 2>/dev/null && echo "$work/obj.json"; }
-assert_claims_on_gpu() { # every claim of vcjob $1's Running pods: a 20Gi share of gpu-0
-  local p c
-  for p in $(kubectl -n "$E2E_NS" get pods -l "$(sel "$1")" --field-selector=status.phase=Running -o name); do
-    c="$(jp "$p" '{.status.resourceClaimStatuses[0].resourceClaimName}')"
-    assert_eq "$p claim $c" "$PLUGIN_DRIVER/$NODE_NAME/gpu-0 20Gi" \
-      "$(python3 "$books" claim "$(obj_json "resourceclaims.$api.resource.k8s.io/$c")")"
-  done
-}
-without() { comm -23 <(printf '%s\n' "$1") <(printf '%s\n' "$2"); } # lines of $1 not in $2
+claim_uids() { claim_uids_of -l "$(sel "$1")" --field-selector=status.phase=Running; } # of vcjob $1's Running pods, sorted
+# every claim of vcjob $1's Running pods: a 20Gi share of gpu-0
+assert_claims_on_gpu() { assert_share_claims gpu-0 20Gi -l "$(sel "$1")" --field-selector=status.phase=Running; }
 sorted() { printf '%s\n' "$@" | grep . | sort; }
 # Conditions for wait_until (checked anew each second).
 n_running() { [ "$(running "$1")" -eq "$2" ]; }
 n_pods() { [ "$(pods_of "$1")" -eq "$2" ]; }
 no_pods() { [ "$(pods_of "$1")" -eq 0 ]; }
-records_are() { [ "$(checkpoint_uids)" = "$1" ]; }
-none_recorded() { [ "$(without "$1" "$(checkpoint_uids)")" = "$1" ]; }
 delete_job() { kubectl -n "$E2E_NS" delete jobs.batch.volcano.sh "$1" --wait=true --timeout=60s >&2; wait_until 60 "$1's pods gone" no_pods "$1"; }
 
 # --- 1. gang: all or nothing
@@ -179,7 +157,7 @@ uids_r="$(claim_uids train-research)"
 assert_eq "research claims" 3 "$(wc -l <<<"$uids_r")"
 wait_until 30 "research claims in the node's checkpoint" records_are "$uids_r"
 assert_eq "CDI specs" "$uids_r" "$(cdi_spec_uids)"
-assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) shares=3 gang=0" "$(grants_now)"
+assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) shares=3 gang=0" "$(grants_now now)"
 # The guarantee on its own: research's capability raised to the whole GPU, research still
 # gets 3 (production's guaranteed share is never lent); then the capability back to 3.
 cap() { kubectl patch queues.scheduling.volcano.sh research --type=merge -p "{\"spec\":{\"capability\":{\"$unit\":\"$1\"}}}" >&2; }
@@ -193,7 +171,7 @@ wait_until 60 "serve-small running on the guaranteed share" n_running serve-smal
 say "guarantee: serve-small running $((SECONDS - t2b))s after its vcjob was created"
 assert_claims_on_gpu serve-small
 assert_eq "research claims untouched" "$uids_r" "$(claim_uids train-research)"
-assert_eq "books now" "claims=4 memory=$gpu_bytes shares=4 gang=0" "$(grants_now)"
+assert_eq "books now" "claims=4 memory=$gpu_bytes shares=4 gang=0" "$(grants_now now)"
 
 # --- 3. production waits for the shares research holds (no reclaim with DRA claims)
 t3=$SECONDS
@@ -220,19 +198,8 @@ uids_p="$(sorted "$(claim_uids serve-small)" "$(claim_uids serve-production)")"
 assert_eq "production claims" 3 "$(wc -l <<<"$uids_p")"
 wait_until 30 "production's 3 claims in the checkpoint" records_are "$uids_p"
 assert_eq "CDI specs (production only)" "$uids_p" "$(cdi_spec_uids)"
-assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) shares=3 gang=0" "$(grants_now)"
+assert_eq "books now" "claims=3 memory=$((3 * (20 << 30))) shares=3 gang=0" "$(grants_now now)"
 say "research deleted after serve-production waited $((t3b - t3))s: its claims unprepared after ${t_unprep}s, production running after ${t_run}s"
 
 # --- never an over-grant
-kill "$sampler" 2>/dev/null || true
-wait "$sampler" 2>/dev/null || true
-sampler=""
-samples="$(wc -l <"$work/grants.log")"
-[ "$samples" -ge 5 ] || fail "only $samples samples of the books"
-max() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" "$work/grants.log" | sort -n | tail -1; }
-say "books sampled $samples times: at most $(max claims) claims, $(max memory) bytes, $(max shares) $unit bound"
-[ "$(max claims)" -le "$shares" ] || fail "more than $shares claims on gpu-0: $(grep -v "claims=[0-$shares] " "$work/grants.log" | head -3)"
-[ "$(max memory)" -le "$gpu_bytes" ] || fail "more than 80Gi granted on gpu-0"
-[ "$(max shares)" -le "$shares" ] || fail "more than $shares $unit bound"
-[ "$(max claims)" -ge 4 ] || fail "the sampler never saw the 4 claims (max $(max claims))"
-say "ok: never more than $shares shares (80Gi) granted"
+assert_no_overgrant "$shares" "$gpu_bytes" shares "$unit bound" 4
