@@ -27,8 +27,10 @@
 //! [`ScoreContext::usage_weight`] is above 0): it prefers GPUs whose measured load leaves
 //! the request's core quota real headroom.
 //!
-//! Nothing here allocates per GPU on the hot path beyond small vectors; the simulator
-//! evaluates tens of millions of nodes with it.
+//! The simulator evaluates tens of millions of nodes with it, the scheduler extender 5,000
+//! per request: evaluating a node allocates nothing but the [`Placement`] it returns. The
+//! lists it works in (the GPUs that fit, the measure's free levels) live in a per-thread
+//! scratch that each evaluation refills, and model names are compared without copies.
 
 pub mod frag;
 pub mod load;
@@ -391,10 +393,15 @@ impl Request {
     }
 }
 
-pub(super) fn model_matches(model: &str, pattern: &str) -> bool {
-    model
-        .to_ascii_lowercase()
-        .contains(&pattern.to_ascii_lowercase())
+/// Whether GPU model `model` contains `pattern`, ignoring ASCII case (the rule of
+/// [`Request::model_include`] and [`Request::model_exclude`]). Allocates nothing: it runs
+/// for every GPU of every node a constrained request is evaluated on.
+pub fn model_matches(model: &str, pattern: &str) -> bool {
+    let (hay, needle) = (model.as_bytes(), pattern.as_bytes());
+    needle.is_empty()
+        || hay
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// Node-level policy.
@@ -588,37 +595,65 @@ pub fn evaluate_node(
     if !node.host_fits(req) {
         return None;
     }
-    if req.gpus == 0 {
-        let score = score_host_only(node, req, policy, ctx);
-        return Some(Placement {
-            node: inv_index,
-            gpus: Vec::new(),
-            score,
-        });
-    }
-    let fit: Vec<usize> = (0..node.gpus.len())
-        .filter(|&i| req.gpu_fits(&node.gpus[i]))
-        .collect();
-    if fit.len() < req.gpus as usize {
-        return None;
-    }
-    let (mut gpus, mut score) = match (policy.node, ctx.workload) {
-        (NodePolicy::Fgd, Some(w)) => frag::place_fgd(node, req, &fit, policy.gpu, w)?,
-        (NodePolicy::FragAware, Some(w)) => frag::place_fragaware(node, req, &fit, policy.gpu, w)?,
-        _ => {
-            let gpus = pick_gpus(node, req, &fit, policy.gpu)?;
-            let score = score_plain(node, req, &gpus, policy, ctx);
-            (gpus, score)
+    with_scratch(|s| {
+        let Scratch { fit, frag } = s;
+        if req.gpus == 0 {
+            let score = score_host_only(node, req, policy, ctx, frag);
+            return Some(Placement {
+                node: inv_index,
+                gpus: Vec::new(),
+                score,
+            });
         }
-    };
-    if ctx.usage_weight > 0.0 {
-        load::prefer_headroom(node, req, &fit, &mut gpus);
-        score += ctx.usage_weight * load::placement_term(node, req, &gpus);
-    }
-    Some(Placement {
-        node: inv_index,
-        gpus,
-        score,
+        fit.clear();
+        fit.extend((0..node.gpus.len()).filter(|&i| req.gpu_fits(&node.gpus[i])));
+        if fit.len() < req.gpus as usize {
+            return None;
+        }
+        let (mut gpus, mut score) = match (policy.node, ctx.workload) {
+            (NodePolicy::Fgd, Some(w)) => frag::place_fgd(node, req, fit, policy.gpu, w, frag)?,
+            (NodePolicy::FragAware, Some(w)) => {
+                frag::place_fragaware(node, req, fit, policy.gpu, w, frag)?
+            }
+            _ => {
+                let gpus = pick_gpus(node, req, fit, policy.gpu)?;
+                let score = score_plain(node, req, &gpus, policy, ctx);
+                (gpus, score)
+            }
+        };
+        if ctx.usage_weight > 0.0 {
+            load::prefer_headroom(node, req, fit, &mut gpus);
+            score += ctx.usage_weight * load::placement_term(node, req, &gpus);
+        }
+        Some(Placement {
+            node: inv_index,
+            gpus,
+            score,
+        })
+    })
+}
+
+/// Buffers that the evaluation of one node fills and the next one reuses, so that
+/// evaluating a node allocates nothing but the [`Placement`] it returns once the buffers
+/// have grown to the largest node's GPU count. One per thread ([`with_scratch`]).
+#[derive(Debug, Default)]
+struct Scratch {
+    /// The GPUs of the node that can take the request.
+    fit: Vec<usize>,
+    /// The fragmentation measure's node states.
+    frag: frag::Scratch,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// Runs `f` with this thread's [`Scratch`]. A nested call (none today) gets a fresh one
+/// rather than a panic.
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut Scratch::default()),
     })
 }
 
@@ -721,51 +756,61 @@ pub fn pick_gpus(node: &Node, req: &Request, fit: &[usize], gpu: GpuPolicy) -> O
         }
         Topology::SameNuma | Topology::SamePcieRoot => {
             // Candidate groups in order of their first member under the policy ordering:
-            // the group holding the preferred GPU wins if it has room for all k.
-            let group_of = |i: usize| -> Option<String> {
-                let g = &node.gpus[i];
-                match req.topology {
-                    Topology::SameNuma => g.numa.map(|n| n.to_string()),
-                    _ => g.pcie_root.clone(),
+            // the group holding the preferred GPU wins if it has room for all k. A group is
+            // named by its leader, the position in `order` of its first member.
+            let group = |i: usize| GroupKey::of(&node.gpus[i], req.topology);
+            let mut best: Option<usize> = None;
+            for (p, &i) in order.iter().enumerate() {
+                let Some(grp) = group(i) else { continue };
+                if order[..p].iter().any(|&j| group(j) == Some(grp)) {
+                    continue; // not the group's leader: the group was looked at already
                 }
-            };
-            let mut seen: Vec<String> = Vec::new();
-            let mut best: Option<Vec<usize>> = None;
-            for &i in &order {
-                let Some(grp) = group_of(i) else { continue };
-                if seen.contains(&grp) {
-                    continue;
-                }
-                let members: Vec<usize> = order
-                    .iter()
-                    .copied()
-                    .filter(|&j| group_of(j).as_deref() == Some(grp.as_str()))
-                    .take(k)
-                    .collect();
-                seen.push(grp);
-                if members.len() == k {
+                let members = order.iter().filter(|&&j| group(j) == Some(grp)).take(k);
+                if members.count() == k {
                     // Binpack: the fullest group that fits (fewest free GPUs left over);
                     // spread: the first in policy order.
-                    let better = match (&best, gpu) {
+                    let better = match (best, gpu) {
                         (None, _) => true,
                         (Some(b), GpuPolicy::Binpack) => {
-                            group_free(node, &members, req) < group_free(node, b, req)
+                            group_free(node, i, req) < group_free(node, order[b], req)
                         }
                         (Some(_), GpuPolicy::Spread) => false,
                     };
                     if better {
-                        best = Some(members);
+                        best = Some(p);
                     }
                 }
             }
-            best
+            let leader = order[best?];
+            let grp = group(leader);
+            order.retain(|&j| group(j) == grp);
+            order.truncate(k);
+            Some(order)
         }
     }
 }
 
-fn group_free(node: &Node, members: &[usize], req: &Request) -> u64 {
-    // Free milli of every GPU that shares the group of the first member.
-    let first = &node.gpus[members[0]];
+/// The topology group of a GPU (its NUMA node or PCIe root), borrowed from the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GroupKey<'a> {
+    Numa(u32),
+    PcieRoot(&'a str),
+}
+
+impl<'a> GroupKey<'a> {
+    /// The group of `g` under `topology`; `None` when unknown (or for [`Topology::Any`]).
+    fn of(g: &'a Gpu, topology: Topology) -> Option<Self> {
+        match topology {
+            Topology::Any => None,
+            Topology::SameNuma => g.numa.map(GroupKey::Numa),
+            Topology::SamePcieRoot => g.pcie_root.as_deref().map(GroupKey::PcieRoot),
+        }
+    }
+}
+
+/// Free milli-GPU of every GPU of `node` in the group of GPU `leader`.
+fn group_free(node: &Node, leader: usize, req: &Request) -> u64 {
+    let first = &node.gpus[leader];
     node.gpus
         .iter()
         .filter(|g| match req.topology {
@@ -799,14 +844,20 @@ fn cpu_used_after(node: &Node, req: &Request) -> f64 {
     }
 }
 
-fn score_host_only(node: &Node, req: &Request, policy: Policy, ctx: &ScoreContext<'_>) -> f64 {
+fn score_host_only(
+    node: &Node,
+    req: &Request,
+    policy: Policy,
+    ctx: &ScoreContext<'_>,
+    scratch: &mut frag::Scratch,
+) -> f64 {
     match policy.node {
         NodePolicy::Spread => 1.0 - cpu_used_after(node, req),
         NodePolicy::BestFit => bestfit_score(node, req, &[], ctx.max_spec),
         // The paper's GpuPacking gives pods without GPUs the minimum score everywhere.
         NodePolicy::GpuPacking => 0.0,
         NodePolicy::Fgd => match ctx.workload {
-            Some(w) => frag::fgd_host_only(node, req, w),
+            Some(w) => frag::fgd_host_only(node, req, w, scratch),
             None => cpu_used_after(node, req),
         },
         // Needs no workload: the fewest free GPUs wins (see `frag`).

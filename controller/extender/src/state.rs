@@ -1385,13 +1385,10 @@ fn label_profile(label: &str, memory: u64) -> Option<&'static str> {
 /// Whether GPU `g` passes `r`'s UUID and model constraints (as the engine reads them:
 /// case-insensitive substrings for models).
 fn meets_constraints(g: &Gpu, r: &Request) -> bool {
-    let contains = |hay: &str, needle: &str| {
-        let (h, n) = (hay.as_bytes(), needle.as_bytes());
-        n.is_empty() || h.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))
-    };
+    let matches = |m: &String| engine::model_matches(&g.model, m);
     (r.uuid_pin.is_empty() || r.uuid_pin.contains(&g.uuid))
-        && (r.model_include.is_empty() || r.model_include.iter().any(|m| contains(&g.model, m)))
-        && !r.model_exclude.iter().any(|m| contains(&g.model, m))
+        && (r.model_include.is_empty() || r.model_include.iter().any(matches))
+        && !r.model_exclude.iter().any(matches)
 }
 
 /// Why container `c` does not fit on `node`, for FailedNodes.

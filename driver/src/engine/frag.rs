@@ -247,53 +247,52 @@ impl MeanGpuPod {
     }
 }
 
-/// A node's state as the measure sees it: sorted free GPU levels and free host resources.
-#[derive(Clone, Debug)]
+/// A node's state as the measure sees it: free GPU levels (in the node's order and sorted)
+/// and free host resources. Refilled in place ([`Levels::set`]) for each state measured,
+/// so measuring allocates nothing once its vectors have grown to the node's GPU count.
+#[derive(Clone, Debug, Default)]
 struct Levels {
     /// Free level per GPU, in the node's order (for the pinned kinds).
     raw: Vec<u32>,
-    /// Per GPU, bit `i` set when model list `i` of the workload allows it.
-    access: Vec<u64>,
     sorted: Vec<u32>,
+    /// `prefix[i]`: the sum of the `i` lowest levels.
     prefix: Vec<u64>,
     cpu_free: u64,
     mem_free: u64,
 }
 
 impl Levels {
-    fn new(free: Vec<u32>, access: Vec<u64>, cpu_free: u64, mem_free: u64) -> Self {
-        let raw = free.clone();
-        let mut free = free;
-        free.sort_unstable();
-        let mut prefix = Vec::with_capacity(free.len() + 1);
+    /// Makes this the state with free levels `free` and free host `cpu_free`, `mem_free`.
+    fn set(&mut self, free: &[u32], cpu_free: u64, mem_free: u64) {
+        self.raw.clear();
+        self.raw.extend_from_slice(free);
+        self.sorted.clear();
+        self.sorted.extend_from_slice(free);
+        self.sorted.sort_unstable();
+        self.prefix.clear();
+        self.prefix.push(0);
         let mut acc = 0u64;
-        prefix.push(0);
-        for &l in &free {
+        for &l in &self.sorted {
             acc += u64::from(l);
-            prefix.push(acc);
+            self.prefix.push(acc);
         }
-        Levels {
-            raw,
-            access,
-            sorted: free,
-            prefix,
-            cpu_free,
-            mem_free,
-        }
+        self.cpu_free = cpu_free;
+        self.mem_free = mem_free;
     }
 
     fn total(&self) -> u64 {
         *self.prefix.last().unwrap_or(&0)
     }
 
-    /// `F(n)` in milli-GPU.
+    /// `F(n)` in milli-GPU; `access` holds, per GPU, which of `w`'s model lists allow it
+    /// ([`Scratch::load`]).
     ///
     /// fragaware (`check_memory`) leaves out the kinds pinned to models the node has none
     /// of: their term would be the node's whole free capacity, a term every placement on
     /// the node lowers, so a node of a rare model would look the best place for any pod
     /// (its capacity "fragmented" for the many kinds pinned elsewhere) and the pods pinned
     /// to that model would find it taken. FGD counts them ("no access").
-    fn frag(&self, w: &Workload, check_memory: bool) -> f64 {
+    fn frag(&self, access: &[u64], w: &Workload, check_memory: bool) -> f64 {
         let skip_no_access = check_memory;
         let n = self.sorted.len();
         let total = self.total() as f64;
@@ -309,11 +308,11 @@ impl Levels {
                 // A pinned kind: only GPUs of its models with its demand free are of use;
                 // the free capacity of every other GPU is fragmented for it.
                 let bit = 1u64 << (t.model_set - 1);
-                if skip_no_access && !self.access.iter().any(|a| a & bit != 0) {
+                if skip_no_access && !access.iter().any(|a| a & bit != 0) {
                     continue;
                 }
                 let (mut usable, mut usable_free) = (0usize, 0u64);
-                for (l, a) in self.raw.iter().zip(&self.access) {
+                for (l, a) in self.raw.iter().zip(access) {
                     if a & bit != 0 && *l >= t.milli {
                         usable += 1;
                         usable_free += u64::from(*l);
@@ -357,33 +356,83 @@ impl Levels {
     }
 
     /// fragaware's measure: FGD's with host memory, plus the host-starvation term.
-    fn fragaware(&self, w: &Workload, mean: &MeanGpuPod) -> f64 {
-        self.frag(w, true) + self.starved(mean)
+    fn fragaware(&self, access: &[u64], w: &Workload, mean: &MeanGpuPod) -> f64 {
+        self.frag(access, w, true) + self.starved(mean)
     }
 }
 
-fn free_levels(node: &Node) -> Vec<u32> {
-    node.gpus
-        .iter()
-        .map(|g| if g.healthy { g.free_milli() } else { 0 })
-        .collect()
+/// The buffers the measure works in: one node's free levels and model access, and the
+/// state measured last. [`super::evaluate_node`] keeps one per thread and passes it down,
+/// so scoring a node and its candidate placements allocates nothing once the buffers have
+/// grown to the largest node's GPU count.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Scratch {
+    /// Free level per GPU of the node as it is (0 for an unhealthy GPU).
+    levels: Vec<u32>,
+    /// Per GPU, bit `i` set when model list `i` of the workload allows it; empty when
+    /// the workload pins no kind to models.
+    access: Vec<u64>,
+    /// The levels after a candidate placement (the input of `state`).
+    after: Vec<u32>,
+    /// The state measured last.
+    state: Levels,
+    /// Free levels already tried as a sharing pod's GPU (fragaware).
+    seen: Vec<u32>,
 }
 
-/// Per GPU of `node`, which of `w`'s model lists allow it (bit `i` for list `i`).
-fn access(node: &Node, w: &Workload) -> Vec<u64> {
-    if w.model_sets.is_empty() {
-        return Vec::new();
-    }
-    node.gpus
-        .iter()
-        .map(|g| {
-            w.model_sets
+impl Scratch {
+    /// Loads `node` as it is: its free levels and which of `w`'s model lists allow each GPU.
+    fn load(&mut self, node: &Node, w: &Workload) {
+        self.levels.clear();
+        self.levels.extend(
+            node.gpus
                 .iter()
-                .enumerate()
-                .filter(|(_, set)| set.iter().any(|m| super::model_matches(&g.model, m)))
-                .fold(0u64, |acc, (i, _)| acc | (1u64 << i))
-        })
-        .collect()
+                .map(|g| if g.healthy { g.free_milli() } else { 0 }),
+        );
+        self.access.clear();
+        if !w.model_sets.is_empty() {
+            self.access.extend(node.gpus.iter().map(|g| {
+                w.model_sets
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, set)| set.iter().any(|m| super::model_matches(&g.model, m)))
+                    .fold(0u64, |acc, (i, _)| acc | (1u64 << i))
+            }));
+        }
+    }
+
+    /// Makes the loaded node as it is the state to measure.
+    fn before(&mut self, node: &Node) -> &Self {
+        let (c, m) = host_free(node);
+        self.state.set(&self.levels, c, m);
+        self
+    }
+
+    /// Makes the loaded node after placing `req` on `gpus` of `node` the state to measure.
+    fn after(&mut self, node: &Node, req: &Request, gpus: &[usize]) -> &Self {
+        self.after.clear();
+        self.after.extend_from_slice(&self.levels);
+        for &i in gpus {
+            self.after[i] = self.after[i].saturating_sub(req.milli_on(&node.gpus[i]));
+        }
+        let (c, m) = host_free(node);
+        self.state.set(
+            &self.after,
+            c.saturating_sub(req.cpu_milli),
+            m.saturating_sub(req.memory_mib),
+        );
+        self
+    }
+
+    /// `F(n)` of the state to measure ([`Levels::frag`]).
+    fn frag(&self, w: &Workload, check_memory: bool) -> f64 {
+        self.state.frag(&self.access, w, check_memory)
+    }
+
+    /// fragaware's measure of the state to measure ([`Levels::fragaware`]).
+    fn fragaware(&self, w: &Workload, mean: &MeanGpuPod) -> f64 {
+        self.state.fragaware(&self.access, w, mean)
+    }
 }
 
 fn host_free(node: &Node) -> (u64, u64) {
@@ -396,36 +445,17 @@ fn host_free(node: &Node) -> (u64, u64) {
 /// The node's fragmentation `F(n)` in milli-GPU under `w` (FGD's measure when
 /// `check_memory` is false).
 pub fn node_frag(node: &Node, w: &Workload, check_memory: bool) -> f64 {
-    let (c, m) = host_free(node);
-    Levels::new(free_levels(node), access(node, w), c, m).frag(w, check_memory)
+    let mut s = Scratch::default();
+    s.load(node, w);
+    s.before(node).frag(w, check_memory)
 }
 
 /// fragaware's measure of the node in milli-GPU under `w`: FGD's measure with host memory
 /// plus the capacity its free CPU and memory cannot feed (see [`MeanGpuPod`]).
 pub fn fragaware_frag(node: &Node, w: &Workload) -> f64 {
-    let (c, m) = host_free(node);
-    Levels::new(free_levels(node), access(node, w), c, m).fragaware(w, &MeanGpuPod::of(w))
-}
-
-/// The node's state after placing `req` on `gpus` of `node`.
-fn levels_after(
-    node: &Node,
-    levels: &[u32],
-    access: &[u64],
-    req: &Request,
-    gpus: &[usize],
-) -> Levels {
-    let mut after = levels.to_vec();
-    for &i in gpus {
-        after[i] = after[i].saturating_sub(req.milli_on(&node.gpus[i]));
-    }
-    let (c, m) = host_free(node);
-    Levels::new(
-        after,
-        access.to_vec(),
-        c.saturating_sub(req.cpu_milli),
-        m.saturating_sub(req.memory_mib),
-    )
+    let mut s = Scratch::default();
+    s.load(node, w);
+    s.before(node).fragaware(w, &MeanGpuPod::of(w))
 }
 
 fn sigmoid(x: f64) -> f64 {
@@ -446,28 +476,24 @@ pub(super) fn place_fgd(
     fit: &[usize],
     gpu: GpuPolicy,
     w: &Workload,
+    s: &mut Scratch,
 ) -> Option<(Vec<usize>, f64)> {
-    let levels = free_levels(node);
-    let acc = access(node, w);
-    let (c, m) = host_free(node);
-    let before = Levels::new(levels.clone(), acc.clone(), c, m).frag(w, false);
+    s.load(node, w);
+    let before = s.before(node).frag(w, false);
     if req.gpus == 1 && req.share != GpuShare::Whole {
         let mut best: Option<(usize, f64)> = None;
         for &i in fit {
-            let after = levels_after(node, &levels, &acc, req, &[i]).frag(w, false);
-            let s = fgd_quantised(before, after);
-            if best.is_none_or(|(_, b)| s > b) {
-                best = Some((i, s));
+            let after = s.after(node, req, &[i]).frag(w, false);
+            let score = fgd_quantised(before, after);
+            if best.is_none_or(|(_, b)| score > b) {
+                best = Some((i, score));
             }
         }
-        best.map(|(i, s)| (vec![i], s))
+        best.map(|(i, score)| (vec![i], score))
     } else {
         let gpus = pick_gpus(node, req, fit, gpu)?;
-        let s = fgd_quantised(
-            before,
-            levels_after(node, &levels, &acc, req, &gpus).frag(w, false),
-        );
-        Some((gpus, s))
+        let score = fgd_quantised(before, s.after(node, req, &gpus).frag(w, false));
+        Some((gpus, score))
     }
 }
 
@@ -501,58 +527,53 @@ pub(super) fn place_fragaware(
     fit: &[usize],
     gpu: GpuPolicy,
     w: &Workload,
+    s: &mut Scratch,
 ) -> Option<(Vec<usize>, f64)> {
-    let levels = free_levels(node);
-    let acc = access(node, w);
-    let (c, m) = host_free(node);
+    s.load(node, w);
     let mean = MeanGpuPod::of(w);
-    let before = Levels::new(levels.clone(), acc.clone(), c, m).fragaware(w, &mean);
-    let score_of = |gpus: &[usize]| -> f64 {
+    let before = s.before(node).fragaware(w, &mean);
+    let score_of = |s: &mut Scratch, gpus: &[usize]| -> f64 {
         let displaced: f64 = gpus
             .iter()
             .map(|&i| f64::from(req.milli_on(&node.gpus[i])) * w.pressure_on(&node.gpus[i].model))
             .sum();
-        banded(
-            before - levels_after(node, &levels, &acc, req, gpus).fragaware(w, &mean) - displaced,
-        )
+        banded(before - s.after(node, req, gpus).fragaware(w, &mean) - displaced)
     };
     if req.gpus == 1 && req.share != GpuShare::Whole {
         // One candidate per distinct free level: GPUs at the same level are equivalent.
         let mut best: Option<(usize, f64, u32)> = None;
-        let mut seen: Vec<u32> = Vec::with_capacity(fit.len());
+        s.seen.clear();
         for &i in fit {
-            let l = levels[i];
-            if seen.contains(&l) {
+            let l = s.levels[i];
+            if s.seen.contains(&l) {
                 continue;
             }
-            seen.push(l);
-            let s = score_of(&[i]);
+            s.seen.push(l);
+            let score = score_of(s, &[i]);
             let better = match best {
                 None => true,
                 Some((_, bs, bl)) => {
                     let tol = super::SCORE_EPS * bs.abs().max(1.0);
-                    s > bs + tol || (s >= bs - tol && l < bl)
+                    score > bs + tol || (score >= bs - tol && l < bl)
                 }
             };
             if better {
-                best = Some((i, s, l));
+                best = Some((i, score, l));
             }
         }
-        best.map(|(i, s, _)| (vec![i], s))
+        best.map(|(i, score, _)| (vec![i], score))
     } else {
         let gpus = pick_gpus(node, req, fit, gpu)?;
-        let s = score_of(&gpus);
-        Some((gpus, s))
+        let score = score_of(s, &gpus);
+        Some((gpus, score))
     }
 }
 
 /// FGD's score for a pod without GPUs.
-pub(super) fn fgd_host_only(node: &Node, req: &Request, w: &Workload) -> f64 {
-    let levels = free_levels(node);
-    let acc = access(node, w);
-    let (c, m) = host_free(node);
-    let before = Levels::new(levels.clone(), acc.clone(), c, m).frag(w, false);
-    let after = levels_after(node, &levels, &acc, req, &[]).frag(w, false);
+pub(super) fn fgd_host_only(node: &Node, req: &Request, w: &Workload, s: &mut Scratch) -> f64 {
+    s.load(node, w);
+    let before = s.before(node).frag(w, false);
+    let after = s.after(node, req, &[]).frag(w, false);
     fgd_quantised(before, after)
 }
 
@@ -563,6 +584,11 @@ pub(super) fn fgd_host_only(node: &Node, req: &Request, w: &Workload) -> f64 {
 /// all taken first, where its CPU is of no use to a GPU pod anyway — and equal nodes go to
 /// the caller's fixed node order.
 pub(super) fn fragaware_host_only(node: &Node) -> f64 {
-    let free: u64 = free_levels(node).iter().map(|&l| u64::from(l)).sum();
+    let free: u64 = node
+        .gpus
+        .iter()
+        .filter(|g| g.healthy)
+        .map(|g| u64::from(g.free_milli()))
+        .sum();
     -(free as f64)
 }

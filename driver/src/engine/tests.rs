@@ -794,3 +794,242 @@ mod usage_off {
         }
     }
 }
+
+/// The allocation-free evaluation against straightforward references: the model match
+/// against lowercasing both strings, the topology grouping against grouping GPUs by their
+/// group's name as a string (the code before the per-thread scratch), and every
+/// evaluation on a thread that has evaluated other nodes before against one with a fresh
+/// scratch.
+mod scratch_and_references {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn reference_model_matches(model: &str, pattern: &str) -> bool {
+        model
+            .to_ascii_lowercase()
+            .contains(&pattern.to_ascii_lowercase())
+    }
+
+    /// `pick_gpus` as it was: each GPU's group as an owned string, groups in order of
+    /// their first member, members collected per group.
+    fn reference_pick_gpus(
+        node: &Node,
+        req: &Request,
+        fit: &[usize],
+        gpu: GpuPolicy,
+    ) -> Option<Vec<usize>> {
+        let k = req.gpus as usize;
+        let mut order: Vec<usize> = fit.to_vec();
+        let key = |i: &usize| node.gpus[*i].free_milli();
+        match gpu {
+            GpuPolicy::Binpack => order.sort_by_key(|i| (key(i), *i)),
+            GpuPolicy::Spread => order.sort_by_key(|i| (std::cmp::Reverse(key(i)), *i)),
+        }
+        if req.topology == Topology::Any {
+            order.truncate(k);
+            return Some(order);
+        }
+        let group_of = |i: usize| -> Option<String> {
+            let g = &node.gpus[i];
+            match req.topology {
+                Topology::SameNuma => g.numa.map(|n| n.to_string()),
+                _ => g.pcie_root.clone(),
+            }
+        };
+        let free_of = |members: &[usize]| -> u64 {
+            let first = group_of(members[0]);
+            (0..node.gpus.len())
+                .filter(|&j| group_of(j) == first)
+                .map(|j| u64::from(node.gpus[j].free_milli()))
+                .sum()
+        };
+        let mut seen: Vec<String> = Vec::new();
+        let mut best: Option<Vec<usize>> = None;
+        for &i in &order {
+            let Some(grp) = group_of(i) else { continue };
+            if seen.contains(&grp) {
+                continue;
+            }
+            let members: Vec<usize> = order
+                .iter()
+                .copied()
+                .filter(|&j| group_of(j).as_deref() == Some(grp.as_str()))
+                .take(k)
+                .collect();
+            seen.push(grp);
+            if members.len() == k {
+                let better = match (&best, gpu) {
+                    (None, _) => true,
+                    (Some(b), GpuPolicy::Binpack) => free_of(&members) < free_of(b),
+                    (Some(_), GpuPolicy::Spread) => false,
+                };
+                if better {
+                    best = Some(members);
+                }
+            }
+        }
+        best
+    }
+
+    const MODELS: [&str; 4] = [
+        "NVIDIA A100-SXM4-80GB",
+        "NVIDIA H100 80GB HBM3",
+        "Tesla T4",
+        "L40S",
+    ];
+
+    /// A random GPU: model, free milli (in steps, so that equal levels are common), NUMA
+    /// node, PCIe root, health.
+    type ArbGpu = (usize, u32, Option<u32>, Option<u8>, bool);
+
+    fn arb_gpu() -> impl Strategy<Value = ArbGpu> {
+        (
+            0..MODELS.len(),
+            (0u32..=8).prop_map(|k| k * 125),
+            proptest::option::of(0u32..3),
+            proptest::option::of(0u8..3),
+            proptest::bool::weighted(0.9),
+        )
+    }
+
+    /// Nodes of 1 to 9 GPUs (so that a node larger than the one before grows the scratch,
+    /// and a smaller one must not see the larger one's leftovers), with host CPU and memory.
+    fn arb_nodes() -> impl Strategy<Value = Vec<(Vec<ArbGpu>, u64, u64)>> {
+        proptest::collection::vec(
+            (
+                proptest::collection::vec(arb_gpu(), 1..10),
+                0u64..64_000,
+                0u64..256_000,
+            ),
+            1..7,
+        )
+    }
+
+    fn build(nodes: &[(Vec<ArbGpu>, u64, u64)]) -> Inventory {
+        Inventory {
+            nodes: nodes
+                .iter()
+                .enumerate()
+                .map(|(k, (gpus, cpu, mem))| {
+                    let mut n = node(&format!("n{k}"), gpus.len()).with_host(64_000, 256_000);
+                    n.cpu_milli_free = Some(*cpu);
+                    n.memory_mib_free = Some(*mem);
+                    for (g, &(model, free, numa, root, healthy)) in n.gpus.iter_mut().zip(gpus) {
+                        g.model = MODELS[model].into();
+                        g.memory_free = g.memory_total / 1000 * u64::from(free);
+                        g.numa = numa;
+                        g.pcie_root = root.map(|r| format!("pci{r}"));
+                        g.healthy = healthy;
+                    }
+                    n
+                })
+                .collect(),
+        }
+    }
+
+    /// A workload with unpinned kinds, kinds pinned to A100 and to H100|L40S, and one
+    /// without GPUs; the model charge set from `inv`.
+    fn pinned_workload(inv: &Inventory) -> Workload {
+        let kind = |cpu_milli, memory_mib, gpus, milli, weight, model_set| frag::WorkloadType {
+            cpu_milli,
+            memory_mib,
+            gpus,
+            milli,
+            weight,
+            model_set,
+        };
+        let mut w = Workload {
+            types: vec![
+                kind(4000, 16_000, 1, 250, 0.3, 0),
+                kind(8000, 32_000, 1, 1000, 0.2, 0),
+                kind(16_000, 64_000, 2, 1000, 0.1, 0),
+                kind(2000, 8000, 1, 500, 0.15, 1),
+                kind(12_000, 48_000, 1, 1000, 0.15, 2),
+                kind(1000, 4000, 0, 0, 0.1, 0),
+            ],
+            model_sets: vec![vec!["a100".into()], vec!["H100".into(), "l40s".into()]],
+            pressure: Vec::new(),
+        };
+        w.set_pressure(inv);
+        w
+    }
+
+    fn same(a: &Option<Placement>, b: &Option<Placement>) -> Result<(), TestCaseError> {
+        match (a, b) {
+            (Some(a), Some(b)) => {
+                prop_assert_eq!(&a.gpus, &b.gpus);
+                prop_assert_eq!(a.score.to_bits(), b.score.to_bits());
+            }
+            (a, b) => prop_assert_eq!(a.is_some(), b.is_some()),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn model_match_is_a_case_blind_substring_test(
+            model in "[a-zA-Z0-9 äÄé-]{0,12}",
+            pattern in "[a-zA-Z0-9 äÄé-]{0,4}",
+        ) {
+            prop_assert_eq!(
+                model_matches(&model, &pattern),
+                reference_model_matches(&model, &pattern)
+            );
+            // A pattern cut from the model, in the other case, always matches.
+            let cut: String = model.chars().take(3).collect();
+            prop_assert!(model_matches(&model, &cut.to_ascii_uppercase()));
+        }
+
+        #[test]
+        fn pick_gpus_groups_as_the_string_grouping_did(
+            nodes in arb_nodes(),
+            k in 1u32..=4,
+            numa in any::<bool>(),
+        ) {
+            let inv = build(&nodes);
+            let mut req = Request::new(k, GpuShare::Fraction { milli: 125 });
+            req.topology = if numa { Topology::SameNuma } else { Topology::SamePcieRoot };
+            for n in &inv.nodes {
+                let fit: Vec<usize> =
+                    (0..n.gpus.len()).filter(|&i| req.gpu_fits(&n.gpus[i])).collect();
+                for gpu in [GpuPolicy::Binpack, GpuPolicy::Spread] {
+                    prop_assert_eq!(
+                        pick_gpus(n, &req, &fit, gpu),
+                        reference_pick_gpus(n, &req, &fit, gpu)
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn an_evaluation_does_not_depend_on_the_ones_before_it(
+            nodes in arb_nodes(),
+            gpus in 0u32..=3,
+            milli in prop_oneof![Just(1000u32), 1u32..1000],
+            topology in prop_oneof![
+                Just(Topology::Any),
+                Just(Topology::SameNuma),
+                Just(Topology::SamePcieRoot)
+            ],
+            include in proptest::option::of(Just("a100")),
+            host in (0u64..20_000, 0u64..80_000),
+        ) {
+            let inv = build(&nodes);
+            let w = pinned_workload(&inv);
+            let mut req = Request::from_trace(host.0, host.1, gpus, milli);
+            req.topology = topology;
+            req.model_include = include.iter().map(|m| m.to_string()).collect();
+            for (_, policy) in Policy::ALL {
+                for c in [ctx(Some(&w)), ctx(None)] {
+                    for (i, n) in inv.nodes.iter().enumerate() {
+                        // This thread's scratch holds what the nodes before left in it; a
+                        // nested call gets a fresh one.
+                        let reused = evaluate_node(i, n, &req, policy, &c);
+                        let fresh = with_scratch(|_| evaluate_node(i, n, &req, policy, &c));
+                        same(&reused, &fresh)?;
+                    }
+                }
+            }
+        }
+    }
+}
