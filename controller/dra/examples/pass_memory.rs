@@ -18,11 +18,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use fgpu_api::dra::class::DeviceClass;
 use fgpu_api::names::DriverName;
 use fgpu_dra_controller::cache::{Overlay, ViewCache};
 use fgpu_dra_controller::mirror::{Packed, Packer};
 use fgpu_dra_controller::reconcile::{self, Action, ObjectId, Settings, Snapshot, Views};
-use fgpu_api::dra::class::DeviceClass;
 use fgpu_dra_controller::slim;
 use fgpu_dra_controller::view::PodView;
 use fgpu_driver::engine::{Policy, WorkloadModel};
