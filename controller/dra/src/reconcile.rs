@@ -437,7 +437,7 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
         gpus,
         fragmentation: fragmentation(&ledger),
         shares: shares_per_gpu(&ledger),
-        usage: ledger.inventory().clone(),
+        usage: ledger.into_inventory(),
     }
 }
 
