@@ -169,6 +169,12 @@ impl Ledger {
         &self.state
     }
 
+    /// The inventory with current free values, the ledger given up (no copy of it where
+    /// the caller keeps only the inventory).
+    pub fn into_inventory(self) -> Inventory {
+        self.state
+    }
+
     /// Live grants, by id.
     pub fn grants(&self) -> impl Iterator<Item = &Grant> {
         self.grants.values()

@@ -3,11 +3,14 @@
 //! cores, one gated pod each), kept as the daemon's mirrors keep them (claims and slices trimmed, as text; pods as views), planned
 //! and "written" pass after pass until every claim is allocated.
 //!
-//!   cargo run --release -p fgpu-dra-controller --example pass_memory -- [views|values] [NODES] [CLAIMS]
+//!   cargo run --release -p fgpu-dra-controller --example pass_memory -- [views|daemon|values] [NODES] [CLAIMS]
 //!
 //! `views` is the daemon's way ([`ViewCache`] + [`reconcile::plan_views`], at most 128
-//! allocations a pass); `values` the way before it (every object parsed into a `Value` each
-//! pass, [`reconcile::plan`], no cap), for a baseline in the same build. Prints VmRSS / VmHWM
+//! allocations a pass) with `binpack` and no DeviceClass; `daemon` the same with what the
+//! daemon adds in the bench: the shared DeviceClass of `deploy/deviceclasses.yaml` (its CEL
+//! selector evaluated on every device for every claim) and `fragaware` over the workload
+//! model; `values` the way before views (every object parsed into a `Value` each pass,
+//! [`reconcile::plan`], no cap), for a baseline in the same build. Prints VmRSS / VmHWM
 //! after the objects are built and at the end. Run each way in its own process
 //! (MALLOC_ARENA_MAX=2 as the Deployment sets it).
 
@@ -15,13 +18,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use fgpu_api::dra::class::DeviceClass;
 use fgpu_api::names::DriverName;
 use fgpu_dra_controller::cache::{Overlay, ViewCache};
 use fgpu_dra_controller::mirror::{Packed, Packer};
 use fgpu_dra_controller::reconcile::{self, Action, ObjectId, Settings, Snapshot, Views};
 use fgpu_dra_controller::slim;
 use fgpu_dra_controller::view::PodView;
-use fgpu_driver::engine::Policy;
+use fgpu_driver::engine::{Policy, WorkloadModel};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
@@ -108,9 +112,14 @@ fn main() {
     let way = args.get(1).map_or("views", String::as_str);
     let nodes: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000);
     let n: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let daemon = way == "daemon";
     let settings = Settings {
         driver: DriverName::default(),
-        default_policy: Policy::BINPACK,
+        default_policy: if daemon {
+            Policy::FRAGAWARE
+        } else {
+            Policy::BINPACK
+        },
         workload_half_life: std::time::Duration::from_secs(3600),
         usage_aware: Default::default(),
     };
@@ -144,6 +153,15 @@ fn main() {
         .map(|(i, c)| (c.uid.clone(), i))
         .collect();
     let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
+    // The bench's class (deploy/deviceclasses.yaml) and the daemon's model.
+    let class: DeviceClass = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "shared.gpu.fgpu.dev"},
+        "spec": {"selectors": [{"cel": {"expression":
+            "device.driver == \"gpu.fgpu.dev\" && device.attributes[\"gpu.fgpu.dev\"].type == \"gpu\" && (!has(device.attributes[\"gpu.fgpu.dev\"].tier) || device.attributes[\"gpu.fgpu.dev\"].tier != \"research\")"}}]}}))
+    .expect("class");
+    let mut model = WorkloadModel::new(settings.workload_half_life);
+    let now = 1_796_000_000;
     let mut cache = ViewCache::default();
     let mut overlay = Overlay::default();
     let started = Instant::now();
@@ -185,6 +203,9 @@ fn main() {
                     );
                 }
                 let (cv, pv) = (cache.claims(), cache.pods());
+                if daemon {
+                    reconcile::observe_claims(&mut model, &cv, &cache.inventory.inventory);
+                }
                 let whole = |id: &ObjectId| cache.typed_claim(&overlay, id);
                 let views = Views {
                     claims: &cv,
@@ -194,10 +215,10 @@ fn main() {
                     claim: &whole,
                     avoid: &avoid,
                     unsettled: &unsettled,
-                    class: None,
+                    class: daemon.then_some(&class),
                     max_allocations: 128,
-                    model: None,
-                    now: 0,
+                    model: daemon.then_some(&model),
+                    now,
                 };
                 reconcile::plan_views(views, &settings, true)
             }

@@ -691,8 +691,11 @@ impl Controller {
             reconcile::plan_views(views, &self.settings, mode == Mode::Controller)
         };
         self.report_plan(&plan);
+        // Only the actions are left to perform: the rest of the plan (the ledger's
+        // inventory, about 1.8 MiB at 8,000 GPUs) goes now, not after the writes.
+        let reconcile::Plan { actions, .. } = plan;
         let mut wrote = false;
-        let mut actions = plan.actions.into_iter().peekable();
+        let mut actions = actions.into_iter().peekable();
         while let Some(action) = actions.next() {
             if matches!(action, Action::Allocate { .. }) {
                 // A run of allocations is written together; the other actions keep their

@@ -245,12 +245,15 @@ impl Interner {
 }
 
 /// What a CEL selector sees of a device: attributes of the four scalar kinds (others, such
-/// as lists, are left out), capacity values that parse.
+/// as lists, are left out), capacity values that parse. Kept for every device between
+/// passes, so its lists hold no spare room (a list grown by pushing has up to twice what
+/// it holds: 1.5 MiB at 8,000 devices).
 fn device_info(device: &Device, names: &mut Interner) -> DeviceInfo {
     let body = device.body();
     let mut info = DeviceInfo {
+        attributes: Vec::with_capacity(body.attributes.len()),
+        capacity: Vec::with_capacity(body.capacity.len()),
         multi: device.allows_multiple_allocations(),
-        ..DeviceInfo::default()
     };
     for (k, v) in &body.attributes {
         let a = match v {
@@ -272,6 +275,8 @@ fn device_info(device: &Device, names: &mut Interner) -> DeviceInfo {
             info.capacity.push((names.get(k), q));
         }
     }
+    info.attributes.shrink_to_fit();
+    info.capacity.shrink_to_fit();
     info
 }
 
@@ -727,6 +732,9 @@ mod tests {
             Some(Attr::Str("pci0000:15".into()))
         );
         assert!(info.multi);
+        // Kept between passes for every device: no spare room in its lists.
+        assert_eq!(info.attributes.capacity(), info.attributes.len());
+        assert_eq!(info.capacity.capacity(), info.capacity.len());
         let memory = info.capacity.iter().find(|(k, _)| &**k == "memory");
         assert_eq!(memory.map(|(_, q)| *q), Quantity::parse("80Gi").ok());
         let t4 = &out.devices["node-b"]["gpu-0"];

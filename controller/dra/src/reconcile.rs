@@ -52,6 +52,7 @@
 //!
 //! Other pending claims of pods without the gate are kube-scheduler's and left alone.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use fgpu_api::dra::claim::ResourceClaim;
@@ -60,7 +61,7 @@ use fgpu_api::dra::slice::ResourceSlice;
 use fgpu_api::names::DriverName;
 use fgpu_driver::engine::model::{Kind, PolicyWorkloads as Workloads};
 use fgpu_driver::engine::{
-    self, GpuShare, Inventory, Policy, ScoreContext, Workload, WorkloadModel,
+    self, Gpu, GpuShare, Inventory, Policy, ScoreContext, Workload, WorkloadModel,
 };
 use fgpu_driver::ledger::{Grant, Ledger};
 use serde::Deserialize;
@@ -436,7 +437,7 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
         gpus,
         fragmentation: fragmentation(&ledger),
         shares: shares_per_gpu(&ledger),
-        usage: ledger.inventory().clone(),
+        usage: ledger.into_inventory(),
     }
 }
 
@@ -1118,14 +1119,18 @@ pub(crate) struct Ask<'p, 'i> {
     pub driver: &'i str,
 }
 
+/// GPUs by node and device name, borrowed from the candidates they were picked from (a
+/// claim's search holds one set per request; owned names cost two allocations per GPU).
+type Allowed<'c> = BTreeSet<(&'c str, &'c str)>;
+
 /// The GPUs of `inv` (by node and device name) that every selector of `p` allows; `None`
 /// when `p` has no selector. An evaluation error refuses the claim, as in Kubernetes.
-fn allowed_devices(
-    inv: &Inventory,
+fn allowed_devices<'c>(
+    inv: &'c Inventory,
     p: &request::PendingClaim,
     devices: &BTreeMap<String, BTreeMap<String, DeviceInfo>>,
     driver: &str,
-) -> Result<Option<BTreeSet<(String, String)>>, NotPlaced> {
+) -> Result<Option<Allowed<'c>>, NotPlaced> {
     if p.selectors.is_empty() {
         return Ok(None);
     }
@@ -1139,7 +1144,7 @@ fn allowed_devices(
                 .and_then(|d| d.get(&g.id))
                 .unwrap_or(&empty);
             if selectors_accept(&evaluator, p, driver, info, &n.name, &g.id)? {
-                out.insert((n.name.clone(), g.id.clone()));
+                out.insert((n.name.as_str(), g.id.as_str()));
             }
         }
     }
@@ -1197,7 +1202,7 @@ struct Search<'s, 'p, 'i> {
     cand: &'s Inventory,
     ask: &'s Ask<'p, 'i>,
     groups: &'s [Vec<usize>],
-    allowed: &'s [Option<BTreeSet<(String, String)>>],
+    allowed: &'s [Option<Allowed<'s>>],
     /// What fgd and fragaware score against ([`Workloads::resolve`]).
     workloads: &'s Workloads,
     /// The candidates' largest node (BestFit's normalisation).
@@ -1251,26 +1256,33 @@ fn node_order(s: &Search<'_, '_, '_>) -> Vec<usize> {
 impl<'p> Search<'_, 'p, '_> {
     /// `inv` with only the GPUs pending `pi`'s selectors allow, and, for a share, without
     /// the GPUs in `whole` mode.
-    fn filtered(&self, inv: &Inventory, pi: usize) -> Inventory {
-        let mut out = inv.clone();
-        if let Some(allowed) = &self.allowed[pi] {
-            for n in &mut out.nodes {
-                let name = n.name.clone();
-                n.gpus
-                    .retain(|g| allowed.contains(&(name.clone(), g.id.clone())));
-            }
-        }
-        if self.ask.pendings[pi].request.share != GpuShare::Whole {
-            for n in &mut out.nodes {
-                let infos = self.ask.devices.get(&n.name);
-                n.gpus.retain(|g| {
-                    !infos
+    /// `inv` itself when that leaves out no GPU (the usual case: a copy of every
+    /// candidate per claim was most of a pass's transient memory).
+    fn filtered<'v>(&self, inv: &'v Inventory, pi: usize) -> Cow<'v, Inventory> {
+        let allowed = self.allowed[pi].as_ref();
+        let share = self.ask.pendings[pi].request.share != GpuShare::Whole;
+        let keep = |node: &str, infos: Option<&BTreeMap<String, DeviceInfo>>, g: &Gpu| {
+            allowed.is_none_or(|a| a.contains(&(node, g.id.as_str())))
+                && !(share
+                    && infos
                         .and_then(|d| d.get(&g.id))
-                        .is_some_and(inventory::is_whole_mode)
-                });
-            }
+                        .is_some_and(inventory::is_whole_mode))
+        };
+        let all_kept = inv.nodes.iter().all(|n| {
+            let infos = self.ask.devices.get(&n.name);
+            n.gpus.iter().all(|g| keep(&n.name, infos, g))
+        });
+        if all_kept {
+            return Cow::Borrowed(inv);
         }
-        out
+        let mut out = inv.clone();
+        for n in &mut out.nodes {
+            let infos = self.ask.devices.get(&n.name);
+            let name = std::mem::take(&mut n.name);
+            n.gpus.retain(|g| keep(&name, infos, g));
+            n.name = name;
+        }
+        Cow::Owned(out)
     }
 
     /// Tries every combination of values of the cross constraints on node `n`; true with
@@ -1353,7 +1365,7 @@ impl<'p> Search<'_, 'p, '_> {
             }
             *budget -= 1;
             let p = &self.ask.pendings[pi];
-            let mut inv = self.filtered(node, pi);
+            let mut inv = self.filtered(node, pi).into_owned();
             without_taken(&mut inv, parts);
             for (k, c) in self.ask.cross.iter().enumerate() {
                 if c.applies(p) {
@@ -1410,7 +1422,7 @@ impl<'p> Search<'_, 'p, '_> {
                 (
                     0,
                     pi,
-                    self.filtered(self.cand, pi),
+                    self.filtered(self.cand, pi).into_owned(),
                     where_others_are(pod_node, true),
                 )
             }
@@ -1521,10 +1533,16 @@ pub(crate) fn apply_topology(
 }
 
 /// The nodes a request may go to: `node` alone when the claim (or its pod) is already
-/// there, else every node away from `avoid` (every node when that leaves none).
-fn candidates(inv: &Inventory, node: Option<&str>, avoid: Option<&BTreeSet<String>>) -> Inventory {
+/// there, else every node away from `avoid` (every node when that leaves none). `inv`
+/// itself where nothing is left out: a claim's search reads the candidates, it does not
+/// change them.
+fn candidates<'v>(
+    inv: &'v Inventory,
+    node: Option<&str>,
+    avoid: Option<&BTreeSet<String>>,
+) -> Cow<'v, Inventory> {
     match (node, avoid) {
-        (Some(n), _) => restrict(inv, n),
+        (Some(n), _) => Cow::Owned(restrict(inv, n)),
         (None, Some(avoid)) => {
             let away = Inventory {
                 nodes: inv
@@ -1534,13 +1552,13 @@ fn candidates(inv: &Inventory, node: Option<&str>, avoid: Option<&BTreeSet<Strin
                     .cloned()
                     .collect(),
             };
-            if away.nodes.is_empty() {
-                inv.clone()
+            if away.nodes.is_empty() || away.nodes.len() == inv.nodes.len() {
+                Cow::Borrowed(inv)
             } else {
-                away
+                Cow::Owned(away)
             }
         }
-        (None, None) => inv.clone(),
+        (None, None) => Cow::Borrowed(inv),
     }
 }
 
@@ -2794,6 +2812,12 @@ mod tests {
         assert_eq!(names(&candidates(&inv, None, Some(&avoid_b))), ["node-a"]);
         // Avoiding every node would leave none: every node stays.
         assert_eq!(names(&candidates(&inv, None, Some(&avoid_a))), ["node-a"]);
+        // Where no node is left out, the candidates are the inventory itself, not a copy.
+        let borrowed = |c: Cow<'_, Inventory>| matches!(c, Cow::Borrowed(_));
+        assert!(borrowed(candidates(&inv, None, None)));
+        assert!(borrowed(candidates(&inv, None, Some(&avoid_b))));
+        assert!(borrowed(candidates(&inv, None, Some(&avoid_a))));
+        assert!(!borrowed(candidates(&inv, Some("node-a"), None)));
         assert_eq!(
             where_others_are(Some("n"), true),
             " (the pod's other claims are on node n)"

@@ -171,6 +171,16 @@ fn refuses_over_grants_and_unknowns() {
 }
 
 #[test]
+fn into_inventory_is_the_state_after_the_grants() {
+    let mut l = Ledger::new(capacity());
+    l.grant(grant_of(0, 0, 0, 0, &[(0, 600, 0)])).unwrap();
+    let state = l.inventory().clone();
+    let inv = l.into_inventory();
+    assert_eq!(inv, state);
+    assert_ne!(inv, capacity(), "the grant's memory is not free");
+}
+
+#[test]
 fn grant_from_placement_takes_whole_gpus_entirely() {
     let mut l = Ledger::new(capacity());
     let req = Request::new(2, GpuShare::Whole);
