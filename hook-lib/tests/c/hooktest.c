@@ -762,12 +762,10 @@ static int s_devshare(int dev, double delay, double dur) {
     unsigned long long (*busy)(int, int) =
         (unsigned long long (*)(int, int))dlsym(libcuda ? libcuda : RTLD_DEFAULT, "fakeCudaBusyNs");
     CHECK(busy, "no fakeCudaBusyNs");
-    struct timespec d = {(time_t)delay, (long)((delay - (long)delay) * 1e9)};
-    nanosleep(&d, NULL);
+    usleep((useconds_t)(delay * 1e6));
     double t0 = now_s();
     unsigned long long b0 = busy(dev, 0);
-    struct timespec w = {(time_t)dur, (long)((dur - (long)dur) * 1e9)};
-    nanosleep(&w, NULL);
+    usleep((useconds_t)(dur * 1e6));
     double t1 = now_s();
     unsigned long long b1 = busy(dev, 0);
     printf("share=%.2f\n", (double)(b1 - b0) / 1e9 / (t1 - t0) * 100);
