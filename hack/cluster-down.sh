@@ -68,9 +68,7 @@ if [ "$(readlink /etc/kueue/metrics/certs 2>/dev/null)" = "$S/kueue/pki" ]; then
   rmdir /etc/kueue/metrics /etc/kueue 2>/dev/null || true
 fi
 # hack/volcano-install.sh's empty mount point for the vGPU scheduler's service account
-if [ -f "$S/volcano/created-mount-point" ]; then
-  rmdir /var/run/secrets/kubernetes.io/serviceaccount /var/run/secrets/kubernetes.io /var/run/secrets 2>/dev/null || true
-fi
+remove_sa_mount_point "$S/volcano"
 
 # 4. mounts under our state dirs, deepest first; the pods' network namespaces
 umount_under() {

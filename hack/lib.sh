@@ -160,6 +160,17 @@ start_bg() {
   sleep 0.2
   echo "$pid $(awk '{print $22}' "/proc/$pid/stat" 2>/dev/null)" >"$(pidfile "$name")"
 }
+# Where client-go's in-cluster configuration reads its token and CA (a fixed path).
+# hack/volcano-install.sh bind-mounts a directory there for vc-scheduler, in a mount
+# namespace of its own, creating the (empty) mount point on the host if missing and
+# marking that in <state>/created-mount-point.
+SA_MOUNT_POINT=/var/run/secrets/kubernetes.io/serviceaccount
+# remove_sa_mount_point <volcano state dir>: removes the empty mount point if the install
+# created it (rmdir only: never anything with files in it).
+remove_sa_mount_point() {
+  [ -f "$1/created-mount-point" ] || return 0
+  rmdir "$SA_MOUNT_POINT" "$(dirname "$SA_MOUNT_POINT")" "$(dirname "$(dirname "$SA_MOUNT_POINT")")" 2>/dev/null || true
+}
 # stop_pid <name> [timeout]: SIGTERM, then SIGKILL, the recorded pid only
 stop_pid() {
   local name="$1" t="${2:-20}" f pid

@@ -112,7 +112,7 @@ if [ "$vgpu" = 1 ]; then
   echo volcano-system >"$sa/namespace"
   server="$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
   hostport="${server#https://}"
-  mnt=/var/run/secrets/kubernetes.io/serviceaccount
+  mnt="$SA_MOUNT_POINT"
   if [ ! -d "$mnt" ]; then mkdir -p "$mnt" && touch "$state/created-mount-point"; fi
   # unshare and sh exec in place, so the recorded pid is the scheduler's.
   # shellcheck disable=SC2016 # $1.. are sh -c's own arguments

@@ -11,9 +11,7 @@ stop_pid vc-scheduler 20
 stop_pid vc-controller-manager 20
 # The empty mount point of the vGPU scheduler's in-cluster configuration, if the install
 # created it (it bind-mounted a directory there in the scheduler's own mount namespace).
-if [ -f "$CLUSTER_STATE/volcano/created-mount-point" ]; then
-  rmdir /var/run/secrets/kubernetes.io/serviceaccount /var/run/secrets/kubernetes.io /var/run/secrets 2>/dev/null || true
-fi
+remove_sa_mount_point "$CLUSTER_STATE/volcano"
 rm -rf "$CLUSTER_STATE/volcano"
 
 if [ -f "$CLUSTER_STATE/env" ] && pid_alive kube-apiserver; then
