@@ -192,7 +192,7 @@ async fn filter_prioritize_latency_5000_nodes() {
             let mut passed = 0;
             let mut body_kib = 0;
             let stats0 = ext.cache_stats();
-            let n = 420;
+            let n: usize = 420;
             for i in 0..n {
                 let mut pod = gpu_pod(
                     &format!("stream-{}-{i}", u8::from(cache)),
@@ -267,7 +267,7 @@ async fn filter_prioritize_latency_5000_nodes() {
                         .insert("creationTimestamp".into(), created(0));
                     bound.push(pod);
                 }
-                if (i + 1) % SYNC_EVERY == 0 {
+                if (i + 1).is_multiple_of(SYNC_EVERY) {
                     ext.sync(&nodes, &bound, Instant::now());
                 }
             }

@@ -224,13 +224,15 @@ fn step(w: &mut World, op: u8, a: u8, b: u8) {
             let decision = &pod.metadata.annotations[ASSIGNED];
             w.ext.release_gone_pod(&pod.metadata.uid, decision);
         }
-        // A bind whose write failed gives its reservation back.
+        // A bind whose write failed gives its reservation back; another pod's request
+        // comes while it is held.
         5 => {
             let (pod, best) = w.request(usize::from(a));
             if let Some(node) = best {
                 let cfg = w.ext.config();
                 let req = pod_request(&pod, &cfg.names, cfg.default_policy).unwrap();
                 w.ext.reserve(&node, &req).unwrap();
+                w.request(usize::from(b));
                 w.ext.unreserve(&node, &req.uid);
             }
         }
@@ -244,7 +246,7 @@ fn step(w: &mut World, op: u8, a: u8, b: u8) {
         }
         8 => {
             w.nodes[node].label = w.nodes[node].label.wrapping_add(1);
-            w.nodes[node].listed = b % 5 != 0;
+            w.nodes[node].listed = !b.is_multiple_of(5);
             w.sync();
         }
         // A sync that shows the pods bound since, with older or newer creation times:
