@@ -16,7 +16,10 @@
 //! * the workload model's epoch, for the policies that score against it (`fgd`,
 //!   `fragaware`); 0 for the others. The epoch changes when a sync changes the model.
 //!
-//! A result is reused only when all three match, so it equals a fresh evaluation. Bounds:
+//! A result is reused only when all three match, so it equals a fresh evaluation. A sync
+//! that moves the model evaluates the few most recently used shapes of `fgd` and
+//! `fragaware` pods again on every node (`Extender::sync`), so that the next such pod
+//! does not pay for the whole cluster in its own filter. Bounds:
 //! at most [`SHAPES`] shapes are told apart (least recently used first out; a shape seen
 //! again later gets a new id), and each node keeps at most [`SHAPES`] results (least
 //! recently used first out). See `docs/extender.md`, "Reusing filter's results".
@@ -92,6 +95,24 @@ impl ShapeTable {
         self.next_id += 1;
         self.shapes.push((Shape::of(req), self.next_id, now));
         (self.next_id, now)
+    }
+
+    /// A new use stamp, for results kept outside a pod's request.
+    pub fn stamp(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Up to `n` shapes that pass `keep`, most recently used first, with their ids.
+    pub fn recent(&self, n: usize, keep: impl Fn(&Shape) -> bool) -> Vec<(Shape, u64)> {
+        let mut found: Vec<&(Shape, u64, u64)> =
+            self.shapes.iter().filter(|e| keep(&e.0)).collect();
+        found.sort_by_key(|e| std::cmp::Reverse(e.2));
+        found
+            .into_iter()
+            .take(n)
+            .map(|e| (e.0.clone(), e.1))
+            .collect()
     }
 
     /// Shapes in the table.
@@ -223,6 +244,21 @@ mod tests {
         let third_again = t.id_of(&req("x", 3, NodePolicy::Binpack)).0;
         assert!(third_again > SHAPES as u64 + 1, "{third_again}");
         assert_eq!(t.id_of(&req("x", 2, NodePolicy::Binpack)).0, second);
+    }
+
+    #[test]
+    fn recent_shapes_come_most_recently_used_first() {
+        let mut t = ShapeTable::default();
+        let a = t.id_of(&req("a", 1, NodePolicy::FragAware)).0;
+        let b = t.id_of(&req("b", 2, NodePolicy::Binpack)).0;
+        let c = t.id_of(&req("c", 3, NodePolicy::FragAware)).0;
+        t.id_of(&req("a", 1, NodePolicy::FragAware));
+        let ids = |v: Vec<(Shape, u64)>| v.into_iter().map(|e| e.1).collect::<Vec<_>>();
+        assert_eq!(ids(t.recent(4, |_| true)), [a, c, b]);
+        assert_eq!(ids(t.recent(1, |_| true)), [a]);
+        assert_eq!(ids(t.recent(4, |s| s.policy.needs_workload())), [a, c]);
+        let before = t.stamp();
+        assert!(t.stamp() > before);
     }
 
     #[test]

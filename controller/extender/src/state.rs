@@ -225,6 +225,9 @@ pub struct CacheStats {
 /// Most pods remembered between filter and bind.
 const PENDING_LIMIT: usize = 10_000;
 
+/// Most shapes a sync that moved the workload model evaluates again ([`Extender::warm`]).
+const WARM_SHAPES: usize = 4;
+
 /// Candidate lists at least this long are evaluated on several threads.
 const PARALLEL_MIN: usize = 512;
 /// Most threads one evaluation uses.
@@ -397,8 +400,50 @@ impl Extender {
         report.errors.extend(unannounced(&by_node, &inv_ann));
         *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = fresh;
         self.metrics.set_nodes(report.nodes);
-        self.refresh_workloads();
+        if self.refresh_workloads() {
+            self.warm();
+        }
         report
+    }
+
+    /// After the workload model moved: evaluates the [`WARM_SHAPES`] most recently used
+    /// shapes of pods whose policy reads the model on every node, so that the next pods of
+    /// those shapes find their results kept instead of paying for the whole cluster in
+    /// their own filter. Nothing with the filter cache off.
+    fn warm(&self) {
+        if !self.filter_cache() {
+            return;
+        }
+        let (shapes, now) = {
+            let mut table = self.shapes.lock().unwrap_or_else(PoisonError::into_inner);
+            (
+                table.recent(WARM_SHAPES, |s| s.policy.needs_workload()),
+                table.stamp(),
+            )
+        };
+        if shapes.is_empty() {
+            return;
+        }
+        let models = self.models();
+        let names: Vec<String> = self
+            .nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        for (shape, id) in shapes {
+            let req = PodRequest {
+                key: String::new(),
+                uid: String::new(),
+                containers: shape.containers,
+                policy: shape.policy,
+                vgpu_mode: shape.vgpu_mode,
+            };
+            let key = (id, models.key(req.policy), now);
+            let _ = self.evaluate(&req, &names, &models, Some(key), &[]);
+        }
     }
 
     /// Refills one node's slot at a sync: records its listed pods in the workload model,
@@ -452,7 +497,8 @@ impl Extender {
     /// the same factor, which leaves the workload (weights relative to their sum) as it
     /// was. The epoch moves only when the workloads differ, so kept results of fgd and
     /// fragaware pods live until a sync sees a new pod (or forgets an old one).
-    fn refresh_workloads(&self) {
+    /// Returns whether the epoch moved.
+    fn refresh_workloads(&self) -> bool {
         let now = unix_now();
         let fresh = {
             let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
@@ -462,7 +508,7 @@ impl Extender {
                 self.model_changed.store(true, Ordering::Relaxed);
             }
             if !self.model_changed.swap(false, Ordering::Relaxed) {
-                return;
+                return false;
             }
             PolicyWorkloads::of(Some(&model), now)
         };
@@ -489,6 +535,7 @@ impl Extender {
                 epoch: slot.epoch + 1,
             };
         }
+        !same
     }
 
     /// What fgd and fragaware score against now, with its epoch.
