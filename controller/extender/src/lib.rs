@@ -13,6 +13,8 @@
 //! * [`state`]: the node cache and ledger ([`Extender::sync`] from lists of nodes and
 //!   pods), and the verbs. Bind reserves under a per-node mutex, then writes with no lock
 //!   held (optimistic; no node lock).
+//! * [`cache`]: filter's per-node results kept for the next pod of the same shape, keyed
+//!   by the pod's shape, the node's generation and the workload model's epoch.
 //! * [`writer`]: the [`ClusterWriter`] trait, an in-memory cluster and the kube-rs one.
 //! * [`inventory`]: the cluster's GPUs as the webhook checks pods against them.
 //! * [`webhook`]: the mutating admission webhook for pods asking for the legacy
@@ -31,6 +33,7 @@
 //! `--metrics-address` (plain HTTP).
 
 pub mod annotations;
+pub mod cache;
 pub mod error;
 pub mod http;
 pub mod inventory;
@@ -49,7 +52,7 @@ use fgpu_api::names::{DriverName, LegacyResourceNames};
 use fgpu_driver::engine::Policy;
 
 pub use error::PodError;
-pub use state::{Extender, ExtenderConfig, SyncReport};
+pub use state::{CacheStats, Extender, ExtenderConfig, SyncReport};
 pub use writer::{ClusterWriter, KubeCluster, MemoryCluster, WriteError};
 
 /// Default `--metrics-address` (loopback, like the controller's; the chart names the pod's).
@@ -100,6 +103,12 @@ pub struct ExtenderArgs {
     /// Seconds it takes a pod's weight in the workload model (fgd, fragaware) to halve.
     #[arg(long, value_name = "SECONDS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     pub workload_half_life_seconds: u64,
+    /// Evaluate every candidate node for every pod: do not reuse filter's per-node
+    /// results for the next pod of the same shape on the nodes that did not change
+    /// (docs/extender.md, "Reusing filter's results"). For comparisons; the answers are
+    /// the same either way.
+    #[arg(long, env = "FGPU_EXTENDER_NO_FILTER_CACHE")]
+    pub no_filter_cache: bool,
     /// Seconds between two reads of all nodes and pods (capacity and grants).
     #[arg(long, value_name = "SECONDS", default_value_t = 5)]
     pub resync_seconds: u64,
@@ -179,6 +188,7 @@ impl ExtenderArgs {
             serialize_node_binds: false,
             scheduler_name: self.scheduler_name.clone(),
             workload_half_life: Duration::from_secs(self.workload_half_life_seconds),
+            filter_cache: !self.no_filter_cache,
         })
     }
 }

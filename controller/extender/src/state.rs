@@ -7,8 +7,13 @@
 //! microseconds), then writes to the API server with no lock held; a failed write gives the
 //! reservation back. Two binds to one node therefore never see the same free capacity, and
 //! neither waits for the other's API round trips. See `docs/extender.md`.
+//!
+//! Each slot also keeps the outcomes of the last few pod shapes evaluated there, valid
+//! while the node's generation and the workload model stay the same ([`crate::cache`]):
+//! a pod of a shape seen before is evaluated again only on the nodes that changed.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -31,6 +36,7 @@ use crate::annotations::{
     AssignedDevice, ContainerAssignment, PodAssignment, WHOLE_MODE_TAINT, grant_id,
     parse_node_inventory,
 };
+use crate::cache::{Cached, NodeResults, ResultKey, ShapeTable, next_generation};
 use crate::error::{NoFit, PodError, Unusable};
 use crate::metrics::{Metrics, PendingReason};
 use crate::writer::ClusterWriter;
@@ -59,6 +65,11 @@ pub struct ExtenderConfig {
     pub scheduler_name: String,
     /// How long it takes a pod's weight in the workload model (fgd, fragaware) to halve.
     pub workload_half_life: Duration,
+    /// Reuse filter's per-node results for the next pod of the same shape on the nodes
+    /// that did not change ([`crate::cache`]); off: every request evaluates every node
+    /// (prioritize still reuses its own pod's filter scores). [`Extender::set_filter_cache`]
+    /// switches it at run time.
+    pub filter_cache: bool,
 }
 
 impl Default for ExtenderConfig {
@@ -74,6 +85,7 @@ impl Default for ExtenderConfig {
             serialize_node_binds: false,
             scheduler_name: DEFAULT_SCHEDULER_NAME.to_owned(),
             workload_half_life: Duration::from_secs(3600),
+            filter_cache: true,
         }
     }
 }
@@ -94,8 +106,21 @@ struct NodeState {
     ledger: Result<Ledger, Unusable>,
     /// Binds not (yet) visible in the pod list, by pod UID.
     inflight: HashMap<String, Reservation>,
-    /// Bumped on every change of the ledger.
+    /// Changes ([`NodeState::touch`]) whenever what the per-node work reads of the node
+    /// changes: the ledger's node (GPUs, their health and taints, grants and
+    /// reservations) or whether the node can be used.
     generation: u64,
+    /// Filter's results for the last few pod shapes, at this generation.
+    results: NodeResults,
+}
+
+impl NodeState {
+    /// Records a change of what the per-node work reads: a new generation, and the
+    /// results of the old one dropped.
+    fn touch(&mut self) {
+        self.generation = next_generation();
+        self.results.clear();
+    }
 }
 
 #[derive(Debug)]
@@ -113,7 +138,8 @@ impl NodeSlot {
                 capacity,
                 ledger: Err(Unusable::NotSynced),
                 inflight: HashMap::new(),
-                generation: 0,
+                generation: next_generation(),
+                results: NodeResults::default(),
             }),
             bind_lock: tokio::sync::Mutex::new(()),
         }
@@ -153,12 +179,54 @@ pub struct Extender {
     metrics: Metrics,
     /// The GPU requests of the pods seen holding GPUs, at their creation time.
     model: Mutex<WorkloadModel>,
+    /// Whether the model gained or lost a request since [`Extender::refresh_workloads`]
+    /// last read it.
+    model_changed: AtomicBool,
     /// What fgd and fragaware score against, from the model at the last sync.
-    workloads: RwLock<Arc<PolicyWorkloads>>,
+    workloads: RwLock<Models>,
+    /// The pod shapes whose results the nodes keep.
+    shapes: Mutex<ShapeTable>,
+    /// Whether filter and prioritize reuse the nodes' kept results.
+    filter_cache: AtomicBool,
+    /// Per-node outcomes taken from the kept results, and worked out afresh.
+    reused: AtomicU64,
+    evaluated: AtomicU64,
+}
+
+/// The workloads fgd and fragaware score against, and their epoch: a number that changes
+/// whenever they do (part of the kept results' key for those policies).
+#[derive(Clone, Debug, Default)]
+struct Models {
+    workloads: Arc<PolicyWorkloads>,
+    epoch: u64,
+}
+
+impl Models {
+    /// The part of a kept result's key that stands for the model under `policy`: the
+    /// epoch for the policies that read it, 0 for the others.
+    fn key(&self, policy: Policy) -> u64 {
+        if policy.needs_workload() {
+            self.epoch
+        } else {
+            0
+        }
+    }
+}
+
+/// How often filter and prioritize reused a node's kept result ([`Extender::cache_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Per-node outcomes taken from the kept results.
+    pub reused: u64,
+    /// Per-node outcomes worked out (engine evaluations), including those with the cache off.
+    pub evaluated: u64,
 }
 
 /// Most pods remembered between filter and bind.
 const PENDING_LIMIT: usize = 10_000;
+
+/// Most shapes a sync that moved the workload model evaluates again ([`Extender::warm`]).
+const WARM_SHAPES: usize = 4;
 
 /// Candidate lists at least this long are evaluated on several threads.
 const PARALLEL_MIN: usize = 512;
@@ -175,10 +243,24 @@ enum Outcome {
     Unusable(String),
 }
 
-/// A filter's scores for one pod, reused by prioritize for unchanged nodes.
+/// Where a node's outcome came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The node's kept result for the pod's shape.
+    Kept,
+    /// The engine.
+    Evaluated,
+    /// Neither: the node is unusable, or a filter hint answered.
+    Other,
+}
+
+/// A filter's scores for one pod, reused by prioritize for unchanged nodes (with the
+/// filter cache off).
 #[derive(Debug)]
 struct Memo {
     req: PodRequest,
+    /// [`Models::key`] at the filter: scores of another model are not reused.
+    model: u64,
     /// The nodes that passed, in the filter's order.
     names: Vec<String>,
     /// Per node of `names`: (generation, score).
@@ -202,13 +284,37 @@ impl Extender {
             waiting: Mutex::new(HashMap::new()),
             metrics: Metrics::new(),
             model: Mutex::new(WorkloadModel::new(config.workload_half_life)),
-            workloads: RwLock::new(Arc::default()),
+            model_changed: AtomicBool::new(true),
+            workloads: RwLock::new(Models::default()),
+            shapes: Mutex::new(ShapeTable::default()),
+            filter_cache: AtomicBool::new(config.filter_cache),
+            reused: AtomicU64::new(0),
+            evaluated: AtomicU64::new(0),
             config,
         }
     }
 
     pub fn config(&self) -> &ExtenderConfig {
         &self.config
+    }
+
+    /// Switches the reuse of filter's per-node results on or off
+    /// ([`ExtenderConfig::filter_cache`]); results kept stay valid across the switch.
+    pub fn set_filter_cache(&self, on: bool) {
+        self.filter_cache.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether filter's per-node results are reused.
+    pub fn filter_cache(&self) -> bool {
+        self.filter_cache.load(Ordering::Relaxed)
+    }
+
+    /// How many per-node outcomes were reused and worked out since the start.
+    pub fn cache_stats(&self) -> CacheStats {
+        CacheStats {
+            reused: self.reused.load(Ordering::Relaxed),
+            evaluated: self.evaluated.load(Ordering::Relaxed),
+        }
     }
 
     /// The extender's metrics (the HTTP layer records the verbs' outcomes in them).
@@ -294,8 +400,50 @@ impl Extender {
         report.errors.extend(unannounced(&by_node, &inv_ann));
         *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = fresh;
         self.metrics.set_nodes(report.nodes);
-        self.refresh_workloads();
+        if self.refresh_workloads() {
+            self.warm();
+        }
         report
+    }
+
+    /// After the workload model moved: evaluates the [`WARM_SHAPES`] most recently used
+    /// shapes of pods whose policy reads the model on every node, so that the next pods of
+    /// those shapes find their results kept instead of paying for the whole cluster in
+    /// their own filter. Nothing with the filter cache off.
+    fn warm(&self) {
+        if !self.filter_cache() {
+            return;
+        }
+        let (shapes, now) = {
+            let mut table = self.shapes.lock().unwrap_or_else(PoisonError::into_inner);
+            (
+                table.recent(WARM_SHAPES, |s| s.policy.needs_workload()),
+                table.stamp(),
+            )
+        };
+        if shapes.is_empty() {
+            return;
+        }
+        let models = self.models();
+        let names: Vec<String> = self
+            .nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        for (shape, id) in shapes {
+            let req = PodRequest {
+                key: String::new(),
+                uid: String::new(),
+                containers: shape.containers,
+                policy: shape.policy,
+                vgpu_mode: shape.vgpu_mode,
+            };
+            let key = (id, models.key(req.policy), now);
+            let _ = self.evaluate(&req, &names, &models, Some(key), &[]);
+        }
     }
 
     /// Refills one node's slot at a sync: records its listed pods in the workload model,
@@ -313,12 +461,16 @@ impl Extender {
         self.observe(&listed, &capacity);
         let mut st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
         let grants = settle(&mut st.inflight, listed, now, self.config.reservation_grace);
-        st.ledger = rebuild_ledger(&capacity, problem, grants);
+        let ledger = rebuild_ledger(&capacity, problem, grants);
+        // Most syncs change nothing on most nodes: their kept results stay.
+        if !same_view(&st.ledger, &ledger) {
+            st.touch();
+        }
+        st.ledger = ledger;
         if let Err(e @ Unusable::Overbooked { .. }) = &st.ledger {
             errors.push(e.to_string());
         }
         st.capacity = capacity;
-        st.generation += 1;
     }
 
     /// Records the GPU requests of `listed` pods on a node of `capacity` in the workload
@@ -332,6 +484,7 @@ impl Extender {
                     && let Some(kind) = g.kind_on(capacity)
                 {
                     model.observe(&g.id, kind, pod.created);
+                    self.model_changed.store(true, Ordering::Relaxed);
                 }
             }
         }
@@ -339,11 +492,24 @@ impl Extender {
 
     /// Recomputes what fgd and fragaware score against from the model (pruned), and logs
     /// when the default policy starts or stops falling back for want of a model.
-    fn refresh_workloads(&self) {
+    ///
+    /// Only when the model gained or lost a request: ageing alone scales every weight by
+    /// the same factor, which leaves the workload (weights relative to their sum) as it
+    /// was. The epoch moves only when the workloads differ, so kept results of fgd and
+    /// fragaware pods live until a sync sees a new pod (or forgets an old one).
+    /// Returns whether the epoch moved.
+    fn refresh_workloads(&self) -> bool {
         let now = unix_now();
         let fresh = {
             let mut model = self.model.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = model.len();
             model.prune(now);
+            if model.len() != before {
+                self.model_changed.store(true, Ordering::Relaxed);
+            }
+            if !self.model_changed.swap(false, Ordering::Relaxed) {
+                return false;
+            }
             PolicyWorkloads::of(Some(&model), now)
         };
         let default = self.config.default_policy;
@@ -351,7 +517,8 @@ impl Extender {
             .workloads
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        let before = slot.resolve(default).fell_back_from.is_some();
+        let old = &slot.workloads;
+        let before = old.resolve(default).fell_back_from.is_some();
         let after = fresh.resolve(default);
         if before != after.fell_back_from.is_some() {
             match after.note() {
@@ -359,11 +526,20 @@ impl Extender {
                 None => tracing::info!(policy = %default, "workload model ready"),
             }
         }
-        *slot = Arc::new(fresh);
+        let same = [Policy::FGD, Policy::FRAGAWARE]
+            .into_iter()
+            .all(|p| old.resolve(p).workload == fresh.resolve(p).workload);
+        if !same {
+            *slot = Models {
+                workloads: Arc::new(fresh),
+                epoch: slot.epoch + 1,
+            };
+        }
+        !same
     }
 
-    /// What fgd and fragaware score against now.
-    fn workloads(&self) -> Arc<PolicyWorkloads> {
+    /// What fgd and fragaware score against now, with its epoch.
+    fn models(&self) -> Models {
         self.workloads
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -435,79 +611,139 @@ impl Extender {
         pending.insert(pod.metadata.uid.clone(), pod.clone());
     }
 
-    /// Evaluates `req` on every candidate node, in candidate order. Large candidate lists
-    /// are split over a few threads; `memo` (a filter's results for the same pod) answers
-    /// for nodes that have not changed since.
+    /// The kept-results key of `req` under `models` (shape id, model key, use stamp), or
+    /// `None` with the filter cache off or for a pod without GPU containers.
+    fn cache_key(&self, req: &PodRequest, models: &Models) -> Option<(u64, u64, u64)> {
+        if !self.filter_cache() || req.containers.is_empty() {
+            return None;
+        }
+        let (shape, now) = self
+            .shapes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .id_of(req);
+        Some((shape, models.key(req.policy), now))
+    }
+
+    /// Evaluates `req` on every candidate node, in candidate order, against `models`.
+    /// Large candidate lists are split over a few threads. `cache` (from
+    /// [`Extender::cache_key`]) reuses and keeps the nodes' results for the pod's shape;
+    /// `hints` (a filter's results for the same pod) answer for nodes that have not
+    /// changed since.
     fn evaluate<'a>(
         &self,
         req: &PodRequest,
         names: &[&'a str],
+        models: &Models,
+        cache: Option<(u64, u64, u64)>,
         hints: &[Option<(u64, f64)>],
     ) -> Vec<(&'a str, Outcome)> {
-        let workloads = self.workloads();
-        let workloads: &PolicyWorkloads = &workloads;
+        let workloads: &PolicyWorkloads = &models.workloads;
         let requests = engine_requests(req);
         let requests: &[Request] = &requests;
         let map = self.nodes.read().unwrap_or_else(PoisonError::into_inner);
         let map: &HashMap<String, Arc<NodeSlot>> = &map;
         let inv_ann = self.config.driver.node_inventory_annotation();
-        let one = |(name, hint): (&'a str, Option<(u64, f64)>)| -> (&'a str, Outcome) {
+        // One node: its outcome, and where it came from.
+        let one = |(name, hint): (&'a str, Option<(u64, f64)>)| -> (&'a str, Outcome, Source) {
             let Some(slot) = map.get(name) else {
                 return (
                     name,
                     Outcome::Unusable(format!(
                         "node {name} has no GPU inventory (annotation {inv_ann}); is the fgpu node plugin running there in extender mode?"
                     )),
+                    Source::Other,
                 );
             };
-            let st = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
-            let out = match &st.ledger {
-                Err(e) => Outcome::Unusable(e.to_string()),
-                Ok(l) => match hint {
-                    Some((generation, score)) if generation == st.generation => {
-                        Outcome::Fits { score, generation }
-                    }
-                    _ => match place(&l.inventory().nodes[0], req, requests, workloads) {
-                        Ok(p) => Outcome::Fits {
-                            score: p.score,
-                            generation: st.generation,
-                        },
-                        Err(e) => Outcome::NoFit(e.0),
-                    },
-                },
+            let mut guard = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let st = &mut *guard;
+            let generation = st.generation;
+            let l = match &st.ledger {
+                Err(e) => return (name, Outcome::Unusable(e.to_string()), Source::Other),
+                Ok(l) => l,
             };
-            (name, out)
+            let key = cache.map(|(shape, model, now)| {
+                (
+                    ResultKey {
+                        shape,
+                        model,
+                        generation,
+                    },
+                    now,
+                )
+            });
+            if let Some((k, now)) = key
+                && let Some(kept) = st.results.get(k, now)
+            {
+                let out = match kept {
+                    Cached::Fits(score) => Outcome::Fits {
+                        score: *score,
+                        generation,
+                    },
+                    Cached::NoFit(why) => Outcome::NoFit(why.clone()),
+                };
+                return (name, out, Source::Kept);
+            }
+            if let Some((g, score)) = hint
+                && g == generation
+            {
+                return (name, Outcome::Fits { score, generation }, Source::Other);
+            }
+            let placed = place(&l.inventory().nodes[0], req, requests, workloads);
+            let out = match placed {
+                Ok(p) => Outcome::Fits {
+                    score: p.score,
+                    generation,
+                },
+                Err(e) => Outcome::NoFit(e.0),
+            };
+            if let Some((k, now)) = key {
+                let kept = match &out {
+                    Outcome::Fits { score, .. } => Cached::Fits(*score),
+                    Outcome::NoFit(why) => Cached::NoFit(why.clone()),
+                    Outcome::Unusable(_) => unreachable!("the ledger is usable here"),
+                };
+                st.results.put(k, kept, now);
+            }
+            (name, out, Source::Evaluated)
         };
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(MAX_THREADS);
         let hint = |i: usize| hints.get(i).copied().flatten();
-        if threads < 2 || names.len() < PARALLEL_MIN {
-            return names
+        let all: Vec<(&'a str, Outcome, Source)> = if threads < 2 || names.len() < PARALLEL_MIN {
+            names
                 .iter()
                 .enumerate()
                 .map(|(i, &n)| one((n, hint(i))))
-                .collect();
-        }
-        let chunk = names.len().div_ceil(threads);
-        std::thread::scope(|s| {
-            let parts: Vec<_> = names
-                .chunks(chunk)
-                .enumerate()
-                .map(|(c, part)| {
-                    s.spawn(move || {
-                        part.iter()
-                            .enumerate()
-                            .map(|(i, &n)| one((n, hint(c * chunk + i))))
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            parts
-                .into_iter()
-                .flat_map(|h| h.join().expect("evaluation thread"))
                 .collect()
-        })
+        } else {
+            let chunk = names.len().div_ceil(threads);
+            std::thread::scope(|s| {
+                let parts: Vec<_> = names
+                    .chunks(chunk)
+                    .enumerate()
+                    .map(|(c, part)| {
+                        s.spawn(move || {
+                            part.iter()
+                                .enumerate()
+                                .map(|(i, &n)| one((n, hint(c * chunk + i))))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                parts
+                    .into_iter()
+                    .flat_map(|h| h.join().expect("evaluation thread"))
+                    .collect()
+            })
+        };
+        let count = |src: Source| all.iter().filter(|e| e.2 == src).count() as u64;
+        self.evaluated
+            .fetch_add(count(Source::Evaluated), Ordering::Relaxed);
+        self.reused
+            .fetch_add(count(Source::Kept), Ordering::Relaxed);
+        all.into_iter().map(|(n, o, _)| (n, o)).collect()
     }
 
     /// The filter verb.
@@ -532,9 +768,11 @@ impl Extender {
             names.iter().map(|s| (*s).to_owned()).collect()
         } else {
             self.remember(&args.pod);
+            let models = self.models();
+            let cache = self.cache_key(&req, &models);
             let mut passed = Vec::new();
             let mut scores = Vec::with_capacity(names.len());
-            for (name, r) in self.evaluate(&req, &names, &[]) {
+            for (name, r) in self.evaluate(&req, &names, &models, cache, &[]) {
                 match r {
                     Outcome::Fits { score, generation } => {
                         scores.push((generation, score));
@@ -550,11 +788,15 @@ impl Extender {
                     }
                 }
             }
-            self.memorise(Memo {
-                req,
-                names: passed.clone(),
-                scores,
-            });
+            // With the cache on, prioritize finds the nodes' kept results instead.
+            if cache.is_none() {
+                self.memorise(Memo {
+                    model: models.key(req.policy),
+                    req,
+                    names: passed.clone(),
+                    scores,
+                });
+            }
             passed
         };
         let waits = if !asks_gpus || !passed.is_empty() {
@@ -598,10 +840,14 @@ impl Extender {
                 })
                 .collect());
         }
-        // Hints from the filter's results: prioritize gets (a subset of) the nodes that
-        // passed, in the same order, so one merge walk finds them.
+        let models = self.models();
+        let cache = self.cache_key(&req, &models);
+        // Without the cache, hints from the filter's results: prioritize gets (a subset
+        // of) the nodes that passed, in the same order, so one merge walk finds them.
         let mut hints = Vec::new();
-        if let Some(memo) = self.memo_for(&req) {
+        if cache.is_none()
+            && let Some(memo) = self.memo_for(&req, models.key(req.policy))
+        {
             let (mut j, mut misses) = (0, 0);
             hints = names
                 .iter()
@@ -625,7 +871,7 @@ impl Extender {
                 })
                 .collect();
         }
-        let evaluated = self.evaluate(&req, &names, &hints);
+        let evaluated = self.evaluate(&req, &names, &models, cache, &hints);
         let scores: Vec<f64> = evaluated
             .iter()
             .filter_map(|(_, r)| match r {
@@ -662,9 +908,14 @@ impl Extender {
         memos.insert(memo.req.uid.clone(), Arc::new(memo));
     }
 
-    fn memo_for(&self, req: &PodRequest) -> Option<Arc<Memo>> {
+    /// The filter's results for `req`, if they were worked out against the model `model`
+    /// ([`Models::key`]).
+    fn memo_for(&self, req: &PodRequest, model: u64) -> Option<Arc<Memo>> {
         let memos = self.memos.lock().unwrap_or_else(PoisonError::into_inner);
-        memos.get(&req.uid).filter(|m| m.req == *req).cloned()
+        memos
+            .get(&req.uid)
+            .filter(|m| m.req == *req && m.model == model)
+            .cloned()
     }
 
     /// Reserves GPUs for `req` on `node`: placement and grant under the node's mutex.
@@ -685,7 +936,7 @@ impl Extender {
     ) -> Result<PodAssignment, PodError> {
         let mut guard = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
         let st = &mut *guard;
-        st.generation += 1;
+        st.touch();
         let ledger = st.ledger.as_mut().map_err(|e| PodError::Unusable {
             pod: req.key.clone(),
             reason: e.clone(),
@@ -701,7 +952,8 @@ impl Extender {
         }
         let inv = ledger.inventory();
         let n = &inv.nodes[0];
-        let placed = place(n, req, &engine_requests(req), &self.workloads()).map_err(|reason| {
+        let models = self.models();
+        let placed = place(n, req, &engine_requests(req), &models.workloads).map_err(|reason| {
             PodError::NoFit {
                 pod: req.key.clone(),
                 reason,
@@ -797,7 +1049,7 @@ impl Extender {
             }
         }
         if released > 0 {
-            st.generation += 1;
+            st.touch();
         }
         released
     }
@@ -807,7 +1059,7 @@ impl Extender {
         let Some(slot) = self.slot(node) else { return };
         let mut guard = slot.state.lock().unwrap_or_else(PoisonError::into_inner);
         let st = &mut *guard;
-        st.generation += 1;
+        st.touch();
         if let Some(r) = st.inflight.remove(uid)
             && let Ok(l) = st.ledger.as_mut()
         {
@@ -1086,6 +1338,16 @@ fn rebuild_ledger(
         node: capacity.name.clone(),
         source: Box::new(e),
     })
+}
+
+/// Whether the per-node work reads the same of two ledgers: the same node (GPUs, taints,
+/// health, free capacity) in both. An unusable node never counts as the same (its outcome
+/// is not kept anyway).
+fn same_view(a: &Result<Ledger, Unusable>, b: &Result<Ledger, Unusable>) -> bool {
+    match (a, b) {
+        (Ok(a), Ok(b)) => a.inventory().nodes == b.inventory().nodes,
+        _ => false,
+    }
 }
 
 /// One error per node that listed pods hold GPUs on but that announces no inventory
