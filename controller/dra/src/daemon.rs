@@ -652,23 +652,18 @@ impl Controller {
         );
         let consumable = self.views.consumable;
         let mode = self.note_mode(consumable);
-        let class = if mode == Mode::Controller {
-            self.device_class().await
-        } else {
-            None
-        };
         let (cleared, unsettled) = self.track_allocations(Instant::now());
-        let scheduler = reconcile::scheduler_allocates(
-            class.as_ref(),
-            &self.views.inventory,
-            self.settings.driver.as_str(),
-        );
-        self.tell_cleared(cleared, scheduler).await;
+        self.tell_cleared(cleared).await;
         let avoid: BTreeMap<String, BTreeSet<String>> = self
             .retries
             .iter()
             .map(|(uid, r)| (uid.clone(), r.avoid.clone()))
             .collect();
+        let class = if mode == Mode::Controller {
+            self.device_class().await
+        } else {
+            None
+        };
         let plan = {
             let claim_views = self.views.claims();
             let now = Timestamp::now().as_second();
@@ -782,23 +777,15 @@ impl Controller {
     }
 
     /// Tells each claim whose allocation kube-scheduler cleared ([`track_allocations`]'s
-    /// list) that kube-scheduler allocates it now (`scheduler`: the shared class reaches
-    /// devices, [`reconcile::scheduler_allocates`]), or that it is allocated again here,
-    /// away from that node, after its backoff.
+    /// list) that it is allocated again, away from that node, after its backoff.
     ///
     /// [`track_allocations`]: Controller::track_allocations
-    async fn tell_cleared(&mut self, cleared: Vec<(ObjectId, String, Duration)>, scheduler: bool) {
+    async fn tell_cleared(&mut self, cleared: Vec<(ObjectId, String, Duration)>) {
         for (id, node, wait) in cleared {
-            let m = if scheduler {
-                format!(
-                    "the allocation on node {node} was cleared (kube-scheduler found no node for the pod); kube-scheduler allocates the claim itself now (the shared DeviceClass matches devices it can allocate)"
-                )
-            } else {
-                format!(
-                    "the allocation on node {node} was cleared (kube-scheduler found no node for the pod); allocating again away from it in {}s",
-                    wait.as_secs()
-                )
-            };
+            let m = format!(
+                "the allocation on node {node} was cleared (kube-scheduler found no node for the pod); allocating again away from it in {}s",
+                wait.as_secs()
+            );
             tracing::warn!(claim = %id.key(), "{m}");
             self.shared.metrics.failure("cleared");
             self.tell(

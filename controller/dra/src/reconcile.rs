@@ -37,13 +37,8 @@
 //! 5. **Retry**: a pod without the gate and not yet bound to a node, with a claim of the
 //!    shared class that carries this controller's finalizer but no allocation, lost that
 //!    allocation to kube-scheduler (it clears allocations when the pod fits nowhere,
-//!    reference `dra.md` §4). Where kube-scheduler can allocate the claim itself (the
-//!    shared class reaches some device, [`scheduler_allocates`]) it is left to
-//!    kube-scheduler: the pod has no gate, so an allocation written here would not be
-//!    tentative, and a grant kube-scheduler makes in the same moment for another claim
-//!    could never be revoked (two allocators, no lock: a GPU granted twice). Otherwise
-//!    the claim is allocated again as in 3, away from the nodes in [`Snapshot::avoid`]
-//!    ([`Action::Allocate`] with `retry`; the caller backs off).
+//!    reference `dra.md` §4): the claim is allocated again as in 3, away from the nodes in
+//!    [`Snapshot::avoid`] ([`Action::Allocate`] with `retry`; the caller backs off).
 //!
 //! Claims of the MIG class (`mig.<driver>`) go through the same rules, but not through the
 //! ledger: every allocated claim's MIG placements are marked taken ([`crate::mig`];
@@ -418,11 +413,8 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
     };
     // 2. Release.
     placer.actions.extend(releases(&claims, &referenced));
-    // 3 + 4 + 5. Gated pods and pods whose allocation was cleared, oldest first; the
-    // latter only where kube-scheduler cannot allocate them itself.
-    let retry =
-        allocate && !scheduler_allocates(snap.class, snap.inventory, settings.driver.as_str());
-    for pod in pods_to_place(snap.pods, &claims, allocate, retry) {
+    // 3 + 4 + 5. Gated pods and pods whose allocation was cleared, oldest first.
+    for pod in pods_to_place(snap.pods, &claims, allocate) {
         if placer.allocations >= snap.max_allocations {
             break; // the rest next pass: a pass holds at most this many allocations
         }
@@ -625,54 +617,16 @@ fn reclaimed(pod: &PodView, claims: &BTreeMap<&str, &ClaimView>, allocate: bool)
         })
 }
 
-/// Whether kube-scheduler can allocate claims of the shared class itself: the class
-/// exists (as `class`) and some device of `inventory` passes all its selectors (none: every
-/// device). Rule 5 then leaves cleared claims to it. A selector that does not compile or
-/// fails on a device counts as not passing there, as kube-scheduler cannot allocate with it.
-/// Without the class (not created, or not read yet) the controller allocates them.
-pub fn scheduler_allocates(
-    class: Option<&DeviceClass>,
-    inventory: &inventory::SliceInventory,
-    driver: &str,
-) -> bool {
-    let Some(class) = class else {
-        return false;
-    };
-    let compiled: Result<Vec<_>, String> = class
-        .spec
-        .selectors
-        .iter()
-        .map(|s| {
-            let e = s.cel.as_ref().and_then(|c| c.expression.as_deref());
-            crate::selector::compile(e.unwrap_or_default())
-        })
-        .collect();
-    let (Ok(compiled), Ok(evaluator)) = (compiled, crate::selector::Evaluator::new()) else {
-        return false;
-    };
-    inventory
-        .devices
-        .values()
-        .flat_map(|d| d.values())
-        .any(|info| {
-            compiled
-                .iter()
-                .all(|c| evaluator.matches(c, driver, info) == Ok(true))
-        })
-}
-
-/// The pods rules 3–5 look at (gated, or [`reclaimed`] where `retry`, not being deleted),
-/// oldest first.
+/// The pods rules 3–5 look at (gated or [`reclaimed`], not being deleted), oldest first.
 fn pods_to_place<'v>(
     pods: &[&'v PodView],
     claims: &BTreeMap<&str, &ClaimView>,
     allocate: bool,
-    retry: bool,
 ) -> Vec<&'v PodView> {
     let mut out: Vec<&PodView> = pods
         .iter()
         .copied()
-        .filter(|p| !p.deleting && (p.gated || (retry && reclaimed(p, claims, allocate))))
+        .filter(|p| !p.deleting && (p.gated || reclaimed(p, claims, allocate)))
         .collect();
     out.sort_by(|a, b| {
         (&a.created, &a.id.namespace, &a.id.name).cmp(&(&b.created, &b.id.namespace, &b.id.name))
@@ -2267,82 +2221,6 @@ mod tests {
         // Not in capacity mode.
         let p = plan(snap(&claims, &pods, &slices, &avoid), &settings(), false);
         assert_eq!(kinds(&p), Vec::<String>::new());
-    }
-
-    /// The gpushare40 replay's over-grant: kube-scheduler cleared several allocations,
-    /// their pods were ungated, and the controller and kube-scheduler allocated them at
-    /// the same moment, each blind to the other's grants on one GPU. Where the shared class
-    /// reaches devices, cleared claims are left to kube-scheduler (the controller's own
-    /// writes then stay tentative and revocable); where it reaches none, only the
-    /// controller can allocate them and does.
-    #[test]
-    fn a_cleared_claim_is_left_to_kube_scheduler_where_the_class_reaches_devices() {
-        let slices = [slice(&[80], false)];
-        let mut claims = Vec::new();
-        let mut pods = Vec::new();
-        for (i, name) in ["c1", "c2", "c3"].into_iter().enumerate() {
-            let mut c = claim(name, 40);
-            c["metadata"]["finalizers"] = json!([FIN]);
-            claims.push(c);
-            let created = format!("2026-01-01T00:00:0{i}Z");
-            pods.push(pod(&format!("p{i}"), &created, false, &[("g", Some(name))]));
-        }
-        // A gated pod's claim is still the controller's to place.
-        claims.push(claim("gated", 40));
-        pods.push(pod(
-            "q",
-            "2026-01-01T00:00:09Z",
-            true,
-            &[("g", Some("gated"))],
-        ));
-        let class = |selectors: Value| -> DeviceClass {
-            serde_json::from_value(json!({"metadata": {"name": "shared.gpu.fgpu.dev"},
-                "spec": {"selectors": selectors}}))
-            .unwrap()
-        };
-        let plan_with = |class: Option<&DeviceClass>| {
-            let snap = Snapshot {
-                claims: &claims,
-                pods: &pods,
-                slices: &slices,
-                avoid: &BTreeMap::new(),
-                unsettled: &BTreeSet::new(),
-                class,
-            };
-            kinds(&plan(snap, &settings(), true))
-        };
-        let reaches = [
-            class(json!([])),
-            class(json!([{"cel": {"expression": "device.driver == 'gpu.fgpu.dev'"}}])),
-            class(
-                json!([{"cel": {"expression": "device.attributes['gpu.fgpu.dev'].productName == 'H100'"}}]),
-            ),
-        ];
-        for c in &reaches {
-            assert_eq!(plan_with(Some(c)), ["allocate gated on gpu-0"], "{c:?}");
-        }
-        // The class reaches no device (e2e 42's way to keep kube-scheduler off shared
-        // claims), fails on every device, or is not there: the controller places the
-        // cleared claims again, two of three fitting beside each other, then the gated one.
-        let none = [
-            class(json!([{"cel": {"expression": "device.driver == 'nobody.example.com'"}}])),
-            class(
-                json!([{"cel": {"expression": "device.attributes['gpu.fgpu.dev'].missing == 1"}}]),
-            ),
-        ];
-        for c in none.iter().map(Some).chain([None]) {
-            let k = plan_with(c);
-            assert_eq!(
-                k.iter().filter(|a| a.starts_with("allocate")).count(),
-                2,
-                "{c:?}: {k:?}"
-            );
-            assert_eq!(
-                k[..2],
-                ["allocate c1 on gpu-0", "allocate c2 on gpu-0"],
-                "{c:?}"
-            );
-        }
     }
 
     /// `allocated`, with consumed capacity as kube-scheduler writes it and no finalizer
