@@ -61,6 +61,7 @@ cleanup() {
     kubectl delete namespace "replay-$p" --wait=false >/dev/null 2>&1 || true
   done
   replay wipe-inventory >/dev/null 2>&1 || true
+  kubectl apply -f "$root/deploy/deviceclasses.yaml" >/dev/null 2>&1 || true # the shipped classes again
   stop_pid "$kwok_pid"
   log "details in $dir"
   exit $rc
@@ -123,13 +124,33 @@ ts = sorted(datetime.datetime.fromisoformat(m["time"].replace("Z", "+00:00")).ti
 print(f"{ts[-1] - ts[0]:.0f}" if len(ts) > 1 else "nan")'
 }
 
+# The shared DeviceClass as each allocator's deployment has it. For kube-scheduler, as
+# deploy/deviceclasses.yaml ships it. For the controller, as the chart renders it in
+# controller mode: a selector no device matches, so that kube-scheduler never allocates a
+# shared claim itself. With the shipped class it did, in the gpushare40 replay of
+# 2026-12-07: it re-allocated the claims whose allocations it had cleared, minutes after
+# deciding (its binding cycle waits on its client's rate limit while thousands of pods
+# bind), onto GPUs the controller had filled since, and 3 to 13 GPUs ended granted twice
+# (docs/engine.md, "Two more traces").
+shared_class() { # $1: kube-scheduler | controller
+  python3 -c '
+import sys
+docs = open(sys.argv[1]).read().split("\n---\n")
+for i, d in enumerate(docs):
+    if "name: shared.gpu.fgpu.dev" in d and sys.argv[2] == "controller":
+        n = d.replace("device.attributes[\"gpu.fgpu.dev\"].type == \"gpu\"", "device.attributes[\"gpu.fgpu.dev\"].type == \"allocated-by-fgpu-controller\"")
+        assert n != d, "the shared class has no type selector to replace"
+        docs[i] = n
+print("\n---\n".join(docs))' "$root/deploy/deviceclasses.yaml" "$1" | kubectl apply -f - >/dev/null
+}
+
 summary="$dir/summary.txt"
 : >"$summary"
 for p in $phases; do
   ns="replay-$p"
   case "$p" in
-    kube-scheduler) gate=bench.fgpu.dev/hold ;;
-    *) gate=gpu.fgpu.dev/allocate ;;
+    kube-scheduler) gate=bench.fgpu.dev/hold; shared_class kube-scheduler ;;
+    *) gate=gpu.fgpu.dev/allocate; shared_class controller ;;
   esac
   t=$SECONDS
   replay create "$ns" "$dir/sim.csv" fragaware "$gate" "$nodes_csv" >/dev/null
