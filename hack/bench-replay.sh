@@ -116,7 +116,7 @@ log "inventory $inv Ready in $((SECONDS - t))s"
 allocated() { kubectl -n "$1" get resourceclaims -o jsonpath='{range .items[*]}{.status.allocation.devices.results[0].pool}{"\n"}{end}' | grep -c . || true; }
 pending_metric() { curl -s http://127.0.0.1:19591/metrics | sed -n 's/^fgpu_controller_claims_pending{reason="no_fit"} //p'; }
 alloc_span() { # seconds from the first to the last allocation write (managedFields, 1 s resolution)
-  kubectl -n "$1" get resourceclaims -o json | python3 -c '
+  kubectl -n "$1" get resourceclaims -o json --show-managed-fields | python3 -c '
 import json, sys, datetime
 ts = sorted(datetime.datetime.fromisoformat(m["time"].replace("Z", "+00:00")).timestamp()
             for c in json.load(sys.stdin)["items"] if c.get("status", {}).get("allocation")
