@@ -111,6 +111,17 @@ inv="$(replay inventory "$nodes_csv")"
 want_nodes="$(echo "$inv" | python3 -c 'import json,sys; print(json.load(sys.stdin)["nodes"])')"
 ready() { [ "$(kubectl get nodes -l replay.fgpu.dev/sim=true -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True)" -ge "$want_nodes" ]; }
 until ready; do [ $((SECONDS - t)) -lt 300 ] || { log "kwok: nodes not Ready in 300s"; exit 1; }; sleep 2; done
+# Ready is not enough: until the node lifecycle controller lifts node.kubernetes.io/not-ready,
+# kube-scheduler finds no node for a pod there and clears its claim's allocation (441 claims
+# in a multigpu30 run; the controller then places them again, away from that node). On this
+# machine it lifts them slowly: 440 of the 1,213 nodes still had the taint 5 minutes after
+# they were Ready, while the replay's pods were being created and bound.
+tainted() { kubectl get nodes -l replay.fgpu.dev/sim=true -o jsonpath='{range .items[*]}{.spec.taints[*].key}{"\n"}{end}' | grep -c 'node.kubernetes.io/not-ready' || true; }
+# Wait before any pod exists, so that nothing else competes with it.
+until [ "$(tainted)" -eq 0 ]; do
+  [ $((SECONDS - t)) -lt 600 ] || { log "kwok: $(tainted) nodes still tainted not-ready after 600s; going on"; break; }
+  sleep 5
+done
 log "inventory $inv Ready in $((SECONDS - t))s"
 
 allocated() { kubectl -n "$1" get resourceclaims -o jsonpath='{range .items[*]}{.status.allocation.devices.results[0].pool}{"\n"}{end}' | grep -c . || true; }
