@@ -144,15 +144,11 @@ print(f"{ts[-1] - ts[0]:.0f}" if len(ts) > 1 else "nan")'
 # bind), onto GPUs the controller had filled since, and 3 to 13 GPUs ended granted twice
 # (docs/engine.md, "Two more traces").
 shared_class() { # $1: kube-scheduler | controller
-  python3 -c '
-import sys
-docs = open(sys.argv[1]).read().split("\n---\n")
-for i, d in enumerate(docs):
-    if "name: shared.gpu.fgpu.dev" in d and sys.argv[2] == "controller":
-        n = d.replace("device.attributes[\"gpu.fgpu.dev\"].type == \"gpu\"", "device.attributes[\"gpu.fgpu.dev\"].type == \"allocated-by-fgpu-controller\"")
-        assert n != d, "the shared class has no type selector to replace"
-        docs[i] = n
-print("\n---\n".join(docs))' "$root/deploy/deviceclasses.yaml" "$1" | kubectl apply -f - >/dev/null
+  if [ "$1" = controller ]; then
+    python3 "$root/hack/deviceclasses.py" controller-mode <"$root/deploy/deviceclasses.yaml"
+  else
+    cat "$root/deploy/deviceclasses.yaml"
+  fi | kubectl apply -f - >/dev/null
 }
 
 summary="$dir/summary.txt"

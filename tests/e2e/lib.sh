@@ -33,7 +33,9 @@ assert_eq() { # assert_eq <what> <expected> <actual>
 # deploy/deviceclasses.yaml with its apiVersion set to the version the cluster serves ($api,
 # from dra_api_version; the spec is the same in every version).
 # shellcheck disable=SC2154 # $api: set by the scenario (dra_api_version)
-classes() { sed "s#^apiVersion: resource.k8s.io/v1\$#apiVersion: resource.k8s.io/$api#" "$E2E_LIB_DIR/../../deploy/deviceclasses.yaml"; }
+shipped_classes() { sed "s#^apiVersion: resource.k8s.io/v1\$#apiVersion: resource.k8s.io/$api#" "$E2E_LIB_DIR/../../deploy/deviceclasses.yaml"; }
+# What the scenarios apply (a scenario may redefine it; tests/e2e/42 does).
+classes() { shipped_classes; }
 # The resource.k8s.io version this cluster serves for claims: v1 (1.34+), v1beta1 (1.32/1.33), none
 dra_api_version() {
   if [ "$K8S_MINOR" -ge 34 ]; then echo v1

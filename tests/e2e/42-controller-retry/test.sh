@@ -23,19 +23,7 @@ slice=$PLUGIN_SLICE
 # no device matches, so that the scheduler never allocates a shared claim itself (it would
 # take a whole device, racing the controller's retry after it cleared an allocation). The
 # controller does not evaluate class selectors.
-classes() {
-  sed -e "s#^apiVersion: resource.k8s.io/v1\$#apiVersion: resource.k8s.io/$api#" "$E2E_DIR/../../../deploy/deviceclasses.yaml" \
-    | python3 -c '
-import sys
-docs = sys.stdin.read().split("\n---\n")
-out = []
-for d in docs:
-    if "name: shared.gpu.fgpu.dev" in d:
-        d = d.replace("device.attributes[\"gpu.fgpu.dev\"].type == \"gpu\"", "device.attributes[\"gpu.fgpu.dev\"].type == \"allocated-by-fgpu-controller\"")
-        assert "allocated-by-fgpu-controller" in d, d
-    out.append(d)
-print("\n---\n".join(out))'
-}
+classes() { shipped_classes | python3 "$E2E_LIB_DIR/../../hack/deviceclasses.py" controller-mode; }
 ghost="ghost-node-gpu.fgpu.dev"
 
 cleanup() {
