@@ -123,11 +123,17 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 3000)]
     pub settle_ms: u64,
     /// Allocations of one pass written at once (each: finalizer patch, status replace, two
-    /// Events). The plan is made first, one claim after another, so writing them
-    /// together cannot over-grant: a write that fails frees what it planned to take. 1
-    /// writes them one after another.
+    /// Events), and pods of one pass ungated at once. The plan is made first, one claim
+    /// after another, so writing them together cannot over-grant: a write that fails
+    /// frees what it planned to take. 1 writes them one after another.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub concurrent_writes: u32,
+    /// Allocations planned in one pass at most. Each waits in memory (its claim and
+    /// allocation) until written; the pass after plans the next ones. Every pass walks all
+    /// claims and pods, so under a flood of claims larger passes spend less of the time
+    /// planning, at the cost of memory and of later writes for the last claims planned.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub allocations_per_pass: u32,
     /// Leader election: allocate only while holding the Lease `fgpu-controller` in this
     /// namespace (every replica serves the webhooks). Without it, run one replica.
     #[arg(long)]
@@ -210,6 +216,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         ctl.settle = Duration::from_millis(args.settle_ms);
         ctl.list_page = args.list_page_size;
         ctl.concurrent_writes = args.concurrent_writes as usize;
+        ctl.allocations_per_pass = args.allocations_per_pass as usize;
         let resync = Duration::from_secs(args.resync_seconds.max(1));
         match &args.leader_election_namespace {
             None => tokio::select! {
@@ -354,11 +361,6 @@ fn backoff(attempts: u32) -> Duration {
     fgpu_plumbing::backoff::nth_delay(attempts, 1, Duration::from_secs(1), 8)
 }
 
-/// At most this many allocations are planned in one pass ([`Views::max_allocations`]):
-/// each waits in memory, allocation and all, until its turn to be written. The pass after
-/// takes the next ones at once.
-const MAX_ALLOCATIONS_PER_PASS: usize = 128;
-
 /// Events waiting for the API server before more are dropped ([`Outbox`]): two per claim
 /// of a pass's 128 allocations, many times over.
 const EVENT_QUEUE: usize = 4096;
@@ -398,8 +400,12 @@ struct Controller {
     settle: Duration,
     /// Objects per page of the watches' lists.
     list_page: u32,
-    /// Allocations written at once ([`Controller::act_allocations`]).
+    /// Allocations, and ungates, written at once ([`Controller::act_allocations`]).
     concurrent_writes: usize,
+    /// At most this many allocations are planned in one pass ([`Views::max_allocations`]):
+    /// each waits in memory, allocation and all, until its turn to be written. The pass
+    /// after takes the next ones at once.
+    allocations_per_pass: usize,
     /// The earliest moment an unsettled allocation settles (a pass is due then).
     next_settle: Option<Instant>,
     /// The shared DeviceClass as last read (None: it does not exist), and when.
@@ -468,6 +474,7 @@ impl Controller {
             settle: Duration::from_secs(3),
             list_page: 100,
             concurrent_writes: 16,
+            allocations_per_pass: 128,
             next_settle: None,
             class: None,
             model,
@@ -501,10 +508,6 @@ impl Controller {
 
     fn claims(&self, namespace: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.shared.client.clone(), namespace, &self.claims_ar)
-    }
-
-    fn pods(&self, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.shared.client.clone(), namespace, &discovery::pods())
     }
 
     /// Whether this controller may list `ar` (false only on Forbidden: an RBAC that
@@ -643,6 +646,7 @@ impl Controller {
         pods: &Mirror<PodView>,
         slices: &Mirror<Packed>,
     ) -> bool {
+        let started = Instant::now();
         self.views.refresh(
             &self.settings.driver,
             claims.state(),
@@ -684,7 +688,7 @@ impl Controller {
                 avoid: &avoid,
                 unsettled: &unsettled,
                 class: class.as_ref(),
-                max_allocations: MAX_ALLOCATIONS_PER_PASS,
+                max_allocations: self.allocations_per_pass,
                 model: Some(&self.model),
                 now,
             };
@@ -694,19 +698,34 @@ impl Controller {
         // Only the actions are left to perform: the rest of the plan (the ledger's
         // inventory, about 1.8 MiB at 8,000 GPUs) goes now, not after the writes.
         let reconcile::Plan { actions, .. } = plan;
+        self.shared
+            .metrics
+            .plan_seconds
+            .observe(started.elapsed().as_secs_f64());
         let mut wrote = false;
         let mut actions = actions.into_iter().peekable();
         while let Some(action) = actions.next() {
-            if matches!(action, Action::Allocate { .. }) {
-                // A run of allocations is written together; the other actions keep their
-                // place in the plan's order.
-                let mut run = vec![action];
-                while let Some(a) = actions.next_if(|a| matches!(a, Action::Allocate { .. })) {
-                    run.push(a);
+            // A run of allocations, or of ungates, is written together; the other actions
+            // keep their place in the plan's order.
+            match action {
+                Action::Allocate { .. } => {
+                    let mut run = vec![action];
+                    while let Some(a) = actions.next_if(|a| matches!(a, Action::Allocate { .. }))
+                    {
+                        run.push(a);
+                    }
+                    wrote |= self.act_allocations(run).await;
                 }
-                wrote |= self.act_allocations(run).await;
-            } else {
-                wrote |= self.act(action).await;
+                Action::Ungate { pod, keep } => {
+                    let mut run = vec![(pod, keep)];
+                    while let Some(Action::Ungate { pod, keep }) =
+                        actions.next_if(|a| matches!(a, Action::Ungate { .. }))
+                    {
+                        run.push((pod, keep));
+                    }
+                    wrote |= self.act_ungates(run).await;
+                }
+                action => wrote |= self.act(action).await,
             }
         }
         wrote
@@ -842,7 +861,7 @@ impl Controller {
                 self.act_rejected(claim, pod, message);
                 false
             }
-            Action::Ungate { pod, keep } => self.act_ungate(pod, keep).await,
+            Action::Ungate { pod, keep } => self.act_ungates(vec![(pod, keep)]).await,
             Action::Revoke {
                 claim,
                 pod,
@@ -1015,36 +1034,51 @@ impl Controller {
         }
     }
 
-    /// [`Action::Ungate`]: writes the pod's remaining gates (conditional on its resource
-    /// version); a conflict waits for the next pass.
-    async fn act_ungate(&mut self, pod: ObjectId, keep: Vec<Value>) -> bool {
-        let patch = json!({
-            "metadata": {"resourceVersion": pod.resource_version},
-            "spec": {"schedulingGates": keep},
-        });
-        let pods = self.pods(&pod.namespace);
-        match fenced(
-            &self.fence,
-            pods.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await
-        {
-            Ok(o) => {
-                tracing::info!(pod = %pod.key(), "scheduling gate lifted");
-                if let Ok(v) = serde_json::to_value(&o) {
-                    self.overlay.put(v);
+    /// [`Action::Ungate`]s: writes each pod's remaining gates (conditional on its resource
+    /// version), up to [`Controller::concurrent_writes`] at once; a conflict waits for the
+    /// next pass. Each pod's gate is its own: no ungate depends on another, and each
+    /// passes the fence. True when one was written.
+    async fn act_ungates(&mut self, run: Vec<(ObjectId, Vec<Value>)>) -> bool {
+        let client = self.shared.client.clone();
+        let fence = self.fence.clone();
+        let writes = futures::stream::iter(run.into_iter().map(|(pod, keep)| {
+            let pods: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &pod.namespace, &discovery::pods());
+            let fence = fence.clone();
+            async move {
+                let patch = json!({
+                    "metadata": {"resourceVersion": pod.resource_version},
+                    "spec": {"schedulingGates": keep},
+                });
+                let written = fenced(
+                    &fence,
+                    pods.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)),
+                )
+                .await;
+                (pod, written)
+            }
+        }))
+        .buffer_unordered(self.concurrent_writes.max(1));
+        let mut writes = std::pin::pin!(writes);
+        let mut wrote = false;
+        while let Some((pod, written)) = writes.next().await {
+            match written {
+                Ok(o) => {
+                    tracing::info!(pod = %pod.key(), "scheduling gate lifted");
+                    if let Ok(v) = serde_json::to_value(&o) {
+                        self.overlay.put(v);
+                    }
+                    wrote = true;
                 }
-                true
-            }
-            Err(e) if e.is_conflict() => {
-                tracing::debug!(pod = %pod.key(), "ungate: conflict, next pass");
-                false
-            }
-            Err(e) => {
-                tracing::warn!(pod = %pod.key(), "ungate failed: {e}");
-                false
+                Err(e) if e.is_conflict() => {
+                    tracing::debug!(pod = %pod.key(), "ungate: conflict, next pass");
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %pod.key(), "ungate failed: {e}");
+                }
             }
         }
+        wrote
     }
 
     /// [`Action::Revoke`]: clears the tentative claim's allocation unless it changed since
@@ -1247,6 +1281,81 @@ struct Write {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fgpu_plumbing::testing::FakeApiServer;
+
+    const GATE: &str = "gpu.fgpu.dev/allocate";
+
+    /// A controller over `client` (no leader election: its fence is open).
+    fn controller(client: kube::Client) -> Controller {
+        let shared = Arc::new(Shared {
+            driver: DriverName::default(),
+            api: fgpu_plumbing::ApiVersion::V1,
+            client,
+            mode: ModeCell::default(),
+            metrics: Metrics::new(),
+            hami: None,
+            ready: AtomicBool::new(true),
+            hami_pods: false,
+        });
+        let settings = Settings {
+            driver: DriverName::default(),
+            default_policy: Policy::BINPACK,
+            workload_half_life: Duration::from_secs(3600),
+            usage_aware: Default::default(),
+        };
+        Controller::new(shared, settings, Mode::Controller)
+    }
+
+    /// Pod `p{i}` in namespace `team`, gated by the controller and one other gate, as
+    /// stored; its identity and the gates an ungate keeps.
+    fn gated_pod(fake: &FakeApiServer, i: usize) -> (ObjectId, Vec<Value>) {
+        let other = json!({"name": "example.com/hold"});
+        let pod = fake.lock().unwrap().insert(
+            &format!("/api/v1/namespaces/team/pods/p{i}"),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {},
+                   "spec": {"schedulingGates": [{"name": GATE}, other.clone()]}}),
+        );
+        (ObjectId::of(&pod), vec![other])
+    }
+
+    fn gates(fake: &FakeApiServer, i: usize) -> Value {
+        let state = fake.lock().unwrap();
+        state.objects[&format!("/api/v1/namespaces/team/pods/p{i}")]["spec"]["schedulingGates"]
+            .clone()
+    }
+
+    #[tokio::test]
+    async fn ungates_keep_the_other_gates_and_a_stale_pod_waits_for_the_next_pass() {
+        let fake = FakeApiServer::new();
+        let mut run: Vec<_> = (0..3).map(|i| gated_pod(&fake, i)).collect();
+        // p2 changed after the pass read it: its ungate is refused, the others are not.
+        gated_pod(&fake, 2);
+        let mut ctl = controller(fake.client());
+        assert!(ctl.act_ungates(std::mem::take(&mut run)).await);
+        for i in 0..2 {
+            assert_eq!(gates(&fake, i), json!([{"name": "example.com/hold"}]), "p{i}");
+        }
+        assert_eq!(gates(&fake, 2).as_array().map(Vec::len), Some(2), "p2 kept its gate");
+
+        let stale = vec![gated_pod(&fake, 3)];
+        gated_pod(&fake, 3);
+        assert!(!ctl.act_ungates(stale).await, "nothing written");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ungates_are_sent_together_up_to_the_concurrent_writes() {
+        for (at_once, sent) in [(16, 5), (2, 2), (1, 1)] {
+            let fake = FakeApiServer::new();
+            let run: Vec<_> = (0..5).map(|i| gated_pod(&fake, i)).collect();
+            let (client, cut) = fake.cuttable_client();
+            let mut ctl = controller(client);
+            ctl.concurrent_writes = at_once;
+            cut.cut();
+            let waited = tokio::time::timeout(Duration::from_secs(5), ctl.act_ungates(run)).await;
+            assert!(waited.is_err(), "an API server that never answers");
+            assert_eq!(cut.hung(), sent, "{at_once} at once");
+        }
+    }
 
     #[test]
     fn backoff_doubles_up_to_256_seconds() {

@@ -13,7 +13,8 @@
 //! * `fgpu_controller_allocation_failures_total{reason}` (`no_fit`, `rejected`,
 //!   `conflict`, `api`, `fenced`, `cleared`, `revoked`);
 //! * `fgpu_controller_allocation_duration_seconds` (finalizer + status write),
-//!   `fgpu_controller_reconcile_duration_seconds` (one pass);
+//!   `fgpu_controller_reconcile_duration_seconds` (one pass),
+//!   `fgpu_controller_plan_duration_seconds` (its part before the first write);
 //! * `fgpu_controller_gpus` in the inventory;
 //! * `fgpu_controller_fragmentation_ratio`: the share of the free GPU capacity the mix of
 //!   shares now granted could not use (FGD's measure, [`crate::reconcile::fragmentation`]);
@@ -54,6 +55,7 @@ pub struct Metrics {
     failures: Family<Labels, Counter>,
     pub allocation_seconds: Histogram,
     pub pass_seconds: Histogram,
+    pub plan_seconds: Histogram,
     pub gpus: Gauge,
     pub fragmentation: Gauge<f64, std::sync::atomic::AtomicU64>,
     usage: Arc<GpuUsage>,
@@ -173,6 +175,12 @@ impl Metrics {
             "Time of one reconcile pass",
             pass_seconds.clone(),
         );
+        let plan_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "plan_duration_seconds",
+            "Time of one reconcile pass before its first write: the views refreshed and the plan made (the rest of the pass is its writes)",
+            plan_seconds.clone(),
+        );
         let gpus = Gauge::default();
         registry.register(
             "gpus",
@@ -198,6 +206,7 @@ impl Metrics {
             failures,
             allocation_seconds,
             pass_seconds,
+            plan_seconds,
             gpus,
             fragmentation,
             usage,
