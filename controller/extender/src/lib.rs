@@ -22,7 +22,8 @@
 //! * [`http`]: the endpoints (the extender over HTTP; the webhook over HTTPS), served by
 //!   the plumbing's server layer.
 //! * [`metrics`]: the Prometheus families (verbs by outcome, latency, pods pending by
-//!   reason, webhook admissions), on `/metrics` at `--metrics-address`.
+//!   reason, webhook admissions, nodes reused or evaluated by the filter cache), on
+//!   `/metrics` at `--metrics-address`.
 //! * [`watch`]: wakes the resync when a pod with a decision goes or a node's inventory
 //!   changes (between the periodic lists).
 //!

@@ -8,9 +8,11 @@
 //! | `fgpu_extender_pods_pending` | `reason` ([`PendingReason`]) | pods whose last filter passed no node, until a filter passes one, the pod is bound, or a resync no longer lists it unbound |
 //! | `fgpu_extender_admissions_total` | `webhook` ([`Webhook`]), `result` ([`Admission`]) | admission reviews answered by the webhook |
 //! | `fgpu_extender_nodes` | | nodes with a GPU inventory annotation after the last resync |
+//! | `fgpu_extender_filter_cache_nodes_total` | `verb` ([`CacheVerb`]), `result` ([`CacheResult`]) | nodes whose outcome for a pod was taken from the node's kept result or worked out by the engine ([`crate::cache`]) |
 //!
-//! Every label value is one of a closed set (the enums here), and every series of the
-//! pending gauge exists from the start (0), so an alert on it has data before the first pod.
+//! Every label value is one of a closed set (the enums here). Every series of the pending
+//! gauge and of the cache counter exists from the start (0), so an alert or a ratio on
+//! them has data before the first pod.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -88,6 +90,54 @@ pub enum Admission {
     error,
 }
 
+/// Who asked the engine for a pod's outcome on a node (the filter cache's counter).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum CacheVerb {
+    filter,
+    prioritize,
+    /// A sync that moved the workload model, working out the recent `fgd` and `fragaware`
+    /// shapes ahead of their next pods (`Extender::sync`; evaluations only: no kept result
+    /// matches the new model yet).
+    sync,
+}
+
+impl CacheVerb {
+    /// Every caller, in the order they are exported.
+    pub const ALL: [CacheVerb; 3] = [CacheVerb::filter, CacheVerb::prioritize, CacheVerb::sync];
+}
+
+/// Where a node's outcome for a pod came from.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum CacheResult {
+    /// The node's kept result for the pod's shape (never with `--no-filter-cache`).
+    reused,
+    /// One engine evaluation (with the cache on or off).
+    evaluated,
+}
+
+impl CacheResult {
+    /// Both results, in the order they are exported.
+    pub const ALL: [CacheResult; 2] = [CacheResult::reused, CacheResult::evaluated];
+}
+
+/// Per-node outcomes counted since the start, summed over every [`CacheVerb`]
+/// (`Extender::cache_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Outcomes taken from the nodes' kept results.
+    pub reused: u64,
+    /// Outcomes worked out by the engine, including those with the cache off.
+    pub evaluated: u64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    verb: CacheVerb,
+    result: CacheResult,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     verb: Verb,
@@ -123,6 +173,10 @@ pub struct Metrics {
     pending: Family<PendingLabels, Gauge>,
     admissions: Family<AdmissionLabels, Counter>,
     nodes: Gauge,
+    /// The cache counter's series, `[verb][result]` in the order of [`CacheVerb::ALL`]
+    /// and [`CacheResult::ALL`]: handles on the family's own counters, so that counting
+    /// takes no lock.
+    cache: [[Counter; 2]; 3],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -176,6 +230,21 @@ impl Metrics {
             "Nodes with a GPU inventory annotation after the last resync",
             nodes.clone(),
         );
+        let cache_nodes = Family::<CacheLabels, Counter>::default();
+        registry.register(
+            "filter_cache_nodes",
+            "Nodes whose outcome for a pod was reused from the node's kept result or evaluated \
+             by the engine, by caller (filter, prioritize, sync); reused stays 0 with \
+             --no-filter-cache",
+            cache_nodes.clone(),
+        );
+        let cache = CacheVerb::ALL.map(|verb| {
+            CacheResult::ALL.map(|result| {
+                cache_nodes
+                    .get_or_create(&CacheLabels { verb, result })
+                    .clone()
+            })
+        });
         Self {
             registry,
             requests,
@@ -183,6 +252,7 @@ impl Metrics {
             pending,
             admissions,
             nodes,
+            cache,
         }
     }
 
@@ -215,6 +285,28 @@ impl Metrics {
     /// Sets the number of nodes with a GPU inventory.
     pub fn set_nodes(&self, n: usize) {
         self.nodes.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one request's (or one sync's) per-node outcomes: `reused` taken from the
+    /// nodes' kept results, `evaluated` worked out by the engine.
+    pub fn count_cache(&self, verb: CacheVerb, reused: u64, evaluated: u64) {
+        let series = &self.cache[verb as usize];
+        series[CacheResult::reused as usize].inc_by(reused);
+        series[CacheResult::evaluated as usize].inc_by(evaluated);
+    }
+
+    /// The per-node outcomes counted by [`Metrics::count_cache`] since the start.
+    pub fn cache_stats(&self) -> CacheStats {
+        let sum = |result: CacheResult| {
+            self.cache
+                .iter()
+                .map(|series| series[result as usize].get())
+                .sum()
+        };
+        CacheStats {
+            reused: sum(CacheResult::reused),
+            evaluated: sum(CacheResult::evaluated),
+        }
     }
 
     /// The text exposition (OpenMetrics).
@@ -287,6 +379,52 @@ mod tests {
             assert!(text.contains(&format!("{line}\n")), "{line} in {text}");
         }
         // No verb or result outside the closed sets appears.
-        assert!(!text.contains(r#"verb="prioritize""#), "{text}");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("fgpu_extender_request") && l.contains("prioritize")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn cache_series_start_at_zero_and_sum_into_the_stats() {
+        let m = Metrics::new();
+        let text = m.encode();
+        assert!(
+            text.contains("# TYPE fgpu_extender_filter_cache_nodes counter\n"),
+            "{text}"
+        );
+        for verb in ["filter", "prioritize", "sync"] {
+            for result in ["reused", "evaluated"] {
+                let line = format!(
+                    "fgpu_extender_filter_cache_nodes_total{{verb=\"{verb}\",result=\"{result}\"}} 0\n"
+                );
+                assert!(text.contains(&line), "{line} in {text}");
+            }
+        }
+        assert_eq!(m.cache_stats(), CacheStats::default());
+        m.count_cache(CacheVerb::filter, 5, 1);
+        m.count_cache(CacheVerb::filter, 2, 0);
+        m.count_cache(CacheVerb::prioritize, 6, 0);
+        m.count_cache(CacheVerb::sync, 0, 12);
+        let text = m.encode();
+        for line in [
+            r#"fgpu_extender_filter_cache_nodes_total{verb="filter",result="reused"} 7"#,
+            r#"fgpu_extender_filter_cache_nodes_total{verb="filter",result="evaluated"} 1"#,
+            r#"fgpu_extender_filter_cache_nodes_total{verb="prioritize",result="reused"} 6"#,
+            r#"fgpu_extender_filter_cache_nodes_total{verb="prioritize",result="evaluated"} 0"#,
+            r#"fgpu_extender_filter_cache_nodes_total{verb="sync",result="reused"} 0"#,
+            r#"fgpu_extender_filter_cache_nodes_total{verb="sync",result="evaluated"} 12"#,
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "{line} in {text}");
+        }
+        assert_eq!(
+            m.cache_stats(),
+            CacheStats {
+                reused: 13,
+                evaluated: 13
+            }
+        );
     }
 }

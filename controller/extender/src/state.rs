@@ -13,7 +13,7 @@
 //! a pod of a shape seen before is evaluated again only on the nodes that changed.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,8 @@ use crate::annotations::{
 };
 use crate::cache::{Cached, NodeResults, ResultKey, ShapeTable, next_generation};
 use crate::error::{NoFit, PodError, Unusable};
-use crate::metrics::{Metrics, PendingReason};
+pub use crate::metrics::CacheStats;
+use crate::metrics::{CacheVerb, Metrics, PendingReason};
 use crate::writer::ClusterWriter;
 use fgpu_driver::hami::{ContainerRequest, PodRequest, VgpuMode, pod_key, pod_request};
 
@@ -188,9 +189,6 @@ pub struct Extender {
     shapes: Mutex<ShapeTable>,
     /// Whether filter and prioritize reuse the nodes' kept results.
     filter_cache: AtomicBool,
-    /// Per-node outcomes taken from the kept results, and worked out afresh.
-    reused: AtomicU64,
-    evaluated: AtomicU64,
 }
 
 /// The workloads fgd and fragaware score against, and their epoch: a number that changes
@@ -211,15 +209,6 @@ impl Models {
             0
         }
     }
-}
-
-/// How often filter and prioritize reused a node's kept result ([`Extender::cache_stats`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    /// Per-node outcomes taken from the kept results.
-    pub reused: u64,
-    /// Per-node outcomes worked out (engine evaluations), including those with the cache off.
-    pub evaluated: u64,
 }
 
 /// Most pods remembered between filter and bind.
@@ -288,8 +277,6 @@ impl Extender {
             workloads: RwLock::new(Models::default()),
             shapes: Mutex::new(ShapeTable::default()),
             filter_cache: AtomicBool::new(config.filter_cache),
-            reused: AtomicU64::new(0),
-            evaluated: AtomicU64::new(0),
             config,
         }
     }
@@ -309,12 +296,10 @@ impl Extender {
         self.filter_cache.load(Ordering::Relaxed)
     }
 
-    /// How many per-node outcomes were reused and worked out since the start.
+    /// How many per-node outcomes were reused and worked out since the start, by every
+    /// caller together (the counters behind `fgpu_extender_filter_cache_nodes_total`).
     pub fn cache_stats(&self) -> CacheStats {
-        CacheStats {
-            reused: self.reused.load(Ordering::Relaxed),
-            evaluated: self.evaluated.load(Ordering::Relaxed),
-        }
+        self.metrics.cache_stats()
     }
 
     /// The extender's metrics (the HTTP layer records the verbs' outcomes in them).
@@ -442,7 +427,7 @@ impl Extender {
                 vgpu_mode: shape.vgpu_mode,
             };
             let key = (id, models.key(req.policy), now);
-            let _ = self.evaluate(&req, &names, &models, Some(key), &[]);
+            let _ = self.evaluate(CacheVerb::sync, &req, &names, &models, Some(key), &[]);
         }
     }
 
@@ -629,9 +614,11 @@ impl Extender {
     /// Large candidate lists are split over a few threads. `cache` (from
     /// [`Extender::cache_key`]) reuses and keeps the nodes' results for the pod's shape;
     /// `hints` (a filter's results for the same pod) answer for nodes that have not
-    /// changed since.
+    /// changed since. The nodes reused and evaluated are counted under `verb` (nodes that
+    /// are unusable or answered by a hint under neither).
     fn evaluate<'a>(
         &self,
+        verb: CacheVerb,
         req: &PodRequest,
         names: &[&'a str],
         models: &Models,
@@ -739,10 +726,8 @@ impl Extender {
             })
         };
         let count = |src: Source| all.iter().filter(|e| e.2 == src).count() as u64;
-        self.evaluated
-            .fetch_add(count(Source::Evaluated), Ordering::Relaxed);
-        self.reused
-            .fetch_add(count(Source::Kept), Ordering::Relaxed);
+        self.metrics
+            .count_cache(verb, count(Source::Kept), count(Source::Evaluated));
         all.into_iter().map(|(n, o, _)| (n, o)).collect()
     }
 
@@ -772,7 +757,7 @@ impl Extender {
             let cache = self.cache_key(&req, &models);
             let mut passed = Vec::new();
             let mut scores = Vec::with_capacity(names.len());
-            for (name, r) in self.evaluate(&req, &names, &models, cache, &[]) {
+            for (name, r) in self.evaluate(CacheVerb::filter, &req, &names, &models, cache, &[]) {
                 match r {
                     Outcome::Fits { score, generation } => {
                         scores.push((generation, score));
@@ -871,7 +856,7 @@ impl Extender {
                 })
                 .collect();
         }
-        let evaluated = self.evaluate(&req, &names, &models, cache, &hints);
+        let evaluated = self.evaluate(CacheVerb::prioritize, &req, &names, &models, cache, &hints);
         let scores: Vec<f64> = evaluated
             .iter()
             .filter_map(|(_, r)| match r {

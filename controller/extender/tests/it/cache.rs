@@ -1,7 +1,8 @@
 //! Filter's kept results (`fgpu_extender::cache`): a random stream of state changes
 //! (binds, pods going, reservations given back, device taints, health, labels, nodes
 //! leaving and coming back, syncs that move the workload model) interleaved with
-//! filter/prioritize requests, each answered with the cache and again without it.
+//! filter/prioritize requests, each answered with the cache and again without it; and
+//! the counter of reused and evaluated nodes on `/metrics`.
 
 use std::time::Instant;
 
@@ -10,7 +11,7 @@ use fgpu_api::extender::{ExtenderArgs, ExtenderFilterResult, HostPriorityList, N
 use fgpu_driver::engine::{self, Gpu};
 use fgpu_driver::hami::pod_request;
 use fgpu_extender::annotations::{WHOLE_MODE_TAINT, render_node_inventory};
-use fgpu_extender::{Extender, ExtenderConfig};
+use fgpu_extender::{CacheStats, Extender, ExtenderConfig};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -336,10 +337,13 @@ fn a_sync_drops_only_what_it_changes() {
     stats(&w, 1);
     let evaluated = |w: &World| w.ext.cache_stats().evaluated;
     let e = evaluated(&w);
+    let synced = series(&w.ext, "sync", "evaluated");
     w.sync();
     // The sync itself evaluates again the shapes whose policy reads the model (two
-    // fragaware, one fgd) on the six nodes; not binpack's or spread's.
+    // fragaware, one fgd) on the six nodes; not binpack's or spread's. The metric counts
+    // them under `sync`.
     assert_eq!(evaluated(&w) - e, 3 * 6);
+    assert_eq!(series(&w.ext, "sync", "evaluated") - synced, 3 * 6);
     assert_eq!(stats(&w, 0), 0, "binpack does not read the model");
     assert_eq!(
         stats(&w, 1),
@@ -352,4 +356,90 @@ fn a_sync_drops_only_what_it_changes() {
     let e = evaluated(&w);
     w.sync();
     assert_eq!(evaluated(&w), e);
+}
+
+/// One series of `fgpu_extender_filter_cache_nodes_total` in `ext`'s `/metrics` text.
+fn series(ext: &Extender, verb: &str, result: &str) -> u64 {
+    let text = ext.encode_metrics();
+    let head =
+        format!("fgpu_extender_filter_cache_nodes_total{{verb=\"{verb}\",result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&head))
+        .unwrap_or_else(|| panic!("{head} in {text}"))
+        .parse()
+        .unwrap()
+}
+
+/// `(evaluated, reused)` of `verb` on `/metrics`.
+fn counted(ext: &Extender, verb: &str) -> (u64, u64) {
+    (series(ext, verb, "evaluated"), series(ext, verb, "reused"))
+}
+
+/// `/metrics` counts each node a request looked at once: evaluated the first time a shape
+/// comes, reused by the next pod of that shape, evaluated again where the node changed.
+#[test]
+fn metrics_count_each_node_reused_or_evaluated() {
+    let w = World::new();
+    let n = w.names.len() as u64;
+    for verb in ["filter", "prioritize", "sync"] {
+        assert_eq!(counted(&w.ext, verb), (0, 0), "{verb} before any request");
+    }
+    let first = shape(0, "first");
+    let f = w.ext.filter(&w.args(&first, &w.names));
+    assert_eq!(f.node_names.map(|v| v.len() as u64), Some(n), "all fit");
+    assert_eq!(counted(&w.ext, "filter"), (n, 0));
+    // Prioritize of the same pod finds filter's results.
+    w.ext.prioritize(&w.args(&first, &w.names)).unwrap();
+    assert_eq!(counted(&w.ext, "prioritize"), (0, n));
+    // Another pod of the same shape: every node reused.
+    let second = shape(0, "second");
+    let _ = w.ext.filter(&w.args(&second, &w.names));
+    assert_eq!(counted(&w.ext, "filter"), (n, n));
+    // A reservation on one node changes it: the next pod evaluates that node alone.
+    let cfg = w.ext.config();
+    let req = pod_request(&second, &cfg.names, cfg.default_policy).unwrap();
+    w.ext
+        .reserve(&w.names[2], &req)
+        .expect("filter said it fits");
+    let _ = w.ext.filter(&w.args(&shape(0, "third"), &w.names));
+    assert_eq!(counted(&w.ext, "filter"), (n + 1, n + n - 1));
+    // Another shape starts afresh.
+    let _ = w.ext.filter(&w.args(&shape(2, "other"), &w.names));
+    assert_eq!(counted(&w.ext, "filter"), (n + 1 + n, n + n - 1));
+    // `cache_stats` reads the same counters.
+    assert_eq!(
+        w.ext.cache_stats(),
+        CacheStats {
+            reused: n + n + n - 1,
+            evaluated: n + 1 + n,
+        }
+    );
+    assert_eq!(counted(&w.ext, "sync"), (0, 0), "no sync moved the model");
+}
+
+/// With the cache off (`--no-filter-cache`) every node is evaluated for every request and
+/// the reused series stay 0.
+#[test]
+fn metrics_without_the_cache_reuse_nothing() {
+    let mut w = World::new();
+    // As `--no-filter-cache` builds it (not `World::request`, which switches the cache).
+    w.ext = Extender::new(ExtenderConfig {
+        filter_cache: false,
+        ..ExtenderConfig::default()
+    });
+    w.sync();
+    let n = w.names.len() as u64;
+    let first = shape(0, "first");
+    let _ = w.ext.filter(&w.args(&first, &w.names));
+    let _ = w.ext.filter(&w.args(&shape(0, "second"), &w.names));
+    assert_eq!(counted(&w.ext, "filter"), (2 * n, 0));
+    // Prioritize takes the pod's own filter scores for the nodes unchanged since (counted
+    // in neither series), and evaluates the node a reservation changed.
+    let cfg = w.ext.config();
+    let req = pod_request(&shape(0, "other"), &cfg.names, cfg.default_policy).unwrap();
+    w.ext.reserve(&w.names[0], &req).unwrap();
+    w.ext.prioritize(&w.args(&first, &w.names)).unwrap();
+    assert_eq!(counted(&w.ext, "prioritize"), (1, 0));
+    assert_eq!(counted(&w.ext, "sync"), (0, 0));
+    assert_eq!(w.ext.cache_stats().reused, 0);
 }
