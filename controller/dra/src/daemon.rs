@@ -131,7 +131,9 @@ pub struct RunArgs {
     /// Allocations planned in one pass at most. Each waits in memory (its claim and
     /// allocation) until written; the pass after plans the next ones. Every pass walks all
     /// claims and pods, so under a flood of claims larger passes spend less of the time
-    /// planning, at the cost of memory and of later writes for the last claims planned.
+    /// planning, at the cost of memory, of later writes for the last claims planned, and
+    /// of Events: two per allocation share a queue of 4,096 (the surplus is dropped and
+    /// counted).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub allocations_per_pass: u32,
     /// Leader election: allocate only while holding the Lease `fgpu-controller` in this
@@ -362,11 +364,14 @@ fn backoff(attempts: u32) -> Duration {
 }
 
 /// Events waiting for the API server before more are dropped ([`Outbox`]): two per claim
-/// of a pass's 128 allocations, many times over.
+/// of a pass's 128 allocations (`--allocations-per-pass`'s default), many times over.
 const EVENT_QUEUE: usize = 4096;
 
-/// Events created at once, beside (not within) the allocation writes.
-const EVENTS_IN_FLIGHT: usize = 4;
+/// Events created at once, beside (not within) the allocation writes. Enough to keep up
+/// with two Events per claim at the rate the writes reach: a queue that falls behind holds
+/// its Events in memory (4 at once let 10,000 claims peak 4 MiB higher; docs/controller.md,
+/// "Where the time goes").
+const EVENTS_IN_FLIGHT: usize = 8;
 
 /// How long a read of the shared DeviceClass is used before it is read again (classes
 /// change rarely; a change reaches allocations within this time).
@@ -710,8 +715,7 @@ impl Controller {
             match action {
                 Action::Allocate { .. } => {
                     let mut run = vec![action];
-                    while let Some(a) = actions.next_if(|a| matches!(a, Action::Allocate { .. }))
-                    {
+                    while let Some(a) = actions.next_if(|a| matches!(a, Action::Allocate { .. })) {
                         run.push(a);
                     }
                     wrote |= self.act_allocations(run).await;
@@ -1333,9 +1337,17 @@ mod tests {
         let mut ctl = controller(fake.client());
         assert!(ctl.act_ungates(std::mem::take(&mut run)).await);
         for i in 0..2 {
-            assert_eq!(gates(&fake, i), json!([{"name": "example.com/hold"}]), "p{i}");
+            assert_eq!(
+                gates(&fake, i),
+                json!([{"name": "example.com/hold"}]),
+                "p{i}"
+            );
         }
-        assert_eq!(gates(&fake, 2).as_array().map(Vec::len), Some(2), "p2 kept its gate");
+        assert_eq!(
+            gates(&fake, 2).as_array().map(Vec::len),
+            Some(2),
+            "p2 kept its gate"
+        );
 
         let stale = vec![gated_pod(&fake, 3)];
         gated_pod(&fake, 3);

@@ -112,6 +112,13 @@ for r in no_fit no_gpu_node invalid; do
   assert_eq "extender pods pending ($r)" 0 "$(series "fgpu_extender_pods_pending{reason=\"$r\"}")"
 done
 assert_eq "extender nodes with inventory" 1 "$(series fgpu_extender_nodes)"
+# The filter cache (on by default): every filter request looked at the one GPU node, each
+# time either reused from its kept result or evaluated; the first was evaluated.
+f_ok="$(series 'fgpu_extender_requests_total{verb="filter",result="ok"}')"
+f_reused="$(series 'fgpu_extender_filter_cache_nodes_total{verb="filter",result="reused"}')"
+f_evaluated="$(series 'fgpu_extender_filter_cache_nodes_total{verb="filter",result="evaluated"}')"
+[ "${f_evaluated:-0}" -ge 1 ] && [ $((${f_reused:-0} + ${f_evaluated:-0})) -ge "$f_ok" ] \
+  || fail "extender filter cache: reused ${f_reused:-none} + evaluated ${f_evaluated:-none} nodes for $f_ok passing filters"
 [ "$(series 'fgpu_extender_request_duration_seconds_count{verb="bind"}')" -ge 2 ] || fail "extender: bind latency not observed"
 lint="$(promtool check metrics <<<"$em" 2>&1)" || fail "extender /metrics: promtool check metrics: $lint"
 say "ok: extender /metrics: binds ok 2, $(grep -c '^fgpu_extender_' <<<"$em") series, promtool check metrics clean"
