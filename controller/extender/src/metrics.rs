@@ -233,9 +233,7 @@ impl Metrics {
         let cache_nodes = Family::<CacheLabels, Counter>::default();
         registry.register(
             "filter_cache_nodes",
-            "Nodes whose outcome for a pod was reused from the node's kept result or evaluated \
-             by the engine, by caller (filter, prioritize, sync); reused stays 0 with \
-             --no-filter-cache",
+            "Nodes whose outcome for a pod was reused from the node's kept result or evaluated by the engine, by caller (filter, prioritize, sync); reused stays 0 with --no-filter-cache",
             cache_nodes.clone(),
         );
         let cache = CacheVerb::ALL.map(|verb| {
