@@ -729,7 +729,27 @@ impl Controller {
                     }
                     wrote |= self.act_ungates(run).await;
                 }
-                action => wrote |= self.act(action).await,
+                Action::Pending {
+                    claim,
+                    pod,
+                    message,
+                    ..
+                } => self.act_pending(claim, pod, message),
+                Action::Rejected {
+                    claim,
+                    pod,
+                    message,
+                } => self.act_rejected(claim, pod, message),
+                Action::Revoke {
+                    claim,
+                    pod,
+                    message,
+                } => wrote |= self.act_revoke(claim, pod, message).await,
+                Action::Release {
+                    claim,
+                    deallocate,
+                    reason,
+                } => wrote |= self.act_release(claim, deallocate, reason).await,
             }
         }
         wrote
@@ -842,41 +862,6 @@ impl Controller {
         self.shared
             .metrics
             .set_pending(plan.actions.iter().filter_map(Action::wait_reason));
-    }
-
-    /// Performs one planned action; true when something was written.
-    async fn act(&mut self, action: Action) -> bool {
-        match action {
-            a @ Action::Allocate { .. } => self.act_allocations(vec![a]).await,
-            Action::Pending {
-                claim,
-                pod,
-                message,
-                ..
-            } => {
-                self.act_pending(claim, pod, message);
-                false
-            }
-            Action::Rejected {
-                claim,
-                pod,
-                message,
-            } => {
-                self.act_rejected(claim, pod, message);
-                false
-            }
-            Action::Ungate { pod, keep } => self.act_ungates(vec![(pod, keep)]).await,
-            Action::Revoke {
-                claim,
-                pod,
-                message,
-            } => self.act_revoke(claim, pod, message).await,
-            Action::Release {
-                claim,
-                deallocate,
-                reason,
-            } => self.act_release(claim, deallocate, reason).await,
-        }
     }
 
     /// [`Action::Allocate`]s: writes each allocation unless its claim backs off (a retry
@@ -1291,23 +1276,8 @@ mod tests {
 
     /// A controller over `client` (no leader election: its fence is open).
     fn controller(client: kube::Client) -> Controller {
-        let shared = Arc::new(Shared {
-            driver: DriverName::default(),
-            api: fgpu_plumbing::ApiVersion::V1,
-            client,
-            mode: ModeCell::default(),
-            metrics: Metrics::new(),
-            hami: None,
-            ready: AtomicBool::new(true),
-            hami_pods: false,
-        });
-        let settings = Settings {
-            driver: DriverName::default(),
-            default_policy: Policy::BINPACK,
-            workload_half_life: Duration::from_secs(3600),
-            usage_aware: Default::default(),
-        };
-        Controller::new(shared, settings, Mode::Controller)
+        let shared = Arc::new(Shared::for_tests(client));
+        Controller::new(shared, reconcile::tests::settings(), Mode::Controller)
     }
 
     /// Pod `p{i}` in namespace `team`, gated by the controller and one other gate, as
@@ -1331,11 +1301,11 @@ mod tests {
     #[tokio::test]
     async fn ungates_keep_the_other_gates_and_a_stale_pod_waits_for_the_next_pass() {
         let fake = FakeApiServer::new();
-        let mut run: Vec<_> = (0..3).map(|i| gated_pod(&fake, i)).collect();
+        let run: Vec<_> = (0..3).map(|i| gated_pod(&fake, i)).collect();
         // p2 changed after the pass read it: its ungate is refused, the others are not.
         gated_pod(&fake, 2);
         let mut ctl = controller(fake.client());
-        assert!(ctl.act_ungates(std::mem::take(&mut run)).await);
+        assert!(ctl.act_ungates(run).await);
         for i in 0..2 {
             assert_eq!(
                 gates(&fake, i),

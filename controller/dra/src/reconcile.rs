@@ -1597,7 +1597,7 @@ fn rejected(claim: ObjectId, pod: ObjectId, e: &RequestError) -> Action {
 mod mig_tests;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -1606,7 +1606,8 @@ mod tests {
     const GATE: &str = "gpu.fgpu.dev/allocate";
     const FIN: &str = "gpu.fgpu.dev/allocation";
 
-    pub(super) fn settings() -> Settings {
+    /// The settings of the plan's tests (binpack by default); the daemon's tests too.
+    pub(crate) fn settings() -> Settings {
         Settings {
             driver: DriverName::default(),
             default_policy: Policy::BINPACK,

@@ -379,13 +379,9 @@ pub(crate) async fn mutate_pod(review: &Value, shared: &Shared) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
-    use crate::shared::ModeCell;
     use fgpu_api::dra::ApiVersion;
-    use fgpu_api::names::DriverName;
     use fgpu_plumbing::testing::{Answer, FakeApiServer};
     use serde_json::json;
-    use std::sync::atomic::AtomicBool;
 
     const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
 
@@ -396,14 +392,8 @@ mod tests {
     /// What the servers share over `fake`; `hami_pods`: `--hami-pods`.
     fn shared_with(fake: &FakeApiServer, hami_pods: bool) -> Shared {
         Shared {
-            driver: DriverName::default(),
-            api: ApiVersion::V1,
-            client: fake.client(),
-            mode: ModeCell::default(),
-            metrics: Metrics::new(),
-            hami: None,
-            ready: AtomicBool::new(true),
             hami_pods,
+            ..Shared::for_tests(fake.client())
         }
     }
 
@@ -656,14 +646,8 @@ mod tests {
         let hami = crate::hami_metrics::HamiMetrics::new();
         hami.set(&inv, &[vec![1]]);
         let on = Arc::new(Shared {
-            driver: DriverName::default(),
-            api: ApiVersion::V1,
-            client: fake.client(),
-            mode: ModeCell::default(),
-            metrics: Metrics::new(),
             hami: Some(hami),
-            ready: AtomicBool::new(true),
-            hami_pods: false,
+            ..Shared::for_tests(fake.client())
         });
         let text = scrape(on).await;
         assert!(text.contains("fgpu_controller_gpus 0"), "{text}");

@@ -72,3 +72,21 @@ pub struct Shared {
     /// `--hami-pods`: serve `/mutate-pods-dra` ([`crate::hami_pods`]).
     pub hami_pods: bool,
 }
+
+#[cfg(test)]
+impl Shared {
+    /// What a test's servers and loop share over `client`: the default driver,
+    /// `resource.k8s.io/v1`, no HAMi families, `--hami-pods` off, caches ready.
+    pub(crate) fn for_tests(client: kube::Client) -> Self {
+        Self {
+            driver: DriverName::default(),
+            api: ApiVersion::V1,
+            client,
+            mode: ModeCell::default(),
+            metrics: Metrics::new(),
+            hami: None,
+            ready: AtomicBool::new(true),
+            hami_pods: false,
+        }
+    }
+}
