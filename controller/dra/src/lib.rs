@@ -20,6 +20,8 @@
 //!   semver functions), compiled once per expression, evaluated per device.
 //! * [`allocation`]: a chosen placement → the `status.allocation` to write.
 //! * [`explain`]: the Event messages for every outcome.
+//! * [`scores`]: one pass's node scores per request class, kept while each node is
+//!   unchanged.
 //! * [`reconcile`]: one pass over a snapshot of claims, pods and slices → the writes.
 //! * [`admission`]: the webhooks' decisions on `AdmissionReview`s.
 //! * [`hami_pods`]: a pod with HAMi's GPU resources and annotations → a
@@ -48,7 +50,7 @@
 //!
 //! Layering (no module uses one above it): `explain`, `slim`, `mirror`, `metrics`,
 //! `admission`, `selector` → `mig` → `inventory`, `usage`, `load`, `request`, `allocation` →
-//! `hami_pods`, `view` → `cache` → `reconcile` → `write`, `shared` → `server` → `daemon`.
+//! `hami_pods`, `view`, `scores` → `cache` → `reconcile` → `write`, `shared` → `server` → `daemon`.
 
 pub mod admission;
 pub mod allocation;
@@ -65,6 +67,7 @@ pub mod mirror;
 pub mod objects;
 pub mod reconcile;
 pub mod request;
+pub mod scores;
 pub mod selector;
 pub mod server;
 pub mod shared;

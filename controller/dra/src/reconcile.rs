@@ -71,6 +71,7 @@ use crate::allocation::{self, Allocation};
 use crate::load::{self, UsageAware};
 use crate::mig::{self, MigInventory};
 use crate::request::{self, RequestError};
+use crate::scores::Scores;
 use crate::selector::DeviceInfo;
 use crate::usage::{self, UsageError};
 use crate::view::{ClaimView, PodView};
@@ -410,6 +411,7 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
         actions: ledgered.revokes,
         planned: BTreeSet::new(),
         allocations: 0,
+        scores: Scores::default(),
     };
     // 2. Release.
     placer.actions.extend(releases(&claims, &referenced));
@@ -709,6 +711,8 @@ struct Placer<'v, 's> {
     actions: Vec<Action>,
     planned: BTreeSet<&'v str>,
     allocations: usize,
+    /// The pass's node scores per request class ([`Scores`]), told of every grant.
+    scores: Scores,
 }
 
 impl<'v> Placer<'v, '_> {
@@ -780,6 +784,7 @@ impl<'v> Placer<'v, '_> {
         Some(
             match place_claim(
                 &mut self.ledger,
+                &mut self.scores,
                 &ask,
                 node,
                 avoid,
@@ -1031,6 +1036,7 @@ enum NotPlaced {
 /// ([`Workloads::resolve`]); on failure the ledger is as before.
 fn place_claim<'p>(
     ledger: &mut Ledger,
+    scores: &mut Scores,
     ask: &Ask<'p, '_>,
     node: Option<&str>,
     avoid: Option<&BTreeSet<String>>,
@@ -1073,7 +1079,10 @@ fn place_claim<'p>(
     let mut fail: Option<Failure> = None;
     let mut budget = SEARCH_BUDGET;
     let mut placed = None;
-    for n in node_order(&search) {
+    // The scores kept are per node of the whole inventory: only a search over all of it
+    // reads them.
+    let kept = matches!(cand, Cow::Borrowed(_)).then_some(&mut *scores);
+    for n in node_order(&search, kept) {
         let name = cand.nodes[n].name.clone();
         let mut parts = Vec::new();
         if search.on_node(n, &mut parts, &mut budget, &mut fail)? {
@@ -1091,11 +1100,15 @@ fn place_claim<'p>(
         memory_mib: 0,
         devices: parts.iter().flat_map(|(_, p)| p.devices.clone()).collect(),
     };
+    let at = ledger.inventory().node_index(&grant.node);
     if let Err(e) = ledger.grant(grant) {
         return Err(NotPlaced::Pending(
             WaitReason::Internal,
             format!("internal: the ledger refused the placement: {e}"),
         ));
+    }
+    if let Some(i) = at {
+        scores.changed(i);
     }
     Ok((parts, note))
 }
@@ -1234,15 +1247,26 @@ fn attr_value(gpu: &engine::Gpu, attr: request::MatchAttribute) -> Option<String
 
 /// The nodes of `s.cand` (indices) in the order of the first request's placement there:
 /// earlier alternatives first, then the higher score, then inventory order. Nodes where
-/// no alternative of the first request fits are left out.
-fn node_order(s: &Search<'_, '_, '_>) -> Vec<usize> {
+/// no alternative of the first request fits are left out. `kept`: the pass's scores,
+/// given when `s.cand` is the whole inventory; they serve the alternatives whose
+/// selectors leave out no GPU.
+fn node_order(s: &Search<'_, '_, '_>, mut kept: Option<&mut Scores>) -> Vec<usize> {
     let mut best: BTreeMap<usize, (usize, f64)> = BTreeMap::new();
     for (alt, &pi) in s.groups[0].iter().enumerate() {
         let p = &s.ask.pendings[pi];
         let inv = s.filtered(s.cand, pi);
         let (policy, ctx) = s.scoring(p);
-        for pl in engine::evaluate(&inv, &p.request, policy, &ctx) {
-            best.entry(pl.node).or_insert((alt, pl.score));
+        let feasible = match (&inv, kept.as_deref_mut()) {
+            (Cow::Borrowed(whole), Some(scores)) => {
+                scores.feasible(whole, &p.request, policy, &ctx)
+            }
+            _ => engine::evaluate(&inv, &p.request, policy, &ctx)
+                .into_iter()
+                .map(|pl| (pl.node, pl.score))
+                .collect(),
+        };
+        for (node, score) in feasible {
+            best.entry(node).or_insert((alt, score));
         }
     }
     let mut order: Vec<(usize, (usize, f64))> = best.into_iter().collect();
@@ -2828,5 +2852,133 @@ pub(crate) mod tests {
             " (the claim's other requests are on node n)"
         );
         assert_eq!(where_others_are(None, true), "");
+    }
+
+    /// A pass of many claims, placed with the pass's kept scores ([`Scores`]), lands each
+    /// claim where a search that scores every node afresh puts it: on the ledger holding
+    /// every claim placed before it, the first node in the controller's order, on the
+    /// GPUs the engine picks there.
+    #[test]
+    fn kept_scores_place_a_pass_as_a_fresh_search_would() {
+        for policy in [
+            Policy::FRAGAWARE,
+            Policy::SPREAD,
+            Policy::FGD,
+            Policy::BESTFIT,
+        ] {
+            kept_scores_place_as_a_fresh_search(policy);
+        }
+    }
+
+    fn kept_scores_place_as_a_fresh_search(policy: Policy) {
+        let d = DriverName::default();
+        let nodes: Vec<String> = (0..6).map(|n| format!("node-{n}")).collect();
+        let slices: Vec<Value> = nodes
+            .iter()
+            .map(|n| node_slice(n, &[(80, 0, "H100"); 4]))
+            .collect();
+        let inv = inventory::from_slices(d.as_str(), typed(&slices));
+        let sizes = [20, 30, 50, 10, 40];
+        let claims: Vec<Value> = (0..36)
+            .map(|i| claim(&format!("c{i:02}"), sizes[i % sizes.len()]))
+            .collect();
+        let pods: Vec<Value> = (0..36)
+            .map(|i| {
+                let name = format!("c{i:02}");
+                let created = format!("2026-01-01T00:00:{i:02}Z");
+                pod(&format!("p{i:02}"), &created, true, &[("g", Some(&name))])
+            })
+            .collect();
+        let cv: Vec<ClaimView> = claims
+            .iter()
+            .map(|c| ClaimView::of_json(c, &d, &inv.inventory))
+            .collect();
+        let pv: Vec<PodView> = pods.iter().map(|p| PodView::of(p, GATE)).collect();
+        let whole = |id: &ObjectId| {
+            claims
+                .iter()
+                .find(|c| ObjectId::of(c) == *id)
+                .map(|c| usage::typed(c).unwrap())
+        };
+        let (crefs, prefs): (Vec<_>, Vec<_>) = (cv.iter().collect(), pv.iter().collect());
+        let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
+        let mut model = WorkloadModel::new(std::time::Duration::from_secs(3600));
+        for (i, milli) in [250, 375, 500, 625, 1000].into_iter().enumerate() {
+            model.observe(&format!("seen-{i}"), (0, 0, 1, milli), 0);
+        }
+        let views = Views {
+            claims: &crefs,
+            pods: &prefs,
+            inventory: &inv,
+            consumable: false,
+            claim: &whole,
+            avoid: &avoid,
+            unsettled: &unsettled,
+            class: None,
+            max_allocations: usize::MAX,
+            model: Some(&model),
+            now: 0,
+        };
+        let settings = Settings {
+            default_policy: policy,
+            ..settings()
+        };
+        let planned: Vec<(String, String, Vec<String>)> = plan_views(views, &settings, true)
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Allocate {
+                    claim, allocation, ..
+                } => Some((
+                    claim.name.clone(),
+                    allocation.grant.node.clone(),
+                    allocation
+                        .grant
+                        .devices
+                        .iter()
+                        .map(|g| g.gpu.clone())
+                        .collect(),
+                )),
+                _ => None,
+            })
+            .collect();
+
+        // The reference: every node scored afresh for every claim.
+        let workloads = Workloads::of(Some(&model), 0);
+        let resolved = workloads.resolve(policy);
+        assert_eq!(resolved.policy, policy, "{policy} runs, not a fallback");
+        let mut ledger = Ledger::new(inv.inventory.clone());
+        let mut expected = Vec::new();
+        for i in 0..36 {
+            let gib = sizes[i % sizes.len()];
+            let req = engine::Request::new(1, GpuShare::Memory { bytes: gib << 30 });
+            let inv = ledger.inventory();
+            let ctx = ScoreContext {
+                workload: resolved.workload,
+                max_spec: inv.max_spec(),
+                usage_weight: 0.0,
+            };
+            let all = engine::evaluate(inv, &req, resolved.policy, &ctx);
+            let Some(best) = engine::controller_best(all.iter().map(|p| (p.node, p.score))) else {
+                continue;
+            };
+            let pl = engine::evaluate_node(best, &inv.nodes[best], &req, resolved.policy, &ctx)
+                .expect("fits");
+            let g = Grant::from_placement(format!("c{i:02}"), inv, &req, &pl);
+            expected.push((
+                format!("c{i:02}"),
+                g.node.clone(),
+                g.devices.iter().map(|d| d.gpu.clone()).collect(),
+            ));
+            ledger.grant(g).expect("fits");
+        }
+        assert!(
+            expected.len() > 20,
+            "{policy}: most claims fit: {}",
+            expected.len()
+        );
+        let spread: BTreeSet<&String> = expected.iter().map(|(_, n, _)| n).collect();
+        assert!(spread.len() > 1, "{policy}: the claims use several nodes");
+        assert_eq!(planned, expected, "{policy}");
     }
 }
