@@ -405,7 +405,7 @@ struct Controller {
     settle: Duration,
     /// Objects per page of the watches' lists.
     list_page: u32,
-    /// Allocations, and ungates, written at once ([`Controller::act_allocations`]).
+    /// Allocations and ungates written at once ([`Controller::act_writes`]).
     concurrent_writes: usize,
     /// At most this many allocations are planned in one pass ([`Views::max_allocations`]):
     /// each waits in memory, allocation and all, until its turn to be written. The pass
@@ -710,24 +710,16 @@ impl Controller {
         let mut wrote = false;
         let mut actions = actions.into_iter().peekable();
         while let Some(action) = actions.next() {
-            // A run of allocations, or of ungates, is written together; the other actions
-            // keep their place in the plan's order.
+            // A run of allocations and ungates is written together; the other actions keep
+            // their place in the plan's order (a release is written before the allocations
+            // planned into what it frees).
             match action {
-                Action::Allocate { .. } => {
+                Action::Allocate { .. } | Action::Ungate { .. } => {
                     let mut run = vec![action];
-                    while let Some(a) = actions.next_if(|a| matches!(a, Action::Allocate { .. })) {
+                    while let Some(a) = actions.next_if(is_batched) {
                         run.push(a);
                     }
-                    wrote |= self.act_allocations(run).await;
-                }
-                Action::Ungate { pod, keep } => {
-                    let mut run = vec![(pod, keep)];
-                    while let Some(Action::Ungate { pod, keep }) =
-                        actions.next_if(|a| matches!(a, Action::Ungate { .. }))
-                    {
-                        run.push((pod, keep));
-                    }
-                    wrote |= self.act_ungates(run).await;
+                    wrote |= self.act_writes(run).await;
                 }
                 Action::Pending {
                     claim,
@@ -864,59 +856,95 @@ impl Controller {
             .set_pending(plan.actions.iter().filter_map(Action::wait_reason));
     }
 
-    /// [`Action::Allocate`]s: writes each allocation unless its claim backs off (a retry
-    /// before its time) or changed since planned, up to [`Controller::concurrent_writes`]
-    /// at once, and tells the claim and the pod of each one written. Each was planned on
-    /// the ledger holding all those before it, so any subset of them fits: one that fails
-    /// (a conflict, a slow or broken API server) only leaves its share free for the next
-    /// pass, and no write waits for another. Each write passes the fence
-    /// ([`crate::write`]).
-    async fn act_allocations(&mut self, run: Vec<Action>) -> bool {
-        let work = self.writes_of(run);
+    /// A run of [`Action::Allocate`]s and [`Action::Ungate`]s, written up to
+    /// [`Controller::concurrent_writes`] at once in one stream, so that neither kind waits
+    /// for the other's last writes.
+    ///
+    /// An allocation is written unless its claim backs off (a retry before its time) or
+    /// changed since planned; the claim and the pod are told of each one written. Each was
+    /// planned on the ledger holding all those before it, so any subset of them fits: one
+    /// that fails (a conflict, a slow or broken API server) only leaves its share free for
+    /// the next pass, and no write waits for another.
+    ///
+    /// An ungate writes the pod's remaining gates, conditional on its resource version; a
+    /// conflict waits for the next pass. It is planned only for a pod whose claims were
+    /// allocated and settled before this pass, so it depends on no allocation of the run.
+    ///
+    /// Every write passes the fence ([`crate::write`]). True when one was written.
+    async fn act_writes(&mut self, run: Vec<Action>) -> bool {
+        let jobs = self.jobs_of(run);
         let client = self.shared.client.clone();
         let claims_ar = self.claims_ar.clone();
         let finalizer = self.settings.driver.finalizer();
         let fence = self.fence.clone();
-        let writes = futures::stream::iter(work.into_iter().map(|w| {
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), &w.id.namespace, &claims_ar);
+        let writes = futures::stream::iter(jobs.into_iter().map(|job| {
+            let (client, claims_ar) = (client.clone(), claims_ar.clone());
             let (finalizer, fence) = (finalizer.clone(), fence.clone());
             async move {
-                let started = Instant::now();
-                let written = write_allocation(
-                    &fence,
-                    &api,
-                    &finalizer,
-                    w.claim.clone(),
-                    &w.allocation.allocation,
-                )
-                .await;
-                (w, started.elapsed(), written)
+                match job {
+                    Job::Allocate(w) => {
+                        let api: Api<DynamicObject> =
+                            Api::namespaced_with(client, &w.id.namespace, &claims_ar);
+                        let started = Instant::now();
+                        let written = write_allocation(
+                            &fence,
+                            &api,
+                            &finalizer,
+                            w.claim.clone(),
+                            &w.allocation.allocation,
+                        )
+                        .await;
+                        Outcome::Allocated(w, started.elapsed(), written)
+                    }
+                    Job::Ungate(pod, keep) => {
+                        let pods: Api<DynamicObject> =
+                            Api::namespaced_with(client, &pod.namespace, &discovery::pods());
+                        let patch = json!({
+                            "metadata": {"resourceVersion": pod.resource_version},
+                            "spec": {"schedulingGates": keep},
+                        });
+                        let written = fenced(
+                            &fence,
+                            pods.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)),
+                        )
+                        .await
+                        .map(|o| serde_json::to_value(&o).ok());
+                        Outcome::Ungated(pod, written)
+                    }
+                }
             }
         }))
         .buffer_unordered(self.concurrent_writes.max(1));
         let mut writes = std::pin::pin!(writes);
         let mut wrote = false;
-        while let Some((w, took, written)) = writes.next().await {
-            wrote |= self.note_written(w, took, written);
+        while let Some(outcome) = writes.next().await {
+            wrote |= match outcome {
+                Outcome::Allocated(w, took, written) => self.note_written(w, took, written),
+                Outcome::Ungated(pod, written) => self.note_ungated(&pod, written),
+            };
         }
         wrote
     }
 
-    /// The writes of a run of [`Action::Allocate`]s: those not backing off and whose claim
-    /// has not changed since planned, with their Events.
-    fn writes_of(&mut self, run: Vec<Action>) -> Vec<Write> {
-        let mut work = Vec::new();
+    /// The writes of a run of [`Action::Allocate`]s and [`Action::Ungate`]s, in the plan's
+    /// order: every ungate, and the allocations not backing off whose claim has not
+    /// changed since planned, with their Events.
+    fn jobs_of(&mut self, run: Vec<Action>) -> Vec<Job> {
+        let mut jobs = Vec::new();
         for action in run {
-            let Action::Allocate {
-                claim: id,
-                pod,
-                allocation,
-                message,
-                retry,
-            } = action
-            else {
-                continue;
+            let (id, pod, allocation, message, retry) = match action {
+                Action::Allocate {
+                    claim,
+                    pod,
+                    allocation,
+                    message,
+                    retry,
+                } => (claim, pod, allocation, message, retry),
+                Action::Ungate { pod, keep } => {
+                    jobs.push(Job::Ungate(pod, keep));
+                    continue;
+                }
+                _ => continue,
             };
             if retry
                 && self
@@ -938,22 +966,22 @@ impl Controller {
             );
             let m = format!("claim {}: {message}", id.name);
             let pod_event = self.event_for(&pod, "Pod", EventType::Normal, "GpuAllocated", &m);
-            work.push(Write {
+            jobs.push(Job::Allocate(Box::new(Write {
                 id,
                 pod,
                 allocation,
                 message,
                 claim,
                 events: [claim_event, pod_event].into_iter().flatten().collect(),
-            });
+            })));
         }
-        work
+        jobs
     }
 
     /// Records one allocation write's outcome (overlay, metrics, log); true when written.
     fn note_written(
         &mut self,
-        w: Write,
+        w: Box<Write>,
         took: Duration,
         written: Result<Vec<Value>, WriteError>,
     ) -> bool {
@@ -1023,51 +1051,25 @@ impl Controller {
         }
     }
 
-    /// [`Action::Ungate`]s: writes each pod's remaining gates (conditional on its resource
-    /// version), up to [`Controller::concurrent_writes`] at once; a conflict waits for the
-    /// next pass. Each pod's gate is its own: no ungate depends on another, and each
-    /// passes the fence. True when one was written.
-    async fn act_ungates(&mut self, run: Vec<(ObjectId, Vec<Value>)>) -> bool {
-        let client = self.shared.client.clone();
-        let fence = self.fence.clone();
-        let writes = futures::stream::iter(run.into_iter().map(|(pod, keep)| {
-            let pods: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), &pod.namespace, &discovery::pods());
-            let fence = fence.clone();
-            async move {
-                let patch = json!({
-                    "metadata": {"resourceVersion": pod.resource_version},
-                    "spec": {"schedulingGates": keep},
-                });
-                let written = fenced(
-                    &fence,
-                    pods.patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch)),
-                )
-                .await;
-                (pod, written)
+    /// Records one ungate's outcome (overlay, log); true when written.
+    fn note_ungated(&mut self, pod: &ObjectId, written: Result<Option<Value>, WriteError>) -> bool {
+        match written {
+            Ok(stored) => {
+                tracing::info!(pod = %pod.key(), "scheduling gate lifted");
+                if let Some(v) = stored {
+                    self.overlay.put(v);
+                }
+                true
             }
-        }))
-        .buffer_unordered(self.concurrent_writes.max(1));
-        let mut writes = std::pin::pin!(writes);
-        let mut wrote = false;
-        while let Some((pod, written)) = writes.next().await {
-            match written {
-                Ok(o) => {
-                    tracing::info!(pod = %pod.key(), "scheduling gate lifted");
-                    if let Ok(v) = serde_json::to_value(&o) {
-                        self.overlay.put(v);
-                    }
-                    wrote = true;
-                }
-                Err(e) if e.is_conflict() => {
-                    tracing::debug!(pod = %pod.key(), "ungate: conflict, next pass");
-                }
-                Err(e) => {
-                    tracing::warn!(pod = %pod.key(), "ungate failed: {e}");
-                }
+            Err(e) if e.is_conflict() => {
+                tracing::debug!(pod = %pod.key(), "ungate: conflict, next pass");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(pod = %pod.key(), "ungate failed: {e}");
+                false
             }
         }
-        wrote
     }
 
     /// [`Action::Revoke`]: clears the tentative claim's allocation unless it changed since
@@ -1257,7 +1259,26 @@ impl Controller {
 /// The dedup key of a told Event: hash of (object UID, reason), hash of the message.
 type Told = (u64, u64);
 
-/// One allocation to write ([`Controller::act_allocations`]).
+/// Whether `a` is written in a run of [`Controller::act_writes`].
+fn is_batched(a: &Action) -> bool {
+    matches!(a, Action::Allocate { .. } | Action::Ungate { .. })
+}
+
+/// One write of a run ([`Controller::act_writes`]).
+enum Job {
+    Allocate(Box<Write>),
+    /// A pod and the gates it keeps.
+    Ungate(ObjectId, Vec<Value>),
+}
+
+/// What a [`Job`] came to.
+enum Outcome {
+    Allocated(Box<Write>, Duration, Result<Vec<Value>, WriteError>),
+    /// The pod as stored after the write (where it reads as JSON).
+    Ungated(ObjectId, Result<Option<Value>, WriteError>),
+}
+
+/// One allocation to write ([`Controller::act_writes`]).
 struct Write {
     id: ObjectId,
     pod: ObjectId,
@@ -1281,15 +1302,49 @@ mod tests {
     }
 
     /// Pod `p{i}` in namespace `team`, gated by the controller and one other gate, as
-    /// stored; its identity and the gates an ungate keeps.
-    fn gated_pod(fake: &FakeApiServer, i: usize) -> (ObjectId, Vec<Value>) {
+    /// stored; the action that ungates it (keeping the other gate).
+    fn gated_pod(fake: &FakeApiServer, i: usize) -> Action {
         let other = json!({"name": "example.com/hold"});
         let pod = fake.lock().unwrap().insert(
             &format!("/api/v1/namespaces/team/pods/p{i}"),
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": {},
                    "spec": {"schedulingGates": [{"name": GATE}, other.clone()]}}),
         );
-        (ObjectId::of(&pod), vec![other])
+        Action::Ungate {
+            pod: ObjectId::of(&pod),
+            keep: vec![other],
+        }
+    }
+
+    /// Claim `c{i}` in namespace `team`, pending, as stored and as `ctl` has read it; the
+    /// action that allocates it (for pod `p{i}`).
+    fn pending_claim(fake: &FakeApiServer, ctl: &mut Controller, i: usize) -> Action {
+        let claim = fake.lock().unwrap().insert(
+            &format!("/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/c{i}"),
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                   "metadata": {}, "spec": {"devices": {"requests": []}}}),
+        );
+        ctl.overlay.put(claim.clone());
+        let id = ObjectId::of(&claim);
+        Action::Allocate {
+            pod: ObjectId {
+                name: format!("p{i}"),
+                ..id.clone()
+            },
+            allocation: crate::allocation::Allocation {
+                allocation: json!({"devices": {"results": []}}),
+                grant: fgpu_driver::ledger::Grant {
+                    id: id.uid.clone(),
+                    node: "n1".into(),
+                    cpu_milli: 0,
+                    memory_mib: 0,
+                    devices: Vec::new(),
+                },
+            },
+            claim: id,
+            message: "allocated on n1".into(),
+            retry: false,
+        }
     }
 
     fn gates(fake: &FakeApiServer, i: usize) -> Value {
@@ -1305,7 +1360,7 @@ mod tests {
         // p2 changed after the pass read it: its ungate is refused, the others are not.
         gated_pod(&fake, 2);
         let mut ctl = controller(fake.client());
-        assert!(ctl.act_ungates(run).await);
+        assert!(ctl.act_writes(run).await);
         for i in 0..2 {
             assert_eq!(
                 gates(&fake, i),
@@ -1321,7 +1376,7 @@ mod tests {
 
         let stale = vec![gated_pod(&fake, 3)];
         gated_pod(&fake, 3);
-        assert!(!ctl.act_ungates(stale).await, "nothing written");
+        assert!(!ctl.act_writes(stale).await, "nothing written");
     }
 
     #[tokio::test(start_paused = true)]
@@ -1333,9 +1388,62 @@ mod tests {
             let mut ctl = controller(client);
             ctl.concurrent_writes = at_once;
             cut.cut();
-            let waited = tokio::time::timeout(Duration::from_secs(5), ctl.act_ungates(run)).await;
+            let waited = tokio::time::timeout(Duration::from_secs(5), ctl.act_writes(run)).await;
             assert!(waited.is_err(), "an API server that never answers");
             assert_eq!(cut.hung(), sent, "{at_once} at once");
+        }
+    }
+
+    /// The allocations and the ungates of one run share the writes in flight: neither
+    /// waits for the other kind's last writes.
+    #[tokio::test(start_paused = true)]
+    async fn allocations_and_ungates_are_sent_together() {
+        for (at_once, sent) in [(16, 6), (4, 4), (1, 1)] {
+            let fake = FakeApiServer::new();
+            let (client, cut) = fake.cuttable_client();
+            let mut ctl = controller(client);
+            ctl.concurrent_writes = at_once;
+            let mut run: Vec<Action> = (0..3).map(|i| gated_pod(&fake, i)).collect();
+            run.extend((0..3).map(|i| pending_claim(&fake, &mut ctl, i)));
+            cut.cut();
+            let waited = tokio::time::timeout(Duration::from_secs(5), ctl.act_writes(run)).await;
+            assert!(waited.is_err(), "an API server that never answers");
+            assert_eq!(cut.hung(), sent, "{at_once} at once");
+        }
+    }
+
+    /// A run of both kinds, answered: every claim gets its allocation and finalizer, every
+    /// pod keeps only its other gate.
+    #[tokio::test]
+    async fn a_run_of_allocations_and_ungates_writes_each() {
+        let fake = FakeApiServer::new();
+        let mut ctl = controller(fake.client());
+        let mut run: Vec<Action> = Vec::new();
+        for i in 0..3 {
+            run.push(gated_pod(&fake, i));
+            run.push(pending_claim(&fake, &mut ctl, i));
+        }
+        assert!(ctl.act_writes(run).await);
+        let state = fake.lock().unwrap();
+        for i in 0..3 {
+            let claim = &state.objects
+                [&format!("/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/c{i}")];
+            assert_eq!(
+                claim["status"]["allocation"]["devices"],
+                json!({"results": []}),
+                "c{i}"
+            );
+            assert_eq!(
+                claim["metadata"]["finalizers"],
+                json!([DriverName::default().finalizer()]),
+                "c{i}"
+            );
+            let pod = &state.objects[&format!("/api/v1/namespaces/team/pods/p{i}")];
+            assert_eq!(
+                pod["spec"]["schedulingGates"],
+                json!([{"name": "example.com/hold"}]),
+                "p{i}"
+            );
         }
     }
 
