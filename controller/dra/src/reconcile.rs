@@ -412,6 +412,12 @@ pub fn plan_views(snap: Views<'_>, settings: &Settings, allocate: bool) -> Plan 
         planned: BTreeSet::new(),
         allocations: 0,
         scores: Scores::default(),
+        any_whole: snap
+            .inventory
+            .devices
+            .values()
+            .flat_map(BTreeMap::values)
+            .any(inventory::is_whole_mode),
     };
     // 2. Release.
     placer.actions.extend(releases(&claims, &referenced));
@@ -711,8 +717,12 @@ struct Placer<'v, 's> {
     actions: Vec<Action>,
     planned: BTreeSet<&'v str>,
     allocations: usize,
-    /// The pass's node scores per request class ([`Scores`]), told of every grant.
+    /// The pass's node scores per request class ([`Scores`]), told of every grant, and
+    /// the selectors found to accept every device.
     scores: Scores,
+    /// Whether any GPU of the inventory is published in `whole` mode (none: a share's
+    /// search need not look).
+    any_whole: bool,
 }
 
 impl<'v> Placer<'v, '_> {
@@ -779,6 +789,7 @@ impl<'v> Placer<'v, '_> {
             cross: &cross,
             devices: &snap.inventory.devices,
             driver: self.settings.driver.as_str(),
+            any_whole: self.any_whole,
         };
         let avoid = snap.avoid.get(&claim.id.uid);
         Some(
@@ -1044,11 +1055,28 @@ fn place_claim<'p>(
     usage_weight: f64,
 ) -> Result<(Parts<'p>, Option<String>), NotPlaced> {
     let cand = candidates(ledger.inventory(), node, avoid);
+    let whole = matches!(cand, Cow::Borrowed(_));
     let allowed = ask
         .pendings
         .iter()
-        .map(|p| allowed_devices(&cand, p, ask.devices, ask.driver))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|p| {
+            let key: Vec<&str> = p.selectors.iter().map(|s| s.expression.as_str()).collect();
+            if scores.accepts_all(&key) {
+                return Ok(None); // as for a request without selectors
+            }
+            let allowed = allowed_devices(&cand, p, ask.devices, ask.driver)?;
+            let gpus = || cand.nodes.iter().map(|n| n.gpus.len()).sum::<usize>();
+            match allowed {
+                // Every device of the whole inventory: so every device of any part of it,
+                // for the rest of the pass (the devices' attributes do not change in one).
+                Some(a) if whole && a.len() == gpus() => {
+                    scores.accept_all(&key);
+                    Ok(None)
+                }
+                a => Ok(a),
+            }
+        })
+        .collect::<Result<Vec<_>, NotPlaced>>()?;
     let groups = groups(ask.pendings);
     if groups.is_empty() {
         return Err(NotPlaced::Rejected(
@@ -1081,7 +1109,7 @@ fn place_claim<'p>(
     let mut placed = None;
     // The scores kept are per node of the whole inventory: only a search over all of it
     // reads them.
-    let kept = matches!(cand, Cow::Borrowed(_)).then_some(&mut *scores);
+    let kept = whole.then_some(&mut *scores);
     for n in node_order(&search, kept) {
         let name = cand.nodes[n].name.clone();
         let mut parts = Vec::new();
@@ -1130,6 +1158,8 @@ pub(crate) struct Ask<'p, 'i> {
     pub cross: &'p [request::Constraint],
     pub devices: &'i BTreeMap<String, BTreeMap<String, DeviceInfo>>,
     pub driver: &'i str,
+    /// Whether any GPU of `devices` is in `whole` mode ([`inventory::is_whole_mode`]).
+    pub any_whole: bool,
 }
 
 /// GPUs by node and device name, borrowed from the candidates they were picked from (a
@@ -1284,7 +1314,10 @@ impl<'p> Search<'_, 'p, '_> {
     /// candidate per claim was most of a pass's transient memory).
     fn filtered<'v>(&self, inv: &'v Inventory, pi: usize) -> Cow<'v, Inventory> {
         let allowed = self.allowed[pi].as_ref();
-        let share = self.ask.pendings[pi].request.share != GpuShare::Whole;
+        let share = self.ask.pendings[pi].request.share != GpuShare::Whole && self.ask.any_whole;
+        if allowed.is_none() && !share {
+            return Cow::Borrowed(inv); // nothing to leave out
+        }
         let keep = |node: &str, infos: Option<&BTreeMap<String, DeviceInfo>>, g: &Gpu| {
             allowed.is_none_or(|a| a.contains(&(node, g.id.as_str())))
                 && !(share
@@ -2473,6 +2506,83 @@ pub(crate) mod tests {
             }
         }
         panic!("nothing waits: {:?}", kinds(p))
+    }
+
+    /// Within one pass, a selector that accepts every device is not evaluated again, but
+    /// one that accepts some devices still narrows every claim that carries it.
+    #[test]
+    fn a_pass_remembers_only_selectors_that_accept_every_device() {
+        let slices = [
+            node_slice("node-a", &[(80, 0, "H100"), (80, 0, "H100")]),
+            node_slice("node-b", &[(80, 0, "A100"), (80, 0, "A100")]),
+        ];
+        let any = r#"device.driver == "gpu.fgpu.dev""#;
+        let a100 = r#"device.attributes["gpu.fgpu.dev"].productName == "A100""#;
+        let with = |name: &str, exprs: &[&str]| {
+            let selectors: Vec<Value> = exprs
+                .iter()
+                .map(|e| json!({"cel": {"expression": e}}))
+                .collect();
+            claim_with(
+                name,
+                json!([{"name": "gpu", "exactly": shared(10, json!({"selectors": selectors}))}]),
+                json!({}),
+            )
+        };
+        // Binpack fills node-a first (inventory order), unless a selector says otherwise.
+        let claims = [
+            with("c0", &[any]),
+            with("c1", &[any, a100]),
+            with("c2", &[any]),
+            with("c3", &[any, a100]),
+            with("c4", &[any, a100]),
+        ];
+        let pods: Vec<Value> = (0..5)
+            .map(|i| {
+                let (p, c) = (format!("p{i}"), format!("c{i}"));
+                pod(
+                    &p,
+                    &format!("2026-01-01T00:00:0{i}Z"),
+                    true,
+                    &[("g", Some(&c))],
+                )
+            })
+            .collect();
+        let p = run(&claims, &pods, &slices);
+        let placed: Vec<(String, String)> = p
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Allocate {
+                    claim, allocation, ..
+                } => Some((claim.name.clone(), allocation.grant.node.clone())),
+                _ => None,
+            })
+            .collect();
+        let want = [
+            ("c0", "node-a"),
+            ("c1", "node-b"),
+            ("c2", "node-a"),
+            ("c3", "node-b"),
+            ("c4", "node-b"),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(c, n)| ((*c).to_owned(), (*n).to_owned()))
+            .collect();
+        assert_eq!(placed, want);
+
+        let mut scores = Scores::default();
+        scores.accept_all(&[any]);
+        assert!(scores.accepts_all(&[any]));
+        assert!(
+            !scores.accepts_all(&[any, a100]),
+            "the whole list, in order"
+        );
+        assert!(
+            !scores.accepts_all(&[]),
+            "no selector is not a recorded set"
+        );
     }
 
     #[test]

@@ -11,8 +11,13 @@
 //! Only the score and whether the request fits are kept (16 bytes per node and class),
 //! not the GPUs: the node a claim lands on is evaluated again to pick them. A pass keeps at
 //! most [`MAX_CLASSES`] classes; a request of another class is scored without the cache.
+//!
+//! It also keeps the sets of CEL selectors found to accept every device of the inventory
+//! (the shared DeviceClass's, which every claim of the class carries): a device's
+//! attributes do not change within a pass, so such a set is not evaluated again on the
+//! pass's later claims.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use fgpu_driver::engine::{self, Inventory, Policy, Request, ScoreContext};
 
@@ -29,6 +34,8 @@ pub struct Scores {
     entries: Vec<Vec<(u32, Option<f64>)>>,
     /// Per node of the inventory: bumped by every change to the node.
     version: Vec<u32>,
+    /// Sets of selector expressions that accept every device ([`Scores::accept_all`]).
+    accepting: HashSet<Vec<String>>,
     /// Nodes scored (cache misses) and scores reused.
     pub evaluated: u64,
     pub reused: u64,
@@ -84,6 +91,25 @@ impl Scores {
             }
         }
         out
+    }
+
+    /// Records that the selectors `expressions` (all of a request's, in order) accept
+    /// every device of the pass's inventory. An empty set is not recorded.
+    pub fn accept_all(&mut self, expressions: &[&str]) {
+        if !expressions.is_empty() && self.accepting.len() < MAX_CLASSES {
+            self.accepting
+                .insert(expressions.iter().map(|e| (*e).to_owned()).collect());
+        }
+    }
+
+    /// Whether [`Scores::accept_all`] recorded these selectors.
+    pub fn accepts_all(&self, expressions: &[&str]) -> bool {
+        !expressions.is_empty()
+            && self.accepting.iter().any(|set| {
+                set.iter()
+                    .map(String::as_str)
+                    .eq(expressions.iter().copied())
+            })
     }
 
     /// Node `node` (its index in the inventory) changed: its scores are computed again.
