@@ -288,6 +288,13 @@ while [ -n "$(kubectl get nodes -l bench.fgpu.dev/sim=true -o name | head -1)" ]
   [ $((SECONDS - t)) -lt 180 ] || { log "a previous run's simulated nodes still exist after 180s"; exit 1; }
   sleep 2
 done
+# Likewise its namespaces: the cleanup waits 120s for them, and 10,000 pods and claims can
+# take longer to go; creating one while it is being deleted fails.
+t=$SECONDS
+while kubectl get ns bench-sched >/dev/null 2>&1 || kubectl get ns bench-ctrl >/dev/null 2>&1; do
+  [ $((SECONDS - t)) -lt 300 ] || { log "a previous run's namespaces still exist after 300s"; exit 1; }
+  sleep 2
+done
 t=$SECONDS
 bench inventory "$nodes"
 log "inventory: $nodes nodes x 8 GPUs ($((nodes * 8)) devices) written in $((SECONDS - t))s"
