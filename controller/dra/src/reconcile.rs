@@ -1738,6 +1738,45 @@ pub(crate) mod tests {
         p
     }
 
+    /// Plans `claims` and `pods` over `inv` as the daemon does (views, every allocation in
+    /// one pass) with `model` as the workload model seen, under `settings`.
+    fn plan_with_model(
+        claims: &[Value],
+        pods: &[Value],
+        inv: &inventory::SliceInventory,
+        model: Option<&WorkloadModel>,
+        settings: &Settings,
+    ) -> Plan {
+        let d = &settings.driver;
+        let cv: Vec<ClaimView> = claims
+            .iter()
+            .map(|c| ClaimView::of_json(c, d, &inv.inventory))
+            .collect();
+        let pv: Vec<PodView> = pods.iter().map(|p| PodView::of(p, GATE)).collect();
+        let whole = |id: &ObjectId| {
+            claims
+                .iter()
+                .find(|c| ObjectId::of(c) == *id)
+                .map(|c| usage::typed(c).unwrap())
+        };
+        let (crefs, prefs): (Vec<_>, Vec<_>) = (cv.iter().collect(), pv.iter().collect());
+        let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
+        let views = Views {
+            claims: &crefs,
+            pods: &prefs,
+            inventory: inv,
+            consumable: false,
+            claim: &whole,
+            avoid: &avoid,
+            unsettled: &unsettled,
+            class: None,
+            max_allocations: usize::MAX,
+            model,
+            now: 0,
+        };
+        plan_views(views, settings, true)
+    }
+
     pub(super) fn run(claims: &[Value], pods: &[Value], slices: &[Value]) -> Plan {
         plan(
             Snapshot {
@@ -1883,37 +1922,11 @@ pub(crate) mod tests {
         ];
         let d = DriverName::default();
         let inv = inventory::from_slices(d.as_str(), typed([slice(&[16, 16], false)]));
-        let cv: Vec<ClaimView> = claims
-            .iter()
-            .map(|c| ClaimView::of_json(c, &d, &inv.inventory))
-            .collect();
-        let pv: Vec<PodView> = pods.iter().map(|p| PodView::of(p, GATE)).collect();
-        let whole = |id: &ObjectId| {
-            claims
-                .iter()
-                .find(|c| ObjectId::of(c) == *id)
-                .map(|c| usage::typed(c).unwrap())
-        };
-        let (crefs, prefs): (Vec<_>, Vec<_>) = (cv.iter().collect(), pv.iter().collect());
-        let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
         let mut model = WorkloadModel::new(std::time::Duration::from_secs(3600));
         for i in 0..10 {
             model.observe(&format!("seen-{i}"), (0, 0, 1, 750), 0);
         }
         let empty = WorkloadModel::new(std::time::Duration::from_secs(3600));
-        let views = |model| Views {
-            claims: &crefs,
-            pods: &prefs,
-            inventory: &inv,
-            consumable: false,
-            claim: &whole,
-            avoid: &avoid,
-            unsettled: &unsettled,
-            class: None,
-            max_allocations: usize::MAX,
-            model,
-            now: 0,
-        };
         let fragaware = Settings {
             default_policy: Policy::FRAGAWARE,
             ..settings()
@@ -1922,15 +1935,15 @@ pub(crate) mod tests {
             Action::Allocate { message, .. } => message.clone(),
             a => panic!("{a:?}"),
         };
-        let p = plan_views(views(Some(&model)), &fragaware, true);
+        let p = plan_with_model(&claims, &pods, &inv, Some(&model), &fragaware);
         assert_eq!(kinds(&p), ["allocate n on gpu-1"]);
         assert!(!message(&p).contains("workload model"), "{}", message(&p));
         // Binpack on the same pass: the fuller GPU.
-        let p = plan_views(views(Some(&model)), &settings(), true);
+        let p = plan_with_model(&claims, &pods, &inv, Some(&model), &settings());
         assert_eq!(kinds(&p), ["allocate n on gpu-0"]);
         // No model (nothing seen yet): binpack, and the claim's Event says so.
         for none in [None, Some(&empty)] {
-            let p = plan_views(views(none), &fragaware, true);
+            let p = plan_with_model(&claims, &pods, &inv, none, &fragaware);
             assert_eq!(kinds(&p), ["allocate n on gpu-0"]);
             assert!(
                 message(&p).contains(
@@ -2999,59 +3012,34 @@ pub(crate) mod tests {
                 pod(&format!("p{i:02}"), &created, true, &[("g", Some(&name))])
             })
             .collect();
-        let cv: Vec<ClaimView> = claims
-            .iter()
-            .map(|c| ClaimView::of_json(c, &d, &inv.inventory))
-            .collect();
-        let pv: Vec<PodView> = pods.iter().map(|p| PodView::of(p, GATE)).collect();
-        let whole = |id: &ObjectId| {
-            claims
-                .iter()
-                .find(|c| ObjectId::of(c) == *id)
-                .map(|c| usage::typed(c).unwrap())
-        };
-        let (crefs, prefs): (Vec<_>, Vec<_>) = (cv.iter().collect(), pv.iter().collect());
-        let (avoid, unsettled) = (BTreeMap::new(), BTreeSet::new());
         let mut model = WorkloadModel::new(std::time::Duration::from_secs(3600));
         for (i, milli) in [250, 375, 500, 625, 1000].into_iter().enumerate() {
             model.observe(&format!("seen-{i}"), (0, 0, 1, milli), 0);
         }
-        let views = Views {
-            claims: &crefs,
-            pods: &prefs,
-            inventory: &inv,
-            consumable: false,
-            claim: &whole,
-            avoid: &avoid,
-            unsettled: &unsettled,
-            class: None,
-            max_allocations: usize::MAX,
-            model: Some(&model),
-            now: 0,
-        };
         let settings = Settings {
             default_policy: policy,
             ..settings()
         };
-        let planned: Vec<(String, String, Vec<String>)> = plan_views(views, &settings, true)
-            .actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Allocate {
-                    claim, allocation, ..
-                } => Some((
-                    claim.name.clone(),
-                    allocation.grant.node.clone(),
-                    allocation
-                        .grant
-                        .devices
-                        .iter()
-                        .map(|g| g.gpu.clone())
-                        .collect(),
-                )),
-                _ => None,
-            })
-            .collect();
+        let planned: Vec<(String, String, Vec<String>)> =
+            plan_with_model(&claims, &pods, &inv, Some(&model), &settings)
+                .actions
+                .iter()
+                .filter_map(|a| match a {
+                    Action::Allocate {
+                        claim, allocation, ..
+                    } => Some((
+                        claim.name.clone(),
+                        allocation.grant.node.clone(),
+                        allocation
+                            .grant
+                            .devices
+                            .iter()
+                            .map(|g| g.gpu.clone())
+                            .collect(),
+                    )),
+                    _ => None,
+                })
+                .collect();
 
         // The reference: every node scored afresh for every claim.
         let workloads = Workloads::of(Some(&model), 0);
