@@ -71,7 +71,7 @@ use crate::allocation::{self, Allocation};
 use crate::load::{self, UsageAware};
 use crate::mig::{self, MigInventory};
 use crate::request::{self, RequestError};
-use crate::scores::Scores;
+use crate::scores::{self, Scores};
 use crate::selector::DeviceInfo;
 use crate::usage::{self, UsageError};
 use crate::view::{ClaimView, PodView};
@@ -1287,13 +1287,8 @@ fn node_order(s: &Search<'_, '_, '_>, mut kept: Option<&mut Scores>) -> Vec<usiz
         let inv = s.filtered(s.cand, pi);
         let (policy, ctx) = s.scoring(p);
         let feasible = match (&inv, kept.as_deref_mut()) {
-            (Cow::Borrowed(whole), Some(scores)) => {
-                scores.feasible(whole, &p.request, policy, &ctx)
-            }
-            _ => engine::evaluate(&inv, &p.request, policy, &ctx)
-                .into_iter()
-                .map(|pl| (pl.node, pl.score))
-                .collect(),
+            (Cow::Borrowed(whole), Some(cache)) => cache.feasible(whole, &p.request, policy, &ctx),
+            _ => scores::evaluate(&inv, &p.request, policy, &ctx),
         };
         for (node, score) in feasible {
             best.entry(node).or_insert((alt, score));

@@ -24,6 +24,20 @@ use fgpu_driver::engine::{self, Inventory, Policy, Request, ScoreContext};
 /// Request classes kept per pass (each costs 16 bytes per node: 128 KiB at 8,000 nodes).
 pub const MAX_CLASSES: usize = 64;
 
+/// The feasible nodes of `inv` for `req`, as `(node index, score)` in node order, every
+/// node scored afresh: [`engine::evaluate`] without the GPUs.
+pub fn evaluate(
+    inv: &Inventory,
+    req: &Request,
+    policy: Policy,
+    ctx: &ScoreContext<'_>,
+) -> Vec<(usize, f64)> {
+    engine::evaluate(inv, req, policy, ctx)
+        .into_iter()
+        .map(|p| (p.node, p.score))
+        .collect()
+}
+
 /// The scores of one pass (see the module documentation). Valid for one inventory and one
 /// scoring context: a pass makes a new one.
 #[derive(Debug, Default)]
@@ -43,7 +57,7 @@ pub struct Scores {
 
 impl Scores {
     /// The feasible nodes of `inv` for `req` under `policy` and `ctx`, as `(node index,
-    /// score)` in node order: what [`engine::evaluate`] gives, minus the GPUs. `inv` must
+    /// score)` in node order: what [`evaluate`] gives. `inv` must
     /// be the whole inventory this cache follows (same nodes, same order), changed only
     /// where [`Scores::changed`] was told.
     pub fn feasible(
@@ -70,10 +84,7 @@ impl Scores {
             }
             None => {
                 self.evaluated += n as u64;
-                return engine::evaluate(inv, req, policy, ctx)
-                    .into_iter()
-                    .map(|p| (p.node, p.score))
-                    .collect();
+                return evaluate(inv, req, policy, ctx);
             }
         };
         let entries = &mut self.entries[class];
