@@ -3,7 +3,7 @@
 //! [`event`] builds the object (pure: the tests check it without a server), [`publish`]
 //! creates it, and an [`Outbox`] creates them in the background, so that a daemon's own
 //! work (the controller's allocation writes) never waits for its Events. Events are created directly rather than through kube-rs's `Recorder`, which
-//! keeps every Event it published for six minutes to count repeats (20,000 Events at
+//! keeps every Event it published for six minutes to count repeats (10,000 Events at
 //! 10,000 claims in the controller) and scans them on every publish; a daemon that must
 //! not repeat itself remembers what it said (the controller does).
 
@@ -56,6 +56,18 @@ pub struct Regarding {
 }
 
 impl Regarding {
+    /// The object as an Event names it (`regarding`, `related`).
+    pub fn reference(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some(self.api_version.clone()),
+            kind: Some(self.kind.clone()),
+            name: Some(self.name.clone()),
+            namespace: (!self.namespace.is_empty()).then(|| self.namespace.clone()),
+            uid: (!self.uid.is_empty()).then(|| self.uid.clone()),
+            ..Default::default()
+        }
+    }
+
     /// The namespace the Event is created in.
     pub fn event_namespace(&self) -> &str {
         if self.namespace.is_empty() {
@@ -105,14 +117,7 @@ pub fn event(reporter: &Reporter, regarding: &Regarding, said: Said<'_>, now: Ti
         reason: Some(said.reason.to_owned()),
         action: Some(said.action.to_owned()),
         note: Some(said.note.chars().take(MAX_NOTE).collect()),
-        regarding: Some(ObjectReference {
-            api_version: Some(regarding.api_version.clone()),
-            kind: Some(regarding.kind.clone()),
-            name: Some(regarding.name.clone()),
-            namespace: (!regarding.namespace.is_empty()).then(|| regarding.namespace.clone()),
-            uid: (!regarding.uid.is_empty()).then(|| regarding.uid.clone()),
-            ..Default::default()
-        }),
+        regarding: Some(regarding.reference()),
         reporting_controller: Some(reporter.controller.clone()),
         reporting_instance: Some(reporter.instance.clone()),
         ..Default::default()

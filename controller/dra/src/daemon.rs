@@ -363,12 +363,12 @@ fn backoff(attempts: u32) -> Duration {
     fgpu_plumbing::backoff::nth_delay(attempts, 1, Duration::from_secs(1), 8)
 }
 
-/// Events waiting for the API server before more are dropped ([`Outbox`]): two per claim
+/// Events waiting for the API server before more are dropped ([`Outbox`]): one per claim
 /// of a pass's 128 allocations (`--allocations-per-pass`'s default), many times over.
 const EVENT_QUEUE: usize = 4096;
 
 /// Events created at once, beside (not within) the allocation writes. Enough to keep up
-/// with two Events per claim at the rate the writes reach: a queue that falls behind holds
+/// with one Event per claim at the rate the writes reach: a queue that falls behind holds
 /// its Events in memory (4 at once let 10,000 claims peak 4 MiB higher; docs/controller.md,
 /// "Where the time goes").
 const EVENTS_IN_FLIGHT: usize = 8;
@@ -957,22 +957,23 @@ impl Controller {
             let Some(claim) = self.views.whole_claim(&self.overlay, &id) else {
                 continue; // changed since planned: the next pass
             };
-            let claim_event = self.event_for(
-                &id,
-                "ResourceClaim",
-                EventType::Normal,
-                "Allocated",
-                &message,
-            );
+            // One Event per allocation, on the pod, naming the claim as `related`: the
+            // claim's own status shows its allocation, and at 10,000 claims a second Event
+            // on the claim would be 10,000 more writes to an API server that is the limit.
             let m = format!("claim {}: {message}", id.name);
-            let pod_event = self.event_for(&pod, "Pod", EventType::Normal, "GpuAllocated", &m);
+            let event = self
+                .event_for(&pod, "Pod", EventType::Normal, "GpuAllocated", &m)
+                .map(|(told, mut event)| {
+                    event.related = Some(self.regarding(&id, "ResourceClaim").reference());
+                    (told, event)
+                });
             jobs.push(Job::Allocate(Box::new(Write {
                 id,
                 pod,
                 allocation,
                 message,
                 claim,
-                events: [claim_event, pod_event].into_iter().flatten().collect(),
+                event,
             })));
         }
         jobs
@@ -998,7 +999,7 @@ impl Controller {
                     .allocation_seconds
                     .observe(took.as_secs_f64());
                 tracing::info!(claim = %w.id.key(), pod = %w.pod.key(), "{}", w.message);
-                for (told, event) in w.events {
+                if let Some((told, event)) = w.event {
                     self.note_told(told);
                     self.publish(event);
                 }
@@ -1183,7 +1184,7 @@ impl Controller {
     /// same; true when queued for the [`Outbox`] (or dropped there because it was full).
     ///
     /// Created directly (events.k8s.io/v1), not through kube-rs's `Recorder`: that keeps
-    /// every Event it published for six minutes to count repeats, 20,000 Events (two per
+    /// every Event it published for six minutes to count repeats, 10,000 Events (one per
     /// claim) at 10,000 claims, and scans them all on every publish. Repeats are not
     /// published here at all (`told`).
     fn tell(
@@ -1225,18 +1226,7 @@ impl Controller {
         if self.told.get(&key) == Some(&said) {
             return None;
         }
-        let api_version = if kind == "Pod" {
-            "v1".to_owned()
-        } else {
-            self.shared.api.api_version().to_owned()
-        };
-        let regarding = events::Regarding {
-            api_version,
-            kind: kind.to_owned(),
-            namespace: obj.namespace.clone(),
-            name: obj.name.clone(),
-            uid: obj.uid.clone(),
-        };
+        let regarding = self.regarding(obj, kind);
         let said_ev = events::Said {
             type_,
             reason,
@@ -1245,6 +1235,22 @@ impl Controller {
         };
         let event = events::event(&self.reporter, &regarding, said_ev, Timestamp::now());
         Some(((key, said), event))
+    }
+
+    /// `obj` of `kind` (`Pod` or `ResourceClaim`) as an Event names it.
+    fn regarding(&self, obj: &ObjectId, kind: &str) -> events::Regarding {
+        let api_version = if kind == "Pod" {
+            "v1".to_owned()
+        } else {
+            self.shared.api.api_version().to_owned()
+        };
+        events::Regarding {
+            api_version,
+            kind: kind.to_owned(),
+            namespace: obj.namespace.clone(),
+            name: obj.name.clone(),
+            uid: obj.uid.clone(),
+        }
     }
 
     /// Remembers that an Event was told ([`Controller::event_for`]'s key).
@@ -1285,7 +1291,8 @@ struct Write {
     allocation: crate::allocation::Allocation,
     message: String,
     claim: Value,
-    events: Vec<(Told, Event)>,
+    /// The `GpuAllocated` Event, unless it was told already.
+    event: Option<(Told, Event)>,
 }
 
 #[cfg(test)]
@@ -1445,6 +1452,46 @@ mod tests {
                 "p{i}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn an_allocation_is_told_once_on_its_pod_naming_the_claim() {
+        let fake = FakeApiServer::new();
+        let mut ctl = controller(fake.client());
+        let run = vec![pending_claim(&fake, &mut ctl, 0)];
+        assert!(ctl.act_writes(run).await);
+        let events = || -> Vec<Value> {
+            let state = fake.lock().unwrap();
+            state
+                .objects
+                .iter()
+                .filter(|(path, _)| path.starts_with("/apis/events.k8s.io/v1/namespaces/team/"))
+                .map(|(_, e)| e.clone())
+                .collect()
+        };
+        // The Outbox creates Events in the background: wait for the first, then long enough
+        // for a second to show.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while events().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let told = events();
+        assert_eq!(told.len(), 1, "one Event per allocation: {told:#?}");
+        let e = &told[0];
+        assert_eq!(e["reason"], "GpuAllocated");
+        assert_eq!(
+            (
+                e["regarding"]["kind"].as_str(),
+                e["regarding"]["name"].as_str()
+            ),
+            (Some("Pod"), Some("p0"))
+        );
+        assert_eq!(
+            (e["related"]["kind"].as_str(), e["related"]["name"].as_str()),
+            (Some("ResourceClaim"), Some("c0"))
+        );
+        assert!(e["note"].as_str().unwrap().starts_with("claim c0: "), "{e}");
     }
 
     #[test]
