@@ -244,7 +244,7 @@ struct Pulse {
 const NOT_DUE: u64 = u64::MAX;
 
 /// What the watchdog does next.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum Check {
     /// Close the connection, for this reason.
     Close(&'static str),
@@ -266,12 +266,17 @@ impl Pulse {
         u64::try_from(at.saturating_duration_since(self.start).as_millis()).unwrap_or(NOT_DUE - 1)
     }
 
+    /// Milliseconds from `start` to now.
+    fn now(&self) -> u64 {
+        self.millis(Instant::now())
+    }
+
     fn at(&self, millis: u64) -> Instant {
         self.start + Duration::from_millis(millis)
     }
 
     fn read(&self) {
-        let now = self.millis(Instant::now());
+        let now = self.now();
         self.last_io.store(now, Ordering::Relaxed);
         if !self.busy.load(Ordering::Acquire) {
             // The first byte of a request: its head is due from now. A later byte of the
@@ -283,8 +288,7 @@ impl Pulse {
     }
 
     fn wrote(&self) {
-        self.last_io
-            .store(self.millis(Instant::now()), Ordering::Relaxed);
+        self.last_io.store(self.now(), Ordering::Relaxed);
     }
 
     fn request_began(&self) {
@@ -293,8 +297,7 @@ impl Pulse {
     }
 
     fn request_ended(&self) {
-        self.last_io
-            .store(self.millis(Instant::now()), Ordering::Relaxed);
+        self.last_io.store(self.now(), Ordering::Relaxed);
         self.busy.store(false, Ordering::Release);
     }
 

@@ -4,7 +4,8 @@ use fgpu_api::quantity::format_u64;
 use fgpu_driver::engine::{Gpu, GpuShare, Inventory, Request};
 use fgpu_driver::ledger::Grant;
 
-/// What the `GpuAllocated` Event says (after `claim NAME: `): `allocated on node-a: gpu-1 (10Gi, 30 cores)`.
+/// What the `GpuAllocated` Event says after `claim NAME: `: `allocated on node-a: gpu-1
+/// (10Gi, 30 cores)`.
 pub fn allocated(grant: &Grant) -> String {
     let devices: Vec<String> = grant
         .devices
